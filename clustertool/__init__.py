@@ -1,0 +1,3 @@
+"""clustertool: bring up, wire, feed and run multi-node GPU training clusters."""
+
+__version__ = "0.1.0"

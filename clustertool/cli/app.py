@@ -1,0 +1,91 @@
+"""The root command and the ONE place that turns errors into a message and an exit code."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+
+import click
+import typer
+
+from clustertool import __version__
+from clustertool.errors import ExitStatus, ToolError
+
+app = typer.Typer(
+    name="clustertool",
+    help=(
+        "Bring up, wire, feed and run multi-node GPU training clusters: on AWS, as a local "
+        "cluster of real sshd nodes in network namespaces, or on machines you already have."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# Each module has register(app) adding its commands; keep this list the only wiring.
+COMMAND_MODULES = [
+    "clustertool.cli.cluster",
+    "clustertool.cli.exec_",
+]
+
+_DEBUG = {"on": False}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"clustertool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks (never with local variables)."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    _DEBUG["on"] = debug or bool(os.environ.get("CLUSTERTOOL_DEBUG"))
+
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module).register(app)
+
+
+def _fail(message: str, hint: str | None, code: int) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")
+    return code
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return the exit code (no sys.exit), for tests and main()."""
+    try:
+        result = app(args=argv, prog_name="clustertool", standalone_mode=False)
+        return int(result) if isinstance(result, int) else 0
+    except ToolError as exc:
+        if _DEBUG["on"]:
+            traceback.print_exc()
+        return _fail(exc.message, exc.hint, int(exc.exit_code))
+    except click.exceptions.Abort:
+        return _fail("interrupted", None, ExitStatus.INTERRUPTED)
+    except KeyboardInterrupt:
+        return _fail("interrupted", None, ExitStatus.INTERRUPTED)
+    except click.ClickException as exc:
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            sys.stderr.write(exc.ctx.get_usage() + "\n")
+        return _fail(exc.format_message(), "run with --help for usage", exc.exit_code)
+    except typer.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:  # a bug: one line, traceback only with --debug
+        if _DEBUG["on"]:
+            traceback.print_exc()
+        return _fail(f"internal error: {type(exc).__name__}: {exc}",
+                     "re-run with --debug for the traceback and report it", ExitStatus.FAILURE)
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))

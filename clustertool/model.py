@@ -1,0 +1,151 @@
+"""Plain data passed between core modules, providers and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+LEADER = "leader"
+MEMBER = "member"
+
+
+@dataclass
+class Node:
+    """One machine of a cluster.
+
+    ``name`` is the short node name (``node-1`` ...); node-1 is not necessarily the leader,
+    ``role`` says.  ``address`` is the private address other nodes and hostfiles use;
+    ``ssh_host``/``ssh_port`` is how *this* machine reaches the node (a public address on
+    AWS, the same private address for the local provider).
+    """
+
+    name: str
+    index: int
+    address: str
+    role: str = MEMBER
+    slots: int = 1
+    ssh_host: str | None = None
+    ssh_port: int = 22
+    state: str = "running"
+    instance_id: str | None = None
+    host_keys: list[str] = field(default_factory=list)  # "ssh-ed25519 AAAA..." lines, no host part
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == LEADER
+
+    @property
+    def reach_host(self) -> str:
+        return self.ssh_host or self.address
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Node":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class Cluster:
+    """A cluster as recorded in its state file."""
+
+    name: str
+    provider: str
+    user: str = "root"
+    nodes: list[Node] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)  # provider options from spec/flags
+    provider_state: dict[str, Any] = field(default_factory=dict)  # what the provider made
+    status: str = "provisioning"  # provisioning | ready | stopped | failed
+    created: float = 0.0
+    ssh_key: str | None = None  # path of the initial identity when not the cluster key (static)
+    hostfile_path: str | None = None
+
+    @property
+    def leader(self) -> Node:
+        for node in self.nodes:
+            if node.is_leader:
+                return node
+        if not self.nodes:
+            from clustertool.errors import StateError
+
+            raise StateError(f"cluster {self.name!r} has no nodes")
+        return self.nodes[0]
+
+    @property
+    def members(self) -> list[Node]:
+        return [n for n in self.nodes if not n.is_leader]
+
+    @property
+    def total_slots(self) -> int:
+        return sum(n.slots for n in self.nodes)
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        from clustertool.errors import UsageError
+
+        raise UsageError(f"cluster {self.name!r} has no node {name!r}",
+                         hint="see `clustertool status` for node names")
+
+    def ordered_nodes(self) -> list[Node]:
+        """Leader first, then members by index (the hostfile order)."""
+        return sorted(self.nodes, key=lambda n: (not n.is_leader, n.index))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Cluster":
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["nodes"] = [Node.from_dict(n) for n in data.get("nodes", [])]
+        return cls(**values)
+
+
+@dataclass
+class HostResult:
+    """The outcome of one command on one node. A failure is a value, not an exception."""
+
+    node: str
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+    error: str | None = None  # unreachable / timed out / ssh failure, in words
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.exit_code == 0
+
+    @property
+    def effective_code(self) -> int:
+        """Exit code for aggregation: 255 for unreachable or timed out."""
+        if self.error is not None or self.exit_code is None:
+            return 255
+        return self.exit_code
+
+
+@dataclass
+class GroupResult:
+    """Results of one command across several nodes, in node order."""
+
+    results: list[HostResult] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return max((r.effective_code for r in self.results), default=0)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def failed(self) -> list[HostResult]:
+        return [r for r in self.results if not r.ok]
+
+    def by_node(self) -> dict[str, HostResult]:
+        return {r.node: r for r in self.results}
