@@ -50,8 +50,24 @@ def root(
     _DEBUG["on"] = debug or bool(os.environ.get("CLUSTERTOOL_DEBUG"))
 
 
-for _module in COMMAND_MODULES:
-    importlib.import_module(_module).register(app)
+_GROUP: list[click.Group] = []
+
+
+def build() -> click.Group:
+    """The click group: typer commands plus modules' plain click commands (built once)."""
+    if _GROUP:
+        return _GROUP[0]
+    extra = []
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        module.register(app)
+        if hasattr(module, "click_commands"):
+            extra += module.click_commands()
+    group = typer.main.get_command(app)
+    for command in extra:
+        group.add_command(command)
+    _GROUP.append(group)
+    return group
 
 
 def _fail(message: str, hint: str | None, code: int) -> int:
@@ -64,7 +80,7 @@ def _fail(message: str, hint: str | None, code: int) -> int:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return the exit code (no sys.exit), for tests and main()."""
     try:
-        result = app(args=argv, prog_name="clustertool", standalone_mode=False)
+        result = build().main(args=argv, prog_name="clustertool", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
     except ToolError as exc:
         if _DEBUG["on"]:

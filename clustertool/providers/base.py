@@ -10,8 +10,12 @@ Lifecycle, as driven by ``clustertool.lifecycle``::
     run_instances(request)    make the machines; record every created resource in
                               request.cluster.provider_state and call request.save()
                               right after each, so an interrupted `up` can be undone
-    wait_instances(cluster)   until every node answers on its SSH port; fills ssh_host,
+    wait_instances(cluster)   until every node answers on its SSH port (only until "running"
+                              when cluster.options.get("no_ssh")); fills ssh_host, and
                               host_keys when the provider knows them
+    owns_cluster(cluster)     optional: False when down must not terminate (adopted machines);
+                              defaults to the class attribute owns_machines
+    describe(cluster)         optional: dict of extra status lines (hourly cost, cost so far)
     query_instances(cluster)  current node states (status)
     stop_instances / start_instances   keep disks; start returns refreshed nodes
     terminate_instances(cluster)       remove everything the provider made; idempotent,

@@ -1,0 +1,49 @@
+# clustertool: `make demo` runs the main job on a local cluster, `make test` runs the tests.
+# Both install what they need first (apt packages as root, then a virtualenv in .venv).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+APT_PACKAGES := python3 python3-venv python3-pip python3-dev build-essential make \
+	openssh-server openssh-client iproute2 procps psmisc util-linux \
+	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3
+
+.PHONY: setup apt venv native demo test test-fast bench clean
+
+setup: apt venv
+
+# Installs only what is missing, so a prepared machine does not wait for apt.
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing packages: $$missing (run as root, or apt-get install them)"; exit 1; fi; \
+	  echo "installing: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,train]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+native:
+	$(MAKE) -C native
+
+demo: setup
+	$(VENV)/bin/clustertool up --provider local --nodes 4 --name demo
+	$(VENV)/bin/clustertool exec -c demo -- hostname
+	$(VENV)/bin/clustertool status -c demo
+	$(VENV)/bin/clustertool down -c demo --yes
+
+test: setup
+	$(MAKE) -C native test
+	$(VENV)/bin/pytest -q
+
+test-fast: venv
+	$(VENV)/bin/pytest -q -m "unit or cli"
+
+clean:
+	rm -rf $(VENV) native/build .pytest_cache

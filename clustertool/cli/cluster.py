@@ -1,0 +1,193 @@
+"""Cluster lifecycle commands: up, down, status, ls, ssh, hostfile, stop, start, repin."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import List, Optional
+
+import typer
+
+from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, reporter
+from clustertool.errors import UsageError
+
+
+def down(
+    cluster: Optional[str] = ClusterOpt,
+    sweep: bool = typer.Option(False, "--sweep", help="AWS: find resources tagged by clustertool that belong to no known cluster, and offer to delete them."),
+    region: Optional[str] = typer.Option(None, "--region", help="AWS region for --sweep."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="AWS profile for --sweep."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    terminate_adopted: bool = typer.Option(
+        False, "--terminate-adopted", help="Also terminate machines the cluster adopted (never by default)."),
+    json_output: bool = JsonOpt,
+) -> None:
+    """Tear a cluster down, leaving nothing that costs money; forget adopted machines."""
+    from clustertool import lifecycle, render, state
+
+    if sweep:
+        _sweep(region, profile, yes, json_output)
+        return
+    name = cluster_name(cluster)
+    c = state.load(name)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"refusing to tear down {name!r} without --yes (no terminal to ask on)")
+        typer.confirm(f"Tear down cluster {name!r} ({len(c.nodes)} {c.provider} node(s))?", abort=True)
+    lines = lifecycle.down(name, report=reporter(json_output), terminate_adopted=terminate_adopted)
+    if json_output:
+        render.print_json({"cluster": name, "removed": lines})
+    else:
+        typer.echo(f"cluster {name} is down")
+
+
+def _sweep(region: Optional[str], profile: Optional[str], yes: bool, json_output: bool) -> None:
+    from clustertool import render, state
+    from clustertool.providers.aws import sweep
+
+    orphans = sweep.find_orphans(region=region, profile=profile, known=state.list_clusters())
+    if not orphans:
+        render.print_json({"orphans": []}) if json_output else typer.echo("no orphaned clustertool resources")
+        return
+    if not json_output:
+        render.table(["resource", "id", "cluster", "region"],
+                     [(o.kind, o.id, o.cluster, o.region) for o in orphans],
+                     title="resources tagged by clustertool that belong to no known cluster")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("refusing to delete orphaned resources without --yes")
+        typer.confirm(f"Delete these {len(orphans)} resource(s)?", abort=True)
+    removed = sweep.delete_orphans(orphans, report=reporter(json_output))
+    if json_output:
+        render.print_json({"orphans": orphans, "removed": removed})
+    else:
+        typer.echo(f"removed {len(removed)} resource(s)")
+
+
+def status(
+    cluster: Optional[str] = ClusterOpt,
+    json_output: bool = JsonOpt,
+    no_check: bool = typer.Option(False, "--no-check", help="Do not test SSH reachability."),
+) -> None:
+    """Nodes of a cluster: role, address, slots, state, SSH reachability (and cost where known)."""
+    from clustertool import lifecycle, render
+
+    c, rows, extra = lifecycle.status(cluster_name(cluster), check_ssh=not no_check)
+    if json_output:
+        render.print_json({"cluster": c.name, "provider": c.provider, "status": c.status,
+                           "hostfile": c.hostfile_path, "nodes": rows, **extra})
+        return
+    reach = {True: "yes", False: "NO", None: "-"}
+    render.table(["node", "role", "address", "slots", "state", "reachable"],
+                 [(r.node, r.role, r.address, r.slots, r.state,
+                   reach[r.reachable] + (f" ({r.detail})" if r.detail else "")) for r in rows],
+                 title=f"cluster {c.name}: {c.provider}, {c.status}, {c.total_slots} slots")
+    for key, value in extra.items():
+        typer.echo(f"{key}: {value}")
+    if any(r.reachable is False for r in rows):
+        raise typer.Exit(255)
+
+
+def ls(json_output: bool = JsonOpt) -> None:
+    """Clusters this machine knows."""
+    from clustertool import lifecycle, render
+
+    clusters = lifecycle.list_all()
+    if json_output:
+        render.print_json([{"name": c.name, "provider": c.provider, "status": c.status, "nodes": len(c.nodes),
+                            "slots": c.total_slots, "created": c.created} for c in clusters])
+        return
+    if not clusters:
+        typer.echo("no clusters (bring one up with `clustertool up`)")
+        return
+    render.table(["name", "provider", "status", "nodes", "slots", "age"],
+                 [(c.name, c.provider, c.status, len(c.nodes), c.total_slots,
+                   _age(time.time() - c.created)) for c in clusters])
+
+
+def _age(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def ssh(
+    node: Optional[str] = typer.Argument(None, help="Node (default: the leader)."),
+    command: Optional[List[str]] = typer.Argument(None, help="Command to run instead of a login shell (after --)."),
+    cluster: Optional[str] = ClusterOpt,
+) -> None:
+    """Open a shell on a node (or run one command), with the cluster's pinned keys."""
+    import shlex
+
+    from clustertool import nodeset, state
+    from clustertool.remote import transport
+
+    c = state.load(cluster_name(cluster))
+    picked = nodeset.select(c, node or "leader")
+    if len(picked) != 1:
+        raise UsageError("ssh takes exactly one node", hint="use `clustertool exec` for several")
+    line = None
+    if command:
+        line = command[0] if len(command) == 1 else shlex.join(command)
+    argv = transport.ssh_argv(c.name, picked[0], line, tty=line is None and sys.stdin.isatty())
+    os.execvp(argv[0], argv)
+
+
+def hostfile(
+    cluster: Optional[str] = ClusterOpt,
+    fmt: str = typer.Option("openmpi", "--format", "-f", help="openmpi | mpich | horovod | deepspeed"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
+) -> None:
+    """Print (or write) the cluster's hostfile, leader first, private addresses, with slots."""
+    from clustertool import hostfile as hf
+    from clustertool import state
+
+    if fmt not in hf.FORMATS:
+        raise UsageError(f"unknown hostfile format {fmt!r}", hint=f"choose one of: {', '.join(hf.FORMATS)}")
+    text = hf.render_cluster(state.load(cluster_name(cluster)), fmt)
+    if output:
+        with open(output, "w") as fh:
+            fh.write(text)
+        typer.echo(f"wrote {output}", err=True)
+    else:
+        sys.stdout.write(text)
+
+
+def stop(cluster: Optional[str] = ClusterOpt) -> None:
+    """Stop the nodes, keeping their disks (the prepared dataset survives)."""
+    from clustertool import lifecycle
+
+    name = cluster_name(cluster)
+    lifecycle.stop(name)
+    typer.echo(f"cluster {name} stopped (disks kept; `clustertool start -c {name}` resumes)")
+
+
+def start(cluster: Optional[str] = ClusterOpt) -> None:
+    """Start stopped nodes; refreshes hostfiles and known_hosts, as addresses may change."""
+    from clustertool import lifecycle, render
+
+    c = lifecycle.start(cluster_name(cluster), report=render.info)
+    typer.echo(f"cluster {c.name} started; hostfile {c.hostfile_path}")
+
+
+def repin(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt) -> None:
+    """Re-collect host keys of nodes that were legitimately rebuilt, then re-wire."""
+    from clustertool import lifecycle, nodeset, state
+
+    name = cluster_name(cluster)
+    picked = [n.name for n in nodeset.select(state.load(name), nodes)]
+    changed = lifecycle.repin(name, picked)
+    typer.echo(f"re-pinned host keys of {nodeset.fold(changed)}")
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (down, status, ls, hostfile, stop, start, repin):
+        app.command()(fn)
+    app.command(context_settings={"allow_interspersed_args": False})(ssh)
+
+
+def click_commands():
+    from clustertool.cli.up import build_up_command
+
+    return [build_up_command()]

@@ -1,0 +1,82 @@
+"""`clustertool up`: built with click so every provider's options become flags."""
+
+from __future__ import annotations
+
+import click
+
+from clustertool.providers.base import REGISTRY, OptionSpec, provider_class
+
+_TYPES = {int: click.INT, float: click.FLOAT, str: click.STRING}
+
+
+def _provider_options() -> dict[str, tuple[OptionSpec, list[str]]]:
+    merged: dict[str, tuple[OptionSpec, list[str]]] = {}
+    for name in REGISTRY:
+        try:
+            options = provider_class(name).OPTIONS
+        except ImportError:  # a provider whose module is not importable here
+            continue
+        for key, spec in options.items():
+            merged.setdefault(key, (spec, []))[1].append(name)
+    return merged
+
+
+def _click_option(key: str, spec: OptionSpec, providers: list[str]) -> click.Option:
+    flag = "--" + key.replace("_", "-")
+    helptext = f"{spec.help} [{', '.join(providers)}]".strip()
+    if spec.type is bool:
+        return click.Option([flag], key, is_flag=True, flag_value=True, default=None, help=helptext)
+    ctype = click.Choice(spec.choices) if spec.choices else _TYPES.get(spec.type, click.STRING)
+    return click.Option([flag], key, type=ctype, default=None, help=helptext)
+
+
+def build_up_command() -> click.Command:
+    params: list[click.Parameter] = [
+        click.Argument(["spec_file"], required=False, metavar="[SPEC.yaml]"),
+        click.Option(["--name"], help="Cluster name (lowercase letters, digits, '-')."),
+        click.Option(["--provider", "-p"], type=click.Choice(sorted(REGISTRY)),
+                     help="Where the nodes come from (default: local)."),
+        click.Option(["--nodes", "-N"], "nodes", type=int, help="Number of nodes."),
+        click.Option(["--slots"], type=int, help="Slots (GPUs / ranks) per node; default: the provider's GPU count, else 1."),
+        click.Option(["--user"], help="SSH user on the nodes (default: the provider's)."),
+        click.Option(["--dry-run"], is_flag=True, help="Print the plan; create nothing."),
+        click.Option(["--no-ssh"], is_flag=True,
+                     help="Stop after provisioning and the hostfile; do not wire SSH (for endpoints whose instances answer no SSH)."),
+        click.Option(["--json"], "json_output", is_flag=True, help="Print the result as JSON."),
+    ]
+    for key, (spec, providers) in sorted(_provider_options().items()):
+        params.append(_click_option(key, spec, providers))
+    return click.Command(
+        "up", params=params, callback=_up,
+        help=("Bring a cluster up: provision nodes (local namespaces, AWS, or adopt existing machines), "
+              "pin host keys, give every node the cluster key, write hostfiles/<cluster> and ~/hostfile "
+              "on the leader. Flags override keys of SPEC.yaml. All or nothing: a failure removes what was made."),
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+
+
+def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_output, **options):
+    from clustertool import lifecycle, render, spec
+
+    overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user, **options}
+    cluster_spec = spec.load_spec(spec_file, overrides)
+    report = render.quiet if json_output else render.info
+    result = lifecycle.up(cluster_spec, dry_run=dry_run, no_ssh=no_ssh, report=report)
+    if dry_run:
+        if json_output:
+            render.print_json({"plan": result.plan})
+        else:
+            for line in result.plan:
+                click.echo(line)
+        return 0
+    cluster = result.cluster
+    if json_output:
+        render.print_json({"cluster": cluster.to_dict(), "hostfile": result.hostfile, "timings": result.timings})
+        return 0
+    render.table(["node", "role", "address", "slots"],
+                 [(n.name, n.role, n.address, n.slots) for n in cluster.ordered_nodes()],
+                 title=f"cluster {cluster.name} ({cluster.provider}) is up in {result.timings.get('total', 0):.1f}s")
+    click.echo(f"hostfile: {result.hostfile}")
+    if cluster.status == "ready":
+        click.echo(f"ssh:      ssh {cluster.name}-leader   |   clustertool exec -c {cluster.name} -- hostname")
+    return 0

@@ -1,0 +1,318 @@
+"""Bring clusters up and down: provider verbs, then keys, known_hosts, hostfiles.
+
+`up` is all or nothing: any failure (or Ctrl-C) after the provider made something runs
+the provider's teardown before the error reaches the user, and the state is kept only
+when that teardown itself failed (so `down` can finish the job).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from clustertool import hostfile as hostfiles
+from clustertool import state
+from clustertool.errors import RemoteError, ToolError, UsageError
+from clustertool.model import Cluster, GroupResult
+from clustertool.providers.base import ProvisionRequest, get_provider
+from clustertool.remote import keys, transport
+from clustertool.remote.group import run_on_nodes
+
+Report = Callable[[str], None]
+
+
+@dataclass
+class UpResult:
+    cluster: Cluster | None
+    hostfile: Path | None = None
+    plan: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def hostfile_dir() -> Path:
+    return Path(os.environ.get("CLUSTERTOOL_HOSTFILE_DIR") or Path.cwd() / "hostfiles")
+
+
+def _new_cluster(spec) -> tuple[Cluster, object]:
+    provider = get_provider(spec.provider)
+    cluster = Cluster(
+        name=spec.name, provider=spec.provider, user=spec.user or provider.default_user,
+        options=dict(spec.options), created=time.time(),
+    )
+    return cluster, provider
+
+
+def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Report = lambda m: None) -> UpResult:
+    cluster, provider = _new_cluster(spec)
+    if no_ssh:
+        cluster.options["no_ssh"] = True  # providers wait for "running", not for SSH
+    if state.exists(cluster.name):
+        raise UsageError(f"cluster {cluster.name!r} already exists",
+                         hint=f"use it, or `clustertool down -c {cluster.name}` first")
+    paths = state.ClusterPaths(cluster.name)
+    request = ProvisionRequest(cluster=cluster, count=spec.nodes, slots=spec.slots,
+                               public_key="", key_path=paths.key, files_dir=paths.root,
+                               save=lambda: state.save(cluster), report=report, dry_run=dry_run)
+    provider.check(request)
+    if dry_run:
+        return UpResult(None, plan=provider.plan(request))
+    with state.locked(cluster.name):
+        keys.ensure_keypair(cluster.name)
+        request.public_key = paths.pubkey.read_text().strip()
+        state.save(cluster)
+        return _provision(cluster, provider, request, no_ssh, report)
+
+
+def _provision(cluster, provider, request, no_ssh: bool, report: Report) -> UpResult:
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    try:
+        report(f"provisioning {request.count or ''} node(s) with the {cluster.provider} provider")
+        cluster.nodes = provider.run_instances(request)
+        state.save(cluster)
+        timings["provision"] = time.monotonic() - t0
+        report("waiting for nodes to answer SSH" if not no_ssh else "waiting for instances")
+        cluster.nodes = provider.wait_instances(cluster)
+        state.save(cluster)
+        timings["wait"] = time.monotonic() - t0 - timings["provision"]
+        path = write_hostfile(cluster)
+        if not no_ssh:
+            t1 = time.monotonic()
+            report("pinning host keys and wiring cluster SSH")
+            wire(cluster)
+            timings["wire"] = time.monotonic() - t1
+        cluster.status = "ready" if not no_ssh else "provisioned"
+        state.save(cluster)
+    except BaseException as exc:
+        _rollback(cluster, provider, report, exc)
+        raise
+    install_user_ssh_include()
+    timings["total"] = time.monotonic() - t0
+    return UpResult(cluster, hostfile=path, timings=timings)
+
+
+def _rollback(cluster, provider, report: Report, exc: BaseException) -> None:
+    report(f"up failed ({type(exc).__name__}: {exc}); removing what was made")
+    try:
+        for line in provider.terminate_instances(cluster):
+            report(line)
+    except BaseException as cleanup_exc:  # keep state so `down` can finish
+        cluster.status = "failed"
+        state.save(cluster)
+        raise ToolError(
+            f"up failed and the cleanup failed too: {cleanup_exc}",
+            hint=f"run `clustertool down -c {cluster.name} --yes` to finish removing resources",
+        ) from exc
+    _forget(cluster)
+
+
+def _forget(cluster: Cluster) -> None:
+    close_masters(cluster)
+    if cluster.hostfile_path:
+        Path(cluster.hostfile_path).unlink(missing_ok=True)
+    state.delete(cluster.name)
+
+
+def write_hostfile(cluster: Cluster) -> Path:
+    directory = hostfile_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / cluster.name
+    path.write_text(hostfiles.render_cluster(cluster, "openmpi"))
+    cluster.hostfile_path = str(path.resolve())
+    return path
+
+
+def wire(cluster: Cluster) -> GroupResult:
+    """Pin host keys, write local ssh config, push key + known_hosts + config to every node."""
+    keys.pin_host_keys(cluster)
+    state.save(cluster)
+    keys.write_local_known_hosts(cluster)
+    transport.write_ssh_config(cluster)
+    paths = state.ClusterPaths(cluster.name)
+    private, public = paths.key.read_text(), paths.pubkey.read_text()
+    leader_hostfile = hostfiles.render_cluster(cluster, "openmpi")
+    leader = cluster.leader.name
+
+    def script(node) -> bytes:
+        hf = leader_hostfile if node.name == leader else None
+        return keys.wire_script(cluster, private, public, hf).encode()
+
+    result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=60)
+    _raise_on_failures(result, "wiring SSH")
+    check_leader_mesh(cluster)
+    return result
+
+
+def check_leader_mesh(cluster: Cluster) -> None:
+    """The leader must reach every node by private address without a prompt (mpirun needs it)."""
+    checks = " ".join(
+        f"(ssh -o ConnectTimeout=10 {shlex.quote(n.address)} true >/dev/null 2>&1 || echo {shlex.quote(n.name)}) &"
+        for n in cluster.nodes
+    )
+    result = run_on_nodes(cluster.name, [cluster.leader], f"{checks} wait", timeout=60)
+    _raise_on_failures(result, "checking the leader's SSH mesh")
+    failed = result.results[0].stdout.split()
+    if failed:
+        raise RemoteError(f"the leader cannot ssh to: {', '.join(failed)}",
+                          hint="check sshd and the cluster security group / firewall")
+
+
+def _raise_on_failures(result: GroupResult, what: str) -> None:
+    bad = result.failed()
+    if bad:
+        detail = "; ".join(f"{r.node}: {r.error or (r.stderr.strip().splitlines() or ['exit ' + str(r.exit_code)])[-1]}"
+                           for r in bad)
+        raise RemoteError(f"{what} failed on {len(bad)} node(s): {detail}")
+
+
+def close_masters(cluster: Cluster) -> None:
+    """Close this machine's ControlMaster connections to the cluster's nodes."""
+    import subprocess
+
+    paths = state.ClusterPaths(cluster.name)
+    if not paths.ssh_config.exists() or not paths.control_dir.exists():
+        return
+    procs = [subprocess.Popen(transport.control_exit_argv(cluster.name, n), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for n in cluster.nodes]
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def install_user_ssh_include() -> Path | None:
+    """One Include line at the top of ~/.ssh/config so `ssh <cluster>-leader` works."""
+    if os.environ.get("CLUSTERTOOL_NO_SSH_INCLUDE"):
+        return None
+    config = Path(os.path.expanduser("~")) / ".ssh" / "config"
+    line = f"Include {state.clusters_dir()}/*/ssh_config"
+    existing = config.read_text() if config.exists() else ""
+    if line in existing.splitlines():
+        return config
+    config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    config.write_text(f"# added by clustertool: ssh <cluster>-leader, <cluster>-node-K\n{line}\n\n{existing}")
+    os.chmod(config, 0o600)
+    return config
+
+
+def down(name: str, *, report: Report = lambda m: None, terminate_adopted: bool = False) -> list[str]:
+    """Remove everything the cluster made; forget machines it adopted. Idempotent."""
+    with state.locked(name):
+        cluster = state.load(name)
+        provider = get_provider(cluster.provider)
+        lines: list[str] = []
+        if terminate_adopted:
+            cluster.options["terminate_adopted"] = True
+        if not _owns(provider, cluster) and cluster.nodes and cluster.status == "ready":
+            lines += unwire(cluster)
+        close_masters(cluster)
+        for line in provider.terminate_instances(cluster):
+            report(line)
+            lines.append(line)
+        _forget(cluster)
+        lines.append(f"cluster {name!r} forgotten")
+        return lines
+
+
+def _owns(provider, cluster: Cluster) -> bool:
+    """Whether down terminates the machines (False for adopted / static ones)."""
+    owns = getattr(provider, "owns_cluster", None)
+    return owns(cluster) if owns else provider.owns_machines
+
+
+def unwire(cluster: Cluster) -> list[str]:
+    """Remove the cluster key and config block from machines we do not own."""
+    public = state.ClusterPaths(cluster.name).pubkey
+    if not public.exists() or not state.ClusterPaths(cluster.name).ssh_config.exists():
+        return []
+    script = keys.unwire_script(cluster, public.read_text()).encode()
+    result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=30)
+    return [f"{r.node}: removed clustertool key and ssh config" if r.ok
+            else f"{r.node}: could not remove clustertool key ({r.error or r.stderr.strip()})"
+            for r in result.results]
+
+
+@dataclass
+class NodeStatus:
+    node: str
+    role: str
+    address: str
+    slots: int
+    state: str
+    reachable: bool | None
+    detail: str = ""
+
+
+def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0) -> tuple[Cluster, list[NodeStatus], dict]:
+    cluster = state.load(name)
+    provider = get_provider(cluster.provider)
+    try:
+        states = {n.name: n.state for n in provider.query_instances(cluster)}
+    except ToolError as exc:
+        states = {n.name: f"unknown ({exc.message})" for n in cluster.nodes}
+    reach: dict[str, tuple[bool, str]] = {}
+    if check_ssh and cluster.status == "ready":
+        for r in run_on_nodes(cluster.name, cluster.nodes, "true", timeout=timeout).results:
+            reach[r.node] = (r.ok, r.error or "")
+    rows = [
+        NodeStatus(n.name, n.role, n.address, n.slots, states.get(n.name, "missing"),
+                   reach.get(n.name, (None, ""))[0], reach.get(n.name, (None, ""))[1])
+        for n in cluster.ordered_nodes()
+    ]
+    describe = getattr(provider, "describe", None)
+    extra = describe(cluster) if describe else {}
+    return cluster, rows, extra
+
+
+def list_all() -> list[Cluster]:
+    out = []
+    for name in state.list_clusters():
+        try:
+            out.append(state.load(name))
+        except ToolError:
+            continue
+    return out
+
+
+def stop(name: str) -> None:
+    with state.locked(name):
+        cluster = state.load(name)
+        close_masters(cluster)
+        get_provider(cluster.provider).stop_instances(cluster)
+        cluster.status = "stopped"
+        for node in cluster.nodes:
+            node.state = "stopped"
+        state.save(cluster)
+
+
+def start(name: str, *, report: Report = lambda m: None) -> Cluster:
+    """Start stopped nodes; addresses may change, so hostfile, config and keys are refreshed."""
+    with state.locked(name):
+        cluster = state.load(name)
+        provider = get_provider(cluster.provider)
+        cluster.nodes = provider.start_instances(cluster)
+        cluster.nodes = provider.wait_instances(cluster)
+        write_hostfile(cluster)
+        wire(cluster)
+        cluster.status = "ready"
+        state.save(cluster)
+        return cluster
+
+
+def repin(name: str, node_names: list[str] | None = None) -> list[str]:
+    """Forget and re-collect host keys (after a node was legitimately rebuilt)."""
+    with state.locked(name):
+        cluster = state.load(name)
+        changed = []
+        for node in cluster.nodes:
+            if node_names is None or node.name in node_names:
+                node.host_keys = []
+                changed.append(node.name)
+        wire(cluster)
+        state.save(cluster)
+        return changed

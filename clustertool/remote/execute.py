@@ -1,0 +1,30 @@
+"""`exec`: one command on selected nodes in parallel (the seeds' runclust)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Sequence
+
+from clustertool import nodeset, state
+from clustertool.errors import UsageError
+from clustertool.model import GroupResult
+from clustertool.remote.group import LineCallback, run_on_nodes
+
+
+def command_line(args: Sequence[str]) -> str:
+    """A single argument is a shell command line (like ssh); several are quoted each."""
+    if not args:
+        raise UsageError("no command given", hint="clustertool exec -- COMMAND [ARGS...]")
+    return args[0] if len(args) == 1 else shlex.join(args)
+
+
+def execute(cluster_name: str, selection: str | None, args: Sequence[str], *,
+            timeout: float | None = None, on_line: LineCallback | None = None) -> GroupResult:
+    cluster = state.load(cluster_name)
+    if cluster.status not in ("ready",):
+        raise UsageError(f"cluster {cluster.name!r} is {cluster.status}, not ready for SSH",
+                         hint="bring it up without --no-ssh, or `clustertool start`")
+    nodes = nodeset.select(cluster, selection)
+    if timeout is not None and timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    return run_on_nodes(cluster.name, nodes, command_line(args), timeout=timeout, on_line=on_line)

@@ -1,0 +1,132 @@
+"""Run one command on many nodes at once; every node's outcome is a value.
+
+Each node gets its own ssh process; output is read line by line as it comes and handed to
+``on_line`` (for live, prefixed display); a node that hangs is killed at ``timeout`` and
+reported, never holding the others up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from clustertool.model import GroupResult, HostResult, Node
+from clustertool.remote.transport import classify_ssh_failure, ssh_argv
+
+LineCallback = Callable[[str, str, str], None]  # (node name, "stdout"|"stderr", line)
+CommandFor = Callable[[Node], str]
+
+
+@dataclass
+class _Running:
+    node: Node
+    proc: subprocess.Popen
+    started: float
+    out: list[str]
+    err: list[str]
+    timed_out: bool = False
+
+
+def _pump(stream, sink: list[str], node: str, kind: str, on_line: LineCallback | None) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        sink.append(line)
+        if on_line is not None:
+            on_line(node, kind, line.rstrip("\n"))
+    stream.close()
+
+
+def _start(argv: list[str], stdin_data: bytes | None) -> subprocess.Popen:
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # a Ctrl-C in the terminal reaches us, not every ssh
+    )
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _result(run: _Running) -> HostResult:
+    duration = time.monotonic() - run.started
+    stdout, stderr = "".join(run.out), "".join(run.err)
+    code = run.proc.returncode
+    if run.timed_out:
+        return HostResult(run.node.name, None, stdout, stderr, duration, "timed out")
+    error = classify_ssh_failure(stderr) if code == 255 else None
+    return HostResult(run.node.name, code, stdout, stderr, duration, error)
+
+
+def run_on_nodes(
+    cluster_name: str,
+    nodes: Iterable[Node],
+    command: str | CommandFor,
+    *,
+    timeout: float | None = None,
+    on_line: LineCallback | None = None,
+    stdin_data: bytes | Callable[[Node], bytes] | None = None,
+    ssh_extra: list[str] | None = None,
+) -> GroupResult:
+    """Run ``command`` (a remote shell line, or a function of the node) on every node.
+
+    ``stdin_data`` (bytes, or a function of the node) is written to the command's stdin.
+    """
+    nodes = list(nodes)
+    runs: list[_Running] = []
+    threads: list[threading.Thread] = []
+    try:
+        for node in nodes:
+            line = command(node) if callable(command) else command
+            data = stdin_data(node) if callable(stdin_data) else stdin_data
+            proc = _start(ssh_argv(cluster_name, node, line, extra=ssh_extra), data)
+            run = _Running(node, proc, time.monotonic(), [], [])
+            runs.append(run)
+            for stream, sink, kind in ((proc.stdout, run.out, "stdout"), (proc.stderr, run.err, "stderr")):
+                t = threading.Thread(target=_pump, args=(stream, sink, node.name, kind, on_line), daemon=True)
+                t.start()
+                threads.append(t)
+            if data is not None:
+                threading.Thread(target=_feed, args=(proc, data), daemon=True).start()
+        _wait_all(runs, timeout)
+        for t in threads:
+            t.join(timeout=5)
+    except BaseException:
+        for run in runs:
+            _kill(run.proc)
+        raise
+    return GroupResult([_result(r) for r in runs])
+
+
+def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _wait_all(runs: list[_Running], timeout: float | None) -> None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for run in runs:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            run.proc.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            run.timed_out = True
+            _kill(run.proc)
+            run.proc.wait()
+
+
+def run_on_node(cluster_name: str, node: Node, command: str, **kwargs) -> HostResult:
+    return run_on_nodes(cluster_name, [node], command, **kwargs).results[0]

@@ -1,0 +1,105 @@
+"""All terminal output: tables, live per-host lines, folded output, JSON.
+
+Core modules return data; the CLI hands it here.  rich is imported lazily so that fast
+paths (``exec``) do not pay for it unless a table is drawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+from typing import Any, Iterable, Sequence
+
+from clustertool.model import GroupResult
+
+_lock = threading.Lock()
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def info(message: str) -> None:
+    """A progress line for the user, on stderr (stdout stays clean for data)."""
+    with _lock:
+        sys.stderr.write(f"» {message}\n")
+        sys.stderr.flush()
+
+
+def quiet(message: str) -> None:  # a Report that says nothing (--json)
+    return None
+
+
+def to_jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: to_jsonable(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "__fspath__"):
+        return str(obj)
+    return obj
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for col in columns:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*("" if v is None else str(v) for v in row))
+    _console().print(t)
+
+
+def kv(pairs: Sequence[tuple[str, Any]]) -> None:
+    width = max((len(k) for k, _ in pairs), default=0)
+    for key, value in pairs:
+        sys.stdout.write(f"{key.ljust(width)}  {value}\n")
+
+
+def live_line(node: str, stream: str, line: str, width: int = 0) -> None:
+    """One line of live output, prefixed with its node (stderr lines marked with '!')."""
+    mark = "!" if stream == "stderr" else ":"
+    with _lock:
+        out = sys.stdout
+        out.write(f"{node.ljust(width)}{mark} {line}\n")
+        out.flush()
+
+
+def folded_output(group: GroupResult, fold) -> None:
+    """Identical output printed once per node set: ``---- node-[1-3,5] (exit 0)``."""
+    buckets: dict[tuple[str, str, int], list[str]] = {}
+    for r in group.results:
+        key = (r.stdout + r.stderr, r.error or "", r.effective_code)
+        buckets.setdefault(key, []).append(r.node)
+    for (text, error, code), nodes in buckets.items():
+        status = error if error else f"exit {code}"
+        sys.stdout.write(f"---- {fold(nodes)} ({status})\n")
+        if text:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def group_summary(group: GroupResult, fold) -> None:
+    ok = [r.node for r in group.results if r.ok]
+    bad = [r for r in group.results if not r.ok]
+    durations = [r.duration for r in group.results]
+    slowest = max(durations, default=0.0)
+    line = f"{len(ok)}/{len(group.results)} ok"
+    if ok:
+        line += f" [{fold(ok)}]"
+    if bad:
+        line += "; failed: " + ", ".join(
+            f"{r.node} ({r.error or 'exit ' + str(r.exit_code)})" for r in bad)
+    line += f"; slowest {slowest:.2f}s"
+    with _lock:
+        sys.stderr.write(line + "\n")
