@@ -1,0 +1,263 @@
+"""Cluster specs: a YAML file and/or flags, validated into one ``ClusterSpec``.
+
+A spec file is a flat mapping::
+
+    name: demo
+    provider: local        # default: local
+    nodes: 4
+    slots: 1               # default: the provider decides (GPU count, else 1)
+    user: root             # default: the provider's
+    link_rate: 200mbit     # provider options, as listed by the provider's OPTIONS
+
+Flags (``overrides``; ``None`` = not given) win over the file.  Every error is one line
+naming the file (or the flag), the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from clustertool import state
+from clustertool.errors import SpecError, UsageError
+from clustertool.providers import base
+
+BASE_KEYS = ("name", "provider", "nodes", "slots", "user")
+DEFAULT_PROVIDER = "local"
+_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+@dataclass
+class ClusterSpec:
+    name: str
+    provider: str = DEFAULT_PROVIDER
+    nodes: int | None = None  # None only for providers that count what they adopt (static)
+    slots: int | None = None  # None = the provider decides
+    user: str | None = None  # None = the provider's default user
+    options: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None  # the spec file, when there was one
+
+
+class _Invalid(Exception):
+    """A value that does not validate; the message says what was expected."""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    if value is None:
+        return "nothing"
+    if isinstance(value, (dict, list)):
+        return f"a {'mapping' if isinstance(value, dict) else 'list'}"
+    return str(value)
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit() and value.strip().isascii():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _Invalid(f"expected a positive integer, got {_show(value)}")
+    return value
+
+
+def _as_type(value: Any, typ: type) -> Any:
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise _Invalid(f"expected true or false, got {_show(value)}")
+    if typ is int:
+        if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+            return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Invalid(f"expected an integer, got {_show(value)}")
+        return value
+    if typ is float:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _Invalid(f"expected a number, got {_show(value)}")
+        return float(value)
+    if isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        value = ",".join(str(v) for v in value)  # a YAML list for a comma-list option
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise _Invalid(f"expected a string, got {_show(value)}")
+    text = str(value)
+    if not text or "\n" in text or "\x00" in text:
+        raise _Invalid(f"expected a non-empty one-line string, got {_show(value)}")
+    return text
+
+
+def _check_option(value: Any, spec: base.OptionSpec) -> Any:
+    converted = _as_type(value, spec.type)
+    if spec.choices and converted not in spec.choices:
+        raise _Invalid(f"expected one of {', '.join(map(str, spec.choices))}, got {_show(value)}")
+    return converted
+
+
+def _check_base(key: str, value: Any) -> Any:
+    if key in ("nodes", "slots"):
+        return _positive_int(value)
+    if not isinstance(value, str) or not value:
+        raise _Invalid(f"expected a non-empty string, got {_show(value)}")
+    if key == "name":
+        try:
+            return state.validate_name(value)
+        except UsageError:
+            raise _Invalid("expected 1-31 lowercase letters, digits and '-', starting with a letter, "
+                           f"got {_show(value)}") from None
+    if key == "provider" and value not in base.REGISTRY:
+        raise _Invalid(f"expected one of {', '.join(sorted(base.REGISTRY))}, got {_show(value)}")
+    if key == "user" and not _USER_RE.match(value):
+        raise _Invalid(f"expected a user name (letters, digits, '.', '_', '-'), got {_show(value)}")
+    return value
+
+
+def _loader() -> type:
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        """SafeLoader that refuses duplicate keys instead of keeping the last one."""
+
+        def construct_mapping(self, node, deep=False):
+            seen: set = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # unhashable key: let the base class explain
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+def load_yaml_mapping(path: str, what: str = "spec file") -> dict[Any, Any]:
+    """Parse a YAML file whose top level must be a mapping; errors name file and line."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory, expected a YAML {what}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not UTF-8 text, expected a YAML {what}") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        last = max(1, len(text.splitlines()))
+        line = f":{min(mark.line + 1, last)}" if mark is not None else ""
+        problem = exc.problem or exc.context or "cannot parse"
+        raise SpecError(f"{path}{line}: malformed YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: malformed YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of keys (name: ..., nodes: ...) at the top level, "
+                        f"got {_show(data) if not isinstance(data, list) else 'a list'}")
+    return data
+
+
+def read_file(path: str) -> dict[str, Any]:
+    """The top-level mapping of a YAML spec file, keys normalised ('-' -> '_')."""
+    data = load_yaml_mapping(path)
+    normalised: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise SpecError(f"{path}: key {_show(key)}: expected a string key")
+        norm = key.replace("-", "_")
+        if norm in normalised:
+            raise SpecError(f"{path}: {key}: given twice (as '{norm}' and '{key}')")
+        normalised[norm] = value
+    return normalised
+
+
+def _provider_options(provider: str) -> tuple[dict[str, base.OptionSpec], type]:
+    try:
+        cls = base.provider_class(provider)
+    except ImportError as exc:
+        raise SpecError(f"provider {provider!r} is not available here: {exc}") from None
+    return dict(getattr(cls, "OPTIONS", {}) or {}), cls
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> ClusterSpec:
+    """Validate a spec file and flags into a ``ClusterSpec``; flags win over the file."""
+    overrides = {k.replace("-", "_"): v for k, v in (overrides or {}).items() if v is not None}
+    data = read_file(path) if path is not None else {}
+    label = str(path) if path is not None else "spec"
+
+    def pick(key: str) -> tuple[Any, str] | None:
+        if key in overrides:
+            return overrides[key], _flag(key)
+        if key in data:
+            return data[key], f"{label}: {key}"
+        return None
+
+    def checked(key: str, check) -> Any:
+        found = pick(key)
+        if found is None:
+            return None
+        value, where = found
+        try:
+            return check(value)
+        except _Invalid as exc:
+            raise SpecError(f"{where}: {exc}") from None
+
+    provider = checked("provider", lambda v: _check_base("provider", v)) or DEFAULT_PROVIDER
+    option_specs, cls = _provider_options(provider)
+    _reject_unknown(data, overrides, option_specs, provider, label)
+    values = {key: checked(key, lambda v, k=key: _check_base(k, v)) for key in BASE_KEYS[2:] + ("name",)}
+    options = {key: checked(key, lambda v, s=spec: _check_option(v, s)) for key, spec in option_specs.items()}
+    for key, spec in option_specs.items():
+        if options[key] is None:
+            options[key] = spec.default
+    if values["nodes"] is None and not getattr(cls, "count_from_options", False):
+        raise SpecError(f"{label}: nodes: required, a positive integer (or --nodes N)")
+    name = values["name"] or provider
+    return ClusterSpec(name=name, provider=provider, nodes=values["nodes"], slots=values["slots"],
+                       user=values["user"], options=options, source=path)
+
+
+def _reject_unknown(data: dict, overrides: dict, option_specs: dict, provider: str, label: str) -> None:
+    valid = set(BASE_KEYS) | set(option_specs)
+    for key in data:
+        if key not in valid:
+            raise SpecError(f"{label}: {key}: unknown key for provider {provider!r} "
+                            f"(valid keys: {', '.join(sorted(valid))})")
+    for key in overrides:
+        if key not in valid:
+            flags = ", ".join(_flag(k) for k in sorted(option_specs)) or "none"
+            raise SpecError(f"{_flag(key)}: not an option of provider {provider!r} "
+                            f"(its options: {flags})")
+
+
+def describe_options(provider: str) -> list[tuple[str, str]]:
+    """(key, help) pairs a spec file may use for ``provider``, for help and docs."""
+    option_specs, _ = _provider_options(provider)
+    base_help = [("name", "cluster name"), ("provider", f"one of {', '.join(sorted(base.REGISTRY))}"),
+                 ("nodes", "number of nodes"), ("slots", "slots per node"), ("user", "ssh user")]
+    return base_help + [(k, s.help) for k, s in sorted(option_specs.items())]
