@@ -94,7 +94,7 @@ def run(argv: list[str] | None = None) -> int:
         if isinstance(exc, click.UsageError) and exc.ctx is not None:
             sys.stderr.write(exc.ctx.get_usage() + "\n")
         return _fail(exc.format_message(), "run with --help for usage", exc.exit_code)
-    except typer.Exit as exc:
+    except (typer.Exit, click.exceptions.Exit) as exc:
         return exc.exit_code
     except Exception as exc:  # a bug: one line, traceback only with --debug
         if _DEBUG["on"]:

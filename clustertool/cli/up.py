@@ -14,7 +14,7 @@ def _provider_options() -> dict[str, tuple[OptionSpec, list[str]]]:
     for name in REGISTRY:
         try:
             options = provider_class(name).OPTIONS
-        except ImportError:  # a provider whose module is not importable here
+        except (ImportError, AttributeError):  # a provider module not importable here
             continue
         for key, spec in options.items():
             merged.setdefault(key, (spec, []))[1].append(name)
@@ -25,9 +25,9 @@ def _click_option(key: str, spec: OptionSpec, providers: list[str]) -> click.Opt
     flag = "--" + key.replace("_", "-")
     helptext = f"{spec.help} [{', '.join(providers)}]".strip()
     if spec.type is bool:
-        return click.Option([flag], key, is_flag=True, flag_value=True, default=None, help=helptext)
+        return click.Option([flag, key], is_flag=True, flag_value=True, default=None, help=helptext)
     ctype = click.Choice(spec.choices) if spec.choices else _TYPES.get(spec.type, click.STRING)
-    return click.Option([flag], key, type=ctype, default=None, help=helptext)
+    return click.Option([flag, key], type=ctype, default=None, help=helptext)
 
 
 def build_up_command() -> click.Command:
@@ -36,13 +36,13 @@ def build_up_command() -> click.Command:
         click.Option(["--name"], help="Cluster name (lowercase letters, digits, '-')."),
         click.Option(["--provider", "-p"], type=click.Choice(sorted(REGISTRY)),
                      help="Where the nodes come from (default: local)."),
-        click.Option(["--nodes", "-N"], "nodes", type=int, help="Number of nodes."),
+        click.Option(["--nodes", "-N", "nodes"], type=int, help="Number of nodes."),
         click.Option(["--slots"], type=int, help="Slots (GPUs / ranks) per node; default: the provider's GPU count, else 1."),
         click.Option(["--user"], help="SSH user on the nodes (default: the provider's)."),
         click.Option(["--dry-run"], is_flag=True, help="Print the plan; create nothing."),
         click.Option(["--no-ssh"], is_flag=True,
                      help="Stop after provisioning and the hostfile; do not wire SSH (for endpoints whose instances answer no SSH)."),
-        click.Option(["--json"], "json_output", is_flag=True, help="Print the result as JSON."),
+        click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
     for key, (spec, providers) in sorted(_provider_options().items()):
         params.append(_click_option(key, spec, providers))
