@@ -1,0 +1,350 @@
+"""The ``local`` provider: N real nodes on this machine, each in its own namespaces, running sshd.
+
+Each node ``i`` of cluster slot ``k`` gets a network namespace ``ct-<cluster>-<i>`` (veth
+``ct<k>n<i>`` on bridge ``ctbr<k>``, address ``10.213.k.i``), UTS (hostname ``node-<i>``),
+mount (private /root, /scratch, /tmp, /dev/shm, /etc/hosts) and PID namespaces, with a tiny
+reaper (``local_init.py``) as PID 1 running ``sshd -D``.  See ``local_net`` for names and
+argv, ``local_sys`` for the system calls.
+
+Stop/start: ``stop`` kills each node's processes and keeps its namespace and directories
+(home, /scratch, like a stopped instance keeps its disk); ``start`` relaunches them with a
+fresh /tmp and /dev/shm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from clustertool.errors import MissingPrerequisite, ProviderError, UsageError
+from clustertool.model import LEADER, MEMBER, Cluster, Node
+from clustertool.providers import local_net as net
+from clustertool.providers import local_sys as sysops
+from clustertool.providers.base import OptionSpec, ProvisionRequest
+
+INIT_SCRIPT = Path(__file__).with_name("local_init.py")
+_TOOLS = (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
+          ("ssh-keygen", "openssh-client"), (net.SSHD, "openssh-server"))
+_LAUNCHED: dict[int, subprocess.Popen] = {}  # node launchers started by this process
+
+
+def _reap_launched() -> None:
+    for pid, proc in list(_LAUNCHED.items()):
+        if proc.poll() is not None:
+            del _LAUNCHED[pid]
+
+
+def _which(tool: str) -> str | None:
+    if tool.startswith("/"):
+        return tool if os.access(tool, os.X_OK) else None
+    path = os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin"
+    return shutil.which(tool, path=path)
+
+
+class LocalProvider:
+    name: ClassVar[str] = "local"
+    default_user: ClassVar[str] = "root"
+    owns_machines: ClassVar[bool] = True
+    OPTIONS: ClassVar[dict[str, OptionSpec]] = {
+        "link_rate": OptionSpec(str, None, "egress rate at each end of every node's link, e.g. 200mbit (tc tbf)"),
+        "link_delay": OptionSpec(str, None, "delay added at each end of every node's link, e.g. 5ms (tc netem)"),
+    }
+
+    def __init__(self, **_: object) -> None:
+        pass
+
+    # ---- checks and plan ------------------------------------------------------------
+
+    def check(self, request: ProvisionRequest) -> None:
+        if os.geteuid() != 0:
+            raise MissingPrerequisite(
+                "the local provider needs root (it makes network namespaces and runs sshd): run as root",
+                hint="e.g. sudo clustertool up --provider local ...")
+        missing = [(tool, pkg) for tool, pkg in _TOOLS if not _which(tool)]
+        if missing:
+            pkgs = sorted({pkg for _, pkg in missing})
+            raise MissingPrerequisite(
+                f"the local provider needs {', '.join(t for t, _ in missing)}: apt-get install {' '.join(pkgs)}")
+        if not 1 <= request.count <= net.MAX_NODES:
+            raise UsageError(f"the local provider makes 1 to {net.MAX_NODES} nodes, not {request.count}")
+        rate, delay = self._link_options(request.cluster)
+        if delay and sysops.run(net.netem_probe_argv(), check=False).returncode != 0:
+            raise MissingPrerequisite(
+                "link_delay needs the kernel's netem qdisc (sch_netem), which this kernel lacks",
+                hint="load it with `modprobe sch_netem`, or use link_rate alone (tbf)")
+        taken = [ns for ns in sysops.netns_list() if net.netns_pattern(request.cluster.name).match(ns)]
+        if taken:
+            raise ProviderError(
+                f"namespaces of a local cluster named {request.cluster.name!r} already exist ({taken[0]} ...)",
+                hint="another CLUSTERTOOL_HOME may use this name: pick another name, or bring that one down")
+
+    @staticmethod
+    def _link_options(cluster: Cluster) -> tuple[str | None, str | None]:
+        rate, delay = cluster.options.get("link_rate"), cluster.options.get("link_delay")
+        try:
+            if rate:
+                net.rate_bits(str(rate))
+            if delay:
+                net.delay_seconds(str(delay))
+        except ValueError as exc:
+            key = "link_rate" if rate and "rate" in str(exc) else "link_delay"
+            raise UsageError(f"option {key}: {exc}") from None
+        return (str(rate) if rate else None, str(delay) if delay else None)
+
+    def plan(self, request: ProvisionRequest) -> list[str]:
+        name, n = request.cluster.name, request.count
+        rate, delay = self._link_options(request.cluster)
+        lines = [
+            "bridge ctbr<k> with 10.213.<k>.254/24, k = first free slot of 0..250 on this machine",
+            f"{n} node(s) node-1..node-{n}: network namespace ct-{name}-<i>, veth ct<k>n<i> <-> eth0, "
+            f"address 10.213.<k>.<i>",
+            "each node: hostname node-<i>; private /root, /scratch, /tmp, /dev/shm; own PID namespace; "
+            "sshd on port 22 (root, key only) with a fresh ed25519 host key",
+            f"slots per node: {request.slots or 1}",
+            f"route: unreachable {net.NET_RANGE} while any local cluster exists",
+        ]
+        if rate or delay:
+            what = ", ".join(x for x in (f"rate {rate}" if rate else "", f"delay {delay}" if delay else "") if x)
+            lines.append(f"link shaping on both ends of each veth: {what} (node to node crosses two links)")
+        return lines
+
+    # ---- making nodes ---------------------------------------------------------------
+
+    def run_instances(self, request: ProvisionRequest) -> list[Node]:
+        cluster, ps = request.cluster, request.cluster.provider_state
+        if not ps.get("token") and any(net.netns_pattern(cluster.name).match(n) for n in sysops.netns_list()):
+            raise ProviderError(f"namespaces of a local cluster named {cluster.name!r} already exist",
+                                hint="another CLUSTERTOOL_HOME may use this name: pick another name")
+        nodes_dir = Path(request.files_dir) / "local"
+        ps.setdefault("token", secrets.token_hex(4))
+        ps["nodes_dir"] = str(nodes_dir)
+        request.save()
+        slot = self._allocate(request)
+        indices = list(range(1, request.count + 1))
+        ps["count"] = request.count
+        ps["netns"] = [net.netns_name(cluster.name, i) for i in indices]
+        ps["veths"] = [net.veth_name(slot, i) for i in indices]
+        request.save()
+        keygens = self._write_node_files(request, slot, indices)
+        self._make_network(cluster, slot, indices)
+        host_keys = self._collect_host_keys(nodes_dir, keygens)
+        cluster.nodes = [self._node(slot, i, request.slots, host_keys[i], nodes_dir) for i in indices]
+        request.save()
+        ps["pids"] = {}
+        for i in indices:
+            ps["pids"][f"node-{i}"] = self._start_node(cluster, i)
+        request.save()
+        request.report(f"started {len(indices)} local node(s) on bridge {net.bridge_name(slot)}")
+        return cluster.nodes
+
+    def _allocate(self, request: ProvisionRequest) -> int:
+        """Under the system-wide lock: pick a slot, make its bridge, the guard route, /scratch."""
+        ps = request.cluster.provider_state
+        tag = net.link_tag(request.cluster.name, ps["token"])
+        with sysops.global_lock():
+            slot = net.first_free_slot(net.slots_in_use(sysops.bridge_names()))
+            if slot is None:
+                raise ProviderError("all local cluster slots (0..250) are in use",
+                                    hint="bring some local clusters down")
+            ps["slot"], ps["bridge"] = slot, net.bridge_name(slot)
+            request.save()
+            sysops.run_batch(net.ip_batch_argv(), net.bridge_lines(slot, tag))
+            sysops.run(net.route_add_argv())
+            ps["route"] = True
+            sysops.ensure_scratch()
+            request.save()
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        return slot
+
+    def _write_node_files(self, request: ProvisionRequest, slot: int,
+                          indices: list[int]) -> dict[int, subprocess.Popen]:
+        """Per-node directories, sshd_config, authorized_keys; host keys made in parallel."""
+        nodes_dir = Path(request.cluster.provider_state["nodes_dir"])
+        nodes_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(nodes_dir, 0o700)  # host private keys live here
+        hosts = nodes_dir / "hosts"
+        hosts.write_text(net.hosts_text([(f"node-{i}", net.node_address(slot, i)) for i in indices]))
+        os.chmod(hosts, 0o644)
+        keygens = {}
+        for i in indices:
+            node_dir = nodes_dir / f"node-{i}"
+            self._node_dirs(node_dir, request.public_key)
+            etc_ssh = node_dir / "ssh"
+            _seed_etc_ssh(etc_ssh)
+            (etc_ssh / "sshd_config").write_text(net.sshd_config_text(
+                net.node_address(slot, i), f"{request.cluster.name} node-{i}"))
+            init = net.init_config(f"node-{i}", node_dir, hosts)
+            (node_dir / "init.json").write_text(json.dumps(init, indent=1))
+            key = etc_ssh / "ssh_host_ed25519_key"
+            for old in (key, key.with_suffix(".pub")):
+                old.unlink(missing_ok=True)
+            keygens[i] = subprocess.Popen(net.keygen_argv(key, f"{request.cluster.name}-node-{i}"),
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE)
+        return keygens
+
+    @staticmethod
+    def _node_dirs(node_dir: Path, public_key: str) -> None:
+        ssh = node_dir / "home" / ".ssh"
+        ssh.mkdir(parents=True, exist_ok=True)
+        os.chmod(node_dir / "home", 0o700)
+        os.chmod(ssh, 0o700)
+        auth = ssh / "authorized_keys"
+        auth.write_text(public_key.strip() + "\n")
+        os.chmod(auth, 0o600)
+        (node_dir / "scratch").mkdir(exist_ok=True)
+        (node_dir / "tmp").mkdir(exist_ok=True)
+        os.chmod(node_dir / "tmp", 0o1777)
+
+    def _make_network(self, cluster: Cluster, slot: int, indices: list[int]) -> None:
+        tag = net.link_tag(cluster.name, cluster.provider_state["token"])
+        host_lines = [line for i in indices for line in net.host_node_lines(cluster.name, slot, i, tag)]
+        sysops.run_batch(net.ip_batch_argv(), host_lines)
+        rate, delay = self._link_options(cluster)
+        jobs = []
+        for i in indices:
+            ns = net.netns_name(cluster.name, i)
+            jobs.append((net.ip_batch_argv(ns), "\n".join(net.node_lines(slot, i)) + "\n"))
+            node_tc = net.shaping_lines(net.NODE_IFACE, rate, delay)
+            if node_tc:
+                jobs.append((net.tc_batch_argv(ns), "\n".join(node_tc) + "\n"))
+        host_tc = [line for i in indices for line in net.shaping_lines(net.veth_name(slot, i), rate, delay)]
+        if host_tc:
+            jobs.append((net.tc_batch_argv(), "\n".join(host_tc) + "\n"))
+        for start in range(0, len(jobs), 16):  # bounded parallelism: the machine has few cores
+            sysops.run_parallel(jobs[start:start + 16])
+
+    @staticmethod
+    def _collect_host_keys(nodes_dir: Path, keygens: dict[int, subprocess.Popen]) -> dict[int, list[str]]:
+        keys = {}
+        for i, proc in keygens.items():
+            _, err = proc.communicate(timeout=60)
+            if proc.returncode != 0:
+                raise ProviderError(f"ssh-keygen failed for node-{i}: {err.decode(errors='replace').strip()}")
+            pub = (nodes_dir / f"node-{i}" / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
+            keys[i] = [f"{pub[0]} {pub[1]}"]
+        return keys
+
+    @staticmethod
+    def _node(slot: int, i: int, slots: int | None, host_keys: list[str], nodes_dir: Path) -> Node:
+        address = net.node_address(slot, i)
+        return Node(name=f"node-{i}", index=i, address=address, role=LEADER if i == 1 else MEMBER,
+                    slots=slots or 1, ssh_host=address, ssh_port=22, state="running",
+                    instance_id=None, host_keys=host_keys,
+                    extra={"log": str(nodes_dir / f"node-{i}" / "node.log")})
+
+    def _start_node(self, cluster: Cluster, index: int) -> int:
+        """Launch node ``index`` (its PID 1 and sshd) in a new session; return the launcher pid."""
+        node_dir = Path(cluster.provider_state["nodes_dir"]) / f"node-{index}"
+        argv = net.node_start_argv(net.netns_name(cluster.name, index), sys.executable,
+                                   INIT_SCRIPT, node_dir / "init.json")
+        with open(node_dir / "node.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True)
+        _LAUNCHED[proc.pid] = proc
+        return proc.pid
+
+    # ---- waiting and querying -------------------------------------------------------
+
+    def wait_instances(self, cluster: Cluster, timeout: float = 600.0) -> list[Node]:
+        pending = {n.name: n for n in cluster.nodes}
+        pids = cluster.provider_state.get("pids", {})
+        deadline = time.monotonic() + timeout
+        while pending:
+            for name, node in list(pending.items()):
+                if _accepts(node.address, node.ssh_port):
+                    del pending[name]
+            if not pending:
+                break
+            _reap_launched()
+            dead = [n for n in pending if n in pids and not sysops.alive(pids[n])]
+            if dead or time.monotonic() > deadline:
+                name = (dead or sorted(pending, key=lambda x: pending[x].index))[0]
+                node = pending[name]
+                what = "stopped" if dead else f"did not accept SSH within {timeout:.0f}s"
+                log = Path(cluster.provider_state["nodes_dir"]) / name / "node.log"
+                raise ProviderError(f"{name} ({node.address}:22) {what}",
+                                    hint=f"its log {log} ends: {sysops.log_tail(log)}")
+            time.sleep(0.02)
+        for node in cluster.nodes:
+            node.state = "running"
+        return cluster.nodes
+
+    def query_instances(self, cluster: Cluster) -> list[Node]:
+        names = {n.name: net.netns_name(cluster.name, n.index) for n in cluster.nodes}
+        pids = sysops.pids_in_netns(ns for ns in names.values() if sysops.netns_exists(ns))
+        out = []
+        for node in cluster.nodes:
+            ns = names[node.name]
+            if ns not in pids:
+                node_state = "terminated"
+            elif any(sysops.comm(p) == "sshd" for p in pids[ns]):
+                node_state = "running"
+            else:
+                node_state = "stopped"
+            out.append(dataclasses.replace(node, state=node_state))
+        return out
+
+    # ---- stop / start / terminate ---------------------------------------------------
+
+    def stop_instances(self, cluster: Cluster) -> None:
+        namespaces = [net.netns_name(cluster.name, n.index) for n in cluster.nodes]
+        pids = sysops.pids_in_netns(namespaces)
+        sysops.kill_all([p for ps in pids.values() for p in ps], reap=_reap_launched)
+        for node in cluster.nodes:
+            node.state = "stopped"
+
+    def start_instances(self, cluster: Cluster) -> list[Node]:
+        missing = [n.name for n in cluster.nodes
+                   if not sysops.netns_exists(net.netns_name(cluster.name, n.index))]
+        if missing:
+            raise ProviderError(f"{missing[0]} of cluster {cluster.name!r} no longer exists on this machine",
+                                hint="bring the cluster down and up again")
+        self.stop_instances(cluster)  # nothing half-running stays
+        nodes_dir = Path(cluster.provider_state["nodes_dir"])
+        pids = cluster.provider_state.setdefault("pids", {})
+        for node in cluster.nodes:
+            tmp = nodes_dir / node.name / "tmp"  # a rebooted machine starts with an empty /tmp
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            os.chmod(tmp, 0o1777)
+            pids[node.name] = self._start_node(cluster, node.index)
+        return self.wait_instances(cluster, timeout=60.0)
+
+    def terminate_instances(self, cluster: Cluster) -> list[str]:
+        from clustertool.providers.local_teardown import teardown
+
+        return teardown(cluster, reap=_reap_launched)
+
+
+def _seed_etc_ssh(etc_ssh: Path, host_etc: Path = Path("/etc/ssh")) -> None:
+    """A node's own /etc/ssh: the host's client config and moduli, but not its keys or sshd_config."""
+    etc_ssh.mkdir(mode=0o755, exist_ok=True)
+    for entry in host_etc.iterdir():
+        if entry.name.startswith(("ssh_host_", "sshd_config")) or (etc_ssh / entry.name).exists():
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, etc_ssh / entry.name, symlinks=True)
+        elif entry.is_file():
+            try:
+                os.link(entry, etc_ssh / entry.name)  # moduli is large: share it when we can
+            except OSError:
+                shutil.copy2(entry, etc_ssh / entry.name)
+
+
+def _accepts(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
