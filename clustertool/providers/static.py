@@ -224,7 +224,7 @@ class StaticProvider:
         return cluster.nodes
 
     def query_instances(self, cluster: Cluster) -> list[Node]:
-        results = _probe_all(cluster.nodes, time.monotonic() + 3.0)
+        results = _probe_all(cluster.nodes, time.monotonic() + 3.0, retry=False)
         return [dataclasses.replace(n, state="running" if not results.get(n.name) else "unreachable")
                 for n in cluster.nodes]
 
@@ -241,8 +241,12 @@ class StaticProvider:
                 for n in cluster.ordered_nodes()]
 
 
-def probe(host: str, port: int, deadline: float) -> str | None:
-    """None once ``host:port`` accepts a TCP connection before ``deadline``; else why not."""
+def probe(host: str, port: int, deadline: float, retry: bool = True) -> str | None:
+    """None once ``host:port`` accepts a TCP connection before ``deadline``; else why not.
+
+    With ``retry`` a refused or failed attempt is repeated until the deadline (a machine
+    still booting); without, the first answer counts.
+    """
     reason = "timed out"
     while True:
         remaining = deadline - time.monotonic()
@@ -259,12 +263,14 @@ def probe(host: str, port: int, deadline: float) -> str | None:
             reason = "connection refused"
         except OSError as exc:
             reason = exc.strerror or type(exc).__name__
+        if not retry:
+            return reason
         time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
 
 
-def _probe_all(nodes: list[Node], deadline: float) -> dict[str, str | None]:
+def _probe_all(nodes: list[Node], deadline: float, retry: bool = True) -> dict[str, str | None]:
     if not nodes:
         return {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-        futures = {n.name: pool.submit(probe, n.reach_host, n.ssh_port, deadline) for n in nodes}
+        futures = {n.name: pool.submit(probe, n.reach_host, n.ssh_port, deadline, retry) for n in nodes}
         return {name: f.result() for name, f in futures.items()}
