@@ -9,12 +9,15 @@ A spec file is a flat mapping::
     user: root             # default: the provider's
     link_rate: 200mbit     # provider options, as listed by the provider's OPTIONS
 
-Flags (``overrides``; ``None`` = not given) win over the file.  Every error is one line
-naming the file (or the flag), the key and what was expected.
+Flags (``overrides``; ``None`` = not given) win over the file.  Options a provider lists in
+``PATH_OPTIONS`` (files such as a key or hostfile) are made absolute: relative to the spec
+file's folder when written there, to the working directory when given as a flag.  Every
+error is one line naming the file (or the flag), the key and what was expected.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -235,6 +238,10 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
     for key, spec in option_specs.items():
         if options[key] is None:
             options[key] = spec.default
+    for key in getattr(cls, "PATH_OPTIONS", ()):
+        if isinstance(options.get(key), str):
+            base_dir = os.path.dirname(os.path.abspath(path)) if key not in overrides and path else os.getcwd()
+            options[key] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(options[key])))
     if values["nodes"] is None and not getattr(cls, "count_from_options", False):
         raise SpecError(f"{label}: nodes: required, a positive integer (or --nodes N)")
     name = values["name"] or provider

@@ -122,6 +122,7 @@ class StaticProvider:
     owns_machines: ClassVar[bool] = False
     default_user: ClassVar[str] = _current_user()
     count_from_options: ClassVar[bool] = True  # --nodes may be left out: as many as listed
+    PATH_OPTIONS: ClassVar[tuple[str, ...]] = ("hostfile", "key")  # made absolute by the spec
     OPTIONS: ClassVar[dict[str, OptionSpec]] = {
         "hosts": OptionSpec(str, None, "Existing machines to adopt: a,b,c (host or host:port; ranges like 10.0.1.[5-8])."),
         "hostfile": OptionSpec(str, None, "Hostfile listing existing machines (Open MPI, MPICH, Horovod or DeepSpeed format)."),

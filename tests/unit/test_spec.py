@@ -111,6 +111,24 @@ def test_static_provider_needs_no_node_count(tmp_path):
     assert spec.nodes is None and spec.options["hosts"] == "a,b" and spec.options["port"] == 22
 
 
+def test_file_options_are_made_absolute_relative_to_the_spec_file(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "c.yaml").write_text("provider: static\nhostfile: hosts.txt\nkey: ~/k.pem\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/home/someone")
+    spec = load_spec("conf/c.yaml", {})
+    assert spec.options["hostfile"] == str(tmp_path / "conf" / "hosts.txt")
+    assert spec.options["key"] == "/home/someone/k.pem"
+
+
+def test_file_options_given_as_flags_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "c.yaml").write_text("provider: static\nhostfile: hosts.txt\n")
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec("conf/c.yaml", {"hostfile": "mine.txt"})
+    assert spec.options["hostfile"] == str(tmp_path / "mine.txt")
+
+
 def test_the_default_provider_is_local(monkeypatch):
     monkeypatch.setitem(base.REGISTRY, "local", base.REGISTRY["fake"])
     assert load_spec(None, {"nodes": 2}).provider == "local"
