@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from clustertool import state
 from clustertool.errors import SpecError, UsageError
@@ -198,7 +198,7 @@ def read_file(path: str) -> dict[str, Any]:
 def _provider_options(provider: str) -> tuple[dict[str, base.OptionSpec], type]:
     try:
         cls = base.provider_class(provider)
-    except ImportError as exc:
+    except (ImportError, AttributeError) as exc:
         raise SpecError(f"provider {provider!r} is not available here: {exc}") from None
     return dict(getattr(cls, "OPTIONS", {}) or {}), cls
 
@@ -207,46 +207,51 @@ def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> ClusterSpec:
-    """Validate a spec file and flags into a ``ClusterSpec``; flags win over the file."""
-    overrides = {k.replace("-", "_"): v for k, v in (overrides or {}).items() if v is not None}
-    data = read_file(path) if path is not None else {}
-    label = str(path) if path is not None else "spec"
+class _Sources:
+    """Flags over file: where a key's value comes from, and its checked value."""
 
-    def pick(key: str) -> tuple[Any, str] | None:
-        if key in overrides:
-            return overrides[key], _flag(key)
-        if key in data:
-            return data[key], f"{label}: {key}"
-        return None
+    def __init__(self, path: str | None, data: dict[str, Any], overrides: dict[str, Any]):
+        self.path, self.data, self.overrides = path, data, overrides
+        self.label = str(path) if path is not None else "spec"
 
-    def checked(key: str, check) -> Any:
-        found = pick(key)
-        if found is None:
+    def checked(self, key: str, check: Callable[[Any], Any]) -> Any:
+        if key in self.overrides:
+            value, where = self.overrides[key], _flag(key)
+        elif key in self.data:
+            value, where = self.data[key], f"{self.label}: {key}"
+        else:
             return None
-        value, where = found
         try:
             return check(value)
         except _Invalid as exc:
             raise SpecError(f"{where}: {exc}") from None
 
-    provider = checked("provider", lambda v: _check_base("provider", v)) or DEFAULT_PROVIDER
+    def absolute(self, key: str, value: str) -> str:
+        """A file option made absolute: relative to the spec file when written there."""
+        from_file = key not in self.overrides and self.path is not None
+        base_dir = os.path.dirname(os.path.abspath(self.path)) if from_file else os.getcwd()
+        return os.path.normpath(os.path.join(base_dir, os.path.expanduser(value)))
+
+
+def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> ClusterSpec:
+    """Validate a spec file and flags into a ``ClusterSpec``; flags win over the file."""
+    overrides = {k.replace("-", "_"): v for k, v in (overrides or {}).items() if v is not None}
+    src = _Sources(path, read_file(path) if path is not None else {}, overrides)
+    provider = src.checked("provider", lambda v: _check_base("provider", v)) or DEFAULT_PROVIDER
     option_specs, cls = _provider_options(provider)
-    _reject_unknown(data, overrides, option_specs, provider, label)
-    values = {key: checked(key, lambda v, k=key: _check_base(k, v)) for key in BASE_KEYS[2:] + ("name",)}
-    options = {key: checked(key, lambda v, s=spec: _check_option(v, s)) for key, spec in option_specs.items()}
+    _reject_unknown(src.data, overrides, option_specs, provider, src.label)
+    values = {key: src.checked(key, lambda v, k=key: _check_base(k, v)) for key in BASE_KEYS if key != "provider"}
+    options = {}
     for key, spec in option_specs.items():
-        if options[key] is None:
-            options[key] = spec.default
-    for key in getattr(cls, "PATH_OPTIONS", ()):
-        if isinstance(options.get(key), str):
-            base_dir = os.path.dirname(os.path.abspath(path)) if key not in overrides and path else os.getcwd()
-            options[key] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(options[key])))
+        value = src.checked(key, lambda v, s=spec: _check_option(v, s))
+        options[key] = spec.default if value is None else value
+        if key in getattr(cls, "PATH_OPTIONS", ()) and isinstance(options[key], str):
+            options[key] = src.absolute(key, options[key])
     if values["nodes"] is None and not getattr(cls, "count_from_options", False):
-        raise SpecError(f"{label}: nodes: required, a positive integer (or --nodes N)")
-    name = values["name"] or provider
-    return ClusterSpec(name=name, provider=provider, nodes=values["nodes"], slots=values["slots"],
-                       user=values["user"], options=options, source=path)
+        where = f"{path}: nodes" if path is not None else "--nodes"
+        raise SpecError(f"{where}: required for provider {provider!r}: a positive integer")
+    return ClusterSpec(name=values["name"] or provider, provider=provider, nodes=values["nodes"],
+                       slots=values["slots"], user=values["user"], options=options, source=path)
 
 
 def _reject_unknown(data: dict, overrides: dict, option_specs: dict, provider: str, label: str) -> None:

@@ -153,7 +153,7 @@ def test_the_default_provider_is_local(monkeypatch):
     ("provider: fake\nnodes: 2\ntier: sata\n", "spec.yaml: tier: expected one of gp3, io2, got 'sata'"),
     ("provider: fake\nnodes: 2\ninstance_type: {a: 1}\n", "spec.yaml: instance_type: expected a string, got a mapping"),
     ("provider: fake\nnodes: 2\ninstance_type: ''\n", "spec.yaml: instance_type: expected a non-empty"),
-    ("provider: fake\n", "spec.yaml: nodes: required"),
+    ("provider: fake\n", "spec.yaml: nodes: required for provider 'fake': a positive integer"),
 ])
 def test_bad_values_name_file_key_and_expectation(write, text, expected):
     assert expected in error_of(write(text))
@@ -228,3 +228,7 @@ def test_spec_errors_are_usage_errors_with_exit_code_2(write):
     with pytest.raises(UsageError) as info:
         load_spec(write("provider: fake\nnodes: -1\n"), {})
     assert info.value.exit_code == 2
+
+
+def test_a_missing_node_count_without_a_file_names_the_flag():
+    assert error_of(None, {"provider": "fake"}) == "--nodes: required for provider 'fake': a positive integer"
