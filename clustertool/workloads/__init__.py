@@ -1,0 +1,1 @@
+"""Workloads shipped with clustertool (plain scripts, run on the nodes by mpirun)."""
