@@ -132,6 +132,7 @@ def _parse_mpi_line(words: list[str], where: str) -> HostEntry:
 def parse(text: str, source: str = "<hostfile>") -> list[HostEntry]:
     """Hosts listed in a hostfile of any supported format, in file order."""
     entries: list[HostEntry] = []
+    text = text[1:] if text.startswith("\ufeff") else text  # a BOM from Windows editors
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:

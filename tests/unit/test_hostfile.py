@@ -69,6 +69,10 @@ def test_parse_accepts_every_format_comments_and_blank_lines():
     ]
 
 
+def test_parse_accepts_windows_line_ends_and_a_byte_order_mark():
+    assert parse("\ufeffa slots=2\r\nb:3\r\n") == [HostEntry("a", 2), HostEntry("b", 3)]
+
+
 def test_parse_of_an_empty_or_comment_only_file_is_empty():
     assert parse("") == []
     assert parse("# nothing\n\n   \n") == []
