@@ -1,0 +1,289 @@
+/* collnet_bench: drives the CollNet plugin the way NCCL's proxy would (dlopen,
+ * listen, handles swapped with MPI_Allgather, connect, regMr, iallreduce/test)
+ * and prints an all_reduce_perf-style table. -a mpi times MPI_Allreduce instead.
+ *   mpirun -np 4 collnet_bench -b 1M -e 64M -f 2 -d float -o sum -a sharded,ring,mpi */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <libgen.h>
+#include <limits.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#include "ct_nccl_abi.h"
+#include "ct_reduce.h"
+
+typedef struct {
+  size_t minb, maxb;
+  double factor;
+  int iters, warmup, check;
+  ncclDataType_t dt;
+  ncclRedOp_t op;
+  char algos[128];
+  char plugin[PATH_MAX];
+} opts_t;
+
+static int rank, nranks;
+
+static size_t parse_bytes(const char* s) {
+  char* e;
+  double v = strtod(s, &e);
+  switch (*e) { case 'G': case 'g': v *= 1 << 30; break; case 'M': case 'm': v *= 1 << 20; break;
+                case 'K': case 'k': v *= 1 << 10; break; default: break; }
+  return (size_t)v;
+}
+
+static int parse_dtype(const char* s, ncclDataType_t* t) {
+  static const struct { const char* n; ncclDataType_t t; } m[] = {
+      {"float", ncclFloat32}, {"float32", ncclFloat32}, {"half", ncclFloat16}, {"float16", ncclFloat16},
+      {"bfloat16", ncclBfloat16}, {"bf16", ncclBfloat16}, {"double", ncclFloat64}, {"int32", ncclInt32},
+      {"int", ncclInt32}, {"uint32", ncclUint32}, {"int64", ncclInt64}, {"uint64", ncclUint64},
+      {"int8", ncclInt8}, {"uint8", ncclUint8}};
+  for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+    if (!strcasecmp(s, m[i].n)) { *t = m[i].t; return 0; }
+  return -1;
+}
+
+static int parse_op(const char* s, ncclRedOp_t* op) {
+  const char* n[] = {"sum", "prod", "max", "min"};
+  for (int i = 0; i < 4; i++)
+    if (!strcasecmp(s, n[i])) { *op = (ncclRedOp_t)i; return 0; }
+  return -1;
+}
+
+static void usage(void) {
+  if (rank == 0)
+    fprintf(stderr, "usage: collnet_bench [-b minbytes] [-e maxbytes] [-f factor] [-n iters] [-w warmup]\n"
+                    "  [-c 0|1 check] [-d float|half|bfloat16|double|int32|uint32|int64|uint64|int8|uint8]\n"
+                    "  [-o sum|prod|min|max] [-a sharded,ring,mpi] [-p plugin.so]\n");
+  MPI_Finalize();
+  exit(2);
+}
+
+static void parse(int argc, char** argv, opts_t* o) {
+  *o = (opts_t){.minb = 1 << 20, .maxb = 64 << 20, .factor = 2, .iters = 5, .warmup = 1, .check = 1,
+                .dt = ncclFloat32, .op = ncclSum};
+  snprintf(o->algos, sizeof o->algos, "sharded");
+  char self[PATH_MAX];
+  ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+  self[k > 0 ? k : 0] = 0;
+  snprintf(o->plugin, sizeof o->plugin, "%s/libnccl-net-clustertool.so", dirname(self));
+  const char* env = getenv("CLUSTERTOOL_PLUGIN");
+  if (env) snprintf(o->plugin, sizeof o->plugin, "%s", env);
+  int c;
+  while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:a:p:h")) != -1) {
+    switch (c) {
+      case 'b': o->minb = parse_bytes(optarg); break;
+      case 'e': o->maxb = parse_bytes(optarg); break;
+      case 'f': o->factor = atof(optarg); break;
+      case 'n': o->iters = atoi(optarg); break;
+      case 'w': o->warmup = atoi(optarg); break;
+      case 'c': o->check = atoi(optarg); break;
+      case 'd': if (parse_dtype(optarg, &o->dt)) usage(); break;
+      case 'o': if (parse_op(optarg, &o->op)) usage(); break;
+      case 'a': snprintf(o->algos, sizeof o->algos, "%s", optarg); break;
+      case 'p': snprintf(o->plugin, sizeof o->plugin, "%s", optarg); break;
+      default: usage();
+    }
+  }
+  if (o->factor <= 1 || o->iters < 1 || o->minb > o->maxb) usage();
+}
+
+/* Small integers: every dtype sums them exactly for up to 8 ranks. */
+static double input_value(int r, size_t i, ncclDataType_t t) {
+  double v = (double)((int)((i * 7 + (size_t)r * 13) % 9) - 4 + (r % 3));
+  int is_unsigned = t == ncclUint8 || t == ncclUint32 || t == ncclUint64;
+  return is_unsigned ? v + 4 : v;
+}
+
+static void store(void* buf, size_t i, ncclDataType_t t, double v) {
+  switch (t) {
+    case ncclInt8: ((int8_t*)buf)[i] = (int8_t)(int64_t)v; break;
+    case ncclUint8: ((uint8_t*)buf)[i] = (uint8_t)(int64_t)v; break;
+    case ncclInt32: ((int32_t*)buf)[i] = (int32_t)(int64_t)v; break;
+    case ncclUint32: ((uint32_t*)buf)[i] = (uint32_t)(int64_t)v; break;
+    case ncclInt64: ((int64_t*)buf)[i] = (int64_t)v; break;
+    case ncclUint64: ((uint64_t*)buf)[i] = (uint64_t)(int64_t)v; break;
+    case ncclFloat16: ((uint16_t*)buf)[i] = ct_float_to_half((float)v); break;
+    case ncclBfloat16: ((uint16_t*)buf)[i] = ct_float_to_bf16((float)v); break;
+    case ncclFloat32: ((float*)buf)[i] = (float)v; break;
+    default: ((double*)buf)[i] = v; break;
+  }
+}
+
+static double load(const void* buf, size_t i, ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: return ((const int8_t*)buf)[i];
+    case ncclUint8: return ((const uint8_t*)buf)[i];
+    case ncclInt32: return ((const int32_t*)buf)[i];
+    case ncclUint32: return ((const uint32_t*)buf)[i];
+    case ncclInt64: return (double)((const int64_t*)buf)[i];
+    case ncclUint64: return (double)((const uint64_t*)buf)[i];
+    case ncclFloat16: return ct_half_to_float(((const uint16_t*)buf)[i]);
+    case ncclBfloat16: return ct_bf16_to_float(((const uint16_t*)buf)[i]);
+    case ncclFloat32: return ((const float*)buf)[i];
+    default: return ((const double*)buf)[i];
+  }
+}
+
+/* MPI types for timing -a mpi; 16-bit floats have none. */
+static MPI_Datatype mpi_type(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: return MPI_INT8_T; case ncclUint8: return MPI_UINT8_T;
+    case ncclInt32: return MPI_INT32_T; case ncclUint32: return MPI_UINT32_T;
+    case ncclInt64: return MPI_INT64_T; case ncclUint64: return MPI_UINT64_T;
+    case ncclFloat32: return MPI_FLOAT; case ncclFloat64: return MPI_DOUBLE;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+static MPI_Op mpi_op(ncclRedOp_t op) {
+  return op == ncclSum ? MPI_SUM : op == ncclProd ? MPI_PROD : op == ncclMax ? MPI_MAX : MPI_MIN;
+}
+
+/* Reference: MPI_Allreduce of the same inputs, carried as doubles (exact here). */
+static long count_wrong(const opts_t* o, const void* got, size_t count) {
+  double* in = malloc(count * sizeof(double) + 8);
+  double* ref = malloc(count * sizeof(double) + 8);
+  unsigned char* tmp = malloc(count * 8 + 8);
+  for (size_t i = 0; i < count; i++) {
+    store(tmp, i, o->dt, input_value(rank, i, o->dt));
+    in[i] = load(tmp, i, o->dt);  /* the value as the dtype holds it */
+  }
+  MPI_Allreduce(in, ref, (int)count, MPI_DOUBLE, mpi_op(o->op), MPI_COMM_WORLD);
+  long wrong = 0;
+  for (size_t i = 0; i < count; i++) {
+    store(tmp, i, o->dt, ref[i]);  /* wrap/round the reference like the dtype */
+    if (load(tmp, i, o->dt) != load(got, i, o->dt)) wrong++;
+  }
+  free(in); free(ref); free(tmp);
+  long total = 0;
+  MPI_Allreduce(&wrong, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  return total;
+}
+
+typedef struct { ncclCollNet_v12_t* cn; void* ctx; void* comm; void* listen; } coll_t;
+
+static int coll_open(coll_t* c, const char* algo) {
+  setenv("CLUSTERTOOL_COLLNET_ALGO", algo, 1);
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  if (c->cn->listen(c->ctx, 0, handle, &c->listen) != ncclSuccess) return -1;
+  char* all = malloc((size_t)nranks * NCCL_NET_HANDLE_MAXSIZE);
+  void** ptrs = malloc(sizeof(void*) * (size_t)nranks);
+  MPI_Allgather(handle, NCCL_NET_HANDLE_MAXSIZE, MPI_BYTE, all, NCCL_NET_HANDLE_MAXSIZE, MPI_BYTE, MPI_COMM_WORLD);
+  for (int r = 0; r < nranks; r++) ptrs[r] = all + (size_t)r * NCCL_NET_HANDLE_MAXSIZE;
+  int rc = c->cn->connect(ptrs, nranks, rank, c->listen, &c->comm) == ncclSuccess ? 0 : -1;
+  free(all); free(ptrs);
+  return rc;
+}
+
+static int run_plugin_once(coll_t* c, const opts_t* o, void* sb, void* rb, size_t count, void* smh, void* rmh) {
+  void* req = NULL;
+  while (!req)
+    if (c->cn->iallreduce(c->comm, sb, rb, count, o->dt, o->op, smh, rmh, &req) != ncclSuccess) return -1;
+  int done = 0, size = 0;
+  while (!done)
+    if (c->cn->test(req, &done, &size) != ncclSuccess) return -1;
+  return 0;
+}
+
+static int bench_algo(const opts_t* o, coll_t* c, const char* algo, double* busbw_sum, int* nsizes) {
+  int is_mpi = !strcmp(algo, "mpi");
+  if (is_mpi && mpi_type(o->dt) == MPI_DATATYPE_NULL) {
+    if (rank == 0) printf("# mpi: no MPI datatype for %s, skipped\n", ct_dtype_name(o->dt));
+    return 0;
+  }
+  if (!is_mpi && coll_open(c, algo)) { fprintf(stderr, "rank %d: collnet connect failed\n", rank); return -1; }
+  size_t esz = ct_dtype_size(o->dt);
+  void* sb = malloc(o->maxb + esz);
+  void* rb = malloc(o->maxb + esz);
+  void *smh = NULL, *rmh = NULL;
+  if (!is_mpi) {
+    c->cn->regMr(c->comm, sb, o->maxb, NCCL_PTR_HOST, &smh);
+    c->cn->regMr(c->comm, rb, o->maxb, NCCL_PTR_HOST, &rmh);
+  }
+  for (size_t i = 0; i < o->maxb / esz; i++) store(sb, i, o->dt, input_value(rank, i, o->dt));
+  for (size_t bytes = o->minb; bytes <= o->maxb; bytes = (size_t)((double)bytes * o->factor) > bytes ? (size_t)((double)bytes * o->factor) : bytes + 1) {
+    size_t count = bytes / esz;
+    int err = 0;
+    for (int it = 0; it < o->warmup && !err; it++) {
+      if (is_mpi) MPI_Allreduce(sb, rb, (int)count, mpi_type(o->dt), mpi_op(o->op), MPI_COMM_WORLD);
+      else err = run_plugin_once(c, o, sb, rb, count, smh, rmh);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int it = 0; it < o->iters && !err; it++) {
+      if (is_mpi) MPI_Allreduce(sb, rb, (int)count, mpi_type(o->dt), mpi_op(o->op), MPI_COMM_WORLD);
+      else err = run_plugin_once(c, o, sb, rb, count, smh, rmh);
+    }
+    double el = (MPI_Wtime() - t0) / o->iters, elmax = 0;
+    int anyerr = 0;
+    MPI_Allreduce(&err, &anyerr, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (anyerr) { if (rank == 0) fprintf(stderr, "collnet operation failed\n"); return -1; }
+    MPI_Allreduce(&el, &elmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    long wrong = o->check ? count_wrong(o, rb, count) : -1;
+    double algbw = (double)(count * esz) / elmax / 1e9, busbw = algbw * 2.0 * (nranks - 1) / nranks;
+    *busbw_sum += busbw;
+    (*nsizes)++;
+    if (rank == 0)
+      printf("%12zu  %12zu  %8s  %6s  %8s  %10.1f  %8.4f  %8.4f  %6ld\n", count * esz, count, ct_dtype_name(o->dt),
+             ct_op_name(o->op), algo, elmax * 1e6, algbw, busbw, wrong);
+    fflush(stdout);
+  }
+  if (!is_mpi) {
+    c->cn->deregMr(c->comm, smh);
+    c->cn->deregMr(c->comm, rmh);
+    c->cn->closeColl(c->comm);
+    c->cn->closeListen(c->listen);
+  }
+  free(sb); free(rb);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  opts_t o;
+  parse(argc, argv, &o);
+  coll_t c = {0};
+  int need_plugin = strcmp(o.algos, "mpi") != 0;
+  if (need_plugin) {
+    void* lib = dlopen(o.plugin, RTLD_NOW | RTLD_LOCAL);
+    c.cn = lib ? dlsym(lib, "ncclCollNetPlugin_v12") : NULL;
+    if (!c.cn || c.cn->init(&c.ctx, 0, NULL) != ncclSuccess) {
+      fprintf(stderr, "rank %d: cannot load CollNet plugin %s: %s\n", rank, o.plugin, lib ? "init failed" : dlerror());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  if (rank == 0) {
+    printf("# collnet_bench: %d ranks, plugin %s\n", nranks, need_plugin ? o.plugin : "(none)");
+    if (need_plugin) {
+      ncclNetProperties_v12_t p;
+      if (c.cn->getProperties(0, &p) == ncclSuccess) printf("# device %s speed %d Mbps\n", p.name, p.speed);
+    }
+    printf("#%11s  %12s  %8s  %6s  %8s  %10s  %8s  %8s  %6s\n", "size", "count", "type", "redop", "algo", "time",
+           "algbw", "busbw", "#wrong");
+    printf("#%11s  %12s  %8s  %6s  %8s  %10s  %8s  %8s  %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
+           "(GB/s)", "");
+  }
+  int rc = 0;
+  char algos[128];
+  snprintf(algos, sizeof algos, "%s", o.algos);
+  double bus = 0;
+  int nsz = 0;
+  for (char *save = NULL, *a = strtok_r(algos, ",", &save); a && !rc; a = strtok_r(NULL, ",", &save)) {
+    if (strcmp(a, "sharded") && strcmp(a, "ring") && strcmp(a, "mpi")) {
+      if (rank == 0) fprintf(stderr, "unknown algorithm %s (sharded|ring|mpi)\n", a);
+      rc = 2;
+      break;
+    }
+    rc = bench_algo(&o, &c, a, &bus, &nsz);
+  }
+  if (rank == 0 && nsz) printf("# Avg bus bandwidth    : %g\n", bus / nsz);
+  if (need_plugin && c.cn) c.cn->finalize(c.ctx);
+  MPI_Finalize();
+  return rc;
+}

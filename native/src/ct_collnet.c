@@ -1,0 +1,159 @@
+/* ncclCollNetPlugin_v12 over the CollNet engine (ct_coll.c). */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#include "ct_coll.h"
+#include "ct_plugin.h"
+#include "ct_reduce.h"
+
+typedef struct { int fd; ct_handle_t h; } ct_clisten_t;
+typedef struct { ct_coll_t* coll; ct_op_t* op; } ct_creq_t;
+
+/* Settings taken from the environment at listen time; rank 0's reach everyone. */
+static int env_algo(void) {
+  const char* a = ct_env_str("CLUSTERTOOL_COLLNET_ALGO", "sharded");
+  if (!strcasecmp(a, "ring")) return CT_ALGO_RING;
+  if (strcasecmp(a, "sharded")) CT_WARN("CLUSTERTOOL_COLLNET_ALGO=%s unknown; using sharded", a);
+  return CT_ALGO_SHARDED;
+}
+
+static ncclResult_t cn_init(void** ctx, uint64_t commId, ncclDebugLogger_t log) {
+  (void)commId;
+  if (log) ct_logger = log;
+  struct sockaddr_in a;
+  if (ct_plugin_addr(&a)) return ncclSystemError;
+  *ctx = calloc(1, 1);
+  return *ctx ? ncclSuccess : ncclSystemError;
+}
+
+static ncclResult_t cn_devices(int* n) {
+  *n = ct_env_long("CLUSTERTOOL_COLLNET_DISABLE", 0, 0, 1) ? 0 : 1;
+  return ncclSuccess;
+}
+
+static ncclResult_t cn_props(int dev, ncclNetProperties_v12_t* p) {
+  return ct_plugin_props(dev, p, "clustertool-collnet");
+}
+
+static ncclResult_t cn_listen(void* ctx, int dev, void* handle, void** lc) {
+  (void)ctx;
+  ct_clisten_t* l = calloc(1, sizeof *l);
+  if (!l) return ncclSystemError;
+  ncclResult_t r = ct_plugin_listen(dev, handle, &l->fd, &l->h);
+  if (r != ncclSuccess) { free(l); return r; }
+  l->h.algo = (uint32_t)env_algo();
+  l->h.nsocks = (uint32_t)ct_env_long("CLUSTERTOOL_SOCKS_PER_PEER", 2, 1, 16);
+  l->h.chunk_bytes = (uint64_t)ct_env_long("CLUSTERTOOL_CHUNK_BYTES", 512 * 1024, 4096, 256L << 20);
+  memcpy(handle, &l->h, sizeof l->h);
+  *lc = l;
+  return ncclSuccess;
+}
+
+static ncclResult_t cn_connect(void* handles[], int nranks, int rank, void* lc, void** cc) {
+  ct_clisten_t* l = lc;
+  ct_handle_t** hs = malloc(sizeof(ct_handle_t*) * (size_t)nranks);
+  if (!hs) return ncclSystemError;
+  for (int r = 0; r < nranks; r++) hs[r] = handles[r];
+  *cc = ct_coll_connect(hs, nranks, rank, l->fd);
+  free(hs);
+  return *cc ? ncclSuccess : ncclSystemError;
+}
+
+static ncclResult_t cn_reduce_support(ncclDataType_t t, ncclRedOp_t op, int* supported) {
+  *supported = ct_reduce_supported(t, op);
+  return ncclSuccess;
+}
+
+static int g_mr_token;
+static ncclResult_t cn_regmr(void* cc, void* data, size_t size, int type, void** mh) {
+  (void)cc; (void)data; (void)size;
+  if (type != NCCL_PTR_HOST) return ncclInvalidArgument;
+  *mh = &g_mr_token;
+  return ncclSuccess;
+}
+static ncclResult_t cn_regmr_dmabuf(void* cc, void* data, size_t size, int type, uint64_t off, int fd, void** mh) {
+  (void)off; (void)fd;
+  return cn_regmr(cc, data, size, type, mh);
+}
+static ncclResult_t cn_deregmr(void* cc, void* mh) { (void)cc; (void)mh; return ncclSuccess; }
+
+static ncclResult_t wrap(ct_coll_t* c, ct_op_t* op, void** request) {
+  if (!op) return c->error ? ncclSystemError : ncclInvalidArgument;
+  ct_creq_t* r = malloc(sizeof *r);
+  if (!r) return ncclSystemError;
+  r->coll = c;
+  r->op = op;
+  *request = r;
+  return ncclSuccess;
+}
+
+static ncclResult_t cn_iallreduce(void* cc, void* send, void* recv, size_t count, ncclDataType_t t,
+                                  ncclRedOp_t op, void* smh, void* rmh, void** request) {
+  (void)smh; (void)rmh;
+  return wrap(cc, ct_coll_allreduce(cc, send, recv, count, t, op), request);
+}
+
+static ncclResult_t cn_iallgather(void* cc, void* send, int nparts, ncclNetSGE_v12_t* parts, size_t bpr,
+                                  size_t woff, size_t wbytes, void* smh, void** request) {
+  (void)smh;
+  return wrap(cc, ct_coll_allgather(cc, send, nparts, parts, bpr, woff, wbytes), request);
+}
+
+static ncclResult_t cn_ireducescatter(void* cc, int nparts, ncclNetSGE_v12_t* parts, void* recv, size_t bpr,
+                                      size_t woff, size_t wbytes, ncclDataType_t t, ncclRedOp_t op, void* rmh,
+                                      void** request) {
+  (void)rmh;
+  return wrap(cc, ct_coll_reducescatter(cc, nparts, parts, recv, bpr, woff, wbytes, t, op), request);
+}
+
+static ncclResult_t cn_iflush(void* cc, void* data, int size, void* mh, void** request) {
+  (void)cc; (void)data; (void)size; (void)mh;
+  *request = NULL;
+  return ncclSuccess;
+}
+
+static ncclResult_t cn_test(void* request, int* done, int* size) {
+  ct_creq_t* r = request;
+  size_t bytes = 0;
+  int s = ct_coll_test(r->coll, r->op, &bytes);
+  *done = s != 0;
+  if (s != 0) free(r);
+  if (s < 0) return ncclSystemError;
+  if (s > 0 && size) *size = bytes > (size_t)0x7fffffff ? 0x7fffffff : (int)bytes;
+  return ncclSuccess;
+}
+
+static ncclResult_t cn_close_coll(void* cc) { ct_coll_close(cc); return ncclSuccess; }
+static ncclResult_t cn_close_listen(void* lc) {
+  ct_clisten_t* l = lc;
+  if (l) { close(l->fd); free(l); }
+  return ncclSuccess;
+}
+static ncclResult_t cn_finalize(void* ctx) { free(ctx); return ncclSuccess; }
+
+__attribute__((visibility("default"))) ncclCollNet_v12_t ncclCollNetPlugin_v12 = {
+    .name = "clustertool",
+    .init = cn_init,
+    .devices = cn_devices,
+    .getProperties = cn_props,
+    .listen = cn_listen,
+    .connect = cn_connect,
+    .reduceSupport = cn_reduce_support,
+    .regMr = cn_regmr,
+    .regMrDmaBuf = cn_regmr_dmabuf,
+    .deregMr = cn_deregmr,
+    .iallreduce = cn_iallreduce,
+    .iallgather = cn_iallgather,
+    .ireducescatter = cn_ireducescatter,
+    .iflush = cn_iflush,
+    .test = cn_test,
+    .closeColl = cn_close_coll,
+    .closeListen = cn_close_listen,
+    .makeVDevice = NULL,
+    .finalize = cn_finalize,
+};
+
+/* Version string readable with dlsym or `strings` (clustertool plugin status). */
+__attribute__((visibility("default"))) const char clustertool_plugin_version[] = "clustertool-nccl-plugin " CT_VERSION;
