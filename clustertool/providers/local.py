@@ -89,16 +89,18 @@ class LocalProvider:
 
     @staticmethod
     def _link_options(cluster: Cluster) -> tuple[str | None, str | None]:
-        rate, delay = cluster.options.get("link_rate"), cluster.options.get("link_delay")
-        try:
-            if rate:
-                net.rate_bits(str(rate))
-            if delay:
-                net.delay_seconds(str(delay))
-        except ValueError as exc:
-            key = "link_rate" if rate and "rate" in str(exc) else "link_delay"
-            raise UsageError(f"option {key}: {exc}") from None
-        return (str(rate) if rate else None, str(delay) if delay else None)
+        values = []
+        for key, parse in (("link_rate", net.rate_bits), ("link_delay", net.delay_seconds)):
+            value = cluster.options.get(key)
+            if value in (None, ""):
+                values.append(None)
+                continue
+            try:
+                parse(str(value))
+            except ValueError as exc:
+                raise UsageError(f"option {key}: {exc}") from None
+            values.append(str(value))
+        return values[0], values[1]
 
     def plan(self, request: ProvisionRequest) -> list[str]:
         name, n = request.cluster.name, request.count
