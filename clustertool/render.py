@@ -76,12 +76,17 @@ def live_line(node: str, stream: str, line: str, width: int = 0) -> None:
         out.flush()
 
 
-def folded_output(group: GroupResult, fold) -> None:
-    """Identical output printed once per node set: ``---- node-[1-3,5] (exit 0)``."""
+def folded_output(group: GroupResult, fold, only_if_folds: bool = False) -> None:
+    """Identical output printed once per node set: ``---- node-[1-3,5] (exit 0)``.
+
+    ``only_if_folds``: after live output, print nothing when no two nodes had the same output.
+    """
     buckets: dict[tuple[str, str, int], list[str]] = {}
     for r in group.results:
         key = (r.stdout + r.stderr, r.error or "", r.effective_code)
         buckets.setdefault(key, []).append(r.node)
+    if only_if_folds and len(buckets) == len(group.results):
+        return
     for (text, error, code), nodes in buckets.items():
         status = error if error else f"exit {code}"
         sys.stdout.write(f"---- {fold(nodes)} ({status})\n")
@@ -102,4 +107,5 @@ def group_summary(group: GroupResult, fold) -> None:
             f"{r.node} ({r.error or 'exit ' + str(r.exit_code)})" for r in bad)
     line += f"; slowest {slowest:.2f}s"
     with _lock:
+        sys.stdout.flush()
         sys.stderr.write(line + "\n")

@@ -128,10 +128,16 @@ def ssh(
     if len(picked) != 1:
         raise UsageError("ssh takes exactly one node", hint="use `clustertool exec` for several")
     line = None
+    command = _strip_dashes(command)
     if command:
         line = command[0] if len(command) == 1 else shlex.join(command)
     argv = transport.ssh_argv(c.name, picked[0], line, tty=line is None and sys.stdin.isatty())
     os.execvp(argv[0], argv)
+
+
+def _strip_dashes(args: Optional[List[str]]) -> List[str]:
+    args = list(args or [])
+    return args[1:] if args[:1] == ["--"] else args
 
 
 def hostfile(

@@ -32,7 +32,7 @@ def exec_(
     if json_output:
         render.print_json({"exit_code": result.exit_code, "results": result.results})
     else:
-        render.folded_output(result, nodeset.fold)
+        render.folded_output(result, nodeset.fold, only_if_folds=on_line is not None)
         render.group_summary(result, nodeset.fold)
     raise typer.Exit(result.exit_code)
 

@@ -13,6 +13,7 @@ from clustertool.remote.group import LineCallback, run_on_nodes
 
 def command_line(args: Sequence[str]) -> str:
     """A single argument is a shell command line (like ssh); several are quoted each."""
+    args = list(args)[1:] if list(args)[:1] == ["--"] else list(args)
     if not args:
         raise UsageError("no command given", hint="clustertool exec -- COMMAND [ARGS...]")
     return args[0] if len(args) == 1 else shlex.join(args)

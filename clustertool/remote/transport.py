@@ -80,7 +80,7 @@ def ssh_argv(cluster_name: str, node: Node, command: str | None = None, *,
     argv = ["ssh", "-F", str(paths.ssh_config)]
     argv += ["-t"] if tty else ["-T"]
     argv += list(extra or [])
-    argv.append(alias(cluster_name, node))
+    argv += ["--", alias(cluster_name, node)]  # "--": a command starting with "-" stays a command
     if command is not None:
         argv.append(command)
     return argv

@@ -27,7 +27,7 @@ def test_config_pins_host_keys_and_multiplexes(ct_env):
 def test_ssh_argv_passes_the_command_as_one_word(ct_env):
     argv = transport.ssh_argv("demo", _cluster().nodes[0], "echo 'a b'; true")
     assert argv[:3] == ["ssh", "-F", str(ClusterPaths("demo").ssh_config)]
-    assert argv[-2:] == ["demo-node-1", "echo 'a b'; true"]
+    assert argv[-3:] == ["--", "demo-node-1", "echo 'a b'; true"]
 
 
 def test_local_known_hosts_keyed_by_alias():
