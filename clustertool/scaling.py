@@ -1,0 +1,259 @@
+"""`bench scaling`: the same job at several cluster sizes, its throughput, speedup and efficiency.
+
+The job runs with mpirun on the leader over the first N nodes (leader first, hostfile order)
+at each size; a throughput figure (images/sec, samples/sec ...) is parsed from its output.
+Speedup is throughput over the smallest size's; scaling efficiency is speedup over the
+ratio of ranks (1.0 = perfectly linear), as in the seeds' 8 -> 32 -> 256 GPU tables.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from clustertool.errors import UsageError
+
+NUM = r"[0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+UNIT = r"(?:images|imgs?|samples|sequences|seqs|tokens|examples)"
+PER = r"(?:\s+per\s+(?P<per>gpu|rank|worker|device|process|node))?"
+_ON = r"(?:\s+on\s+\d+\s+\w+(?:\(s\))?)?"
+# "samples/sec: 5623.4", "total images/sec: 1234.5", "Total img/sec on 8 GPU(s): 987.6 +-3.4"
+METRIC_AFTER = re.compile(rf"(?i)\b{UNIT}\s*/\s*s(?:ec(?:ond)?)?\b{PER}{_ON}\s*[:=]?\s*(?P<value>{NUM})")
+# "throughput 5623.4 samples/sec"
+METRIC_BEFORE = re.compile(rf"(?i)(?P<value>{NUM})\s*{UNIT}\s*/\s*s(?:ec(?:ond)?)?\b{PER}")
+# Open MPI --tag-output "[1,3]<stdout>:", MPICH -l "3:", or "rank 3:" at the start of a line
+RANK_TAG = re.compile(r"^\s*(?:\[\d+,(?P<a>\d+)\]<std\w+>:|\[(?P<b>\d+)\]\s|(?P<c>\d+):\s|rank\s+(?P<d>\d+)\s*[:\]])", re.I)
+
+
+@dataclass
+class Metric:
+    value: float
+    how: str  # which rule produced it, said to the user
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _rank_of(line: str) -> int | None:
+    m = RANK_TAG.match(line)
+    if not m:
+        return None
+    return int(next(g for g in m.groups() if g is not None))
+
+
+def _matches(line: str, regex: re.Pattern | None):
+    """(value, per) for each metric on the line."""
+    if regex is not None:
+        for m in regex.finditer(line):
+            text = m.groupdict().get("value") or (m.group(1) if m.groups() else m.group(0))
+            yield _number(text), None
+        return
+    for pattern in (METRIC_AFTER, METRIC_BEFORE):
+        found = list(pattern.finditer(line))
+        if found:
+            for m in found:
+                yield _number(m.group("value")), m.group("per")
+            return
+
+
+def parse_throughput(output: str, regex: str | None = None, ranks: int = 1) -> Metric | None:
+    """The job's throughput from its output, or None.
+
+    Rules, in order: the last line that says "total"; else, when lines carry rank tags,
+    the sum over ranks of each rank's last figure; else the last figure.  Figures marked
+    "per GPU/rank" are used only when nothing else is there, times ``ranks``.
+    """
+    compiled = compile_metric(regex) if regex else None
+    totals, per_rank, plain, per_device = [], {}, [], []
+    for line in output.splitlines():
+        for value, per in _matches(line, compiled):
+            rank = _rank_of(line)
+            if per:
+                per_device.append(value)
+            elif "total" in line.lower():
+                totals.append(value)
+            elif rank is not None:
+                per_rank[rank] = value
+            else:
+                plain.append(value)
+    if totals:
+        return Metric(totals[-1], "last 'total' line")
+    if per_rank:
+        return Metric(sum(per_rank.values()), f"sum over {len(per_rank)} rank-tagged outputs")
+    if plain:
+        return Metric(plain[-1], "last figure" if len(plain) > 1 else "the figure")
+    if per_device:
+        return Metric(per_device[-1] * ranks, f"per-device figure x {ranks} ranks")
+    return None
+
+
+def compile_metric(regex: str) -> re.Pattern:
+    try:
+        compiled = re.compile(regex)
+    except re.error as exc:
+        raise UsageError(f"--metric-regex {regex!r} is not a valid regular expression: {exc}") from None
+    if compiled.groups < 1:
+        raise UsageError(f"--metric-regex {regex!r} needs a group around the number, e.g. 'rate=([0-9.]+)'")
+    return compiled
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]: positive, distinct, sorted."""
+    sizes = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise UsageError(f"--nodes {text!r}: expected a comma list of positive node counts, e.g. 1,2,4")
+        sizes.append(int(part))
+    if len(set(sizes)) != len(sizes):
+        raise UsageError(f"--nodes {text!r}: a size appears twice")
+    return sorted(sizes)
+
+
+@dataclass
+class Point:
+    nodes: int
+    ranks: int
+    throughput: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    seconds: float = 0.0
+    exit_code: int | None = None
+    how: str = ""
+    error: str | None = None
+    log: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.throughput is not None
+
+
+@dataclass
+class Report:
+    cluster: str
+    command: str
+    points: list[Point] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.points) and all(p.ok for p in self.points)
+
+
+def add_efficiency(points: list[Point]) -> list[Point]:
+    """Speedup and efficiency against the smallest size that produced a figure."""
+    base = next((p for p in sorted(points, key=lambda p: p.ranks) if p.ok), None)
+    for p in points:
+        if base is None or not p.ok or not base.throughput:
+            p.speedup = p.efficiency = None
+            continue
+        p.speedup = p.throughput / base.throughput
+        p.efficiency = p.speedup / (p.ranks / base.ranks)
+    return points
+
+
+def mpirun_argv(addresses: Sequence[str], per_node: int, command: Sequence[str], *,
+                env: Sequence[str] = (), as_root: bool = False, extra: Sequence[str] = ()) -> list[str]:
+    """mpirun over the given node addresses with ``per_node`` ranks each (the seeds' flags)."""
+    if per_node < 1:
+        raise UsageError("--per-node must be at least 1")
+    argv = ["mpirun"] + (["--allow-run-as-root"] if as_root else [])
+    argv += ["-np", str(len(addresses) * per_node), "-H", ",".join(f"{a}:{per_node}" for a in addresses)]
+    argv += ["-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+             "-mca", "btl_tcp_if_exclude", "lo,docker0", "-mca", "oob_tcp_if_exclude", "lo,docker0"]
+    for item in env:
+        argv += ["-x", item]
+    return argv + list(extra) + list(command)
+
+
+def job_argv(command: Sequence[str]) -> list[str]:
+    """One argument is split like a shell would (no shell features); several are kept."""
+    if not command:
+        raise UsageError("no command given", hint="clustertool bench scaling --nodes 1,2,4 -- python train.py")
+    return shlex.split(command[0]) if len(command) == 1 else list(command)
+
+
+Launcher = Callable[[list, int, list], tuple[int | None, str, str | None]]
+
+
+def run_scaling(cluster, sizes: list[int], per_node: int | None, command: Sequence[str], *,
+                launch: Launcher, regex: str | None = None, log_dir: Path | None = None,
+                report: Callable[[str], None] = lambda m: None) -> Report:
+    """Run the job at each size through ``launch(nodes, per_node, argv) -> (code, output, error)``."""
+    ordered = cluster.ordered_nodes()
+    if sizes[-1] > len(ordered):
+        raise UsageError(f"--nodes asks for {sizes[-1]} nodes; cluster {cluster.name!r} has {len(ordered)}")
+    if regex:
+        compile_metric(regex)
+    argv = job_argv(command)
+    out = Report(cluster.name, shlex.join(argv))
+    for size in sizes:
+        nodes = ordered[:size]
+        k = per_node or min(n.slots for n in nodes)
+        point = Point(nodes=size, ranks=size * k)
+        report(f"{size} node(s), {point.ranks} rank(s): {shlex.join(argv)}")
+        t0 = time.monotonic()
+        code, output, error = launch(nodes, k, argv)
+        point.seconds, point.exit_code = time.monotonic() - t0, code
+        metric = parse_throughput(output, regex, point.ranks)
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            point.log = str(log_dir / f"scaling-{size}nodes.log")
+            Path(point.log).write_text(output)
+        if error or code != 0:
+            point.error = error or f"exit {code}"
+        elif metric is None:
+            point.error = "no throughput figure in the output"
+        else:
+            point.throughput, point.how = metric.value, metric.how
+        report(f"{size} node(s): " + (f"{point.throughput:.1f}/s" if point.ok else point.error))
+        out.points.append(point)
+    add_efficiency(out.points)
+    return out
+
+
+COLUMNS = ["nodes", "ranks", "throughput", "speedup", "efficiency", "seconds", "status"]
+
+
+def rows(report_: Report) -> list[list[str]]:
+    def fmt(v, spec):
+        return "" if v is None else format(v, spec)
+
+    return [[str(p.nodes), str(p.ranks), fmt(p.throughput, ".1f"), fmt(p.speedup, ".2f"),
+             "" if p.efficiency is None else f"{100 * p.efficiency:.0f}%", f"{p.seconds:.1f}",
+             "ok" if p.ok else p.error] for p in report_.points]
+
+
+def to_csv(report_: Report) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["nodes", "ranks", "throughput", "speedup", "efficiency", "seconds", "exit_code", "error"])
+    for p in report_.points:
+        writer.writerow([p.nodes, p.ranks, p.throughput, p.speedup, p.efficiency, round(p.seconds, 3),
+                         p.exit_code, p.error or ""])
+    return buf.getvalue()
+
+
+def to_json(report_: Report) -> str:
+    return json.dumps(asdict(report_), indent=2)
+
+
+def leader_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None,
+                    on_line=None) -> Launcher:
+    """Run each size's mpirun on the leader over SSH (Open MPI reaches the members itself)."""
+    from clustertool.remote.group import run_on_node
+
+    def launch(nodes, per_node, argv):
+        line = shlex.join(mpirun_argv([n.address for n in nodes], per_node, argv, env=env,
+                                      as_root=cluster.user == "root"))
+        result = run_on_node(cluster.name, cluster.leader, line, timeout=timeout, on_line=on_line)
+        return result.exit_code, result.stdout + result.stderr, result.error
+
+    return launch

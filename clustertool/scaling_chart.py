@@ -1,0 +1,43 @@
+"""The scaling chart: throughput and efficiency against ranks, as a PNG (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clustertool.errors import MissingPrerequisite
+from clustertool.scaling import Report
+
+
+def write_chart(report: Report, path: str | Path, title: str | None = None) -> Path:
+    """Two panels: throughput (with the linear ideal) and scaling efficiency, both vs ranks."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingPrerequisite("the chart needs matplotlib", hint="pip install 'clustertool[train]'") from None
+    points = [p for p in report.points if p.ok]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    ranks = [p.ranks for p in points]
+    if points:
+        base = points[0]
+        left.plot(ranks, [p.throughput for p in points], "o-", label="measured")
+        left.plot(ranks, [base.throughput * r / base.ranks for r in ranks], "--", color="grey", label="linear")
+        right.plot(ranks, [100 * p.efficiency for p in points], "o-", color="tab:green")
+        for p in points:
+            right.annotate(f"{100 * p.efficiency:.0f}%", (p.ranks, 100 * p.efficiency),
+                           textcoords="offset points", xytext=(0, 6), ha="center")
+    left.set(xlabel="ranks", ylabel="throughput (per second)", title="throughput")
+    left.legend()
+    right.set(xlabel="ranks", ylabel="scaling efficiency (%)", title="scaling efficiency", ylim=(0, 110))
+    for ax in (left, right):
+        ax.set_xticks(ranks or [1])
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or f"{report.cluster}: {report.command}"[:110], fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
