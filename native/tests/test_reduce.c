@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 /* Reduction kernels for every dtype and op, odd lengths, NaN/inf, fp16/bf16 conversion. */
 #include <math.h>
 #include <stdint.h>

@@ -1,0 +1,30 @@
+#!/bin/sh
+# Runs every native test binary, then the MPI tests at 2, 3 and 4 ranks, and
+# prints one total line "N passed, N failed" at the end.
+B=${BUILD:-build}
+MPIRUN=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe}
+pass=0; fail=0
+run() {
+  name=$1; shift
+  out=$("$@" 2>&1); rc=$?
+  line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -1)
+  if [ -z "$line" ]; then
+    printf '%s\n' "$out"
+    echo "== $name: no summary (exit $rc)"; fail=$((fail + 1)); return
+  fi
+  p=${line%% passed*}; f=${line#*passed, }; f=${f%% failed*}
+  [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && f=1
+  printf '%s\n' "$out" | grep -E '^FAIL|WARN|ERROR|runtime error' | head -20
+  echo "== $name: $line"
+  pass=$((pass + p)); fail=$((fail + f))
+}
+run test_abi "$B/test_abi" "$B"
+run test_reduce "$B/test_reduce"
+run test_tuner "$B/test_tuner" "$B"
+run test_net "$B/test_net" "$B"
+run test_net_forward "$B/test_net" "$B" "$B/fake/libnccl-net-ofi.so"
+for np in 2 3 4; do
+  run "test_coll_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_coll_mpi" "$B"
+done
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
