@@ -1,0 +1,122 @@
+"""The foundation end to end, as a user runs it: up, exec, status, ssh wiring, down."""
+
+import json
+import subprocess
+
+import pytest
+
+from clustertool import state
+from tests.conftest import run_cli, unique
+from tests.local.conftest import local_leftovers
+
+pytestmark = pytest.mark.local
+
+
+def test_exec_hostname_prints_every_node_and_down_leaves_nothing(ct_env, local_cluster):
+    name = local_cluster(4)
+    proc = run_cli("exec", "-c", name, "--", "hostname", env=ct_env)
+    assert proc.returncode == 0, proc.stderr
+    live = sorted(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if ": " in line)
+    assert live == ["node-1", "node-2", "node-3", "node-4"]
+    assert "4/4 ok [node-[1-4]]" in proc.stderr
+    down = run_cli("down", "-c", name, "--yes", env=ct_env)
+    assert down.returncode == 0, down.stderr
+    assert local_leftovers(name) == []
+    assert not state.exists(name)
+
+
+def test_exit_code_is_the_highest_remote_one(ct_env, local_cluster):
+    name = local_cluster(3)
+    proc = run_cli("exec", "-c", name, "--", "exit $(hostname | cut -d- -f2)", env=ct_env)
+    assert proc.returncode == 3
+
+
+def test_identical_output_is_folded_by_node_set(ct_env, local_cluster):
+    name = local_cluster(4)
+    proc = run_cli("exec", "-c", name, "--nodes", "node-[1-2,4]", "--no-live", "--", "echo same", env=ct_env)
+    assert "---- node-[1-2,4] (exit 0)\nsame\n" in proc.stdout
+    assert "node-3" not in proc.stdout
+
+
+def test_a_hung_node_times_out_with_255_and_the_rest_finish(ct_env, local_cluster):
+    name = local_cluster(3)
+    proc = run_cli("exec", "-c", name, "--timeout", "2", "--json", "--",
+                   '[ "$(hostname)" = node-2 ] && sleep 60; echo done', env=ct_env)
+    assert proc.returncode == 255
+    results = {r["node"]: r for r in json.loads(proc.stdout)["results"]}
+    assert results["node-2"]["error"] == "timed out"
+    assert results["node-1"]["stdout"] == "done\n" and results["node-3"]["exit_code"] == 0
+
+
+def test_a_dead_node_is_reported_unreachable(ct_env, local_cluster):
+    name = local_cluster(3)
+    c = state.load(name)
+    subprocess.run(["ip", "netns", "exec", c.provider_state["netns"][2] if "netns" in c.provider_state
+                    else f"ct-{name}-3", "pkill", "-x", "sshd"], check=False)
+    # the ControlMaster to node-3 still holds a session: close it so a new connection is needed
+    subprocess.run(["ssh", "-F", str(state.ClusterPaths(name).ssh_config), "-O", "exit", f"{name}-node-3"],
+                   capture_output=True)
+    proc = run_cli("exec", "-c", name, "--timeout", "15", "--", "true", env=ct_env)
+    assert proc.returncode == 255
+    assert "node-3 (unreachable" in proc.stderr
+
+
+def test_leader_has_hostfile_and_reaches_every_member_by_address(ct_env, local_cluster):
+    name = local_cluster(3)
+    c = state.load(name)
+    addrs = [n.address for n in c.ordered_nodes()]
+    script = "cat ~/hostfile; " + "; ".join(f"ssh {a} hostname" for a in addrs)
+    proc = run_cli("exec", "-c", name, "--nodes", "leader", "--no-live", "--", script, env=ct_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [f"{a} slots=1" for a in addrs] == proc.stdout.splitlines()[1:4]
+    assert proc.stdout.splitlines()[4:7] == ["node-1", "node-2", "node-3"]
+
+
+def test_private_key_on_nodes_is_0600_and_known_hosts_pinned(ct_env, local_cluster):
+    name = local_cluster(2)
+    proc = run_cli("exec", "-c", name, "--nodes", "node-2", "--no-live", "--",
+                   f"stat -c %a ~/.ssh/clustertool-{name}; grep -c ssh-ed25519 ~/.ssh/clustertool-{name}.known_hosts",
+                   env=ct_env)
+    assert proc.stdout.splitlines()[1:] == ["600", "2"]
+    assert (state.ClusterPaths(name).key.stat().st_mode & 0o777) == 0o600
+
+
+def test_a_changed_host_key_is_refused_and_said(ct_env, local_cluster):
+    name = local_cluster(2)
+    paths = state.ClusterPaths(name)
+    subprocess.run(["ssh", "-F", str(paths.ssh_config), "-O", "exit", f"{name}-node-2"], capture_output=True)
+    other = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(paths.root / "imposter")],
+                           check=True)
+    fake = (paths.root / "imposter.pub").read_text().split()[:2]
+    lines = [ln if not ln.startswith(f"{name}-node-2 ") else f"{name}-node-2 {' '.join(fake)}"
+             for ln in paths.known_hosts.read_text().splitlines()]
+    paths.known_hosts.write_text("\n".join(lines) + "\n")
+    proc = run_cli("exec", "-c", name, "--", "true", env=ct_env)
+    assert proc.returncode == 255
+    assert "host key CHANGED" in proc.stderr and "node-2" in proc.stderr
+    assert other.returncode == 0
+
+
+def test_status_json_reports_every_node_reachable(ct_env, local_cluster):
+    name = local_cluster(3)
+    proc = run_cli("status", "-c", name, "--json", env=ct_env)
+    data = json.loads(proc.stdout)
+    assert [(n["node"], n["role"], n["reachable"]) for n in data["nodes"]] == [
+        ("node-1", "leader", True), ("node-2", "member", True), ("node-3", "member", True)]
+
+
+def test_static_adopts_existing_machines_and_down_leaves_them_running(ct_env, local_cluster):
+    base = local_cluster(2)
+    c = state.load(base)
+    adopted = unique("st")
+    hosts = ",".join(n.address for n in c.ordered_nodes())
+    up = run_cli("up", "--provider", "static", "--hosts", hosts, "--user", "root",
+                 "--key", str(state.ClusterPaths(base).key), "--name", adopted, env=ct_env)
+    assert up.returncode == 0, up.stderr
+    proc = run_cli("exec", "-c", adopted, "--", "hostname", env=ct_env)
+    assert proc.returncode == 0 and "node-2" in proc.stdout
+    pub = state.ClusterPaths(adopted).pubkey.read_text().split()[1]
+    assert run_cli("down", "-c", adopted, "--yes", env=ct_env).returncode == 0
+    after = run_cli("exec", "-c", base, "--no-live", "--", f"grep -c {pub} ~/.ssh/authorized_keys; hostname", env=ct_env)
+    assert after.returncode == 0  # the adopted machines still answer
+    assert "\n0\nnode-1\n" in after.stdout and "\n0\nnode-2\n" in after.stdout  # our key is gone
