@@ -1,0 +1,1 @@
+"""Getting data onto every node: manifests, plans, pipelined chain, rsync fan-out, S3."""

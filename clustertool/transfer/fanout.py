@@ -1,0 +1,120 @@
+"""Fan-out: parallel rsync from the source node to every target over the cluster's ssh.
+
+Simple and incremental (rsync's own size+mtime check, delta transfer), but the source's
+link carries one copy per node, so it takes about N*S/B.  Used for few nodes or small data,
+and as the `--strategy fanout` baseline.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from clustertool.model import Node
+from clustertool.remote.transport import classify_ssh_failure, ssh_argv
+from clustertool.transfer.chain import DEFAULT_CIPHER
+
+FILE_MARK = "CTFILE"
+
+
+def remote_shell(cipher: str | None, config: str | None = None) -> str:
+    """The -e argument of rsync: ssh, batch mode, chosen cipher, no compression."""
+    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "Compression=no"]
+    if config:
+        argv += ["-F", config]
+    if cipher:
+        argv += ["-c", cipher]
+    return shlex.join(argv)
+
+
+def rsync_argv(src: str, src_is_dir: bool, target: str, dest: str, *, cipher: str | None = DEFAULT_CIPHER,
+               delete: bool = False, config: str | None = None) -> list[str]:
+    """rsync SRC to target:DEST keeping links, perms, times; one line per file sent."""
+    argv = ["rsync", "-a", "-s", "--mkpath", f"--out-format={FILE_MARK} %l",
+            "-e", remote_shell(cipher, config)]
+    if delete:
+        argv.append("--delete")
+    source = src.rstrip("/") + "/" if src_is_dir else src
+    return argv + [source, f"{target}:{dest.rstrip('/') or '/'}/"]
+
+
+@dataclass
+class RsyncResult:
+    node: str
+    exit_code: int | None
+    bytes_sent: int
+    files_sent: int
+    error: str | None
+    duration: float
+
+
+def parse_file_line(line: str) -> int | None:
+    parts = line.split()
+    if len(parts) == 2 and parts[0] == FILE_MARK and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | None) -> RsyncResult:
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    err: list[str] = []
+    t = threading.Thread(target=lambda: err.extend(proc.stderr.read().decode(errors="replace").splitlines()),
+                         daemon=True)
+    t.start()
+    sent = files = 0
+    for raw in iter(proc.stdout.readline, b""):
+        size = parse_file_line(raw.decode(errors="replace"))
+        if size is not None:
+            files += 1
+            sent += size
+            if on_bytes is not None:
+                on_bytes(node, sent)
+    proc.wait()
+    t.join(timeout=5)
+    error = None
+    if proc.returncode != 0:
+        text = "\n".join(err)
+        error = classify_ssh_failure(text) if proc.returncode == 255 else None
+        error = error or ("; ".join(ln for ln in err[-3:] if ln.strip()) or f"rsync exit {proc.returncode}")
+    return RsyncResult(node, proc.returncode, sent, files, error, time.monotonic() - started)
+
+
+def run_parallel(jobs: list[tuple[str, list[str]]], on_bytes=None) -> dict[str, RsyncResult]:
+    """Run (node name, argv) jobs at once; every job's outcome is a value."""
+    results: dict[str, RsyncResult] = {}
+    threads = []
+    for node, argv in jobs:
+        def work(node=node, argv=argv):
+            results[node] = _run_one(node, argv, on_bytes)
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    return results
+
+
+def from_source_node(cluster_name: str, source: Node, targets: list[Node], src: str, src_is_dir: bool,
+                     dest: str, *, cipher: str | None, delete: bool, on_bytes=None) -> dict[str, RsyncResult]:
+    """rsync on the source node to every target at once (one ssh session per target)."""
+    jobs = []
+    for node in targets:
+        argv = rsync_argv(src, src_is_dir, node.address, dest, cipher=cipher, delete=delete)
+        jobs.append((node.name, ssh_argv(cluster_name, source, shlex.join(argv))))
+    return run_parallel(jobs, on_bytes)
+
+
+def from_local(cluster_name: str, config: str, leader: Node, src: str, src_is_dir: bool, dest: str, *,
+               cipher: str | None, delete: bool, on_bytes=None) -> RsyncResult:
+    """rsync from this machine to the leader (through the cluster's ssh config)."""
+    from clustertool.remote.transport import alias
+
+    argv = rsync_argv(src, src_is_dir, alias(cluster_name, leader), dest, cipher=cipher,
+                      delete=delete, config=config)
+    return run_parallel([(leader.name, argv)], on_bytes)[leader.name]
