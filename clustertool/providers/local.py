@@ -56,7 +56,8 @@ class LocalProvider:
     owns_machines: ClassVar[bool] = True
     OPTIONS: ClassVar[dict[str, OptionSpec]] = {
         "link_rate": OptionSpec(str, None, "egress rate at each end of every node's link, e.g. 200mbit (tc tbf)"),
-        "link_delay": OptionSpec(str, None, "delay added at each end of every node's link, e.g. 5ms (tc netem)"),
+        "link_delay": OptionSpec(str, None, "delay added at each end of every node's link, e.g. 5ms (tc netem); "
+                                 "node to node one-way latency is twice this"),
     }
 
     def __init__(self, **_: object) -> None:
