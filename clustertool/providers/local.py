@@ -60,6 +60,8 @@ class LocalProvider:
                                  "node to node one-way latency is twice this"),
     }
 
+    WAIT_LIMIT: ClassVar[float] = 60.0
+
     def __init__(self, **_: object) -> None:
         pass
 
@@ -259,6 +261,9 @@ class LocalProvider:
     # ---- waiting and querying -------------------------------------------------------
 
     def wait_instances(self, cluster: Cluster, timeout: float = 600.0) -> list[Node]:
+        """Until every node's sshd accepts TCP; a node's sshd starts in well under a second,
+        so waiting is capped at WAIT_LIMIT whatever a cloud-minded caller allows."""
+        timeout = min(timeout, self.WAIT_LIMIT)
         pending = {n.name: n for n in cluster.nodes}
         pids = cluster.provider_state.get("pids", {})
         deadline = time.monotonic() + timeout
