@@ -1,0 +1,165 @@
+"""`clustertool play PLAYBOOK.yaml`: run a YAML playbook of clustertool commands."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from clustertool.errors import UsageError
+from clustertool.playbook_steps import CommandSpec, ParamSpec
+
+_TYPES = {"integer": "int", "float": "float", "boolean": "bool", "choice": "choice"}
+
+
+def _annotation_type(annotation) -> tuple[str, tuple[str, ...]]:
+    """typer's vendored click keeps the Python annotation: unwrap Optional/List to a type name."""
+    import enum
+    import typing
+
+    while typing.get_origin(annotation) is not None:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if not args:
+            break
+        annotation = args[0]
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "choice", tuple(str(m.value) for m in annotation)
+    return {int: "int", float: "float", bool: "bool"}.get(annotation, "str"), ()
+
+
+def _type_of(param) -> tuple[str, tuple[str, ...]]:
+    ptype = getattr(param, "type", None)
+    if ptype is not None and getattr(ptype, "name", None):
+        return _TYPES.get(ptype.name, "str"), tuple(getattr(ptype, "choices", ()) or ())
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is not None:
+        return _annotation_type(descriptor.annotation)
+    return "str", ()
+
+
+def _param_spec(param) -> ParamSpec | None:
+    """Describe one click (or typer-vendored click) parameter; duck-typed, as both kinds occur."""
+    if param.name in ("help",) or getattr(param, "hidden", False):
+        return None
+    ptype, choices = _type_of(param)
+    if getattr(param, "param_type_name", "") == "argument":
+        return ParamSpec(param.name, "argument", type=ptype, choices=choices,
+                         multiple=param.nargs == -1, required=param.required)
+    longs = [o for o in param.opts if o.startswith("--")] or list(param.opts)
+    aliases = tuple(o.lstrip("-").replace("-", "_") for o in longs if o.lstrip("-").replace("-", "_") != param.name)
+    if getattr(param, "is_flag", False):
+        off = [o for o in param.secondary_opts if o.startswith("--")]
+        return ParamSpec(param.name, "flag", flag=longs[0], off_flag=off[0] if off else None, aliases=aliases)
+    return ParamSpec(param.name, "option", flag=longs[0], type=ptype, choices=choices,
+                     multiple=bool(param.multiple), required=param.required, aliases=aliases)
+
+
+def resolver(path: tuple[str, ...]) -> CommandSpec | None:
+    """The installed command at `path` (e.g. ("plugin", "build")) described for the playbook."""
+    from clustertool.cli.app import build
+
+    command = build()
+    for word in path:
+        if not hasattr(command, "get_command"):
+            return None
+        command = command.get_command(None, word)
+        if command is None:
+            return None
+    specs = [s for s in (_param_spec(p) for p in command.params) if s is not None]
+    return CommandSpec(tuple(path), specs)
+
+
+def _overrides(items: List[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--var {item!r}: expected NAME=VALUE")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def play(
+    playbook: str = typer.Argument(..., metavar="PLAYBOOK.yaml", help="The playbook to run."),
+    var: List[str] = typer.Option([], "--var", "-v", metavar="NAME=VALUE", help="Set a variable (repeatable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the playbook and print each command; run nothing."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout (step output goes to stderr)."),
+) -> None:
+    """Run a playbook: YAML steps that are clustertool commands, with variables and always: steps.
+
+    Every step is checked before the first runs. A failed step stops the playbook with its name and
+    reason; always: steps (such as down) run after a failure or Ctrl-C too. on_failure: keep on a step
+    keeps the cluster for debugging instead. Each step runs as its own clustertool process.
+    """
+    from clustertool import playbook as core, playbook_run, render
+
+    book = core.load(playbook, _overrides(var), resolver)
+    if dry_run:
+        _print_plan(book, json_output)
+        return
+    events = _Progress(len(book.steps), quiet=json_output)
+    result = playbook_run.run(book, on_event=events, step_stdout=sys.stderr if json_output else None,
+                              notify=render.info)
+    if json_output:
+        render.print_json(result)
+    else:
+        _summary(result)
+    raise typer.Exit(result.exit_code)
+
+
+def _print_plan(book, json_output: bool) -> None:
+    from clustertool import render
+
+    rows = [(s.label, s.display if s.run else f"skip ({s.when})", "" if s.installed else "not installed: keys not checked")
+            for s in book.steps + book.always]
+    if json_output:
+        render.print_json({"playbook": book.name, "vars": {k: v for k, v in book.vars.items()},
+                           "steps": [{"step": r[0], "command": r[1], "note": r[2]} for r in rows]})
+        return
+    typer.echo(f"playbook {book.name}: {len(book.steps)} step(s), {len(book.always)} always step(s) (dry run)")
+    for label, command, note in rows:
+        typer.echo(f"  {label}: {command}" + (f"   # {note}" if note else ""))
+
+
+class _Progress:
+    def __init__(self, total: int, quiet: bool):
+        self.total, self.quiet = total, quiet
+
+    def __call__(self, kind, step, outcome) -> None:
+        from clustertool import render
+
+        if self.quiet:
+            return
+        where = f"[{step.index}/{self.total}]" if step.section == "steps" else "[always]"
+        if kind == "start":
+            render.info(f"{where} {step.name}: {step.display}")
+        elif outcome.status == "ok":
+            render.info(f"{where} {step.name}: ok in {outcome.seconds:.1f}s")
+        elif outcome.status == "skipped":
+            render.info(f"{where} {step.name}: skipped ({outcome.reason})")
+        else:
+            render.info(f"{where} {step.name}: {outcome.status.upper()} after {outcome.seconds:.1f}s: {outcome.reason}")
+
+
+def _summary(result) -> None:
+    from clustertool import render
+
+    render.table(["step", "status", "seconds", "detail"],
+                 [(o.label, o.status, f"{o.seconds:.1f}" if o.status not in ("not run", "skipped") else "",
+                   o.reason) for o in result.outcomes],
+                 title=f"playbook {result.playbook}: {result.seconds:.1f}s")
+    if result.failed_step:
+        sys.stderr.write(f"error: playbook stopped at {result.failed_step}: {result.reason}\n")
+    if result.kept_cluster:
+        sys.stderr.write(f"hint: cluster {result.kept_cluster} kept for debugging; "
+                         f"remove it with `clustertool down -c {result.kept_cluster} --yes`\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("play")(play)
