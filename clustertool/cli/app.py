@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "clustertool.cli.cluster",
     "clustertool.cli.exec_",
     "clustertool.cli.bench",
+    "clustertool.cli.play",
 ]
 
 _DEBUG = {"on": False}
