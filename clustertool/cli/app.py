@@ -30,6 +30,7 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "clustertool.cli.cluster",
     "clustertool.cli.exec_",
+    "clustertool.cli.copy",
     "clustertool.cli.bench",
     "clustertool.cli.play",
 ]

@@ -104,7 +104,7 @@ def collect_command(sdir: str) -> str:
     return (f"cd {q} 2>/dev/null || {{ echo 'rc=missing'; exit 0; }}; "
             "echo \"rc=$(cat rc 2>/dev/null || echo none)\"; "
             "echo \"next_rc=$(cat next_rc 2>/dev/null || echo none)\"; "
-            "tail -c 2000 err 2>/dev/null | grep -v '^tar: Exiting with failure' | tail -n 5; "
+            "head -c 4000 err 2>/dev/null | grep -v '^tar: Exiting with failure' | head -n 3; "
             f"cd && rm -rf {q}; rmdir .cache/clustertool .cache 2>/dev/null; true")
 
 

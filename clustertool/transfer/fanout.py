@@ -34,7 +34,7 @@ def remote_shell(cipher: str | None, config: str | None = None) -> str:
 def rsync_argv(src: str, src_is_dir: bool, target: str, dest: str, *, cipher: str | None = DEFAULT_CIPHER,
                delete: bool = False, config: str | None = None) -> list[str]:
     """rsync SRC to target:DEST keeping links, perms, times; one line per file sent."""
-    argv = ["rsync", "-a", "-s", "--mkpath", f"--out-format={FILE_MARK} %l",
+    argv = ["rsync", "-a", "-s", "--mkpath", f"--out-format={FILE_MARK} %i %l",
             "-e", remote_shell(cipher, config)]
     if delete:
         argv.append("--delete")
@@ -53,9 +53,10 @@ class RsyncResult:
 
 
 def parse_file_line(line: str) -> int | None:
+    """Bytes of a regular file rsync sent (itemized '>f...'), None for other lines."""
     parts = line.split()
-    if len(parts) == 2 and parts[0] == FILE_MARK and parts[1].isdigit():
-        return int(parts[1])
+    if len(parts) == 3 and parts[0] == FILE_MARK and parts[1][:2] in (">f", "<f") and parts[2].isdigit():
+        return int(parts[2])
     return None
 
 

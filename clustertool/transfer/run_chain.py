@@ -95,6 +95,13 @@ def truncated(st: chains.HopStatus) -> bool:
     return any(m in st.stderr.lower() for m in TRUNCATED_MARKERS)
 
 
+def write_error(st: chains.HopStatus) -> str:
+    detail = st.stderr or f"tar exit {st.rc}"
+    if "no space left on device" in detail.lower():
+        return f"disk full writing DEST (No space left on device): {detail}"
+    return f"writing DEST failed: {detail}"
+
+
 def transfer(job, node_plans: dict[str, plans.NodePlan], live: list[Node], result) -> None:
     """Chain passes: the first sends what anyone lacks; repairs re-plan the cut-off nodes."""
     from clustertool.transfer.copy import REPAIR_PASSES, _plan
@@ -139,7 +146,7 @@ def _classify(job, pending, statuses, node_plans, payload) -> list[Node]:
             retry.append(node)
             mark_failed(job, node.name, f"stream cut off ({st.stderr or 'no data'})")
         else:
-            mark_failed(job, node.name, f"writing DEST failed: {st.stderr or 'tar exit ' + st.rc}")
+            mark_failed(job, node.name, write_error(st))
     return retry
 
 

@@ -1,0 +1,108 @@
+"""Per-node transfer progress (bytes, rate, ETA) and the per-node verification table.
+
+Kept apart from render.py; rich is imported lazily.  ``NodeProgress.update`` is safe to call
+from the core's reader threads.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Sequence
+
+
+class NodeProgress:
+    """A rich progress display with one bar per node; a no-op when disabled or not a tty."""
+
+    def __init__(self, nodes: Sequence[str], enabled: bool = True):
+        self.enabled = enabled and sys.stderr.isatty()
+        self._nodes = list(nodes)
+        self._tasks: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._progress = None
+
+    def __enter__(self) -> "NodeProgress":
+        if not self.enabled:
+            return self
+        from rich.console import Console
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            TransferSpeedColumn(), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=False, refresh_per_second=4)
+        self._progress.__enter__()
+        for name in self._nodes:
+            self._tasks[name] = self._progress.add_task(name, total=None, start=False)
+        return self
+
+    def update(self, node: str, done: int, total: int | None) -> None:
+        if self._progress is None:
+            return
+        with self._lock:
+            task = self._tasks.get(node)
+            if task is None:
+                task = self._tasks[node] = self._progress.add_task(node, total=None, start=False)
+            self._progress.start_task(task)
+            self._progress.update(task, completed=done, total=total or None)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def copy_table(result) -> None:
+    """One row per node: verdict, bytes received, files sent/checked, the error if any."""
+    from clustertool import render
+
+    rows = []
+    for n in result.nodes:
+        rows.append([n.node, n.status, human_bytes(n.bytes_received), n.files_sent,
+                     n.files_checked if result.verified else "-", n.exit_code, _short(n.error or "")])
+    render.table(["node", "status", "received", "files sent", "verified files", "exit", "error"], rows,
+                 title=f"{result.strategy}: {result.src} -> {result.dest} (from {result.source})")
+
+
+def copy_summary(result) -> str:
+    ok = sum(1 for n in result.nodes if n.status == "ok")
+    rate = result.bytes_sent / result.duration if result.duration > 0 else 0.0
+    return (f"{ok}/{len(result.nodes)} ok; sent {human_bytes(result.bytes_sent)} of "
+            f"{human_bytes(result.total_bytes)} ({result.total_files} files) in {result.duration:.1f}s "
+            f"({human_bytes(int(rate))}/s), {result.passes} pass(es)"
+            + ("" if result.verified else "; not verified"))
+
+
+def mismatch_lines(result, limit: int = 10) -> list[str]:
+    """The files a mismatching node got wrong, for stderr."""
+    lines = []
+    for n in result.nodes:
+        if n.error and len(n.error) > 60:
+            lines.append(f"{n.node}: {n.error}")
+        for problem in n.problems[:limit]:
+            lines.append(f"{n.node}: {problem}")
+        if len(n.problems) > limit:
+            lines.append(f"{n.node}: ... and {len(n.problems) - limit} more")
+    return lines
+
+
+def sync_table(result) -> None:
+    from clustertool import render
+
+    rows = [[n.node, n.status, n.objects, n.downloaded, human_bytes(n.bytes_downloaded), n.verified,
+             n.exit_code, n.error or ""] for n in result.nodes]
+    render.table(["node", "status", "objects", "downloaded", "bytes", "verified", "exit", "error"], rows,
+                 title=f"sync-s3 {result.url} -> {result.dest}" + (" (sharded)" if result.shard else ""))
