@@ -209,7 +209,7 @@ def parse_step(item: Any, section: str, index: int, default: str, variables: dic
         raise _err(where, "a step is a mapping like `- exec: {command: hostname}` or a command name")
     key = _command_key(item, where)
     path = _command_path(key, where)
-    name = str(item.get("name") or key)
+    name = str(substitute(item.get("name") or key, variables, f"{where}: key 'name'"))
     where = f"{where} ({name})"
     raw = item.get(key)
     if raw is not None and not isinstance(raw, dict):

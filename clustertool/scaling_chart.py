@@ -36,8 +36,19 @@ def write_chart(report: Report, path: str | Path, title: str | None = None) -> P
     for ax in (left, right):
         ax.set_xticks(ranks or [1])
         ax.grid(alpha=0.3)
-    fig.suptitle(title or f"{report.cluster}: {report.command}"[:110], fontsize=9)
+    fig.suptitle(title or f"{report.cluster}: {short_command(report.command)}"[:110], fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def short_command(command: str) -> str:
+    """From the script on: `env PYTHONPATH=.. python /x/train.py --steps 5` -> `train.py --steps 5`."""
+    import shlex
+
+    words = shlex.split(command)
+    for i, word in enumerate(words):
+        if word.endswith(".py"):
+            return " ".join([Path(word).name] + words[i + 1:])
+    return command
