@@ -9,8 +9,9 @@ the contenders, several rounds, and prints medians and ratios to pdsh:
   pdsh -R ssh -f N        fresh ssh per node, N at once (what users reach for)
   ssh loop                for h in ...; do ssh $h true; done (the seeds' runclust)
 
-All three use the cluster's own ssh config (pinned host keys, the cluster key); pdsh and the
-loop get ControlMaster=no so they do what they do for users.
+pdsh and the loop use the cluster's ssh config (pinned host keys, the cluster key) minus what
+clustertool tunes (ControlMaster, KexAlgorithms): that is what they do for users. One more row,
+pdsh given clustertool's key-exchange choice too, shows how much of the gain is that choice.
 
     sudo .venv/bin/python bench/exec_fanout.py [--nodes 32] [--rounds 5]
 """
@@ -70,19 +71,27 @@ def main() -> None:
 
 def run_rounds(name, home, env, args):
     cfg = f"{home}/clusters/{name}/ssh_config"
+    plain = f"{home}/plain_ssh_config"
+    tuned = ("ControlMaster", "ControlPath", "ControlPersist", "KexAlgorithms")
+    Path(plain).write_text("".join(line for line in open(cfg, encoding="utf-8").readlines()
+                                   if line.strip().split(" ")[0] not in tuned))
+    kex = next(line.split()[1] for line in open(cfg, encoding="utf-8") if line.strip().startswith("KexAlgorithms"))
     aliases = [f"{name}-node-{i}" for i in range(1, args.nodes + 1)]
-    nomux = ["-F", cfg, "-o", "ControlMaster=no", "-o", "ControlPath=none"]
+    nomux = ["-F", plain, "-o", "ControlMaster=no", "-o", "ControlPath=none"]
     pdsh_env = dict(env, PDSH_SSH_ARGS=" ".join(nomux) + " -l%u %h")
+    pdsh_kex_env = dict(env, PDSH_SSH_ARGS=" ".join(nomux) + f" -o KexAlgorithms={kex} -l%u %h")
     pdsh = ["pdsh", "-R", "ssh", "-f", str(args.nodes), "-w", ",".join(aliases), "true"]
     loop = ["sh", "-c", "for h in " + " ".join(aliases) + f"; do ssh {' '.join(nomux)} $h true || exit 1; done"]
     exec_ = CT + ["exec", "-c", name, "--no-live", "--", "true"]
     close = ["sh", "-c", " ".join(f"ssh -F {cfg} -O exit {a} 2>/dev/null;" for a in aliases) + " true"]
-    times = {"clustertool exec (cold)": [], "clustertool exec (warm)": [], "pdsh": [], "ssh loop": []}
+    times = {"clustertool exec (cold)": [], "clustertool exec (warm)": [], "pdsh": [],
+             "pdsh + clustertool's kex": [], "ssh loop": []}
     for _ in range(args.rounds):
         subprocess.run(close, env=env)
         times["clustertool exec (cold)"].append(timed(exec_, env))
         times["clustertool exec (warm)"].append(timed(exec_, env))
         times["pdsh"].append(timed(pdsh, pdsh_env))
+        times["pdsh + clustertool's kex"].append(timed(pdsh, pdsh_kex_env))
         times["ssh loop"].append(timed(loop, env))
     return times
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from clustertool.errors import MissingPrerequisite, RemoteError
 from clustertool.model import Cluster, Node
-from clustertool.remote.transport import alias, leader_alias
+from clustertool.remote.transport import KEX_PREFERENCE, alias, leader_alias
 from clustertool.state import ClusterPaths
 
 
@@ -110,7 +110,16 @@ def node_ssh_config_block(cluster: Cluster) -> str:
         "  StrictHostKeyChecking yes",
         "  BatchMode yes",
         f"  User {cluster.user}",
+        "  KexAlgorithms @CT_KEX@",
     ]) + "\n"
+
+
+def _kex_probe() -> str:
+    """Shell setting $ct_kex to the node's own ssh's fast key exchanges (see transport)."""
+    prefs = " ".join(shlex.quote(k) for k in KEX_PREFERENCE)
+    return ("ct_kex=; ct_have=$(ssh -Q kex 2>/dev/null); "
+            f"for k in {prefs}; do printf '%s\\n' \"$ct_have\" | grep -qxF \"$k\" && ct_kex=${{ct_kex:+$ct_kex,}}$k; done; "
+            "[ -n \"$ct_kex\" ] || ct_kex=curve25519-sha256@libssh.org")
 
 
 def _b64(text: str) -> str:
@@ -125,7 +134,8 @@ def _managed_block_edit(name: str, block: str | None) -> str:
         "touch ~/.ssh/config && chmod 600 ~/.ssh/config",
         f"awk -v b={shlex.quote(begin)} -v e={shlex.quote(end)} "
         "'$0==b{skip=1;next} $0==e{skip=0;next} !skip' ~/.ssh/config > ~/.ssh/config.ct.tmp",
-        f"{{ printf %s {shlex.quote(_b64(new))} | base64 -d; cat ~/.ssh/config.ct.tmp; }} > ~/.ssh/config.ct.new",
+        f"{{ printf %s {shlex.quote(_b64(new))} | base64 -d | sed \"s/@CT_KEX@/$ct_kex/\"; "
+        "cat ~/.ssh/config.ct.tmp; } > ~/.ssh/config.ct.new",
         "mv ~/.ssh/config.ct.new ~/.ssh/config && rm -f ~/.ssh/config.ct.tmp",
     ])
 
@@ -142,6 +152,7 @@ def wire_script(cluster: Cluster, private_key: str, public_key: str, hostfile: s
         "touch ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys",
         f"grep -qxF {shlex.quote(public_key.strip())} ~/.ssh/authorized_keys || "
         f"printf '%s\\n' {shlex.quote(public_key.strip())} >> ~/.ssh/authorized_keys",
+        _kex_probe(),
         _managed_block_edit(cluster.name, node_ssh_config_block(cluster)),
     ]
     if hostfile is not None:

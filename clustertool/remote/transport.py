@@ -7,12 +7,42 @@ multiplexing so repeated commands reuse one authenticated connection per node.
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
 from pathlib import Path
 
 from clustertool.model import Cluster, Node
 from clustertool.state import ClusterPaths
 
 CONTROL_PERSIST = "15m"
+
+# Key exchange, fastest safe first. OpenSSH 9.0-9.8 default to sntrup761x25519, whose
+# handshake costs ~4x the CPU of curve25519 (32 fresh connections on 2 cores: 1.4 s vs 0.36 s).
+# ML-KEM hybrid (OpenSSH >= 9.9) is post-quantum AND fast, so it leads where available.
+# CLUSTERTOOL_SSH_KEX overrides (e.g. sntrup761x25519-sha512@openssh.com to insist on PQ).
+KEX_PREFERENCE = (
+    "mlkem768x25519-sha256",
+    "curve25519-sha256",
+    "curve25519-sha256@libssh.org",
+    "sntrup761x25519-sha512",
+    "sntrup761x25519-sha512@openssh.com",
+    "ecdh-sha2-nistp256",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def kex_algorithms() -> str | None:
+    """KexAlgorithms for our ssh_config: the preference list filtered by what ssh supports."""
+    if os.environ.get("CLUSTERTOOL_SSH_KEX"):
+        return os.environ["CLUSTERTOOL_SSH_KEX"]
+    try:
+        supported = set(subprocess.run(["ssh", "-Q", "kex"], capture_output=True, text=True,
+                                       timeout=10).stdout.split())
+    except (OSError, subprocess.SubprocessError):
+        return None
+    chosen = [k for k in KEX_PREFERENCE if k in supported]
+    return ",".join(chosen) or None
 
 
 def alias(cluster_name: str, node: Node) -> str:
@@ -57,9 +87,11 @@ def render_ssh_config(cluster: Cluster, paths: ClusterPaths) -> str:
         "  ServerAliveInterval 15",
         "  ServerAliveCountMax 4",
         "  LogLevel ERROR",
-        "",
     ]
-    return "\n".join(lines)
+    kex = kex_algorithms()
+    if kex:
+        lines.append(f"  KexAlgorithms {kex}")
+    return "\n".join(lines) + "\n"
 
 
 def write_ssh_config(cluster: Cluster) -> Path:
