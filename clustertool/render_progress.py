@@ -103,6 +103,9 @@ def sync_table(result) -> None:
     from clustertool import render
 
     rows = [[n.node, n.status, n.objects, n.downloaded, human_bytes(n.bytes_downloaded), n.verified,
-             n.exit_code, n.error or ""] for n in result.nodes]
+             n.exit_code, _short(n.error or "")] for n in result.nodes]
     render.table(["node", "status", "objects", "downloaded", "bytes", "verified", "exit", "error"], rows,
                  title=f"sync-s3 {result.url} -> {result.dest}" + (" (sharded)" if result.shard else ""))
+    for n in result.nodes:
+        for line in ([n.error] if n.error and len(n.error) > 60 else []) + n.errors[:10]:
+            sys.stderr.write(f"{n.node}: {line}\n")
