@@ -1,0 +1,119 @@
+"""Command builders of the relay, the fan-out and sync-s3 (pure), and their parsers."""
+
+import shlex
+import subprocess
+
+import pytest
+
+from clustertool.errors import UsageError
+from clustertool.transfer import chain, fanout, s3
+from clustertool.transfer import copy as copies
+from clustertool.transfer import nodeprog_s3 as prog
+
+pytestmark = pytest.mark.unit
+
+NASTY = "/data/my set 'v2' \"q\" ü; rm -rf /"
+
+
+def test_hop_script_quotes_dest_and_is_valid_bash():
+    script = chain.hop_script(NASTY, ".cache/clustertool/copy-x-node-2", "node-2", True,
+                              ("10.213.0.3", ".cache/clustertool/copy-x-node-3"), "aes128-gcm@openssh.com")
+    assert shlex.quote(NASTY) in script and "tee -p >(extract)" in script
+    assert "-c aes128-gcm@openssh.com 10.213.0.3" in script
+    assert subprocess.run(["bash", "-n"], input=script.encode()).returncode == 0
+
+
+def test_last_hop_only_extracts_and_relay_only_hop_does_not():
+    last = chain.hop_script("d", "s", "node-4", True, None, None)
+    assert last.rstrip().endswith("extract") and "ssh" not in last
+    relay = chain.hop_script("d", "s", "node-1", False, ("10.0.0.2", "s2"), None)
+    assert "tee" not in relay and "echo 0 > \"$S/rc\"" in relay
+
+
+def test_source_command_streams_names_from_stdin_to_first_hop():
+    cmd = chain.leader_source_command("/src dir", ("10.213.0.2", "s"), "chacha20-poly1305@openssh.com")
+    tar, _, ssh = cmd.partition(" | ")
+    assert shlex.split(tar) == chain.tar_create_argv("/src dir")
+    assert "--null" in tar and "--verbatim-files-from" in tar and "--no-recursion" in tar
+    assert shlex.split(ssh)[-2:] == ["10.213.0.2", "bash s/hop.sh"]
+
+
+def test_tar_pipeline_keeps_names_links_and_empty_dirs(tmp_path):
+    src, dst = tmp_path / "s", tmp_path / "d"
+    (src / "e mpty").mkdir(parents=True)
+    (src / NASTY.replace("/", "_")).write_text("x")
+    (src / "l").symlink_to("e mpty")
+    names = sorted(p.name for p in src.iterdir())
+    dst.mkdir()
+    create = subprocess.Popen(chain.tar_create_argv(str(src)), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    extract = subprocess.Popen(["bash", "-c", "exec 3>/dev/null; " + shlex.join(chain.tar_extract_argv("n"))],
+                               stdin=create.stdout, cwd=dst)
+    create.stdin.write(b"".join(n.encode() + b"\0" for n in names))
+    create.stdin.close()
+    assert extract.wait() == 0 and create.wait() == 0
+    assert (dst / "l").is_symlink() and (dst / "e mpty").is_dir()
+    assert (dst / NASTY.replace("/", "_")).read_text() == "x"
+
+
+def test_status_and_progress_parsing():
+    st = chain.parse_status("node-3", "rc=2\nnext_rc=0\ntar: x: Cannot write: No space left on device\n")
+    assert (st.rc, st.next_rc, st.extracted_ok) == ("2", "0", False)
+    assert "No space" in st.stderr
+    assert chain.parse_progress("CTPROG node-3 10") == ("node-3", 10 * chain.RECORD_BYTES)
+    assert chain.parse_progress("tar: something") is None
+
+
+def test_truncated_stream_is_told_from_a_write_failure():
+    from clustertool.transfer.run_chain import truncated, write_error
+
+    assert truncated(chain.HopStatus("n", rc="2", stderr="tar: Unexpected EOF in archive"))
+    assert truncated(chain.HopStatus("n", rc="missing"))
+    full = chain.HopStatus("n", rc="2", stderr="tar: f: Cannot write: No space left on device")
+    assert not truncated(full) and write_error(full).startswith("disk full")
+
+
+def test_rsync_argv_keeps_links_perms_times_and_protects_args():
+    argv = fanout.rsync_argv("/src", True, "10.213.0.2", NASTY, cipher="aes128-gcm@openssh.com", delete=True)
+    assert argv[:4] == ["rsync", "-a", "-s", "--mkpath"] and "--delete" in argv
+    assert argv[-2:] == ["/src/", f"10.213.0.2:{NASTY.rstrip('/')}/"]
+    assert "-c aes128-gcm@openssh.com" in argv[argv.index("-e") + 1]
+    assert fanout.rsync_argv("/f.bin", False, "h", "d")[-2:] == ["/f.bin", "h:d/"]
+    assert fanout.parse_file_line("CTFILE >f+++++++++ 123") == 123
+    assert fanout.parse_file_line("CTFILE cd+++++++++ 4096") is None
+
+
+def test_remote_paths_and_strategy_choice():
+    assert copies.relative_remote("~/data") == "data" and copies.relative_remote("~") == "."
+    assert copies.relative_remote("/abs") == "/abs"
+    with pytest.raises(UsageError):
+        copies.relative_remote("~bob/x")
+    assert copies.choose_strategy("auto", 8, 1 << 30) == "chain"
+    assert copies.choose_strategy("auto", 2, 1 << 30) == "fanout"
+    assert copies.choose_strategy("auto", 8, 1000) == "fanout"
+    with pytest.raises(UsageError):
+        copies.choose_strategy("bogus", 1, 1)
+
+
+def test_s3_url_parsing_and_credentials_stay_off_argv():
+    assert s3.parse_url("s3://b/p/q") == ("b", "p/q") and s3.parse_url("s3://b") == ("b", "")
+    for bad in ("b/p", "s3:///p"):
+        with pytest.raises(UsageError):
+            s3.parse_url(bad)
+    args = s3.node_args("b", "p", "d", [0, 2], None, None, {"key": "AK", "secret": "SECRET"})
+    assert args["creds"]["secret"] == "SECRET"
+    assert "SECRET" not in shlex.join(["python3", "-"]) and "creds" not in s3.node_args("b", "p", "d", None, None, None, None)
+
+
+def test_shards_are_disjoint_and_cover_everything():
+    objs = [{"key": f"k{i:03d}"} for i in range(23)]
+    shards = [prog.shard_of(objs, [i, 4]) for i in range(4)]
+    keys = [o["key"] for sh in shards for o in sh]
+    assert sorted(keys) == sorted(o["key"] for o in objs) and len(set(keys)) == 23
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_object_keys_map_under_dest_and_unsafe_keys_are_refused():
+    assert prog.local_name("ds/a/b.bin", "ds/") == "a/b.bin"
+    assert prog.local_name("ds/a", "ds") == "a"
+    assert prog.local_name("ds/../../etc/passwd", "ds/") is None
+    assert prog.local_name("ds/", "ds/") is None
