@@ -184,6 +184,11 @@ def stream(argv: list[str], names: list[str], *, local_tar: list[str] | None = N
         head.kill()
         head.wait()
         other.append("chain timed out")
+    except BaseException:  # Ctrl-C: stop the chain's head; the hops see their input end
+        for proc in (head, tar):
+            if proc is not None:
+                proc.kill()
+        raise
     finally:
         if tar is not None:
             tar.wait()

@@ -60,10 +60,12 @@ def parse_file_line(line: str) -> int | None:
     return None
 
 
-def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | None) -> RsyncResult:
+def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | None,
+             procs: list[subprocess.Popen]) -> RsyncResult:
     started = time.monotonic()
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
+    procs.append(proc)
     err: list[str] = []
     t = threading.Thread(target=lambda: err.extend(proc.stderr.read().decode(errors="replace").splitlines()),
                          daemon=True)
@@ -89,15 +91,21 @@ def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | 
 def run_parallel(jobs: list[tuple[str, list[str]]], on_bytes=None) -> dict[str, RsyncResult]:
     """Run (node name, argv) jobs at once; every job's outcome is a value."""
     results: dict[str, RsyncResult] = {}
-    threads = []
+    threads, procs = [], []
     for node, argv in jobs:
         def work(node=node, argv=argv):
-            results[node] = _run_one(node, argv, on_bytes)
+            results[node] = _run_one(node, argv, on_bytes, procs)
         t = threading.Thread(target=work, daemon=True)
         t.start()
         threads.append(t)
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=0.5)
+    except BaseException:  # Ctrl-C: stop every rsync we started
+        for proc in procs:
+            proc.kill()
+        raise
     return results
 
 

@@ -1,0 +1,199 @@
+"""`copy` on real local clusters: chain and fan-out, incremental, resumable, failures per node."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import CLI, REPO, run_cli
+
+pytestmark = pytest.mark.local
+
+ODD = "odd name 'q' \"dq\" ü"
+# A tree with what breaks naive copies: spaces, quotes, unicode, an empty dir, a symlink,
+# unusual permissions, and enough bytes to take a moment on a shaped link.
+MAKE_TREE = f"""set -e
+mkdir -p "$1" && cd "$1"
+mkdir -p 'empty dir' sub/deeper {shlex.quote(ODD)}
+echo hello > a.txt && chmod 640 a.txt
+ln -s a.txt link-to-a
+printf 'x%.0s' $(seq 1 100) > {shlex.quote(ODD)}/small
+for i in $(seq 1 $2); do head -c $3 /dev/urandom > "sub/deeper/blob $i"; done
+chmod 700 sub
+"""
+# An independent fingerprint of a tree (not our manifest code): types, modes, link targets, sha256.
+FINGERPRINT = ("cd \"$1\" && find . -mindepth 1 -printf '%y %m %p -> %l\\n' | LC_ALL=C sort && "
+               "find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum")
+
+
+def sh(env, name, node, script, *args):
+    """Run a bash script with arguments on one node; returns stdout, asserts success."""
+    line = "bash -c " + _q(script) + " _ " + " ".join(_q(a) for a in args)
+    proc = run_cli("exec", "-c", name, "-n", node, "--no-live", "--", line, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split("\n", 1)[1]  # drop the "---- node (exit 0)" header
+
+
+def _q(text):
+    return shlex.quote(text)
+
+
+def copy_json(env, *args, timeout=300):
+    proc = run_cli("copy", *args, "--json", env=env, timeout=timeout)
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"no JSON (exit {proc.returncode}): {proc.stdout}{proc.stderr}") from None
+    return proc.returncode, data, proc.stderr
+
+
+def nodes_of(data):
+    return {n["node"]: n for n in data["nodes"]}
+
+
+def members(count):
+    return [f"node-{i}" for i in range(2, count + 1)]
+
+
+@pytest.mark.parametrize("strategy", ["chain", "fanout"])
+def test_strategy_delivers_identical_trees_to_four_nodes_and_rerun_sends_nothing(ct_env, local_cluster, strategy):
+    name = local_cluster(5)
+    sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "6", "300000")
+    code, data, err = copy_json(ct_env, "-c", name, "--strategy", strategy, "/scratch/src", "/scratch/dst")
+    assert code == 0, err
+    assert data["strategy"] == strategy and data["verified"] is True
+    assert data["bytes_sent"] >= 6 * 300000
+    assert all(n["status"] == "ok" for n in data["nodes"]) and len(data["nodes"]) == 4
+    want = sh(ct_env, name, "leader", FINGERPRINT, "/scratch/src")
+    assert "l 777 ./link-to-a -> a.txt" in want and "d 755 ./empty dir" in want and ODD in want
+    for node in members(5):
+        assert sh(ct_env, name, node, FINGERPRINT, "/scratch/dst") == want, node
+    code, again, _ = copy_json(ct_env, "-c", name, "--strategy", strategy, "/scratch/src", "/scratch/dst")
+    assert code == 0 and again["bytes_sent"] == 0 and again["passes"] == 0
+
+
+def test_from_local_reaches_every_node_through_the_leader(ct_env, local_cluster, tmp_path):
+    name = local_cluster(3)
+    src = tmp_path / "here"
+    subprocess.run(["bash", "-c", MAKE_TREE, "_", str(src), "3", "100000"], check=True)
+    code, data, err = copy_json(ct_env, "-c", name, "--from", "local", "--strategy", "chain",
+                                str(src), "/scratch/in")
+    assert code == 0, err
+    assert sorted(nodes_of(data)) == ["node-1", "node-2", "node-3"] and data["source"] == "local"
+    want = subprocess.run(["bash", "-c", FINGERPRINT, "_", str(src)], capture_output=True, text=True).stdout
+    for node in ("node-1", "node-2", "node-3"):
+        assert sh(ct_env, name, node, FINGERPRINT, "/scratch/in") == want
+
+
+def test_interrupted_copy_resumes_sending_only_what_is_missing(ct_env, local_cluster):
+    name = local_cluster(3, "--link-rate", "40mbit")
+    sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "8", "2500000")  # 20 MB: ~4 s per link
+    proc = subprocess.Popen(CLI + ["copy", "-c", name, "--strategy", "chain", "--json", "/scratch/src", "/scratch/dst"],
+                            env=ct_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until some data has landed on the last node
+        got = sh(ct_env, name, "node-3", "ls \"$1\"/sub/deeper 2>/dev/null | wc -l", "/scratch/dst").strip()
+        if int(got or 0) >= 3:
+            break
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    code, data, err = copy_json(ct_env, "-c", name, "--strategy", "chain", "/scratch/src", "/scratch/dst")
+    assert code == 0, err
+    total = data["total_bytes"]
+    assert 0 < data["bytes_sent"] < total, (data["bytes_sent"], total)
+    want = sh(ct_env, name, "leader", FINGERPRINT, "/scratch/src")
+    for node in members(3):
+        assert sh(ct_env, name, node, FINGERPRINT, "/scratch/dst") == want
+
+
+def _netns(ct_env, name, index):
+    state = json.loads(open(os.path.join(ct_env["CLUSTERTOOL_HOME"], "clusters", f"{name}.json")).read())
+    return [ns for ns in state["provider_state"]["netns"] if ns.endswith(f"-{index}")][0]
+
+
+def test_node_killed_mid_chain_is_reported_and_nodes_after_it_get_the_data(ct_env, local_cluster):
+    name = local_cluster(5, "--link-rate", "40mbit")
+    sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "10", "2500000")  # 25 MB: ~5 s per link
+    proc = subprocess.Popen(CLI + ["copy", "-c", name, "--strategy", "chain", "--json", "/scratch/src", "/scratch/dst"],
+                            env=ct_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.5)  # the chain node-2 -> node-3 -> node-4 -> node-5 is streaming
+    pids = subprocess.run(["ip", "netns", "pids", _netns(ct_env, name, 3)], capture_output=True, text=True).stdout
+    for pid in pids.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out, err = proc.communicate(timeout=240)
+    data = json.loads(out)
+    by = nodes_of(data)
+    assert proc.returncode == 255 and by["node-3"]["status"] == "unreachable", err
+    assert by["node-3"]["error"].startswith("unreachable")
+    assert [by[n]["status"] for n in ("node-2", "node-4", "node-5")] == ["ok"] * 3, by
+    assert data["passes"] >= 2  # a repair chain went around node-3
+    want = sh(ct_env, name, "leader", FINGERPRINT, "/scratch/src")
+    for node in ("node-2", "node-4", "node-5"):
+        assert sh(ct_env, name, node, FINGERPRINT, "/scratch/dst") == want
+
+
+def test_missing_src_is_one_clear_line(ct_env, local_cluster):
+    name = local_cluster(2)
+    proc = run_cli("copy", "-c", name, "/scratch/no such dir", "/scratch/dst", env=ct_env)
+    assert proc.returncode == 2
+    assert "error: SRC '/scratch/no such dir' does not exist on the leader (node-1)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("strategy", ["chain", "fanout"])
+def test_unwritable_and_full_dest_fail_only_their_node(ct_env, local_cluster, strategy):
+    name = local_cluster(4)
+    sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "4", "1000000")
+    sh(ct_env, name, "node-2", "mkdir -p /scratch/d && mount -t tmpfs -o ro,size=1m tmpfs /scratch/d")
+    sh(ct_env, name, "node-3", "mkdir -p /scratch/d && mount -t tmpfs -o size=1m tmpfs /scratch/d")
+    code, data, err = copy_json(ct_env, "-c", name, "--strategy", strategy, "/scratch/src", "/scratch/d/x")
+    by = nodes_of(data)
+    assert code == 1
+    assert by["node-2"]["status"] == "failed" and "Read-only file system" in by["node-2"]["error"]
+    assert by["node-3"]["status"] == "failed" and "No space left on device" in by["node-3"]["error"]
+    assert by["node-4"]["status"] == "ok" and by["node-4"]["problems"] == []
+    proc = run_cli("copy", "-c", name, "--strategy", strategy, "/scratch/src", "/scratch/d/x", env=ct_env)
+    assert proc.returncode == 1 and "node-2" in proc.stdout and "node-3" in proc.stdout
+
+
+def test_silent_corruption_is_a_mismatch_naming_node_and_file(ct_env, local_cluster):
+    name = local_cluster(3)
+    sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "2", "1000")
+    assert copy_json(ct_env, "-c", name, "/scratch/src", "/scratch/dst")[0] == 0
+    # same size and mtime, other bytes: the quick check cannot see it, verification must
+    sh(ct_env, name, "node-3", "cd /scratch/dst && cp -p a.txt /tmp/ref-$$ && echo HELLO > a.txt && "
+       "touch -r /tmp/ref-$$ a.txt && rm /tmp/ref-$$")
+    proc = run_cli("copy", "-c", name, "/scratch/src", "/scratch/dst", env=ct_env)
+    assert proc.returncode == 1
+    assert "node-3: content differs: a.txt" in proc.stderr
+    code, data, _ = copy_json(ct_env, "-c", name, "/scratch/src", "/scratch/dst", "--delete")
+    assert code == 1 and nodes_of(data)["node-2"]["status"] == "ok"
+
+
+def test_delete_removes_what_src_no_longer_has(ct_env, local_cluster):
+    name = local_cluster(3)
+    sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "2", "1000")
+    assert copy_json(ct_env, "-c", name, "/scratch/src", "/scratch/dst")[0] == 0
+    sh(ct_env, name, "leader", "rm -rf /scratch/src/sub && echo new > /scratch/src/new.txt")
+    sh(ct_env, name, "members", "touch /scratch/dst/stray")
+    code, data, err = copy_json(ct_env, "-c", name, "--delete", "/scratch/src", "/scratch/dst")
+    assert code == 0, err
+    want = sh(ct_env, name, "leader", FINGERPRINT, "/scratch/src")
+    for node in members(3):
+        assert sh(ct_env, name, node, FINGERPRINT, "/scratch/dst") == want
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
