@@ -87,13 +87,28 @@ def _err(where: str, message: str) -> SpecError:
     return SpecError(f"{where}: {message}", hint="fix the playbook; `clustertool play FILE --dry-run` checks it all")
 
 
+def yaml_load(text: str) -> Any:
+    """YAML as 1.2 reads booleans: only true/false, so keys such as `on:` and `yes:` stay words."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))
+    return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def load(path: str | Path, overrides: dict[str, Any] | None = None, resolver: Resolver | None = None) -> Playbook:
     """Read, substitute and check a playbook; every step gets its argv. Raises SpecError."""
     import yaml
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml_load(path.read_text())
     except FileNotFoundError:
         raise SpecError(f"{path}: no such playbook") from None
     except yaml.YAMLError as exc:

@@ -12,6 +12,7 @@ The cost is ~0.3 s of interpreter start per step, small next to any step's work.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -70,10 +71,12 @@ class _Interrupt(Exception):
     pass
 
 
-def _run_process(argv: list[str], timeout: float | None, out: TextIO | None,
-                 new_session: bool) -> tuple[int | None, str, str]:
+def _run_process(argv: list[str], timeout: float | None, out: TextIO | None) -> tuple[int | None, str, str]:
     """(exit code, last stderr line, why it stopped early or "").  Raises _Interrupt on Ctrl-C."""
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, start_new_session=new_session)
+    # Its own process group, so a signal reaches the step and whatever it started (and not us);
+    # SIGINT back to default, as a playbook started in the background inherits it ignored.
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_default_sigint)
     tail: list[str] = []
 
     def pump() -> None:
@@ -90,7 +93,7 @@ def _run_process(argv: list[str], timeout: float | None, out: TextIO | None,
         code = proc.wait(timeout=timeout)
         why = ""
     except subprocess.TimeoutExpired:
-        code, why = _stop(proc), f"timed out after {timeout:.0f}s"
+        code, why = _stop(proc), f"timed out after {timeout:g}s"
     except KeyboardInterrupt:
         _stop(proc)
         reader.join(timeout=5)
@@ -104,12 +107,20 @@ def _last_error(tail: list[str]) -> str:
     return (errors or tail or [""])[-1]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop(proc: subprocess.Popen) -> int | None:
     """Ctrl-C the step (it cleans up like it would for the user), then kill it after GRACE."""
-    for sig, wait in ((signal.SIGINT, GRACE), (signal.SIGKILL, 10)):
+    for sig, wait in ((signal.SIGINT, GRACE), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
-            proc.send_signal(sig)
-            return proc.wait(timeout=wait)
+            os.killpg(proc.pid, sig)
+            code = proc.wait(timeout=wait)
+            if sig == signal.SIGINT:  # what the step left behind in its group
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+            return code
         except subprocess.TimeoutExpired:
             continue
         except ProcessLookupError:
@@ -128,7 +139,7 @@ def run(book: Playbook, *, on_event: Event = lambda *a: None, step_stdout: TextI
     with _signal(signal.SIGTERM, _sigterm_as_interrupt):
         try:
             for step in book.steps:
-                outcome = _one(step, on_event, step_stdout, new_session=False)
+                outcome = _one(step, on_event, step_stdout)
                 result.outcomes.append(outcome)
                 if outcome.status == "interrupted":
                     result.interrupted, result.failed_step, result.reason = True, step.label, "interrupted"
@@ -190,7 +201,7 @@ def _always(book: Playbook, result: PlayResult, keep: bool, on_event: Event, out
             steps.append(Step("always", len(steps) + 1, ("down",), {}, "down (on failure)",
                               argv=["down", "-c", book.cluster, "--yes"]))
     for step in steps:
-        outcome = _one(step, on_event, out, new_session=True)
+        outcome = _one(step, on_event, out)
         result.outcomes.append(outcome)
         if outcome.status == "interrupted":  # Ctrl-C twice: abandon the rest
             result.interrupted = True
@@ -201,7 +212,7 @@ def _outcome(step: Step, status: str = "not run", reason: str = "") -> Outcome:
     return Outcome(step.label, step.name, step.section, step.display, status, reason=reason)
 
 
-def _one(step: Step, on_event: Event, out, new_session: bool) -> Outcome:
+def _one(step: Step, on_event: Event, out) -> Outcome:
     outcome = _outcome(step)
     if not step.run:
         outcome.status, outcome.reason = "skipped", f"when: {step.when}"
@@ -213,7 +224,7 @@ def _one(step: Step, on_event: Event, out, new_session: bool) -> Outcome:
         if not step.installed:
             code, last, why = None, "", f"this clustertool has no {' '.join(step.command)!r} command"
         else:
-            code, last, why = _run_process(step_process_argv(step), step.timeout, out, new_session)
+            code, last, why = _run_process(step_process_argv(step), step.timeout, out)
     except _Interrupt as exc:
         outcome.status, outcome.reason = "interrupted", str(exc) or "interrupted (Ctrl-C)"
     else:

@@ -73,15 +73,18 @@ def resolver(path: tuple[str, ...]) -> CommandSpec | None:
 def _overrides(items: List[str]) -> dict:
     import yaml
 
+    from clustertool.playbook import yaml_load
+
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--var {item!r}: expected NAME=VALUE")
         try:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+            parsed = yaml_load(value) if value.strip() else ""
         except yaml.YAMLError:
-            out[key.strip()] = value
+            parsed = value
+        out[key.strip()] = parsed if isinstance(parsed, (str, int, float, bool)) else value
     return out
 
 
