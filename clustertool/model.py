@@ -149,3 +149,35 @@ class GroupResult:
 
     def by_node(self) -> dict[str, HostResult]:
         return {r.node: r for r in self.results}
+
+
+@dataclass
+class Job:
+    """One `clustertool run`: the record kept on the leader (job.json) and in local state."""
+
+    id: str
+    cluster: str
+    command: list[str]
+    argv: list[str] = field(default_factory=list)  # the full mpirun argv
+    nodes: list[str] = field(default_factory=list)
+    np: int = 0
+    name: str | None = None
+    leader: str = ""
+    workdir: str | None = None
+    launcher: str = ""  # tmux | setsid
+    started: float = 0.0
+    ended: float | None = None
+    state: str = "running"  # running | succeeded | failed | killed | lost
+    exit_code: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state not in ("running",)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Job":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,237 @@
+"""Job commands: run, jobs, logs, attach, kill, reboot, clean, fetch."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from typing import List, Optional
+
+import typer
+
+from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, reporter
+
+
+def _echo_line(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _follow(name: str, job) -> int:
+    from clustertool.jobs.launch import follow
+
+    try:
+        code = follow(name, job, _echo_line)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"detached; job {job.id} keeps running (`clustertool logs -f {job.id}`, "
+                         f"`clustertool kill {job.id}`)\n")
+        return 130
+    if code is None:
+        sys.stderr.write(f"job {job.id} ended without an exit code (killed or lost)\n")
+        return 1 if job.state != "killed" else 143
+    return code
+
+
+def run(
+    command: List[str] = typer.Argument(..., help="The program and its arguments (after --)."),
+    cluster: Optional[str] = ClusterOpt,
+    nodes: Optional[str] = NodesOpt,
+    np: Optional[int] = typer.Option(None, "--np", help="Number of ranks (default: all slots)."),
+    per_node: Optional[int] = typer.Option(None, "--per-node", help="Ranks per node (caps the slots used)."),
+    export: List[str] = typer.Option([], "-x", help="Export VAR=VALUE (or VAR: the leader's value) to every rank."),
+    mpi_arg: List[str] = typer.Option([], "--mpi-arg", help="Extra argument for mpirun (repeat)."),
+    plugin: bool = typer.Option(False, "--plugin", help="Add the clustertool NCCL plugin's environment."),
+    fusion_mb: Optional[float] = typer.Option(None, "--horovod-fusion-mb", help="HOROVOD_FUSION_THRESHOLD in MiB."),
+    cycle_ms: Optional[float] = typer.Option(None, "--horovod-cycle-ms", help="HOROVOD_CYCLE_TIME in ms."),
+    timeline: Optional[str] = typer.Option(None, "--horovod-timeline", help="HOROVOD_TIMELINE path."),
+    autotune: bool = typer.Option(False, "--horovod-autotune", help="HOROVOD_AUTOTUNE=1."),
+    nccl_debug: Optional[str] = typer.Option(None, "--nccl-debug", help="NCCL_DEBUG level, e.g. INFO."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="Working directory of every rank."),
+    name: Optional[str] = typer.Option(None, "--name", help="A name for the job."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Stream the log; exit with the job's code. Ctrl-C detaches."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the mpirun command and exit."),
+    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more ranks than slots."),
+    allow_concurrent: bool = typer.Option(False, "--allow-concurrent", help="Start even if another job runs on these nodes."),
+    tag_output: bool = typer.Option(True, "--tag-output/--no-tag-output", help="Prefix rank output with [job,rank] (needed by logs --node)."),
+    json_output: bool = JsonOpt,
+) -> None:
+    """Run an MPI job on the cluster, detached on the leader (survives your connection)."""
+    from clustertool import render
+    from clustertool.jobs import launch
+    from clustertool.jobs.mpirun import MpiOptions
+
+    args = command[1:] if command[:1] == ["--"] else command
+    opts = MpiOptions(command=list(args), np=np, per_node=per_node, env=list(export), mpi_args=list(mpi_arg),
+                      horovod_fusion_mb=fusion_mb, horovod_cycle_ms=cycle_ms, horovod_timeline=timeline,
+                      horovod_autotune=autotune, nccl_debug=nccl_debug, workdir=workdir,
+                      oversubscribe=oversubscribe, tag_output=tag_output)
+    name_ = cluster_name(cluster)
+    started = launch.run(name_, opts, selection=nodes, name=name, dry_run=dry_run,
+                         allow_concurrent=allow_concurrent, use_plugin=plugin, report=reporter(json_output))
+    if dry_run:
+        if json_output:
+            render.print_json({"argv": started.argv, "nodes": started.job.nodes, "np": started.job.np})
+        else:
+            typer.echo(shlex.join(started.argv))
+        return
+    job = started.job
+    if json_output and not follow:
+        render.print_json(job)
+        return
+    sys.stderr.write(f"job {job.id} started on {job.leader} ({job.np} ranks, {job.launcher}); "
+                     f"`clustertool logs -f {job.id}`\n")
+    if follow:
+        raise typer.Exit(_follow(name_, job))
+    typer.echo(job.id)
+
+
+def _duration(job) -> str:
+    end = job.ended or (time.time() if job.state == "running" else job.started)
+    seconds = max(0, int(end - job.started))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _state_text(job) -> str:
+    if job.state == "failed":
+        return f"failed (exit {job.exit_code})"
+    if job.state == "killed" and job.exit_code is not None:
+        return f"killed (exit {job.exit_code})"
+    return job.state
+
+
+def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
+    """Jobs of the cluster with their state and duration."""
+    from clustertool import render, state
+    from clustertool.jobs import records
+
+    all_jobs = records.refresh(state.load(cluster_name(cluster)))
+    if json_output:
+        render.print_json({"jobs": all_jobs})
+        return
+    if not all_jobs:
+        typer.echo("no jobs")
+        return
+    render.table(["id", "name", "state", "started", "duration", "ranks", "nodes", "command"],
+                 [(j.id, j.name or "", _state_text(j), time.strftime("%m-%d %H:%M:%S", time.localtime(j.started)),
+                   _duration(j), j.np, len(j.nodes), shlex.join(j.command)[:60]) for j in all_jobs])
+
+
+def logs(
+    job: str = typer.Argument(..., help="Job id (or unique prefix, or name)."),
+    cluster: Optional[str] = ClusterOpt,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
+    node: Optional[str] = typer.Option(None, "--node", help="Only lines of ranks that ran on this node."),
+    lines: Optional[int] = typer.Option(None, "--tail", "-n", help="Only the last N lines."),
+) -> None:
+    """Show a job's log (from the leader)."""
+    from clustertool.jobs import logs as joblogs
+
+    try:
+        code = joblogs.show(cluster_name(cluster), job, _echo_line, follow_log=follow, node=node, lines=lines)
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    if follow and code is not None:
+        raise typer.Exit(code)
+
+
+def attach(job: str = typer.Argument(..., help="Job id."), cluster: Optional[str] = ClusterOpt) -> None:
+    """Attach to the job's tmux session on the leader (detach again with Ctrl-b d)."""
+    from clustertool.errors import UsageError
+    from clustertool.jobs.logs import find_job
+    from clustertool.remote.transport import ssh_argv
+
+    c, j = find_job(cluster_name(cluster), job)
+    if j.state != "running":
+        raise UsageError(f"job {j.id} is not running ({j.state})", hint=f"`clustertool logs {j.id}`")
+    if j.launcher != "tmux":
+        raise UsageError(f"job {j.id} runs without tmux on the leader", hint=f"`clustertool logs -f {j.id}`")
+    argv = ssh_argv(c.name, c.node(j.leader), f"tmux attach -t ct-{j.id}", tty=True)
+    os.execvp(argv[0], argv)
+
+
+def kill(
+    job: Optional[str] = typer.Argument(None, help="Job id (default: the one running job)."),
+    cluster: Optional[str] = ClusterOpt,
+    signal: str = typer.Option("TERM", "--signal", "-s", help="First signal: TERM (default), INT, KILL ..."),
+    grace: float = typer.Option(10.0, "--grace", help="Seconds between the signal and KILL."),
+    all_python: bool = typer.Option(False, "--all-python", help="Blunt fallback: pkill -9 python on every node."),
+    nodes: Optional[str] = NodesOpt,
+    json_output: bool = JsonOpt,
+) -> None:
+    """Stop a job's processes on every node (by job, not by name) and verify nothing is left."""
+    from clustertool import render
+    from clustertool.jobs import kill as jobkill
+
+    name = cluster_name(cluster)
+    result = (jobkill.kill_all_python(name, nodes) if all_python
+              else jobkill.kill(name, job, signal=signal, grace=grace))
+    if json_output:
+        render.print_json({"job": result.job, "clean": result.clean, "nodes": result.nodes})
+    else:
+        if result.job:
+            sys.stderr.write(f"job {result.job.id}: {_state_text(result.job)}\n")
+        render.table(["node", "signaled", "forced (KILL)", "remaining", "gpu", "error"],
+                     [(n.node, len(n.signaled), len(n.forced), " ".join(n.remaining) or "0", n.gpu, n.error or "")
+                      for n in result.nodes])
+    raise typer.Exit(0 if result.clean else 1)
+
+
+def reboot(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
+           timeout: float = typer.Option(600, "--timeout", help="Seconds to wait for SSH."),
+           yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask.")) -> None:
+    """Reboot nodes (local: restart the node's processes and sshd), wait for SSH, re-check."""
+    from clustertool import nodeset
+    from clustertool.errors import UsageError
+    from clustertool.jobs import manage
+
+    name = cluster_name(cluster)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("refusing to reboot without --yes (no terminal to ask on)")
+        typer.confirm(f"Reboot {nodes or 'all nodes'} of {name!r}? Running jobs there die.", abort=True)
+    done = manage.reboot(name, nodes, timeout=timeout, report=reporter(False))
+    typer.echo(f"rebooted {nodeset.fold(n.name for n in done)}; SSH and the mesh answer")
+
+
+def clean(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
+          logs_: bool = typer.Option(False, "--logs", help="Remove logs of finished jobs."),
+          jobs_: bool = typer.Option(False, "--jobs", help="Remove whole records of finished jobs."),
+          ) -> None:
+    """Remove finished jobs' logs and/or records on every node (running jobs are kept)."""
+    from clustertool import nodeset
+    from clustertool.jobs import manage
+
+    if not logs_ and not jobs_:
+        logs_ = jobs_ = True
+    result = manage.clean(cluster_name(cluster), logs=logs_, jobs=jobs_, selection=nodes)
+    removed = {line.split()[1] for r in result.results for line in r.stdout.splitlines() if line.startswith("removed ")}
+    bad = [r for r in result.results if not r.ok]
+    typer.echo(f"removed {'records' if jobs_ else 'logs'} of {len(removed)} job(s) on "
+               f"{nodeset.fold(r.node for r in result.results if r.ok)}")
+    for r in bad:
+        sys.stderr.write(f"{r.node}: {r.error or r.stderr.strip()}\n")
+    raise typer.Exit(result.exit_code)
+
+
+def fetch(job: str = typer.Argument(..., help="Job id."),
+          path: str = typer.Argument(..., help="File or folder on the leader (relative: to the job's workdir)."),
+          cluster: Optional[str] = ClusterOpt,
+          to: Optional[str] = typer.Option(None, "--to", help="Local folder (default ./JOB) or s3://BUCKET/PREFIX.")) -> None:
+    """Copy a job's output back from the leader (or upload it from the leader to S3)."""
+    from clustertool.jobs import manage
+
+    typer.echo(manage.fetch(cluster_name(cluster), job, path, to))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run", context_settings={"allow_interspersed_args": False})(run)
+    app.command("jobs")(jobs)
+    app.command("logs")(logs)
+    app.command("attach")(attach)
+    app.command("kill")(kill)
+    app.command("reboot")(reboot)
+    app.command("clean")(clean)
+    app.command("fetch")(fetch)

@@ -1,0 +1,1 @@
+"""Jobs: mpirun argv, detached launch, logs, kill, housekeeping."""

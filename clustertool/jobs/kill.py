@@ -1,0 +1,114 @@
+"""`clustertool kill`: stop a job's processes on every node, by job, then verify.
+
+On each node of the job at once: signal the processes that belong to the job (its
+environment marker, the sessions its launcher and rank wrappers recorded, the orted
+parents), wait the grace period, KILL what is left, and report what remains (nothing,
+normally) and whether GPU memory is still held (where nvidia-smi exists).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from clustertool import nodeset, state
+from clustertool.errors import ToolError, UsageError
+from clustertool.jobs import records, scripts
+from clustertool.model import Cluster, Job
+from clustertool.remote.group import run_on_nodes
+
+
+@dataclass
+class NodeKill:
+    node: str
+    signaled: list[int] = field(default_factory=list)
+    forced: list[int] = field(default_factory=list)
+    remaining: list[str] = field(default_factory=list)  # "pid:comm"
+    gpu: str = "no nvidia-smi"  # "no nvidia-smi" | "freed" | "held: pid:MiB ..."
+    error: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.error is None and not self.remaining and not self.gpu.startswith("held")
+
+
+@dataclass
+class KillResult:
+    job: Job | None
+    nodes: list[NodeKill]
+
+    @property
+    def clean(self) -> bool:
+        return all(n.clean for n in self.nodes)
+
+
+def parse_kill_output(node: str, text: str) -> NodeKill:
+    out = NodeKill(node)
+    for line in text.splitlines():
+        word, _, rest = line.partition(" ")
+        values = rest.split()
+        if word == "signaled":
+            out.signaled = [int(v) for v in values if v.isdigit()]
+        elif word == "forced":
+            out.forced = [int(v) for v in values if v.isdigit()]
+        elif word == "remaining":
+            out.remaining = values
+        elif word == "gpu":
+            if values[:1] == ["checked"]:
+                out.gpu = "held: " + " ".join(values[1:]) if values[1:] else "freed"
+    return out
+
+
+def pick_running(jobs: list[Job], ref: str | None) -> Job:
+    if ref:
+        job = records.resolve(jobs, ref)
+        if job.finished:
+            code = f" with exit code {job.exit_code}" if job.exit_code is not None else ""
+            verb = {"killed": "was killed", "lost": "was lost (ended without an exit code)"}.get(job.state, job.state)
+            raise UsageError(f"job {job.id} is not running: it {verb}{code}",
+                             hint="`clustertool jobs` lists jobs; `clustertool clean` removes old ones")
+        return job
+    running = [j for j in jobs if j.state == "running"]
+    if not running:
+        raise UsageError("no running job on this cluster", hint="`clustertool jobs` lists jobs")
+    if len(running) > 1:
+        raise UsageError(f"{len(running)} jobs are running ({', '.join(j.id for j in running)}): say which")
+    return running[0]
+
+
+def kill(cluster_name: str, ref: str | None = None, *, signal: str = "TERM", grace: float = 10.0) -> KillResult:
+    cluster = state.load(cluster_name)
+    job = pick_running(records.refresh(cluster), ref)
+    if grace < 0:
+        raise UsageError("--grace must be 0 or more")
+    nodes = [cluster.node(n) for n in job.nodes if n in {x.name for x in cluster.nodes}]
+    script = scripts.kill_script(job.id, signal.upper(), 0 if signal.upper() == "KILL" else grace)
+    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=grace + 60, stdin_data=script.encode())
+    per_node = []
+    for r in result.results:
+        nk = parse_kill_output(r.node, r.stdout)
+        if r.error:
+            nk.error = r.error
+        per_node.append(nk)
+    refreshed = {j.id: j for j in records.refresh(cluster)}
+    job = refreshed.get(job.id, job)
+    if job.state == "running":  # the leader was unreachable: record the kill locally
+        job.state = "killed"
+        records.save(job)
+    return KillResult(job, per_node)
+
+
+def kill_all_python(cluster_name: str, selection: str | None = None) -> KillResult:
+    """The seeds' blunt fallback: ``pkill -9 python`` on every (selected) node."""
+    cluster: Cluster = state.load(cluster_name)
+    nodes = nodeset.select(cluster, selection)
+    line = ("pkill -9 -x 'python[0-9.]*' ; sleep 0.3; "
+            "echo \"remaining $(pgrep -x 'python[0-9.]*' | tr '\\n' ' ')\"")
+    result = run_on_nodes(cluster.name, nodes, line, timeout=60)
+    out = []
+    for r in result.results:
+        nk = parse_kill_output(r.node, r.stdout)
+        nk.error = r.error
+        out.append(nk)
+    if all(n.error for n in out):
+        raise ToolError("no node could be reached", exit_code=255)
+    return KillResult(None, out)

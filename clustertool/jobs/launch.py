@@ -1,0 +1,149 @@
+"""`clustertool run`: preflight, then mpirun on the leader, detached (tmux, else setsid).
+
+The job survives the user's connection: the leader's tmux server (or a setsid'd shell)
+owns it, not our ssh session.  ``follow`` streams the log until launch.sh ends and returns
+the exit code mpirun gave.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from clustertool import nodeset, state
+from clustertool.errors import RemoteError, ToolError, UsageError
+from clustertool.jobs import records, scripts
+from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile
+from clustertool.model import Cluster, Job, Node
+from clustertool.remote.group import run_on_node, run_on_nodes
+
+Report = Callable[[str], None]
+
+
+@dataclass
+class Launch:
+    job: Job
+    argv: list[str]
+    dry_run: bool = False
+
+
+def plugin_env(cluster: Cluster) -> dict[str, str]:
+    """The NCCL plugin's job environment, from clustertool.native (another part of the tool)."""
+    try:
+        from clustertool import native  # type: ignore[attr-defined]
+    except ImportError:
+        raise ToolError("--plugin: this clustertool has no plugin support (clustertool.native is missing)",
+                        hint="run without --plugin, or pass the variables with -x NAME=VALUE") from None
+    for attr in ("plugin_env", "job_env"):
+        fn = getattr(native, attr, None)
+        if fn is not None:
+            return dict(fn(cluster))
+    raise ToolError("--plugin: clustertool.native exposes no job environment (plugin_env)")
+
+
+def ready_cluster(cluster_name: str) -> Cluster:
+    cluster = state.load(cluster_name)
+    if cluster.status != "ready":
+        raise UsageError(f"cluster {cluster.name!r} is {cluster.status}, not ready",
+                         hint="bring it up (or `clustertool start`) first")
+    return cluster
+
+
+def declared_subnet(cluster: Cluster) -> str | None:
+    ps = cluster.provider_state
+    for key in ("subnet_cidr", "cidr", "subnet"):
+        if isinstance(ps.get(key), str) and "/" in ps[key]:
+            return ps[key]
+    return None
+
+
+def plan(cluster: Cluster, nodes: list[Node], opts: MpiOptions, job_id: str) -> list[str]:
+    ordered = [n for n in cluster.ordered_nodes() if n in nodes]
+    if cluster.leader not in ordered:
+        raise UsageError("the selected nodes must include the leader (mpirun runs there)",
+                         hint="add the leader to --nodes, or leave --nodes out")
+    opts.job_id = job_id
+    opts.as_root = cluster.user == "root"
+    opts.subnet = cluster_subnet([n.address for n in ordered], declared_subnet(cluster))
+    opts.hostfile = f"$HOME/{JOBS_DIR}/{job_id}/hostfile"
+    return build_argv([(n.address, n.slots) for n in ordered], opts)
+
+
+def _finalize_argv(argv: list[str], home: str) -> list[str]:
+    return [a.replace("$HOME", home, 1) if a.startswith("$HOME/") else a for a in argv]
+
+
+def preflight(cluster: Cluster, nodes: list[Node], allow_concurrent: bool) -> str:
+    """Every node answers; no other clustertool job has processes there. Returns the leader's $HOME."""
+    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=20, stdin_data=scripts.scan_script().encode())
+    down = [r for r in result.results if r.error or r.exit_code != 0]
+    if down:
+        detail = ", ".join(f"{r.node} ({r.error or 'exit ' + str(r.exit_code)})" for r in down)
+        raise RemoteError(f"preflight: {len(down)} node(s) not ready: {detail}",
+                          hint="`clustertool doctor` says more")
+    busy = {}
+    for r in result.results:
+        for line in r.stdout.splitlines():
+            if line.startswith("running "):
+                busy.setdefault(line.split("=", 1)[1], []).append(r.node)
+    if busy and not allow_concurrent:
+        job_id, where = next(iter(busy.items()))
+        raise UsageError(f"job {job_id} is still running on {nodeset.fold(where)}",
+                         hint=f"wait, `clustertool kill {job_id}`, or add --allow-concurrent")
+    leader_out = result.by_node()[cluster.leader.name].stdout
+    for line in leader_out.splitlines():
+        if line.startswith("home="):
+            return line[5:]
+    raise RemoteError("preflight: the leader did not say its home directory")
+
+
+def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, name: str | None = None,
+        dry_run: bool = False, allow_concurrent: bool = False, use_plugin: bool = False,
+        report: Report = lambda m: None) -> Launch:
+    cluster = ready_cluster(cluster_name)
+    nodes = nodeset.select(cluster, selection)
+    if use_plugin:
+        opts.plugin_env = plugin_env(cluster)
+    job_id = records.new_id()
+    argv = plan(cluster, nodes, opts, job_id)
+    ordered = [n for n in cluster.ordered_nodes() if n in nodes]
+    job = Job(id=job_id, cluster=cluster.name, command=list(opts.command), argv=argv,
+              nodes=[n.name for n in ordered], np=int(argv[argv.index("-np") + 1]), name=name,
+              leader=cluster.leader.name, workdir=opts.workdir, started=time.time())
+    if dry_run:
+        return Launch(job, argv, dry_run=True)
+    report(f"preflight on {nodeset.fold(job.nodes)}")
+    home = preflight(cluster, ordered, allow_concurrent)
+    job.argv = argv = _finalize_argv(argv, home)
+    hostfile = job_hostfile([(n.address, opts.per_node or n.slots) for n in ordered])
+    launch_sh = scripts.launch_script(job_id, argv, opts.workdir)
+    job.launcher = "pending"
+    script = scripts.install_and_start_script(job_id, launch_sh, hostfile, json.dumps(job.to_dict()))
+    report(f"starting job {job_id} on {cluster.leader.name}: {shlex.join(argv[:1])} -np {job.np} ...")
+    result = run_on_node(cluster.name, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
+    if not result.ok:
+        raise RemoteError(f"could not start the job on the leader: "
+                          f"{result.error or result.stderr.strip() or 'exit ' + str(result.exit_code)}")
+    job.launcher = "tmux" if "launcher=tmux" in result.stdout else "setsid"
+    records.save(job)
+    return Launch(job, argv)
+
+
+def follow(cluster_name: str, job: Job, on_line: Callable[[str], None], from_line: int = 1) -> int | None:
+    """Stream the job's log until it ends; return its exit code (None: ended without one)."""
+    cluster = state.load(cluster_name)
+    leader = cluster.node(job.leader)
+
+    def line(_node: str, _stream: str, text: str) -> None:
+        on_line(text)
+
+    run_on_node(cluster.name, leader, "sh -s", on_line=line,
+                stdin_data=scripts.follow_script(job.id, from_line).encode())
+    code = run_on_node(cluster.name, leader, scripts.read_exit_script(job.id), timeout=20).stdout.strip()
+    refreshed = {j.id: j for j in records.refresh(cluster)}
+    if job.id in refreshed:
+        job.state, job.exit_code = refreshed[job.id].state, refreshed[job.id].exit_code
+    return int(code) if code.lstrip("-").isdigit() else None

@@ -1,0 +1,157 @@
+"""`reboot`, `clean` and `fetch`: housekeeping around jobs.
+
+What reboot means per provider:
+
+* local: the node's processes are all killed (its PID namespace ends, /tmp and /dev/shm
+  are emptied) and its PID 1 and sshd start again; home and /scratch stay, like a disk.
+* static / aws (any provider without its own reboot verb): ``reboot`` over SSH (with
+  ``sudo -n`` when the user is not root), then wait until SSH answers again.
+
+Either way the command waits for SSH and re-checks the nodes (reachable, mesh).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+from clustertool import nodeset, state
+from clustertool.errors import ToolError, UsageError
+from clustertool.jobs import records, scripts
+from clustertool.jobs.mpirun import JOBS_DIR
+from clustertool.model import Cluster, GroupResult, Node
+from clustertool.remote.group import run_on_nodes
+from clustertool.remote.transport import ssh_argv
+
+Report = Callable[[str], None]
+
+
+def reboot_line(user: str) -> str:
+    cmd = "reboot" if user == "root" else "sudo -n reboot"
+    return f"nohup sh -c {shlex.quote('sleep 1; ' + cmd)} >/dev/null 2>&1 &"
+
+
+def _wait_ssh(cluster: Cluster, nodes: list[Node], timeout: float, down_first: bool) -> None:
+    deadline = time.monotonic() + timeout
+    if down_first:  # wait until each node stopped answering, so we do not see it pre-reboot
+        pending = list(nodes)
+        while pending and time.monotonic() < deadline:
+            result = run_on_nodes(cluster.name, pending, "true", timeout=5)
+            pending = [n for n, r in zip(pending, result.results) if r.ok]
+            time.sleep(1)
+    pending = list(nodes)
+    while pending:
+        result = run_on_nodes(cluster.name, pending, "true", timeout=10)
+        pending = [n for n, r in zip(pending, result.results) if not r.ok]
+        if pending and time.monotonic() > deadline:
+            raise ToolError(f"{nodeset.fold(n.name for n in pending)} did not answer SSH within {timeout:.0f}s "
+                            "after the reboot", hint="`clustertool status` / the provider console")
+        if pending:
+            time.sleep(1)
+
+
+def reboot(cluster_name: str, selection: str | None, *, timeout: float = 600.0,
+           report: Report = lambda m: None) -> list[Node]:
+    from clustertool.lifecycle import check_leader_mesh, close_masters
+    from clustertool.providers.base import get_provider
+
+    with state.locked(cluster_name):
+        cluster = state.load(cluster_name)
+        nodes = nodeset.select(cluster, selection)
+        provider = get_provider(cluster.provider)
+        subset = dataclasses.replace(cluster, nodes=nodes)
+        close_masters(subset)
+        if cluster.provider == "local":
+            report(f"restarting {nodeset.fold(n.name for n in nodes)} (all processes end, sshd starts again)")
+            provider.stop_instances(subset)
+            provider.start_instances(subset)
+            _wait_ssh(cluster, nodes, timeout, down_first=False)
+        elif hasattr(provider, "reboot_instances"):
+            report(f"rebooting {nodeset.fold(n.name for n in nodes)} through the {cluster.provider} provider")
+            provider.reboot_instances(subset)
+            _wait_ssh(cluster, nodes, timeout, down_first=True)
+        else:
+            report(f"rebooting {nodeset.fold(n.name for n in nodes)} over SSH")
+            run_on_nodes(cluster.name, nodes, reboot_line(cluster.user), timeout=20)
+            _wait_ssh(cluster, nodes, timeout, down_first=True)
+        for node in nodes:
+            node.state = "running"
+        state.save(cluster)
+        report("nodes answer SSH again; checking the leader's SSH mesh")
+        check_leader_mesh(cluster)
+        return nodes
+
+
+def clean(cluster_name: str, *, logs: bool, jobs: bool, selection: str | None = None) -> GroupResult:
+    """Remove logs (and with ``jobs`` whole records) of finished jobs on every node."""
+    cluster = state.load(cluster_name)
+    all_jobs = records.refresh(cluster)
+    keep = [j.id for j in all_jobs if j.state == "running"]
+    nodes = nodeset.select(cluster, selection)
+    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=60,
+                          stdin_data=scripts.clean_script(keep, logs, jobs).encode())
+    if jobs:
+        for job in all_jobs:
+            if job.id not in keep:
+                records.forget(cluster.name, job.id)
+    return result
+
+
+def _check_path(path: str) -> str:
+    if not path or "\n" in path or "\0" in path:
+        raise UsageError(f"invalid path {path!r}")
+    return path
+
+
+def remote_path_sh(job_workdir: str | None, path: str) -> str:
+    """A path on the leader as a shell word: absolute as given; relative to the job's
+    working directory (its home when none was given)."""
+    path = _check_path(path)
+    if path.startswith("/"):
+        return shlex.quote(path)
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    base = shlex.quote(job_workdir) if job_workdir else '"$HOME"'
+    return f"{base}/{shlex.quote(path)}"
+
+
+def s3_upload_line(src_sh: str, url: str) -> str:
+    if not url.startswith("s3://") or len(url) <= 5:
+        raise UsageError(f"--to {url!r}: expected s3://BUCKET/PREFIX or a local folder")
+    return (f"if [ -d {src_sh} ]; then aws s3 sync {src_sh} {shlex.quote(url)}; "
+            f"else aws s3 cp {src_sh} {shlex.quote(url)}; fi")
+
+
+def fetch(cluster_name: str, ref: str, path: str, dest: str | None = None) -> str:
+    """Copy a job's output (file or folder) from the leader; ``s3://`` uploads from the leader."""
+    cluster = state.load(cluster_name)
+    job = records.resolve(records.refresh(cluster), ref)
+    leader = cluster.node(job.leader)
+    src = remote_path_sh(job.workdir, path)
+    if dest and dest.startswith("s3://"):
+        result = run_on_nodes(cluster.name, [leader], s3_upload_line(src, dest), timeout=3600).results[0]
+        if not result.ok:
+            raise ToolError(f"upload from the leader failed: {result.error or result.stderr.strip()[-300:]}",
+                            hint="the leader needs the aws CLI and credentials (an instance role on AWS)")
+        return dest
+    target = Path(dest or job.id)
+    target.mkdir(parents=True, exist_ok=True)
+    line = (f"[ -e {src} ] || {{ echo \"no such file or folder on the leader\" >&2; exit 2; }}; "
+            f"tar -cf - -C \"$(dirname {src})\" \"$(basename {src})\"")
+    with subprocess.Popen(ssh_argv(cluster.name, leader, line), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as ssh:
+        untar = subprocess.run(["tar", "-xf", "-", "-C", str(target)], stdin=ssh.stdout,
+                               capture_output=True)
+        err = ssh.stderr.read().decode(errors="replace")
+        ssh.wait()
+    if ssh.returncode != 0 or untar.returncode != 0:
+        raise ToolError(f"could not fetch {path!r} of job {job.id} from {leader.name}: "
+                        f"{(err or untar.stderr.decode(errors='replace')).strip()[-300:] or 'not found'}")
+    return str(target)
+
+
+__all__ = ["reboot", "clean", "fetch", "JOBS_DIR"]

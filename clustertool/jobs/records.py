@@ -1,0 +1,140 @@
+"""Job records: the leader's job directories are the truth, local state is a cache.
+
+Local records live in ``$CLUSTERTOOL_HOME/clusters/<cluster>/jobs/<id>.json`` (written
+atomically).  ``refresh`` asks the leader once for every job directory's state and merges.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import secrets
+import tempfile
+import time
+from pathlib import Path
+
+from clustertool import state
+from clustertool.errors import UsageError
+from clustertool.jobs import scripts
+from clustertool.model import Cluster, Job
+
+
+def new_id() -> str:
+    return f"j{time.strftime('%m%d')}-{secrets.token_hex(3)}"
+
+
+def jobs_dir(cluster_name: str) -> Path:
+    return state.cluster_dir(cluster_name) / "jobs"
+
+
+def save(job: Job) -> None:
+    d = jobs_dir(job.cluster)
+    d.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{job.id}.", suffix=".tmp", dir=d)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(job.to_dict(), fh, indent=2, sort_keys=True)
+    os.replace(tmp, d / f"{job.id}.json")
+
+
+def forget(cluster_name: str, job_id: str) -> None:
+    (jobs_dir(cluster_name) / f"{job_id}.json").unlink(missing_ok=True)
+
+
+def load_all(cluster_name: str) -> list[Job]:
+    d = jobs_dir(cluster_name)
+    jobs = []
+    for path in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            jobs.append(Job.from_dict(json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(jobs, key=lambda j: j.started)
+
+
+def resolve(jobs: list[Job], ref: str) -> Job:
+    """A job by exact id, unique id prefix, or name (the newest of that name)."""
+    for job in jobs:
+        if job.id == ref:
+            return job
+    prefixed = [j for j in jobs if j.id.startswith(ref)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    named = [j for j in jobs if j.name == ref]
+    if named:
+        return named[-1]
+    if len(prefixed) > 1:
+        raise UsageError(f"job {ref!r} is ambiguous: {', '.join(j.id for j in prefixed)}")
+    known = ", ".join(j.id for j in jobs[-5:]) or "none"
+    raise UsageError(f"no job {ref!r} on this cluster", hint=f"recent jobs: {known} (see `clustertool jobs`)")
+
+
+def derive_state(code: str, alive: bool, killed: bool, launched: bool, started: float,
+                 now: float | None = None, pending_s: float = 30.0) -> tuple[str, int | None]:
+    """(state, exit code) from what the leader's job directory shows."""
+    now = time.time() if now is None else now
+    exit_code = int(code) if code.lstrip("-").isdigit() and code != "-" else None
+    if exit_code is not None:
+        if killed:
+            return "killed", exit_code
+        return ("succeeded" if exit_code == 0 else "failed"), exit_code
+    if alive:
+        return "running", None
+    if killed:
+        return "killed", None
+    if not launched and now - started < pending_s:
+        return "running", None  # launch.sh has not written its pid yet
+    return "lost", None
+
+
+def parse_status(output: str) -> dict[str, tuple[str, bool, bool, bool, float | None, dict | None]]:
+    """id -> (exit code text, alive, killed, launched, ended epoch, leader's job.json)."""
+    out = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) < 7 or parts[0] != "J":
+            continue
+        record = None
+        if len(parts) >= 8:
+            try:
+                record = json.loads(base64.b64decode(parts[7]))
+            except (binascii.Error, ValueError):
+                record = None
+        ended = float(parts[6]) if parts[6].isdigit() and parts[6] != "0" else None
+        out[parts[1]] = (parts[2], parts[3] == "1", parts[4] == "1", parts[5] == "1", ended, record)
+    return out
+
+
+def refresh(cluster: Cluster, timeout: float = 20.0) -> list[Job]:
+    """Ask the leader for every job's state; merge into local records; return all jobs.
+
+    When the leader cannot be reached, the local records are returned as they are.
+    """
+    from clustertool.remote.group import run_on_node
+
+    local = {j.id: j for j in load_all(cluster.name)}
+    result = run_on_node(cluster.name, cluster.leader, "sh -s", timeout=timeout,
+                         stdin_data=scripts.status_script().encode())
+    if not result.ok:
+        return sorted(local.values(), key=lambda j: j.started)
+    now = time.time()
+    for job_id, (code, alive, killed, launched, ended, record) in parse_status(result.stdout).items():
+        job = local.get(job_id)
+        if job is None:
+            if record is None:
+                continue
+            job = Job.from_dict(record)
+        if job.finished and job.state != "lost":
+            local[job_id] = job
+            continue
+        job.state, job.exit_code = derive_state(code, alive, killed, launched, job.started, now)
+        if job.finished and job.ended is None:
+            job.ended = ended or now
+        local[job_id] = job
+        save(job)
+    for job in local.values():  # a running job whose directory vanished from the leader
+        if job.state == "running" and job.id not in result.stdout:
+            job.state, job.ended = "lost", now
+            save(job)
+    return sorted(local.values(), key=lambda j: j.started)
