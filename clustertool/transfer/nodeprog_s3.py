@@ -37,7 +37,13 @@ def _creds_from_env_or_file(args):
     if cp.has_section(profile) and cp.has_option(profile, "aws_access_key_id"):
         return {"key": cp.get(profile, "aws_access_key_id"), "secret": cp.get(profile, "aws_secret_access_key"),
                 "token": cp.get(profile, "aws_session_token", fallback=None)}
-    return _creds_from_instance_role()
+    if args.get("no_imds") or os.environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true":
+        raise RuntimeError("no AWS credentials on this node (environment, ~/.aws/credentials; "
+                           "instance metadata disabled)")
+    try:
+        return _creds_from_instance_role()
+    except OSError as exc:
+        raise RuntimeError(f"no AWS credentials on this node and no instance role ({exc})") from None
 
 
 def _creds_from_instance_role():

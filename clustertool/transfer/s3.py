@@ -78,6 +78,8 @@ def node_args(bucket: str, prefix: str, dest: str, shard: list[int] | None, endp
             "endpoint": endpoint, "region": region}
     if creds:
         args["creds"] = creds
+    if os.environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true":
+        args["no_imds"] = True  # as boto3: never ask instance metadata for credentials
     return args
 
 
