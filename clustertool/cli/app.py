@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "clustertool.cli.copy",
     "clustertool.cli.bench",
     "clustertool.cli.play",
+    "clustertool.cli.inventory",
     "clustertool.cli.jobs",
 ]
 
