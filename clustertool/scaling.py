@@ -243,17 +243,3 @@ def to_csv(report_: Report) -> str:
 
 def to_json(report_: Report) -> str:
     return json.dumps(asdict(report_), indent=2)
-
-
-def leader_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None,
-                    on_line=None) -> Launcher:
-    """Run each size's mpirun on the leader over SSH (Open MPI reaches the members itself)."""
-    from clustertool.remote.group import run_on_node
-
-    def launch(nodes, per_node, argv):
-        line = shlex.join(mpirun_argv([n.address for n in nodes], per_node, argv, env=env,
-                                      as_root=cluster.user == "root"))
-        result = run_on_node(cluster.name, cluster.leader, line, timeout=timeout, on_line=on_line)
-        return result.exit_code, result.stdout + result.stderr, result.error
-
-    return launch

@@ -36,11 +36,12 @@ def scaling(
     Exit code 1 if any size failed or printed no figure.
     """
     from clustertool import render, scaling as core, state
+    from clustertool.scaling_launch import launcher
 
     sizes = core.parse_sizes(nodes)
     c = state.load(cluster_name(cluster))
     on_line = None if quiet else render.live_line
-    launch = core.leader_launcher(c, env=env, timeout=timeout, on_line=on_line)
+    launch = launcher(c, env=env, timeout=timeout, on_line=on_line)
     result = core.run_scaling(c, sizes, per_node, command, launch=launch, regex=metric_regex,
                               log_dir=log_dir, report=render.info)
     render.table(core.COLUMNS, core.rows(result), title=f"scaling on {c.name}: {result.command}")

@@ -1,0 +1,83 @@
+"""How `bench scaling` starts each size's job.
+
+Through the jobs part of the tool (``clustertool.jobs``) when it is installed: each size is
+a real `clustertool run` job (preflight, detached on the leader, a job record, visible to
+`clustertool jobs` and stoppable by `clustertool kill`), followed to its end.  Without it,
+a plain mpirun on the leader over SSH (``scaling.mpirun_argv``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from typing import Sequence
+
+from clustertool.errors import ToolError
+from clustertool.scaling import Launcher, mpirun_argv
+
+
+def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None) -> Launcher:
+    try:
+        import clustertool.jobs.launch  # noqa: F401
+    except ImportError:
+        return leader_launcher(cluster, env=env, timeout=timeout, on_line=on_line)
+    return jobs_launcher(cluster, env=env, timeout=timeout, on_line=on_line)
+
+
+def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None) -> Launcher:
+    from clustertool.jobs import kill as jobs_kill
+    from clustertool.jobs import launch as jobs
+    from clustertool.jobs.mpirun import MpiOptions
+
+    def launch(nodes, per_node, argv):
+        opts = MpiOptions(command=list(argv), per_node=per_node, env=list(env))
+        try:
+            started = jobs.run(cluster.name, opts, selection=",".join(n.name for n in nodes),
+                               name=f"scaling-{len(nodes)}n")
+        except ToolError as exc:
+            return None, "", exc.message
+        lines: list[str] = []
+        expired = threading.Event()
+
+        def line(text: str) -> None:
+            lines.append(text)
+            if on_line is not None:
+                on_line(cluster.leader.name, "stdout", text)
+
+        def stop() -> None:
+            expired.set()
+            try:
+                jobs_kill.kill(cluster.name, started.job.id)
+            except ToolError:
+                pass
+
+        timer = threading.Timer(timeout, stop) if timeout else None
+        if timer:
+            timer.daemon = True
+            timer.start()
+        try:
+            code = jobs.follow(cluster.name, started.job, line)
+        finally:
+            if timer:
+                timer.cancel()
+        output = "\n".join(lines) + "\n"
+        if expired.is_set():
+            return code, output, f"timed out after {timeout:g}s (job {started.job.id} killed)"
+        if code is None:
+            return None, output, f"job {started.job.id} ended without an exit code"
+        return code, output, None
+
+    return launch
+
+
+def leader_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None) -> Launcher:
+    """Plain mpirun on the leader over SSH (Open MPI reaches the members itself)."""
+    from clustertool.remote.group import run_on_node
+
+    def launch(nodes, per_node, argv):
+        line = shlex.join(mpirun_argv([n.address for n in nodes], per_node, argv, env=env,
+                                      as_root=cluster.user == "root"))
+        result = run_on_node(cluster.name, cluster.leader, line, timeout=timeout, on_line=on_line)
+        return result.exit_code, result.stdout + result.stderr, result.error
+
+    return launch
