@@ -1,0 +1,176 @@
+"""Instances as nodes: describe, wait for states, status checks, SSH port, console host keys."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Callable, Iterable
+
+from clustertool.errors import ProviderError
+from clustertool.model import LEADER, MEMBER, Node
+from clustertool.providers.aws import tags
+from clustertool.providers.aws.client import Aws, aws_errors, poll_interval, wait_timeout
+
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+BEGIN_KEYS, END_KEYS = "-----BEGIN SSH HOST KEY KEYS-----", "-----END SSH HOST KEY KEYS-----"
+
+
+def describe(aws: Aws, ids: Iterable[str] = (), filters: list[dict] | None = None) -> list[dict]:
+    """Instances by id and/or filters; ids that no longer exist are simply absent."""
+    ids = list(ids)
+    flt = list(filters or [])
+    if ids:
+        flt.append({"Name": "instance-id", "Values": ids})
+    with aws_errors("describing instances"):
+        reservations = aws.paginate("describe_instances", "Reservations", Filters=flt)
+    return [inst for r in reservations for inst in r.get("Instances", [])]
+
+
+def tagged(aws: Aws, cluster: str | None, live_only: bool = True) -> list[dict]:
+    """Instances carrying the clustertool tag (of one cluster, or of any), not yet terminated."""
+    filters = tags.cluster_filter(cluster) if cluster else tags.any_cluster_filter()
+    if live_only:
+        filters = filters + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
+    return describe(aws, filters=filters)
+
+
+def state_of(inst: dict) -> str:
+    return inst.get("State", {}).get("Name", "unknown")
+
+
+def wait_for_state(aws: Aws, ids: list[str], wanted: set[str], *, what: str,
+                   bad: set[str] = frozenset(), timeout: float | None = None) -> list[dict]:
+    """Poll until every instance is in ``wanted`` (missing ones count as terminated)."""
+    timeout = wait_timeout() if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {i["InstanceId"]: i for i in describe(aws, ids)}
+        states = {iid: state_of(found[iid]) if iid in found else "terminated" for iid in ids}
+        broken = {iid: s for iid, s in states.items() if s in bad}
+        if broken:
+            detail = ", ".join(f"{iid} is {s} ({found.get(iid, {}).get('StateReason', {}).get('Message', '')})"
+                               for iid, s in broken.items())
+            raise ProviderError(f"while waiting for instances to be {what}: {detail}",
+                                hint="see the instance's state reason in the EC2 console")
+        if all(s in wanted for s in states.values()):
+            return [found[iid] for iid in ids if iid in found]
+        if time.monotonic() >= deadline:
+            waiting = ", ".join(f"{iid}={s}" for iid, s in states.items() if s not in wanted)
+            raise ProviderError(f"instances not {what} after {timeout:.0f}s: {waiting}",
+                                hint="run the command again to keep waiting, or check the EC2 console")
+        time.sleep(poll_interval())
+
+
+def wait_status_ok(aws: Aws, ids: list[str], timeout: float | None = None) -> None:
+    """Until system and instance status checks pass (impaired = error)."""
+    timeout = wait_timeout() if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    while True:
+        with aws_errors("reading instance status checks"):
+            statuses = aws.paginate("describe_instance_status", "InstanceStatuses",
+                                    InstanceIds=ids, IncludeAllInstances=True)
+        checks = {s["InstanceId"]: (s.get("SystemStatus", {}).get("Status"), s.get("InstanceStatus", {}).get("Status"))
+                  for s in statuses}
+        impaired = [iid for iid, pair in checks.items() if "impaired" in pair]
+        if impaired:
+            raise ProviderError(f"status checks failed (impaired) on {', '.join(impaired)}",
+                                hint="`clustertool down` and up again; AWS retires impaired hardware")
+        if len(checks) == len(ids) and all(p[0] in ("ok", "not-applicable") and p[1] in ("ok", "not-applicable")
+                                           for p in checks.values()):
+            return
+        if time.monotonic() >= deadline:
+            raise ProviderError(f"status checks not passed after {timeout:.0f}s")
+        time.sleep(poll_interval())
+
+
+def wait_ssh_port(hosts: list[str], port: int = 22, timeout: float | None = None) -> None:
+    timeout = wait_timeout() if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    pending = set(hosts)
+    while pending:
+        for host in sorted(pending):
+            try:
+                with socket.create_connection((host, port), timeout=3):
+                    pending.discard(host)
+            except OSError:
+                pass
+        if pending and time.monotonic() >= deadline:
+            raise ProviderError(f"SSH port {port} not answering after {timeout:.0f}s on: {', '.join(sorted(pending))}",
+                                hint="check --ssh-cidr matches the address you connect from")
+        if pending:
+            time.sleep(poll_interval())
+
+
+def host_keys_from_console(text: str) -> list[str]:
+    """'type base64' lines from cloud-init's SSH HOST KEY KEYS block of the console output."""
+    if BEGIN_KEYS not in (text or ""):
+        return []
+    block = text.split(BEGIN_KEYS, 1)[1].split(END_KEYS, 1)[0]
+    keys = []
+    for line in block.splitlines():
+        parts = line.strip().split()
+        if len(parts) >= 2 and (parts[0].startswith("ssh-") or parts[0].startswith("ecdsa-")):
+            keys.append(f"{parts[0]} {parts[1]}")
+    return keys
+
+
+def console_host_keys(aws: Aws, instance_id: str) -> list[str]:
+    from botocore.exceptions import ClientError
+
+    try:
+        output = aws.call("get_console_output", InstanceId=instance_id).get("Output") or ""
+    except ClientError:
+        return []  # keys are then pinned on first contact
+    if output and BEGIN_KEYS not in output:
+        try:
+            import base64
+
+            output = base64.b64decode(output).decode(errors="replace")
+        except ValueError:
+            pass
+    return host_keys_from_console(output)
+
+
+def to_node(inst: dict, *, index: int, leader: bool, slots: int) -> Node:
+    private = inst.get("PrivateIpAddress") or ""
+    return Node(
+        name=f"node-{index}", index=index, address=private, role=LEADER if leader else MEMBER, slots=slots,
+        ssh_host=inst.get("PublicIpAddress") or private or None, state=state_of(inst),
+        instance_id=inst["InstanceId"],
+        extra={"az": inst.get("Placement", {}).get("AvailabilityZone", ""), "instance_type": inst.get("InstanceType", ""),
+               "launch_time": str(inst.get("LaunchTime", "")), "spot": inst.get("InstanceLifecycle") == "spot"},
+    )
+
+
+def nodes_from_tags(instances: list[dict], slots: int) -> list[Node]:
+    """Nodes of instances the tool launched: index and role from their tags."""
+    nodes = []
+    for inst in instances:
+        values = tags.as_dict(inst.get("Tags"))
+        index = int(values.get(tags.NODE, "0") or 0)
+        nodes.append(to_node(inst, index=index, leader=values.get(tags.ROLE) == "leader", slots=slots))
+    return sorted(nodes, key=lambda n: n.index)
+
+
+def refresh(aws: Aws, nodes: list[Node], *, keep_keys: bool = True) -> list[Node]:
+    """The same nodes with current state and addresses (they change across stop/start)."""
+    found = {i["InstanceId"]: i for i in describe(aws, [n.instance_id for n in nodes if n.instance_id])}
+    out = []
+    for node in nodes:
+        inst = found.get(node.instance_id or "")
+        if inst is None:
+            node.state = "missing"
+            out.append(node)
+            continue
+        fresh = to_node(inst, index=node.index, leader=node.is_leader, slots=node.slots)
+        fresh.name = node.name
+        fresh.host_keys = node.host_keys if keep_keys else []
+        out.append(fresh)
+    return out
+
+
+def ids_of(nodes: list[Node]) -> list[str]:
+    return [n.instance_id for n in nodes if n.instance_id]
+
+
+Report = Callable[[str], None]

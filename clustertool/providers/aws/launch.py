@@ -1,0 +1,121 @@
+"""Launch N instances together in one AZ: per-attempt placement group, one RunInstances call
+with MinCount=MaxCount=N, and on a capacity or quota error a clean retreat to the next AZ."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Callable
+
+from clustertool.errors import ProviderError
+from clustertool.model import Cluster
+from clustertool.providers.aws import capacity, network, placement, tags, teardown
+from clustertool.providers.aws.client import NEXT_AZ_CODES, Aws, aws_errors, is_code
+from clustertool.providers.aws.images import Image
+
+DEFAULT_IOPS = 10_000  # what the seeds provisioned for their dataset disks
+IOPS_TYPES = ("io1", "io2", "gp3")
+
+
+def recorder(cluster: Cluster, save: Callable[[], None]) -> Callable[[str, str], None]:
+    """Record a created resource in provider_state and persist at once (an interrupted up can be undone)."""
+    def record(kind: str, rid: str) -> None:
+        items = cluster.provider_state.setdefault(kind, [])
+        if rid not in items:
+            items.append(rid)
+        save()
+    return record
+
+
+def unrecord(cluster: Cluster, kind: str, rid: str) -> None:
+    items = cluster.provider_state.get(kind, [])
+    if rid in items:
+        items.remove(rid)
+
+
+def new_suffix() -> str:
+    return secrets.token_hex(3)
+
+
+def volume(options: dict) -> dict[str, Any]:
+    """The root EBS volume: size/type/IOPS from options (defaults 200 GB gp3 at 10,000 IOPS)."""
+    vtype = options.get("volume_type") or "gp3"
+    ebs: dict[str, Any] = {"VolumeSize": int(options.get("volume_size") or 200), "VolumeType": vtype,
+                           "DeleteOnTermination": True}
+    if vtype in IOPS_TYPES:
+        ebs["Iops"] = int(options.get("iops") or DEFAULT_IOPS)
+    return ebs
+
+
+def launch_params(*, cluster: str, count: int, instance_type: str, image: Image, subnet: str,
+                  group_id: str, key_name: str, az: str, placement_group: str | None,
+                  options: dict, token: str) -> dict[str, Any]:
+    """The one RunInstances request of an attempt (pure: unit-tested)."""
+    iface: dict[str, Any] = {"DeviceIndex": 0, "SubnetId": subnet, "Groups": [group_id],
+                             "AssociatePublicIpAddress": True, "DeleteOnTermination": True}
+    if options.get("efa"):
+        iface["InterfaceType"] = "efa"
+    where: dict[str, Any] = {"AvailabilityZone": az}
+    if placement_group:
+        where["GroupName"] = placement_group
+    params: dict[str, Any] = {
+        "ImageId": image.id, "InstanceType": instance_type, "MinCount": count, "MaxCount": count,
+        "KeyName": key_name, "NetworkInterfaces": [iface], "Placement": where,
+        "BlockDeviceMappings": [{"DeviceName": image.root_device, "Ebs": volume(options)}],
+        "TagSpecifications": [tags.spec("instance", cluster, **{"clustertool__role": "member"}),
+                              tags.spec("volume", cluster), tags.spec("network-interface", cluster)],
+        "ClientToken": token[:64],
+    }
+    if options.get("spot"):
+        params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+            "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+    return params
+
+
+def launch_in_order(aws: Aws, cluster: Cluster, *, count: int, info: capacity.TypeInfo, image: Image,
+                    azs: list[str], group_id: str, key_name: str, suffix: str,
+                    record: Callable[[str, str], None], report: Callable[[str], None]) -> tuple[str, list[dict]]:
+    """Try each AZ in order; return (az, instances) of the first that launches all N."""
+    from botocore.exceptions import ClientError
+
+    tried: list[tuple[str, str]] = []
+    for az in azs:
+        try:
+            subnet, _ = network.subnet_for(aws, az, cluster.options.get("subnet"))
+        except ProviderError as exc:
+            tried.append((az, exc.message))
+            continue
+        group = placement.create(aws, cluster.name, az, suffix, record)
+        params = launch_params(cluster=cluster.name, count=count, instance_type=info.name, image=image,
+                               subnet=subnet, group_id=group_id, key_name=key_name, az=az,
+                               placement_group=group, options=cluster.options,
+                               token=f"{cluster.name}-{suffix}-{az}")
+        report(f"{az}: launching {count} x {info.name} in placement group {group}")
+        try:
+            instances = aws.call("run_instances", **params)["Instances"]
+        except ClientError as exc:
+            if not is_code(exc, *NEXT_AZ_CODES):
+                with aws_errors(f"launching {count} x {info.name} in {az}"):
+                    raise
+            why = capacity.reason(exc)
+            tried.append((az, why))
+            report(f"{az}: {why}; removing this attempt's resources")
+            teardown.clean_attempt(aws, cluster, az, group, report)
+            unrecord(cluster, "placement_groups", group)
+            continue
+        for inst in instances:
+            record("instances", inst["InstanceId"])
+        return az, instances
+    raise capacity.launch_failure(tried, count, info.name)
+
+
+def tag_nodes(aws: Aws, cluster: str, instances: list[dict]) -> list[dict]:
+    """Give each launched instance its role, index and Name; leader = launch index 0."""
+    ordered = sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
+    for k, inst in enumerate(ordered, start=1):
+        leader = k == 1
+        values = {tags.ROLE: "leader" if leader else "member", tags.NODE: str(k),
+                  tags.NAME: tags.node_name(cluster, k, leader)}
+        with aws_errors("tagging instances"):
+            aws.call("create_tags", Resources=[inst["InstanceId"]], Tags=tags.pairs(values))
+        inst["Tags"] = [t for t in inst.get("Tags", []) if t["Key"] not in values] + tags.pairs(values)
+    return ordered

@@ -1,0 +1,152 @@
+"""Where nodes live on the network: subnet, the cluster's security group, SSH source, key pair."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from typing import Callable
+
+from clustertool.errors import ProviderError, UsageError
+from clustertool.providers.aws import tags
+from clustertool.providers.aws.client import Aws, aws_errors, is_code
+
+Record = Callable[[str, str], None]
+SSH_CIDR_HINT = "pass --ssh-cidr with the address you connect from, e.g. --ssh-cidr 203.0.113.7/32"
+
+
+def parse_cidr(text: str, where: str = "--ssh-cidr") -> str:
+    """A validated CIDR block; a bare address becomes /32 (or /128)."""
+    try:
+        net = ipaddress.ip_network(str(text).strip(), strict=False)
+    except ValueError:
+        raise UsageError(f"{where}: {text!r} is not an IP address or CIDR block", hint=SSH_CIDR_HINT) from None
+    return str(net)
+
+
+def _global(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_global
+    except ValueError:
+        return False
+
+
+def _route_source() -> str | None:
+    """This machine's source address toward the internet; a UDP connect sends no packet."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect(("192.0.2.1", 9))  # TEST-NET-1: only a route lookup happens
+            return sock.getsockname()[0]
+    except OSError:
+        return None
+
+
+def caller_cidr() -> tuple[str, str] | None:
+    """The caller's own address as a /32, when it can be found without asking the internet."""
+    env = os.environ.get("CLUSTERTOOL_MY_IP")
+    if env:
+        return parse_cidr(env, "CLUSTERTOOL_MY_IP"), "CLUSTERTOOL_MY_IP"
+    client = (os.environ.get("SSH_CONNECTION") or "").split()
+    if client and _global(client[0]):
+        return parse_cidr(client[0]), "the address of your SSH session (SSH_CONNECTION)"
+    source = _route_source()
+    if source and _global(source):
+        return parse_cidr(source), "this machine's public address"
+    return None
+
+
+def ssh_cidr(option: str | None) -> tuple[str, str]:
+    """(cidr, where it came from); refuses rather than opening SSH to the world silently."""
+    if option:
+        return parse_cidr(option), "--ssh-cidr"
+    found = caller_cidr()
+    if not found:
+        raise UsageError("cannot tell which address you connect from, so SSH would have no allowed source",
+                         hint=SSH_CIDR_HINT + " (or set CLUSTERTOOL_MY_IP); 0.0.0.0/0 only if you mean it")
+    return found
+
+
+def security_rules(group_id: str, cidr: str) -> list[dict]:
+    """All traffic among the cluster's members (NCCL, MPI, EFA) and SSH from ``cidr`` only."""
+    ranges = ({"Ipv6Ranges": [{"CidrIpv6": cidr, "Description": "clustertool ssh"}]} if ":" in cidr
+              else {"IpRanges": [{"CidrIp": cidr, "Description": "clustertool ssh"}]})
+    return [
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "cluster members"}]},
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges},
+    ]
+
+
+def describe_rules(cidr: str) -> list[str]:
+    return ["inbound: all traffic from members of the cluster's own security group (NCCL/MPI/EFA)",
+            f"inbound: tcp/22 (SSH) from {cidr} only", "outbound: all (AWS default)"]
+
+
+def subnet_for(aws: Aws, az: str, subnet: str | None) -> tuple[str, str]:
+    """(subnet id, vpc id): --subnet (which must be in ``az``), else the default VPC's subnet in ``az``."""
+    if subnet:
+        found = _describe_subnets(aws, SubnetIds=[subnet])
+        if not found:
+            raise UsageError(f"--subnet {subnet} not found in {aws.region}")
+        if found[0]["AvailabilityZone"] != az:
+            raise UsageError(f"--subnet {subnet} is in {found[0]['AvailabilityZone']}, not {az}",
+                             hint="give --az the subnet's zone, or leave --az out")
+        return subnet, found[0]["VpcId"]
+    found = _describe_subnets(aws, Filters=[{"Name": "availability-zone", "Values": [az]},
+                                            {"Name": "default-for-az", "Values": ["true"]}])
+    if not found:
+        raise ProviderError(f"no default subnet in {az}", hint="pass --subnet subnet-... in that zone")
+    return found[0]["SubnetId"], found[0]["VpcId"]
+
+
+def subnet_az(aws: Aws, subnet: str) -> str:
+    found = _describe_subnets(aws, SubnetIds=[subnet])
+    if not found:
+        raise UsageError(f"--subnet {subnet} not found in {aws.region}")
+    return found[0]["AvailabilityZone"]
+
+
+def _describe_subnets(aws: Aws, **kwargs) -> list[dict]:
+    from botocore.exceptions import ClientError
+
+    try:
+        return aws.call("describe_subnets", **kwargs).get("Subnets", [])
+    except ClientError as exc:
+        if is_code(exc, "InvalidSubnetID"):
+            return []
+        with aws_errors("describing subnets"):
+            raise
+
+
+def create_security_group(aws: Aws, cluster: str, suffix: str, vpc_id: str, cidr: str, record: Record) -> str:
+    name = f"clustertool-{cluster}-{suffix}"
+    with aws_errors("creating the security group"):
+        group_id = aws.call("create_security_group", GroupName=name, VpcId=vpc_id,
+                            Description=f"clustertool cluster {cluster}: members talk freely, SSH from {cidr}",
+                            TagSpecifications=[tags.spec("security-group", cluster, name)])["GroupId"]
+    record("security_groups", group_id)
+    with aws_errors("adding security group rules"):
+        aws.call("authorize_security_group_ingress", GroupId=group_id, IpPermissions=security_rules(group_id, cidr))
+    return group_id
+
+
+def import_key_pair(aws: Aws, cluster: str, suffix: str, public_key: str, record: Record) -> str:
+    name = f"clustertool-{cluster}-{suffix}"
+    if not public_key.strip():
+        raise ProviderError("the cluster has no public key to import")
+    with aws_errors("importing the cluster key pair"):
+        aws.call("import_key_pair", KeyName=name, PublicKeyMaterial=public_key.strip().encode(),
+                 TagSpecifications=[tags.spec("key-pair", cluster, name)])
+    record("key_pairs", name)
+    return name
+
+
+def check_key_name(aws: Aws, key_name: str) -> None:
+    from botocore.exceptions import ClientError
+
+    try:
+        aws.call("describe_key_pairs", KeyNames=[key_name])
+    except ClientError as exc:
+        if is_code(exc, "InvalidKeyPair"):
+            raise UsageError(f"--key-name {key_name}: no such key pair in {aws.region}") from None
+        with aws_errors("describing the key pair"):
+            raise

@@ -1,0 +1,35 @@
+"""Cluster placement groups (strategy ``cluster``): one per launch attempt, in that attempt's AZ.
+
+AWS places a cluster placement group's instances close together in one AZ (low latency,
+high bandwidth between nodes).  The group is made per attempt so a retry in the next AZ
+starts clean.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from clustertool.providers.aws import tags
+from clustertool.providers.aws.client import Aws, aws_errors
+
+Record = Callable[[str, str], None]
+
+
+def group_name(cluster: str, az: str, suffix: str) -> str:
+    return f"clustertool-{cluster}-{az}-{suffix}"
+
+
+def create(aws: Aws, cluster: str, az: str, suffix: str, record: Record) -> str:
+    name = group_name(cluster, az, suffix)
+    with aws_errors(f"creating placement group {name}"):
+        aws.call("create_placement_group", GroupName=name, Strategy="cluster",
+                 TagSpecifications=[tags.spec("placement-group", cluster, name)])
+    record("placement_groups", name)
+    return name
+
+
+def tagged(aws: Aws, cluster: str | None = None) -> list[dict]:
+    """Placement groups carrying the clustertool tag (of one cluster, or of any)."""
+    filters = tags.cluster_filter(cluster) if cluster else tags.any_cluster_filter()
+    with aws_errors("listing placement groups"):
+        return aws.call("describe_placement_groups", Filters=filters).get("PlacementGroups", [])

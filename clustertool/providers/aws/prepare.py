@@ -1,0 +1,157 @@
+"""Before anything is made: validate options, open the session, learn the type and the AZ
+order, find the SSH source; and the --dry-run plan (EC2 DryRun calls, nothing created)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from clustertool.errors import UsageError
+from clustertool.providers.aws import adopt, capacity, images, network, pricing
+from clustertool.providers.aws.client import Aws, error_code, error_message
+from clustertool.providers.base import ProvisionRequest
+
+IOPS_RANGE = {"gp3": (3000, 16000), "io1": (100, 64000), "io2": (100, 256000)}
+
+
+@dataclass
+class Prep:
+    aws: Aws
+    adopting: bool = False
+    info: capacity.TypeInfo | None = None
+    azs: list[str] = field(default_factory=list)
+    cidr: tuple[str, str] | None = None
+    adopted: list[dict] = field(default_factory=list)
+
+
+def validate(options: dict, count: int | None) -> None:
+    """Offline checks of the options; each failure is one line naming the flag."""
+    adopting = bool(options.get("adopt_tag") or options.get("adopt_ids"))
+    if options.get("adopt_tag") and options.get("adopt_ids"):
+        raise UsageError("--adopt-tag and --adopt-ids: give one of them, not both")
+    if adopting:
+        if options.get("adopt_tag"):
+            adopt.parse_tag(options["adopt_tag"])
+        else:
+            adopt.parse_ids(options["adopt_ids"])
+        if options.get("instance_type"):
+            raise UsageError("--instance-type does not apply when adopting existing instances")
+        return
+    if not options.get("instance_type"):
+        raise UsageError("--instance-type is required for provider 'aws'", hint="e.g. --instance-type p4d.24xlarge")
+    capacity.check_type_name(options["instance_type"])
+    if not count:
+        raise UsageError("--nodes is required for provider 'aws' (unless adopting)", hint="e.g. --nodes 4")
+    size = int(options.get("volume_size") or 200)
+    if not 8 <= size <= 16384:
+        raise UsageError(f"--volume-size: expected 8-16384 (GB), got {size}")
+    vtype, iops = options.get("volume_type") or "gp3", options.get("iops")
+    if iops is not None:
+        if vtype not in IOPS_RANGE:
+            raise UsageError(f"--iops: volume type {vtype} takes no provisioned IOPS", hint="use gp3, io1 or io2")
+        low, high = IOPS_RANGE[vtype]
+        if not low <= int(iops) <= high:
+            raise UsageError(f"--iops: {vtype} takes {low}-{high} IOPS, got {iops}")
+    if options.get("ssh_cidr"):
+        network.parse_cidr(options["ssh_cidr"])
+
+
+def prepare(request: ProvisionRequest) -> Prep:
+    options = request.cluster.options
+    validate(options, request.count)
+    aws = Aws(region=options.get("region"), profile=options.get("profile"))
+    if options.get("adopt_tag") or options.get("adopt_ids"):
+        return Prep(aws=aws, adopting=True, adopted=adopt.find(aws, options))
+    info = capacity.type_info(aws, options["instance_type"])
+    if options.get("efa"):
+        capacity.check_efa(info)
+    az = options.get("az")
+    if options.get("subnet"):
+        subnet_zone = network.subnet_az(aws, options["subnet"])
+        if az and az != subnet_zone:
+            raise UsageError(f"--subnet {options['subnet']} is in {subnet_zone}, not --az {az}")
+        az = subnet_zone
+    azs = capacity.az_order(aws, info.name, az)
+    cidr = network.ssh_cidr(options.get("ssh_cidr"))
+    if options.get("key_name"):
+        network.check_key_name(aws, options["key_name"])
+    return Prep(aws=aws, info=info, azs=azs, cidr=cidr)
+
+
+def hourly_line(prep: Prep, options: dict, count: int) -> str:
+    spot = pricing.spot(prep.aws, prep.info.name, prep.azs[0] if prep.azs else None) if options.get("spot") else None
+    return pricing.describe_hourly(prep.info.name, count, spot_price=spot, is_spot=bool(options.get("spot")))
+
+
+def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
+    options, name = request.cluster.options, request.cluster.name
+    if prep.adopting:
+        nodes = adopt.to_nodes(prep.adopted, options.get("leader"), request.slots or 1)
+        return [f"adopt {len(nodes)} existing instance(s) in {prep.aws.region} as cluster {name}:"] + [
+            f"  {n.name} ({n.role}): {n.extra['label']} {n.instance_id} {n.address}" for n in nodes] + [
+            "nothing is created; `down` leaves these instances running (unless --terminate-adopted)"]
+    info, count = prep.info, request.count
+    image = images.resolve(prep.aws, options.get("ami"), info.arch)
+    from clustertool.providers.aws.launch import volume
+
+    vol = volume(options)
+    gpus = f"{info.gpus} x {info.gpu_name} GPU(s)" if info.gpus else "no GPUs"
+    lines = [
+        f"cluster {name}: {count} x {info.name} ({gpus}; EFA {'supported' if info.efa else 'not supported'}), "
+        f"{'spot' if options.get('spot') else 'on-demand'}, region {prep.aws.region}",
+        f"Availability Zones to try, in order: {', '.join(prep.azs)} "
+        f"(all {count} in one RunInstances call per zone, MinCount=MaxCount={count})",
+        f"placement group: a new 'cluster' strategy group per attempt, named clustertool-{name}-<az>-<suffix>",
+        f"image: {image.describe()}",
+        f"root volume per node: {vol['VolumeSize']} GB {vol['VolumeType']}"
+        + (f", {vol['Iops']} IOPS" if "Iops" in vol else "") + ", deleted on termination",
+        f"network: {('subnet ' + options['subnet']) if options.get('subnet') else 'default VPC subnet of the zone'}"
+        f"{', EFA interface' if options.get('efa') else ''}, public IP for SSH",
+        f"security group (new, clustertool-{name}-<suffix>):",
+        *[f"  {rule}" for rule in network.describe_rules(prep.cidr[0])],
+        f"  (SSH source from {prep.cidr[1]})",
+        f"key pair: {('existing ' + options['key_name']) if options.get('key_name') else 'import the cluster key as clustertool-' + name + '-<suffix>'}",
+        f"tags: clustertool:cluster={name}, clustertool:role, clustertool:node, Name={name}-leader / {name}-node-K",
+        f"hourly cost: {hourly_line(prep, options, count)}",
+    ]
+    lines += dry_run_checks(prep, request, image)
+    lines.append("dry run: nothing was created")
+    return lines
+
+
+def dry_run_checks(prep: Prep, request: ProvisionRequest, image: images.Image) -> list[str]:
+    """EC2 DryRun=True calls: DryRunOperation means the real call would succeed."""
+    aws, options, info, az = prep.aws, request.cluster.options, prep.info, prep.azs[0]
+    try:
+        subnet, vpc = network.subnet_for(aws, az, options.get("subnet"))
+    except Exception as exc:  # a ToolError: report, do not stop the plan
+        return [f"dry run: no subnet in {az}: {getattr(exc, 'message', exc)}"]
+    from clustertool.providers.aws.launch import launch_params
+
+    params = launch_params(cluster=request.cluster.name, count=request.count, instance_type=info.name, image=image,
+                           subnet=subnet, group_id="", key_name="", az=az, placement_group=None,
+                           options=options, token="dry-run")
+    params["NetworkInterfaces"][0].pop("Groups")
+    params.pop("KeyName")
+    params.pop("ClientToken")
+    checks = [
+        (f"RunInstances of {request.count} x {info.name} in {az}", "run_instances", params),
+        ("CreateSecurityGroup", "create_security_group",
+         {"GroupName": f"clustertool-{request.cluster.name}-dryrun", "Description": "dry run", "VpcId": vpc}),
+        ("CreatePlacementGroup", "create_placement_group",
+         {"GroupName": f"clustertool-{request.cluster.name}-dryrun", "Strategy": "cluster"}),
+    ]
+    return [f"dry run: {label}: {_dry(aws, op, kwargs)}" for label, op, kwargs in checks]
+
+
+def _dry(aws: Aws, op: str, kwargs: dict) -> str:
+    from botocore.exceptions import ClientError
+
+    try:
+        aws.call(op, DryRun=True, **kwargs)
+    except ClientError as exc:
+        if error_code(exc) == "DryRunOperation":
+            return "would succeed"
+        return f"would fail: {error_code(exc)}: {error_message(exc)}"
+    except Exception as exc:  # e.g. an endpoint that lacks the API
+        return f"could not check ({type(exc).__name__})"
+    return "checked (the endpoint ignored DryRun and answered)"

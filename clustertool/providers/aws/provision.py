@@ -1,0 +1,175 @@
+"""The bodies of the provider's verbs: run, wait, query, stop, start, terminate, describe."""
+
+from __future__ import annotations
+
+import time
+
+from clustertool.errors import ProviderError
+from clustertool.model import Cluster, Node
+from clustertool.providers.aws import adopt, images, launch, network, pricing, teardown
+from clustertool.providers.aws import instances as inst_mod
+from clustertool.providers.aws.client import Aws
+from clustertool.providers.aws.prepare import Prep
+from clustertool.providers.base import ProvisionRequest
+
+
+def session_for(cluster: Cluster) -> Aws:
+    ps, opts = cluster.provider_state, cluster.options
+    return Aws(region=ps.get("region") or opts.get("region"), profile=opts.get("profile"))
+
+
+def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
+    cluster, report = request.cluster, request.report
+    ps = cluster.provider_state
+    ps["region"] = prep.aws.region
+    request.save()
+    if prep.adopting:
+        return _adopt(request, prep)
+    record = launch.recorder(cluster, request.save)
+    suffix = ps.setdefault("suffix", launch.new_suffix())
+    info, aws = prep.info, prep.aws
+    ps["instance_type"] = info.name
+    request.save()
+    image = images.resolve(aws, cluster.options.get("ami"), info.arch)
+    report(f"image: {image.describe()}")
+    cidr, source = prep.cidr
+    report(f"SSH allowed from {cidr} ({source})")
+    if cidr in ("0.0.0.0/0", "::/0"):
+        report("warning: SSH is open to the whole internet, as --ssh-cidr asked")
+    _, vpc = network.subnet_for(aws, prep.azs[0], cluster.options.get("subnet"))
+    group_id = network.create_security_group(aws, cluster.name, suffix, vpc, cidr, record)
+    key_name = cluster.options.get("key_name") or network.import_key_pair(
+        aws, cluster.name, suffix, request.public_key, record)
+    az, launched = launch.launch_in_order(aws, cluster, count=request.count, info=info, image=image, azs=prep.azs,
+                                          group_id=group_id, key_name=key_name, suffix=suffix, record=record,
+                                          report=report)
+    ps["az"] = az
+    ps["slots"] = request.slots or info.gpus or 1
+    request.save()
+    ordered = launch.tag_nodes(aws, cluster.name, launched)
+    report(f"launched {len(ordered)} x {info.name} in {az}; hourly: {_hourly(aws, cluster, len(ordered))}")
+    return inst_mod.nodes_from_tags(ordered, ps["slots"])
+
+
+def _adopt(request: ProvisionRequest, prep: Prep) -> list[Node]:
+    cluster = request.cluster
+    found = prep.adopted
+    if request.count and request.count != len(found):
+        raise ProviderError(f"--nodes {request.count} but {len(found)} instance(s) matched for adoption")
+    cluster.provider_state["adopted"] = [i["InstanceId"] for i in found]
+    types = sorted({i.get("InstanceType", "") for i in found})
+    cluster.provider_state["instance_type"] = types[0] if len(types) == 1 else ""
+    slots = request.slots or _gpus(prep.aws, types) or 1
+    cluster.provider_state["slots"] = slots
+    if cluster.options.get("key"):
+        cluster.ssh_key = cluster.options["key"]
+    request.save()
+    zones = sorted({i.get("Placement", {}).get("AvailabilityZone", "") for i in found})
+    request.report(f"adopted {len(found)} instance(s) ({', '.join(types)}) in {', '.join(zones)}; "
+                   "down will leave them running")
+    if len(zones) > 1:
+        request.report("warning: the adopted instances span several Availability Zones (slower, and "
+                       "cross-AZ traffic is billed)")
+    return adopt.to_nodes(found, cluster.options.get("leader"), slots)
+
+
+def _gpus(aws: Aws, types: list[str]) -> int:
+    from clustertool.providers.aws import capacity
+
+    counts = {capacity.type_info(aws, t).gpus for t in types if t}
+    return counts.pop() if len(counts) == 1 else 0
+
+
+def wait(cluster: Cluster) -> list[Node]:
+    """Until running and status checks pass, then (unless no_ssh) until SSH answers; host keys from
+    the console output when it has them."""
+    aws = session_for(cluster)
+    ids = inst_mod.ids_of(cluster.nodes)
+    inst_mod.wait_for_state(aws, ids, {"running"}, what="running",
+                            bad={"terminated", "shutting-down", "stopped", "stopping"})
+    inst_mod.wait_status_ok(aws, ids)
+    nodes = inst_mod.refresh(aws, cluster.nodes)
+    for node in nodes:
+        if not node.host_keys and node.instance_id:
+            node.host_keys = inst_mod.console_host_keys(aws, node.instance_id)
+    if not cluster.options.get("no_ssh"):
+        inst_mod.wait_ssh_port([n.reach_host for n in nodes], port=nodes[0].ssh_port if nodes else 22)
+    return nodes
+
+
+def query(cluster: Cluster) -> list[Node]:
+    return inst_mod.refresh(session_for(cluster), [Node.from_dict(n.to_dict()) for n in cluster.nodes])
+
+
+def _refuse_spot(cluster: Cluster, verb: str) -> None:
+    if cluster.options.get("spot"):
+        raise ProviderError(f"cannot {verb} one-time spot instances", hint="`clustertool down` them instead")
+
+
+def stop(cluster: Cluster) -> None:
+    _refuse_spot(cluster, "stop")
+    aws = session_for(cluster)
+    ids = inst_mod.ids_of(cluster.nodes)
+    from clustertool.providers.aws.client import aws_errors
+
+    with aws_errors("stopping instances"):
+        aws.call("stop_instances", InstanceIds=ids)
+    inst_mod.wait_for_state(aws, ids, {"stopped"}, what="stopped", bad={"terminated", "shutting-down"})
+
+
+def start(cluster: Cluster) -> list[Node]:
+    _refuse_spot(cluster, "start")
+    aws = session_for(cluster)
+    ids = inst_mod.ids_of(cluster.nodes)
+    from clustertool.providers.aws.client import aws_errors
+
+    with aws_errors("starting instances"):
+        aws.call("start_instances", InstanceIds=ids)
+    inst_mod.wait_for_state(aws, ids, {"running"}, what="running", bad={"terminated", "shutting-down"})
+    return inst_mod.refresh(aws, cluster.nodes)  # public addresses change across stop/start
+
+
+def terminate(cluster: Cluster, report=lambda line: None) -> list[str]:
+    """Everything the cluster made, found by tags and state; adopted instances only when asked."""
+    aws = session_for(cluster)
+    owned = teardown.owned(aws, cluster)
+    lines: list[str] = []
+    if owned.instances and cluster.provider_state.get("instance_type"):
+        lines.append(f"stopping the bill of {_hourly(aws, cluster, len(owned.instances))}")
+    removed = teardown.remove(aws, owned, report)
+    lines += removed
+    adopted = cluster.provider_state.get("adopted", [])
+    if adopted and not cluster.options.get("terminate_adopted"):
+        lines.append(f"left {len(adopted)} adopted instance(s) running: {', '.join(adopted)} "
+                     "(down --terminate-adopted terminates them)")
+    if not removed:
+        lines.append("nothing of this cluster was left in AWS")
+    return lines
+
+
+def _hourly(aws: Aws | None, cluster: Cluster, count: int) -> str:
+    ps, opts = cluster.provider_state, cluster.options
+    itype = ps.get("instance_type") or ""
+    spot = pricing.spot(aws, itype, ps.get("az")) if opts.get("spot") and aws is not None else None
+    return pricing.describe_hourly(itype, count, spot_price=spot, is_spot=bool(opts.get("spot")))
+
+
+def describe(cluster: Cluster) -> dict:
+    """Status lines: hourly price and the cost so far since launch."""
+    ps, opts = cluster.provider_state, cluster.options
+    itype, count = ps.get("instance_type") or "", len(cluster.nodes)
+    if not itype:
+        return {"hourly price": "unknown (mixed or unknown instance types)"}
+    spot = None
+    if opts.get("spot"):
+        try:
+            spot = pricing.spot(session_for(cluster), itype, ps.get("az"))
+        except Exception:  # status still works without the spot price
+            spot = None
+    total, basis = pricing.hourly(itype, count, spot_price=spot, is_spot=bool(opts.get("spot")))
+    hourly = f"${total:,.2f}/h ({basis})" if total is not None else basis
+    since = cluster.created or time.time()
+    out = {"hourly price": hourly, "cost so far": pricing.cost_so_far(total, since)}
+    if cluster.provider_state.get("adopted"):
+        out["note"] = "adopted instances: billed to you whether or not the cluster exists"
+    return out
