@@ -298,8 +298,11 @@ def start(name: str, *, report: Report = lambda m: None) -> Cluster:
         cluster.nodes = provider.start_instances(cluster)
         cluster.nodes = provider.wait_instances(cluster)
         write_hostfile(cluster)
-        wire(cluster)
-        cluster.status = "ready"
+        if cluster.options.get("no_ssh"):  # brought up with --no-ssh: nothing to re-wire
+            cluster.status = "provisioned"
+        else:
+            wire(cluster)
+            cluster.status = "ready"
         state.save(cluster)
         return cluster
 
