@@ -17,6 +17,8 @@ from clustertool.scaling import Launcher, mpirun_argv
 
 
 def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None) -> Launcher:
+    """Every rank also gets CLUSTERTOOL_LEADER_ADDR (e.g. for torch.distributed's MASTER_ADDR)."""
+    env = [f"CLUSTERTOOL_LEADER_ADDR={cluster.leader.address}", *env]
     try:
         import clustertool.jobs.launch  # noqa: F401
     except ImportError:

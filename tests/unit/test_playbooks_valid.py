@@ -1,0 +1,38 @@
+"""Every playbook shipped in playbooks/ validates against the commands this build has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clustertool import playbook
+from clustertool.cli.play import resolver
+
+pytestmark = pytest.mark.unit
+
+PLAYBOOKS = sorted((Path(__file__).resolve().parents[2] / "playbooks").glob("*.yaml"))
+REQUIRED = {"cluster": "example", "url": "s3://example-bucket/dataset"}
+
+
+def test_the_shipped_playbooks_are_there():
+    names = {p.name for p in PLAYBOOKS}
+    assert {"quickstart-local.yaml", "resnet50-synthetic.yaml", "dataset-from-s3.yaml",
+            "allreduce-sweep.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", PLAYBOOKS, ids=lambda p: p.name)
+def test_playbook_validates(path):
+    declared = playbook.yaml_load(path.read_text()).get("vars") or {}
+    overrides = {k: REQUIRED.get(k, "placeholder") for k, v in declared.items() if v is None}
+    book = playbook.load(path, overrides, resolver)
+    assert book.steps
+    for step in book.steps + book.always:
+        assert step.argv[: len(step.command)] == list(step.command)
+
+
+def test_quickstart_ends_with_down_and_reports_scaling():
+    book = playbook.load(Path(PLAYBOOKS[0]).with_name("quickstart-local.yaml"), {}, resolver)
+    assert [s.command for s in book.always] == [("down",)]
+    scaling = [s for s in book.steps if s.command == ("bench", "scaling")][0]
+    assert "--chart" in scaling.argv and "--csv" in scaling.argv
