@@ -47,6 +47,7 @@ ct_coll_t* ct_coll_connect(ct_handle_t* const* handles, int nranks, int rank, in
   c->algo = (int)handles[0]->algo;              /* rank 0's settings win, so all agree */
   c->nsocks = (int)handles[0]->nsocks;
   c->chunk_cfg = handles[0]->chunk_bytes;
+  c->lockstep = handles[0]->sched == 0;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   size_t nfd = (size_t)nranks * (size_t)c->nsocks;
@@ -75,6 +76,15 @@ ct_coll_t* ct_coll_connect(ct_handle_t* const* handles, int nranks, int rank, in
     }
     c->fds[h.rank * (uint32_t)c->nsocks + h.sock] = fd;
     need--;
+  }
+  /* A small send buffer makes send() return only as the data leaves, so the
+   * lock-step order (peer me+1, me+2, ...) is the order on the wire: every node
+   * talks to one peer at a time and no receiver is flooded by all at once. */
+  long sndbuf = ct_env_long("CLUSTERTOOL_SNDBUF", 128 * 1024, 0, 1L << 30);
+  if (sndbuf > 0 && !getenv("CLUSTERTOOL_SOCKBUF")) {
+    int b = (int)sndbuf;
+    for (size_t i = 0; i < nfd; i++)
+      if (c->fds[i] >= 0) setsockopt(c->fds[i], SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
   }
   if (start_threads(c)) goto fail;
   CT_INFO("collnet rank %d/%d connected: algo=%s socks/peer=%d chunk=%zu", rank, nranks,

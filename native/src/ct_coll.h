@@ -42,7 +42,7 @@ typedef struct ct_op {
 } ct_op_t;
 
 typedef struct ct_coll {
-  int rank, nranks, nsocks, algo;
+  int rank, nranks, nsocks, algo, lockstep;
   size_t chunk_cfg;
   int* fds;                    /* [peer * nsocks + s] */
   int nthreads;

@@ -95,6 +95,49 @@ static int sharded_send(ct_worker_t* w, ct_op_t* op) {
   return 0;
 }
 
+/* Lock-step schedule: one thread per socket index sends to every peer in turn,
+ * chunk by chunk: phase-1 chunk c to peers me+1, me+2, ..., then every reduced
+ * chunk that is ready to all peers. Every peer's shard advances at the same pace,
+ * so reductions never wait on one slow stream and the link never idles while
+ * one peer's data is late. */
+static int sharded_send_lockstep(ct_worker_t* w, ct_op_t* op) {
+  ct_coll_t* c = w->c;
+  int me = c->rank, n = c->nranks, ns = c->nsocks;
+  size_t n2 = op->has_p2 ? nch(op, op->len[me]) : 0, nmax = 0;
+  if (op->has_p1)
+    for (int p = 0; p < n; p++) nmax = nch(op, op->len[p]) > nmax ? nch(op, op->len[p]) : nmax;
+  size_t c1 = (size_t)w->sock, c2 = (size_t)w->sock;
+  while (c1 < nmax || c2 < n2) {
+    if (c1 < nmax) {
+      for (int j = 1; j < n; j++) {
+        int p = (me + j) % n;
+        if (c1 >= nch(op, op->len[p])) continue;
+        if (send_msg(c->fds[p * ns + w->sock], op, 1, (uint32_t)c1, op->p1_src + op->off[p] + c1 * op->chunk,
+                     clen(op, op->len[p], c1)))
+          return -1;
+      }
+      c1 += (size_t)ns;
+    }
+    for (;;) {
+      if (c2 >= n2) break;
+      pthread_mutex_lock(&c->mu);
+      if (c1 >= nmax) WAIT_UNTIL(c, !op->has_p1 || (size_t)op->reduced > c2);
+      int ready = !op->has_p1 || (size_t)op->reduced > c2, bad = c->error || c->shutdown;
+      pthread_mutex_unlock(&c->mu);
+      if (bad) return -1;
+      if (!ready) break;
+      for (int j = 1; j < n; j++) {
+        int p = (me + j) % n;
+        if (send_msg(c->fds[p * ns + w->sock], op, 2, (uint32_t)c2, op->p2_src + c2 * op->chunk,
+                     clen(op, op->len[me], c2)))
+          return -1;
+      }
+      c2 += (size_t)ns;
+    }
+  }
+  return 0;
+}
+
 static size_t count_mine(size_t total, int s, int ns) {
   return total > (size_t)s ? (total - (size_t)s + (size_t)ns - 1) / (size_t)ns : 0;
 }
@@ -229,6 +272,7 @@ static int run_part(ct_worker_t* w, ct_op_t* op) {
     if (w->role == 1 && w->peer == mod(c->rank - 1, n)) return ring_recv(w, op);
     return 0;
   }
+  if (w->role == 0 && c->lockstep) return w->peer == mod(c->rank + 1, n) ? sharded_send_lockstep(w, op) : 0;
   if (w->role == 0) return sharded_send(w, op);
   if (w->role == 1) return sharded_recv(w, op);
   return op->has_p1 ? sharded_reduce(w, op) : 0;

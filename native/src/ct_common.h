@@ -43,6 +43,7 @@ typedef struct {
   uint32_t nsocks;           /* collnet: sockets per peer */
   uint64_t chunk_bytes;      /* collnet: pipeline chunk */
   uint64_t nonce;
+  uint32_t sched;            /* collnet sharded: 0 lock-step, 1 free-running */
 } ct_handle_t;
 _Static_assert(sizeof(ct_handle_t) <= NCCL_NET_HANDLE_MAXSIZE, "handle fits NCCL's");
 #define CT_HANDLE_MAGIC 0x43544e31u /* "CTN1" */
