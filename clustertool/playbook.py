@@ -15,6 +15,7 @@
       - doctor                                      # a command with no keys
     always:
       - down                                        # runs after a failure or Ctrl-C too
+    report: [results/scaling.csv, results/scaling.png]  # shown at the end (CSV as a table)
 
 Everything is checked before anything runs; a problem is one line naming the step and key.
 ``${name}`` is replaced by the variable (a value that is only ``${name}`` keeps its type);
@@ -34,7 +35,7 @@ from clustertool.errors import SpecError
 from clustertool.playbook_steps import (GROUPS, KNOWN_COMMANDS, CommandSpec, Resolver, ValueProblem,
                                         generic_argv, param_argv, suggest)
 
-TOP_KEYS = ("name", "description", "vars", "cluster", "on_failure", "steps", "always")
+TOP_KEYS = ("name", "description", "vars", "cluster", "on_failure", "steps", "always", "report")
 CONTROL_KEYS = ("name", "when", "on_failure", "timeout")
 ON_FAILURE = ("down", "keep", "continue")
 VAR_RE = re.compile(r"\$\$|\$\{([^}]*)\}")
@@ -74,6 +75,7 @@ class Playbook:
     cluster: str | None = None
     steps: list[Step] = field(default_factory=list)
     always: list[Step] = field(default_factory=list)
+    report: list[str] = field(default_factory=list)  # files shown at the end (CSV as a table)
 
 
 def builtin_vars(path: Path) -> dict[str, Any]:
@@ -130,6 +132,10 @@ def parse(data: Any, source: str, overrides: dict[str, Any], resolver: Resolver 
                     description=str(data.get("description") or ""), vars=variables)
     if data.get("cluster") is not None:
         book.cluster = str(substitute(data["cluster"], variables, f"{source}: key 'cluster'"))
+    report = substitute(data.get("report") or [], variables, f"{source}: key 'report'")
+    if not isinstance(report, list) or not all(isinstance(r, str) for r in report):
+        raise _err(source, "key 'report' must be a list of file paths")
+    book.report = report
     default = data.get("on_failure", "down")
     if default not in ON_FAILURE:
         raise _err(source, f"key 'on_failure' expects one of {', '.join(ON_FAILURE)}, got {default!r}")

@@ -235,9 +235,12 @@ def to_csv(report_: Report) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["nodes", "ranks", "throughput", "speedup", "efficiency", "seconds", "exit_code", "error"])
+    def num(v, digits):
+        return "" if v is None else round(v, digits)
+
     for p in report_.points:
-        writer.writerow([p.nodes, p.ranks, p.throughput, p.speedup, p.efficiency, round(p.seconds, 3),
-                         p.exit_code, p.error or ""])
+        writer.writerow([p.nodes, p.ranks, num(p.throughput, 1), num(p.speedup, 3), num(p.efficiency, 3),
+                         round(p.seconds, 1), p.exit_code, p.error or ""])
     return buf.getvalue()
 
 

@@ -40,6 +40,7 @@ def scaling(
 
     sizes = core.parse_sizes(nodes)
     c = state.load(cluster_name(cluster))
+    _warn_shared_cpus(c, sizes, per_node)
     on_line = None if quiet else render.live_line
     launch = launcher(c, env=env, timeout=timeout, on_line=on_line)
     result = core.run_scaling(c, sizes, per_node, command, launch=launch, regex=metric_regex,
@@ -55,6 +56,19 @@ def scaling(
 
         typer.echo(f"chart: {write_chart(result, chart)}")
     raise typer.Exit(0 if result.ok else 1)
+
+
+def _warn_shared_cpus(cluster, sizes, per_node) -> None:
+    """Local nodes share this machine's CPUs: past that many ranks, throughput cannot grow."""
+    import os
+
+    from clustertool import render
+
+    ranks = max(sizes) * (per_node or 1)
+    cpus = os.cpu_count() or 1
+    if cluster.provider == "local" and ranks > cpus:
+        render.info(f"note: local nodes share this machine's {cpus} CPU(s); at {ranks} ranks they compete "
+                    f"for them, so scaling past {cpus} rank(s) measures the CPU limit, not the network")
 
 
 def register(app: typer.Typer) -> None:

@@ -110,10 +110,29 @@ def play(
     result = playbook_run.run(book, on_event=events, step_stdout=sys.stderr if json_output else None,
                               notify=render.info)
     if json_output:
-        render.print_json(result)
+        render.print_json({**render.to_jsonable(result), "report": book.report})
     else:
         _summary(result)
+        _report(book.report)
     raise typer.Exit(result.exit_code)
+
+
+def _report(paths: List[str]) -> None:
+    """The playbook's report: files made by its steps; a CSV shown as a table."""
+    import csv
+    from pathlib import Path
+
+    from clustertool import render
+
+    for path in map(Path, paths):
+        if not path.is_file():
+            typer.echo(f"report: {path} (not made)")
+        elif path.suffix == ".csv":
+            rows = list(csv.reader(path.open()))
+            if rows:
+                render.table(rows[0], rows[1:], title=str(path))
+        else:
+            typer.echo(f"report: {path} ({path.stat().st_size // 1024 or 1} KiB)")
 
 
 def _print_plan(book, json_output: bool) -> None:
