@@ -138,7 +138,7 @@ def _report(paths: List[str]) -> None:
 def _print_plan(book, json_output: bool) -> None:
     from clustertool import render
 
-    rows = [(s.label, s.display if s.run else f"skipped (when: {s.when})", "" if s.installed else "not installed: keys not checked")
+    rows = [(s.label, s.display if s.run else f"skipped (when: {str(s.when).lower()})", "" if s.installed else "not installed: keys not checked")
             for s in book.steps + book.always]
     if json_output:
         render.print_json({"playbook": book.name, "vars": {k: v for k, v in book.vars.items()},

@@ -99,3 +99,22 @@ def test_command_missing_from_this_build_fails_at_its_turn_with_a_clear_reason(s
     parsed = playbook.parse(playbook.yaml_load("steps:\n  - doctor\n"), "pb.yaml", {}, lambda path: None, {})
     result = playbook_run.run(parsed)
     assert result.reason == "this clustertool has no 'doctor' command"
+
+
+def test_failure_without_a_down_step_still_tears_down_a_cluster_that_exists(sh_steps, ct_env):
+    from clustertool import state
+    from clustertool.model import Cluster
+
+    state.save(Cluster("made-by-up", "local"))
+    result = playbook_run.run(book("cluster: made-by-up\nsteps:\n  - exec: {command: 'exit 1'}\n"))
+    assert statuses(result)[-1] == ("always step 1 (down (on failure))", "ok")
+    assert result.outcomes[-1].command == "clustertool down -c made-by-up --yes"
+
+
+def test_success_without_a_down_step_keeps_the_cluster(sh_steps, ct_env):
+    from clustertool import state
+    from clustertool.model import Cluster
+
+    state.save(Cluster("kept", "local"))
+    result = playbook_run.run(book("cluster: kept\nsteps:\n  - exec: {command: 'true'}\n"))
+    assert statuses(result) == [("step 1 (exec)", "ok")]
