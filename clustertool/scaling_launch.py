@@ -16,17 +16,21 @@ from clustertool.errors import ToolError
 from clustertool.scaling import Launcher, mpirun_argv
 
 
-def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None) -> Launcher:
+def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
+             plugin: bool = False) -> Launcher:
     """Every rank also gets CLUSTERTOOL_LEADER_ADDR (e.g. for torch.distributed's MASTER_ADDR)."""
     env = [f"CLUSTERTOOL_LEADER_ADDR={cluster.leader.address}", *env]
     try:
         import clustertool.jobs.launch  # noqa: F401
     except ImportError:
+        if plugin:
+            raise ToolError("--plugin needs the jobs part of clustertool (clustertool.jobs)") from None
         return leader_launcher(cluster, env=env, timeout=timeout, on_line=on_line)
-    return jobs_launcher(cluster, env=env, timeout=timeout, on_line=on_line)
+    return jobs_launcher(cluster, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
 
 
-def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None) -> Launcher:
+def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
+                  plugin: bool = False) -> Launcher:
     from clustertool.jobs import kill as jobs_kill
     from clustertool.jobs import launch as jobs
     from clustertool.jobs.mpirun import MpiOptions
@@ -35,7 +39,7 @@ def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = N
         opts = MpiOptions(command=list(argv), per_node=per_node, env=list(env))
         try:
             started = jobs.run(cluster.name, opts, selection=",".join(n.name for n in nodes),
-                               name=f"scaling-{len(nodes)}n")
+                               name=f"scaling-{len(nodes)}n", use_plugin=plugin)
         except ToolError as exc:
             return None, "", exc.message
         lines: list[str] = []

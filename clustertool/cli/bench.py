@@ -26,6 +26,7 @@ def scaling(
     chart: Optional[Path] = typer.Option(None, "--chart", help="Write a PNG chart (throughput and efficiency vs ranks) here."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Keep each size's full output here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not stream the job's output."),
+    plugin: bool = typer.Option(False, "--plugin", help="Run with the deployed NCCL plugin's environment (as `run --plugin`)."),
     cluster: Optional[str] = ClusterOpt,
 ) -> None:
     """Run the same job at several cluster sizes and report throughput, speedup and scaling efficiency.
@@ -42,7 +43,7 @@ def scaling(
     c = state.load(cluster_name(cluster))
     _warn_shared_cpus(c, sizes, per_node)
     on_line = None if quiet else render.live_line
-    launch = launcher(c, env=env, timeout=timeout, on_line=on_line)
+    launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
     result = core.run_scaling(c, sizes, per_node, command, launch=launch, regex=metric_regex,
                               log_dir=log_dir, report=render.info)
     render.table(core.COLUMNS, core.rows(result), title=f"scaling on {c.name}: {result.command}")
