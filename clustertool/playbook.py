@@ -162,16 +162,13 @@ def resolve_vars(declared: Any, overrides: dict[str, Any], builtins: dict[str, A
     if unknown:
         raise _err(source, f"--var {unknown[0]}: the playbook has no such variable"
                            f"{suggest(unknown[0], list(declared) + list(builtins))}")
-    values = dict(builtins)
+    values = {**builtins, **overrides}  # a var's value may use earlier vars and any --var
     for name, value in declared.items():
         if name in overrides:
-            values[name] = overrides[name]
-        elif value is None:
+            continue
+        if value is None:
             raise _err(source, f"variable {name!r} has no value: pass --var {name}=VALUE")
-        else:
-            values[name] = substitute(value, values, f"{source}: variable {name!r}")
-    for name in overrides:
-        values[name] = overrides[name]
+        values[name] = substitute(value, values, f"{source}: variable {name!r}")
     return values
 
 

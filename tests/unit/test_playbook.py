@@ -200,3 +200,9 @@ def test_builtin_python_and_workloads_vars(tmp_path):
     path.write_text("steps:\n  - exec: {command: '${python} ${workloads}/train_mlp.py --steps 1'}\n")
     argv = playbook.load(path, {}, resolver).steps[0].argv
     assert argv[-1].endswith("clustertool/workloads/train_mlp.py --steps 1")
+
+
+def test_vars_use_earlier_vars_and_overrides():
+    text = "vars: {out: 'results/${cluster}', cluster: qs}\nsteps:\n  - exec: {command: 'ls ${out}'}\n"
+    assert parse(text, cluster="big").steps[0].argv[-1] == "ls results/big"
+    assert "variable 'cluster' is not defined" in problem(text)
