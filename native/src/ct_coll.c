@@ -125,7 +125,7 @@ void ct_coll_close(ct_coll_t* c) {
 /* Chunk size for an op: the configured chunk, smaller for small shards so each
  * socket still sees a few chunks to pipeline; a multiple of the element size. */
 static size_t op_chunk(const ct_coll_t* c, size_t maxlen, size_t esz) {
-  size_t want = maxlen / (size_t)(4 * c->nsocks);
+  size_t want = maxlen / (size_t)(16 * c->nsocks);
   if (want < 65536) want = 65536;
   size_t ch = c->chunk_cfg < want ? c->chunk_cfg : want;
   ch -= ch % esz;
