@@ -20,6 +20,7 @@ from clustertool.errors import ProviderError, ToolError, UsageError
 
 Hook = Callable[[str, str, dict, Callable[[], Any]], Any]
 HOOKS: list[Hook] = []
+_LOADER: list[Any] = []
 
 CREDENTIAL_CODES = {"AuthFailure", "InvalidClientTokenId", "SignatureDoesNotMatch", "UnrecognizedClientException",
                     "ExpiredToken", "RequestExpired", "InvalidAccessKeyId", "ExpiredTokenException"}
@@ -50,14 +51,20 @@ class Aws:
 
     def __init__(self, region: str | None = None, profile: str | None = None):
         import boto3
+        import botocore.session
         from botocore.exceptions import ProfileNotFound
 
+        core = botocore.session.Session()
+        if _LOADER:  # service models are parsed once per process, not once per session
+            core.register_component("data_loader", _LOADER[0])
+        else:
+            _LOADER.append(core.get_component("data_loader"))
         try:
-            self.session = boto3.session.Session(profile_name=profile, region_name=region)
+            self.session = boto3.session.Session(botocore_session=core, profile_name=profile, region_name=region)
+            self.region = self.session.region_name
         except ProfileNotFound:
             raise UsageError(f"AWS profile {profile!r} not found",
                              hint="list profiles with `aws configure list-profiles`") from None
-        self.region = self.session.region_name
         self.profile = profile
         if not self.region:
             raise UsageError("no AWS region given",
