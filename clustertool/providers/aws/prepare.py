@@ -60,7 +60,9 @@ def prepare(request: ProvisionRequest) -> Prep:
     validate(options, request.count)
     aws = Aws(region=options.get("region"), profile=options.get("profile"))
     if options.get("adopt_tag") or options.get("adopt_ids"):
-        return Prep(aws=aws, adopting=True, adopted=adopt.find(aws, options))
+        found = adopt.find(aws, options)
+        adopt.to_nodes(found, options.get("leader"), 1)  # --leader must name one of them
+        return Prep(aws=aws, adopting=True, adopted=found)
     info = capacity.type_info(aws, options["instance_type"])
     if options.get("efa"):
         capacity.check_efa(info)

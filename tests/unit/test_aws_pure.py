@@ -1,0 +1,114 @@
+"""Pure parts of the aws provider: request building, parsing, prices, CIDRs (no AWS, no moto)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from clustertool.errors import UsageError
+from clustertool.providers.aws import adopt, instances, launch, network, pricing
+from clustertool.providers.aws.client import hint_for
+from clustertool.providers.aws.images import Image
+
+pytestmark = pytest.mark.unit
+IMAGE = Image("ami-1", "dlami", "/dev/sda1", "test")
+
+
+def _params(**options):
+    return launch.launch_params(cluster="c", count=4, instance_type="p4d.24xlarge", image=IMAGE, subnet="subnet-1",
+                                group_id="sg-1", key_name="k", az="us-east-1b", placement_group="pg",
+                                options=options, token="tok")
+
+
+def test_launch_params_ask_for_all_n_at_once_in_one_az_and_group():
+    p = _params()
+    assert (p["MinCount"], p["MaxCount"]) == (4, 4)
+    assert p["Placement"] == {"AvailabilityZone": "us-east-1b", "GroupName": "pg"}
+    assert p["NetworkInterfaces"][0]["Groups"] == ["sg-1"] and "InterfaceType" not in p["NetworkInterfaces"][0]
+    assert p["BlockDeviceMappings"] == [{"DeviceName": "/dev/sda1", "Ebs": {
+        "VolumeSize": 200, "VolumeType": "gp3", "DeleteOnTermination": True, "Iops": 10000}}]
+    assert "InstanceMarketOptions" not in p
+    tags = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]} for s in p["TagSpecifications"]}
+    assert tags["instance"] == {"clustertool:cluster": "c", "clustertool:role": "member"}
+    assert tags["volume"] == {"clustertool:cluster": "c"}
+
+
+def test_launch_params_efa_spot_io1_and_gp2():
+    p = _params(efa=True, spot=True, volume_type="io1", iops=20000, volume_size=500)
+    assert p["NetworkInterfaces"][0]["InterfaceType"] == "efa"
+    assert p["InstanceMarketOptions"]["MarketType"] == "spot"
+    assert p["BlockDeviceMappings"][0]["Ebs"]["Iops"] == 20000 and p["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
+    assert "Iops" not in _params(volume_type="gp2")["BlockDeviceMappings"][0]["Ebs"]
+
+
+@pytest.mark.parametrize("text, cidr", [("203.0.113.7", "203.0.113.7/32"), ("10.0.0.0/8", "10.0.0.0/8"),
+                                        ("10.1.2.3/8", "10.0.0.0/8"), ("2001:db8::1", "2001:db8::1/128")])
+def test_parse_cidr_accepts_addresses_and_blocks(text, cidr):
+    assert network.parse_cidr(text) == cidr
+
+
+@pytest.mark.parametrize("text", ["", "10.0.0.300/8", "foo", "10.0.0.0/33", "0.0.0.0/0 ; rm -rf"])
+def test_parse_cidr_rejects_garbage(text):
+    with pytest.raises(UsageError):
+        network.parse_cidr(text)
+
+
+def test_security_rules_are_self_reference_and_ssh_from_the_cidr_only():
+    rules = network.security_rules("sg-9", "203.0.113.7/32")
+    assert rules[0] == {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-9", "Description": "cluster members"}]}
+    assert rules[1]["FromPort"] == rules[1]["ToPort"] == 22
+    assert rules[1]["IpRanges"][0]["CidrIp"] == "203.0.113.7/32"
+    assert "Ipv6Ranges" in network.security_rules("sg-9", "2001:db8::/64")[1]
+
+
+def test_caller_cidr_uses_the_env_override_then_a_public_ssh_client(monkeypatch):
+    monkeypatch.setenv("CLUSTERTOOL_MY_IP", "198.51.100.4")
+    assert network.caller_cidr()[0] == "198.51.100.4/32"
+    monkeypatch.delenv("CLUSTERTOOL_MY_IP")
+    monkeypatch.setattr(network, "_route_source", lambda: None)
+    monkeypatch.setenv("SSH_CONNECTION", "8.8.4.4 51000 10.0.0.5 22")
+    assert network.caller_cidr()[0] == "8.8.4.4/32"
+    monkeypatch.setenv("SSH_CONNECTION", "192.168.1.9 51000 10.0.0.5 22")
+    assert network.caller_cidr() is None
+
+
+def test_host_keys_come_from_the_cloud_init_console_block():
+    console = ("boot...\n-----BEGIN SSH HOST KEY KEYS-----\n"
+               "ecdsa-sha2-nistp256 AAAAE2V root@ip-1\nssh-ed25519 AAAAC3Nz root@ip-1\n"
+               "-----END SSH HOST KEY KEYS-----\nlogin:")
+    assert instances.host_keys_from_console(console) == ["ecdsa-sha2-nistp256 AAAAE2V", "ssh-ed25519 AAAAC3Nz"]
+    assert instances.host_keys_from_console("no keys here") == []
+
+
+def test_adopt_parsers():
+    assert adopt.parse_tag("Name=john,paul, george ,ringo") == ("Name", ["john", "paul", "george", "ringo"])
+    assert adopt.parse_ids("i-0123456789abcdef0,i-01234567") == ["i-0123456789abcdef0", "i-01234567"]
+    for bad in ("Name=", "=x", "john"):
+        with pytest.raises(UsageError):
+            adopt.parse_tag(bad)
+    with pytest.raises(UsageError):
+        adopt.parse_ids("i-1;reboot")
+
+
+def test_prices_say_their_basis_and_multiply_by_count():
+    total, basis = pricing.hourly("p4d.24xlarge", 4)
+    assert round(total, 2) == 131.09 and "approximate us-east-1" in basis
+    assert pricing.hourly("x9.huge", 2)[0] is None
+    assert pricing.hourly("p4d.24xlarge", 2, spot_price=10.0, is_spot=True)[0] == 20.0
+    assert pricing.cost_so_far(10.0, 1000.0, now=1000.0 + 1800) .startswith("$5.00")
+
+
+@pytest.mark.parametrize("code, words", [("AuthFailure", "credentials"), ("UnauthorizedOperation", "IAM"),
+                                         ("VcpuLimitExceeded", "quota"), ("InsufficientInstanceCapacity", "capacity"),
+                                         ("InvalidInstanceType", "instance type"), ("RequestLimitExceeded", "throttling")])
+def test_every_error_class_has_a_hint(code, words):
+    assert words in hint_for(code)
+
+
+def test_help_and_provider_import_do_not_import_boto3():
+    code = ("import sys; from clustertool.cli import app; import clustertool.providers.aws; "
+            "app.run(['up', '--help']); print('boto3' in sys.modules, file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stderr.strip().splitlines()[-1] == "False"
