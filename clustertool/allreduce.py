@@ -1,0 +1,120 @@
+"""`bench allreduce`: collnet_bench across the cluster with mpirun, parsed into rows.
+
+The deployed collnet_bench (next to the plugin) runs one rank per node and prints an
+all_reduce_perf-style table for the plugin's algorithms and for Open MPI's own
+MPI_Allreduce on the same ranks.  Rows can become a tuner table (tuner CSV).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from clustertool.errors import UsageError
+
+ALGOS = ("sharded", "ring", "mpi")
+DTYPES = ("float", "half", "bfloat16", "double", "int32", "uint32", "int64", "uint64", "int8", "uint8")
+COLUMNS = ("size", "count", "type", "redop", "algo", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong")
+_ROW_RE = re.compile(r"(\d+)\s+(\d+)\s+([a-z0-9]+)\s+(sum|prod|max|min)\s+(sharded|ring|mpi)\s+"
+                     r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(-?\d+)\s*$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+@dataclass
+class Row:
+    size: int
+    count: int
+    dtype: str
+    redop: str
+    algo: str
+    time_us: float
+    algbw: float
+    busbw: float
+    wrong: int
+
+
+def parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgKMG]?)i?[bB]?\s*", text)
+    if not m:
+        raise UsageError(f"not a size: {text!r}", hint="use e.g. 1M, 64K, 1G or a byte count")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def parse_sizes(text: str) -> tuple[int, int]:
+    """'1M:256M' -> (1 MiB, 256 MiB); '64M' -> (64 MiB, 64 MiB)."""
+    lo, _, hi = text.partition(":")
+    a, b = parse_bytes(lo), parse_bytes(hi or lo)
+    if a < 1 or a > b:
+        raise UsageError(f"--sizes {text!r}: want MIN:MAX with 0 < MIN <= MAX")
+    return a, b
+
+
+def parse_algos(text: str) -> list[str]:
+    algos = [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in algos if a not in ALGOS]
+    if bad or not algos:
+        raise UsageError(f"--algo: unknown {', '.join(bad) or '(empty)'}", hint=f"choose from {', '.join(ALGOS)}")
+    return algos
+
+
+def bench_argv(bench_path: str, sizes: tuple[int, int], algos: Sequence[str], *, dtype: str = "float",
+               op: str = "sum", iters: int = 5, warmup: int = 1, factor: int = 2, check: bool = True) -> list[str]:
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype!r} unknown", hint=f"choose from {', '.join(DTYPES)}")
+    if op not in ("sum", "prod", "min", "max"):
+        raise UsageError(f"--op {op!r} unknown", hint="sum, prod, min or max")
+    if iters < 1 or warmup < 0 or factor < 2:
+        raise UsageError("--iters must be >= 1, --warmup >= 0, --factor >= 2")
+    return [bench_path, "-b", str(sizes[0]), "-e", str(sizes[1]), "-f", str(factor), "-n", str(iters),
+            "-w", str(warmup), "-c", "1" if check else "0", "-d", dtype, "-o", op, "-a", ",".join(algos)]
+
+
+def parse_rows(output: str) -> list[Row]:
+    """Table rows from collnet_bench output (mpirun --tag-output prefixes are fine)."""
+    rows = []
+    for line in output.splitlines():
+        m = _ROW_RE.search(line)
+        if m:
+            g = m.groups()
+            rows.append(Row(int(g[0]), int(g[1]), g[2], g[3], g[4], float(g[5]), float(g[6]), float(g[7]), int(g[8])))
+    return rows
+
+
+def table_rows(rows: Sequence[Row]) -> list[list[str]]:
+    return [[str(r.size), str(r.count), r.dtype, r.redop, r.algo, f"{r.time_us:.1f}", f"{r.algbw:.4f}",
+             f"{r.busbw:.4f}", str(r.wrong)] for r in rows]
+
+
+def side_by_side(rows: Sequence[Row]) -> list[list[str]]:
+    """One line per size: busbw of each algorithm and the plugin's best over MPI."""
+    sizes = sorted({r.size for r in rows})
+    algos = [a for a in ALGOS if any(r.algo == a for r in rows)]
+    out = []
+    for s in sizes:
+        bw = {r.algo: r.busbw for r in rows if r.size == s}
+        line = [str(s)] + [f"{bw[a]:.4f}" if a in bw else "-" for a in algos]
+        best = max((bw[a] for a in ("sharded", "ring") if a in bw), default=None)
+        line.append(f"{best / bw['mpi']:.2f}x" if best and bw.get("mpi") else "-")
+        out.append(line)
+    return out
+
+
+def side_by_side_columns(rows: Sequence[Row]) -> list[str]:
+    algos = [a for a in ALGOS if any(r.algo == a for r in rows)]
+    return ["size"] + [f"{a} busbw" for a in algos] + ["plugin/mpi"]
+
+
+def tuner_csv(rows: Sequence[Row], nodes: int) -> str:
+    """A tuner table: for each measured size, CollNet where the plugin beat MPI_Allreduce,
+    NCCL's ring otherwise; each row covers sizes up to the next measured one."""
+    sizes = sorted({r.size for r in rows})
+    lines = ["collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks"]
+    for i, s in enumerate(sizes):
+        bw = {r.algo: r.busbw for r in rows if r.size == s}
+        plugin = max((bw[a] for a in ("sharded", "ring") if a in bw), default=0.0)
+        algo = "collnet_direct" if plugin > bw.get("mpi", 0.0) else "ring"
+        lo = 0 if i == 0 else s
+        hi = sizes[i + 1] - 1 if i + 1 < len(sizes) else 1 << 40
+        lines.append(f"allreduce,{lo},{hi},{algo},simple,-1,{nodes},-1")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,113 @@
+"""`clustertool plugin build|deploy|status|env`: the native NCCL plugin on the cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from clustertool.cli.common import ClusterOpt, JsonOpt, cluster_name
+
+plugin_app = typer.Typer(name="plugin", no_args_is_help=True, add_completion=False,
+                         help="Build the native NCCL plugin (net + CollNet + tuner), put it on every node, check it.")
+
+
+@plugin_app.command("build")
+def build_cmd(
+    on: str = typer.Option("local", "--on", help="local: compile here (native/); leader: on the leader, "
+                           "so it links against the nodes' libraries."),
+    cluster: Optional[str] = ClusterOpt,
+    json_output: bool = JsonOpt,
+) -> None:
+    """Compile native/ and report the artefact's version and checksum."""
+    from dataclasses import asdict
+
+    from clustertool import native, render, state
+    from clustertool.errors import UsageError
+
+    if on not in ("local", "leader"):
+        raise UsageError(f"--on {on!r}: choose local or leader")
+    if on == "leader":
+        c = state.load(cluster_name(cluster))
+        b = native.build_on_leader(c)
+        native.remember_build(c.name, b)
+    else:
+        b = native.build_local()
+        known = state.list_clusters()
+        name = cluster or (known[0] if len(known) == 1 else None)
+        if name:
+            native.remember_build(name, b)
+    if json_output:
+        render.print_json(asdict(b))
+        return
+    render.kv([("version", b.version), ("sha256", b.sha256), ("built on", b.built_on), ("folder", b.dir)])
+
+
+@plugin_app.command("deploy")
+def deploy_cmd(
+    dest: Optional[str] = typer.Option(None, "--dest", help="Folder on every node (default /opt/clustertool/lib; "
+                                       "local clusters: ~/.clustertool/lib of each node)."),
+    tuner_table: Optional[Path] = typer.Option(None, "--tuner-table", exists=True, dir_okay=False,
+                                               help="CSV for the tuner plugin (e.g. from `bench allreduce --tuner-csv`)."),
+    cluster: Optional[str] = ClusterOpt,
+    json_output: bool = JsonOpt,
+) -> None:
+    """Put the same build on every node and verify every node's checksum.
+
+    All or nothing: the files are staged and checked on every node first; if any node
+    fails, no node is changed. Jobs then use it with `clustertool run --plugin`
+    (NCCL_NET_PLUGIN, NCCL_COLLNET_ENABLE=1, NCCL_TUNER_PLUGIN, LD_LIBRARY_PATH).
+    On AWS this NCCL_NET_PLUGIN replaces the EFA plugin as NCCL's net (point-to-point
+    calls are forwarded to libnccl-net-ofi.so when present) and NCCL_TUNER_PLUGIN
+    replaces the EFA plugin's own tuner.
+    """
+    from clustertool import native, render, state
+    from clustertool.cli.common import reporter
+
+    c = state.load(cluster_name(cluster))
+    b = native.current_build(c.name)
+    rows = native.deploy(c, b, dest=dest, tuner_table=tuner_table, report=reporter(json_output))
+    _show(rows, json_output)
+
+
+@plugin_app.command("status")
+def status_cmd(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
+    """Per node: installed version and checksum, and whether it matches the local build."""
+    from clustertool import native, state
+    from clustertool.errors import ToolError
+
+    c = state.load(cluster_name(cluster))
+    try:
+        b = native.current_build(c.name)
+    except ToolError:
+        b = None
+    rows = native.status(c, b)
+    _show(rows, json_output)
+    raise typer.Exit(0 if all(r.matches for r in rows) else 1)
+
+
+@plugin_app.command("env")
+def env_cmd(cluster: Optional[str] = ClusterOpt) -> None:
+    """Print the job environment for the deployed plugin (NAME=VALUE lines)."""
+    from clustertool import native, state
+
+    for k, v in native.plugin_env(state.load(cluster_name(cluster))).items():
+        typer.echo(f"{k}={v}")
+
+
+def _show(rows, json_output: bool) -> None:
+    from dataclasses import asdict
+
+    from clustertool import render
+
+    if json_output:
+        render.print_json([asdict(r) for r in rows])
+        return
+    render.table(["node", "version", "sha256", "matches build", "note"],
+                 [[r.node, r.version or "-", (r.sha256 or "-")[:16], "yes" if r.matches else "NO", r.error or ""]
+                  for r in rows])
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(plugin_app, name="plugin")
