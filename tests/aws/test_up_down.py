@@ -201,3 +201,45 @@ def test_stop_keeps_disks_and_start_refreshes_nodes_and_hostfile(aws, tmp_path):
     assert hostfile.exists() and hostfile.read_text().count("slots=1") == 2
     assert aws.ct("down", "-c", name, "--yes")[0] == 0
     assert aws.total_leaks(name) == 0
+
+
+def test_done_when_through_the_installed_command_against_plain_moto(aws, tmp_path):
+    """No seam here: a separate `clustertool` process talks to the moto server alone. moto
+    lacks placement groups, so up says it launches without one; everything else is real."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "clustertool", *a], env=env, cwd=tmp_path,  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    up = run("up", "--provider", "aws", "--nodes", "4", "--instance-type", "p4d.24xlarge", "--name", "t", "--no-ssh")
+    assert up.returncode == 0, up.stderr
+    assert "launching without a cluster placement group" in up.stderr
+    assert [line.split()[1] for line in (tmp_path / "hostfiles" / "t").read_text().splitlines()] == ["slots=8"] * 4
+    assert aws.leaks("t")["instances"] == 4
+    down = run("down", "-c", "t", "--yes")
+    assert down.returncode == 0, down.stderr
+    assert aws.total_leaks("t") == 0
+
+
+def test_host_keys_are_pinned_from_console_output_when_it_carries_them(aws):
+    """moto's console output has no cloud-init key block; the seam returns one, base64 as EC2 does."""
+    import base64
+
+    def console(service, op, kwargs, call):
+        if op != "get_console_output":
+            return call()
+        text = ("-----BEGIN SSH HOST KEY KEYS-----\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI"
+                + kwargs["InstanceId"][-6:] + " root@ip\n-----END SSH HOST KEY KEYS-----\n")
+        return {"InstanceId": kwargs["InstanceId"], "Output": base64.b64encode(text.encode()).decode()}
+
+    from clustertool import state
+    from clustertool.providers.aws import client
+
+    client.HOOKS.insert(0, console)
+    name = unique("keys")
+    assert aws.ct("up", "-p", "aws", "-N", "2", "--instance-type", "g5.xlarge", "--name", name, "--no-ssh")[0] == 0
+    nodes = state.load(name).nodes
+    assert [n.host_keys for n in nodes] == [[f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI{n.instance_id[-6:]}"] for n in nodes]
+    assert aws.ct("down", "-c", name, "--yes")[0] == 0

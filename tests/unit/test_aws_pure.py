@@ -112,3 +112,18 @@ def test_help_and_provider_import_do_not_import_boto3():
             "app.run(['up', '--help']); print('boto3' in sys.modules, file=sys.stderr)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stderr.strip().splitlines()[-1] == "False"
+
+
+def test_wait_ssh_port_returns_when_a_loopback_listener_answers_and_times_out_otherwise(monkeypatch):
+    import socket
+
+    from clustertool.errors import ProviderError
+
+    monkeypatch.setenv("CLUSTERTOOL_AWS_POLL", "0.01")
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        instances.wait_ssh_port(["127.0.0.1"], port=port, timeout=5)
+    with pytest.raises(ProviderError, match="not answering"):
+        instances.wait_ssh_port(["127.0.0.1"], port=port, timeout=0.1)

@@ -88,6 +88,7 @@ class Aws:
     def call(self, op: str, service: str = "ec2", **kwargs: Any) -> Any:
         """Call one API operation; AWS ClientErrors pass through, environment errors become ToolErrors."""
         from botocore import exceptions as bx
+        from botocore.parsers import ResponseParserError
 
         def real() -> Any:
             return getattr(self.client(service), op)(**kwargs)
@@ -104,8 +105,12 @@ class Aws:
         except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError) as exc:
             raise ProviderError(f"cannot reach AWS ({service} in {self.region}): {_one_line(str(exc))}",
                                 hint="check the network, --region, and AWS_ENDPOINT_URL if set") from None
-        except bx.ClientError:
+        except bx.ClientError as exc:
+            if error_code(exc) in ("NotImplemented", "InvalidAction", "UnsupportedOperation"):
+                raise EndpointLacksApi(f"the endpoint does not implement {op}") from None
             raise
+        except ResponseParserError:  # an endpoint answering HTML / garbage, e.g. an emulator lacking the API
+            raise EndpointLacksApi(f"the endpoint gave no valid answer to {op} (not implemented there?)") from None
         except bx.BotoCoreError as exc:
             raise ProviderError(f"AWS {op} failed: {_one_line(str(exc))}") from None
 
@@ -119,6 +124,10 @@ class Aws:
             if not token:
                 return items
             kwargs["NextToken"] = token
+
+
+class EndpointLacksApi(ProviderError):
+    """The endpoint (an EC2-compatible emulator, say) does not implement an operation."""
 
 
 def _bind(hook: Hook, service: str, op: str, kwargs: dict, inner: Callable[[], Any]) -> Callable[[], Any]:

@@ -84,12 +84,12 @@ def launch_in_order(aws: Aws, cluster: Cluster, *, count: int, info: capacity.Ty
         except ProviderError as exc:
             tried.append((az, exc.message))
             continue
-        group = placement.create(aws, cluster.name, az, suffix, record)
+        group = placement.create(aws, cluster.name, az, suffix, record, report)
         params = launch_params(cluster=cluster.name, count=count, instance_type=info.name, image=image,
                                subnet=subnet, group_id=group_id, key_name=key_name, az=az,
                                placement_group=group, options=cluster.options,
                                token=f"{cluster.name}-{suffix}-{az}")
-        report(f"{az}: launching {count} x {info.name} in placement group {group}")
+        report(f"{az}: launching {count} x {info.name}" + (f" in placement group {group}" if group else ""))
         try:
             instances = aws.call("run_instances", **params)["Instances"]
         except ClientError as exc:
@@ -100,7 +100,8 @@ def launch_in_order(aws: Aws, cluster: Cluster, *, count: int, info: capacity.Ty
             tried.append((az, why))
             report(f"{az}: {why}; removing this attempt's resources")
             teardown.clean_attempt(aws, cluster, az, group, report)
-            unrecord(cluster, "placement_groups", group)
+            if group:
+                unrecord(cluster, "placement_groups", group)
             continue
         for inst in instances:
             record("instances", inst["InstanceId"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from clustertool.providers.aws import tags
-from clustertool.providers.aws.client import Aws, aws_errors
+from clustertool.providers.aws.client import Aws, EndpointLacksApi, aws_errors
 
 Record = Callable[[str, str], None]
 
@@ -19,11 +19,18 @@ def group_name(cluster: str, az: str, suffix: str) -> str:
     return f"clustertool-{cluster}-{az}-{suffix}"
 
 
-def create(aws: Aws, cluster: str, az: str, suffix: str, record: Record) -> str:
+def create(aws: Aws, cluster: str, az: str, suffix: str, record: Record,
+           report: Callable[[str], None] = lambda m: None) -> str | None:
+    """The attempt's group; None (launch without one) only where the endpoint lacks the API,
+    as moto's server does - real EC2 implements it, and its errors stop the launch."""
     name = group_name(cluster, az, suffix)
-    with aws_errors(f"creating placement group {name}"):
-        aws.call("create_placement_group", GroupName=name, Strategy="cluster",
-                 TagSpecifications=[tags.spec("placement-group", cluster, name)])
+    try:
+        with aws_errors(f"creating placement group {name}"):
+            aws.call("create_placement_group", GroupName=name, Strategy="cluster",
+                     TagSpecifications=[tags.spec("placement-group", cluster, name)])
+    except EndpointLacksApi as exc:
+        report(f"warning: {exc.message}; launching without a cluster placement group")
+        return None
     record("placement_groups", name)
     return name
 
@@ -31,5 +38,8 @@ def create(aws: Aws, cluster: str, az: str, suffix: str, record: Record) -> str:
 def tagged(aws: Aws, cluster: str | None = None) -> list[dict]:
     """Placement groups carrying the clustertool tag (of one cluster, or of any)."""
     filters = tags.cluster_filter(cluster) if cluster else tags.any_cluster_filter()
-    with aws_errors("listing placement groups"):
-        return aws.call("describe_placement_groups", Filters=filters).get("PlacementGroups", [])
+    try:
+        with aws_errors("listing placement groups"):
+            return aws.call("describe_placement_groups", Filters=filters).get("PlacementGroups", [])
+    except EndpointLacksApi:
+        return []  # an endpoint without placement groups has none of ours

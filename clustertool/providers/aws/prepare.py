@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clustertool.errors import UsageError
+from clustertool.errors import ToolError, UsageError
 from clustertool.providers.aws import adopt, capacity, images, network, pricing
 from clustertool.providers.aws.client import Aws, error_code, error_message
 from clustertool.providers.base import ProvisionRequest
@@ -154,6 +154,6 @@ def _dry(aws: Aws, op: str, kwargs: dict) -> str:
         if error_code(exc) == "DryRunOperation":
             return "would succeed"
         return f"would fail: {error_code(exc)}: {error_message(exc)}"
-    except Exception as exc:  # e.g. an endpoint that lacks the API
-        return f"could not check ({type(exc).__name__})"
+    except ToolError as exc:  # e.g. an endpoint that lacks the API
+        return f"could not check: {exc.message}"
     return "checked (the endpoint ignored DryRun and answered)"

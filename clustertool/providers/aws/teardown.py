@@ -155,11 +155,11 @@ def _key_exists(aws: Aws, name: str) -> bool:
             raise
 
 
-def clean_attempt(aws: Aws, cluster: Cluster, az: str, group: str, report: Report) -> None:
+def clean_attempt(aws: Aws, cluster: Cluster, az: str, group: str | None, report: Report) -> None:
     """Undo one failed launch attempt: its instances in ``az`` (if any got made) and its placement group."""
     leftovers = [i["InstanceId"] for i in inst_mod.tagged(aws, cluster.name)
                  if i.get("Placement", {}).get("AvailabilityZone") == az]
-    remove(aws, Owned(instances=leftovers, placement_groups=[group]), report)
+    remove(aws, Owned(instances=leftovers, placement_groups=[group] if group else []), report)
     for iid in leftovers:
         if iid in cluster.provider_state.get("instances", []):
             cluster.provider_state["instances"].remove(iid)
