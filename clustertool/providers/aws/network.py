@@ -98,6 +98,20 @@ def subnet_for(aws: Aws, az: str, subnet: str | None) -> tuple[str, str]:
     return found[0]["SubnetId"], found[0]["VpcId"]
 
 
+def vpc_for(aws: Aws, subnet: str | None) -> str:
+    """The VPC the cluster's security group belongs in: --subnet's, else the default VPC."""
+    if subnet:
+        found = _describe_subnets(aws, SubnetIds=[subnet])
+        if not found:
+            raise UsageError(f"--subnet {subnet} not found in {aws.region}")
+        return found[0]["VpcId"]
+    with aws_errors("finding the default VPC"):
+        vpcs = aws.call("describe_vpcs", Filters=[{"Name": "is-default", "Values": ["true"]}]).get("Vpcs", [])
+    if not vpcs:
+        raise UsageError(f"{aws.region} has no default VPC", hint="pass --subnet subnet-... of the VPC to use")
+    return vpcs[0]["VpcId"]
+
+
 def subnet_az(aws: Aws, subnet: str) -> str:
     found = _describe_subnets(aws, SubnetIds=[subnet])
     if not found:

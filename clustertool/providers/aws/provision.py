@@ -36,7 +36,7 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     report(f"SSH allowed from {cidr} ({source})")
     if cidr in ("0.0.0.0/0", "::/0"):
         report("warning: SSH is open to the whole internet, as --ssh-cidr asked")
-    _, vpc = network.subnet_for(aws, prep.azs[0], cluster.options.get("subnet"))
+    vpc = network.vpc_for(aws, cluster.options.get("subnet"))
     group_id = network.create_security_group(aws, cluster.name, suffix, vpc, cidr, record)
     key_name = cluster.options.get("key_name") or network.import_key_pair(
         aws, cluster.name, suffix, request.public_key, record)
