@@ -95,7 +95,11 @@ class World:
 
 @pytest.fixture
 def aws(moto_url, ct_env, tmp_path, monkeypatch, capsys):
-    """A clean moto account, fake credentials, fast polling, per-test clustertool home."""
+    """A clean moto account, fake credentials, fast polling, per-test clustertool home.
+
+    The provider's client seam (``client.HOOKS``) gets: a call recorder, a fault injector
+    (empty unless a test adds rules) and ``FakePlacementGroups``, because moto's server does not
+    implement placement groups; every other call reaches the moto server over HTTP."""
     urllib.request.urlopen(urllib.request.Request(moto_url + "/moto-api/reset", method="POST"), timeout=10).read()
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE", "SSH_CONNECTION"):
         monkeypatch.delenv(key, raising=False)

@@ -243,3 +243,23 @@ def test_host_keys_are_pinned_from_console_output_when_it_carries_them(aws):
     nodes = state.load(name).nodes
     assert [n.host_keys for n in nodes] == [[f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI{n.instance_id[-6:]}"] for n in nodes]
     assert aws.ct("down", "-c", name, "--yes")[0] == 0
+
+
+def test_spot_cluster_from_a_yaml_spec_prices_spot_and_refuses_stop(aws, tmp_path):
+    name = unique("spot")
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(f"name: {name}\nprovider: aws\nnodes: 2\ninstance_type: g5.48xlarge\nspot: true\n"
+                    "volume_size: 250\nssh_cidr: 198.51.100.0/24\n")
+    code, _, err = aws.ct("up", str(spec), "--no-ssh")
+    assert code == 0, err
+    assert {i.get("InstanceLifecycle") for i in aws.instances(name)} == {"spot"}
+    group = aws.ec2.describe_security_groups(
+        Filters=[{"Name": "tag:clustertool:cluster", "Values": [name]}])["SecurityGroups"][0]
+    assert [r["CidrIp"] for p in group["IpPermissions"] if p.get("FromPort") == 22 for r in p["IpRanges"]] \
+        == ["198.51.100.0/24"]
+    code, out, _ = aws.ct("status", "-c", name, "--no-check")
+    assert code == 0 and "current spot price" in out
+    code, _, err = aws.ct("stop", "-c", name)
+    assert code != 0 and "cannot stop one-time spot instances" in err
+    assert aws.ct("down", "-c", name, "--yes")[0] == 0
+    assert aws.total_leaks(name) == 0
