@@ -1,0 +1,68 @@
+"""plugin build/deploy/status and bench allreduce on a real local cluster (sshd in namespaces)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.local
+
+LIB = "/root/.clustertool/lib"
+
+
+def _status(name, env):
+    proc = run_cli("plugin", "status", "-c", name, "--json", env=env)
+    return proc.returncode, {r["node"]: r for r in json.loads(proc.stdout)}
+
+
+def test_deploy_all_or_nothing_and_status_spots_a_changed_node(local_cluster, ct_env):
+    name = local_cluster(3)
+    assert run_cli("plugin", "build", "-c", name, env=ct_env, timeout=600).returncode == 0
+    proc = run_cli("plugin", "deploy", "-c", name, env=ct_env)
+    assert proc.returncode == 0, proc.stderr
+    code, rows = _status(name, ct_env)
+    assert code == 0 and all(r["matches"] for r in rows.values()) and len(rows) == 3
+    assert len({r["sha256"] for r in rows.values()}) == 1
+
+    # a node whose library changed is named by status
+    run_cli("exec", "-c", name, "-n", "node-2", "--", f"echo x >> {LIB}/libnccl-net-clustertool.so", env=ct_env)
+    code, rows = _status(name, ct_env)
+    assert code == 1 and not rows["node-2"]["matches"] and rows["node-1"]["matches"]
+    changed = rows["node-2"]["sha256"]
+
+    # node-3 cannot stage: the deploy stops before touching any node (node-2 keeps its bytes)
+    run_cli("exec", "-c", name, "-n", "node-3", "--", f"rm -rf {LIB} && touch {LIB}", env=ct_env)
+    proc = run_cli("plugin", "deploy", "-c", name, env=ct_env)
+    assert proc.returncode == 1 and "node-3" in proc.stderr and "before changing any node" in proc.stderr
+    code, rows = _status(name, ct_env)
+    assert rows["node-2"]["sha256"] == changed
+    leftovers = run_cli("exec", "-c", name, "--", f"ls -a {LIB} 2>/dev/null | grep -c staging || true", env=ct_env)
+    assert "1" not in leftovers.stdout.split(), "staging folders must be removed everywhere"
+
+    run_cli("exec", "-c", name, "-n", "node-3", "--", f"rm -f {LIB}", env=ct_env)
+    assert run_cli("plugin", "deploy", "-c", name, env=ct_env).returncode == 0
+    code, rows = _status(name, ct_env)
+    assert code == 0 and all(r["matches"] for r in rows.values())
+    env_lines = run_cli("plugin", "env", "-c", name, env=ct_env).stdout
+    assert f"NCCL_NET_PLUGIN={LIB}/libnccl-net-clustertool.so" in env_lines and "NCCL_COLLNET_ENABLE=1" in env_lines
+
+
+def test_bench_allreduce_is_correct_across_nodes(local_cluster, ct_env, tmp_path):
+    name = local_cluster(3)
+    assert run_cli("plugin", "build", "-c", name, env=ct_env, timeout=600).returncode == 0
+    assert run_cli("plugin", "deploy", "-c", name, env=ct_env).returncode == 0
+    table = tmp_path / "tuner.csv"
+    proc = run_cli("bench", "allreduce", "-c", name, "--sizes", "64K:256K", "-n", "2", "--json",
+                   "--tuner-csv", str(table), env=ct_env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)["rows"]
+    assert {r["algo"] for r in rows} == {"sharded", "ring", "mpi"}
+    assert {r["size"] for r in rows} == {65536, 131072, 262144}
+    assert all(r["wrong"] == 0 and r["busbw"] > 0 for r in rows)
+    assert table.read_text().startswith("collective,min_bytes,max_bytes")
+    # the table goes out with the plugin and the job environment points at it
+    assert run_cli("plugin", "deploy", "-c", name, "--tuner-table", str(table), env=ct_env).returncode == 0
+    assert f"CLUSTERTOOL_TUNER_CONFIG={LIB}/tuner.csv" in run_cli("plugin", "env", "-c", name, env=ct_env).stdout

@@ -1,0 +1,71 @@
+"""The C side: `make -C native test` (and the sanitizer build) pass, and the built
+libraries export what NCCL looks for."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.native
+NATIVE = REPO / "native"
+
+
+def _missing() -> str | None:
+    for tool in ("make", "gcc", "mpicc", "mpirun"):
+        if not shutil.which(tool):
+            return f"needs {tool} (apt-get install build-essential openmpi-bin libopenmpi-dev)"
+    return None
+
+
+def _make(target: str) -> subprocess.CompletedProcess:
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    return subprocess.run(["make", "-C", str(NATIVE), target], capture_output=True, text=True, timeout=900)
+
+
+def _summary(out: str) -> tuple[int, int]:
+    last = out.strip().splitlines()[-1]
+    m = re.fullmatch(r"(\d+) passed, (\d+) failed", last)
+    assert m, f"no summary line at the end: {last!r}"
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_make_test_passes_with_multi_rank_collnet():
+    proc = _make("test")
+    passed, failed = _summary(proc.stdout)
+    assert proc.returncode == 0 and failed == 0 and passed > 1000, proc.stdout[-3000:] + proc.stderr[-2000:]
+    for np in (2, 3, 4):
+        assert f"test_coll_mpi np={np}: " in proc.stdout
+
+
+def test_sanitizer_build_passes():
+    proc = _make("asan")
+    passed, failed = _summary(proc.stdout)
+    assert proc.returncode == 0 and failed == 0 and passed > 1000, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_libraries_export_nccl_symbols():
+    _make("all")
+    nm = shutil.which("nm")
+    if not nm:
+        pytest.skip("needs nm (binutils)")
+    net = subprocess.run([nm, "-D", "--defined-only", str(NATIVE / "build/libnccl-net-clustertool.so")],
+                         capture_output=True, text=True).stdout
+    tuner = subprocess.run([nm, "-D", "--defined-only", str(NATIVE / "build/libnccl-tuner-clustertool.so")],
+                           capture_output=True, text=True).stdout
+    assert " ncclNetPlugin_v12" in net and " ncclCollNetPlugin_v12" in net
+    assert " ncclTunerPlugin_v6" in tuner and " ncclTunerPlugin_v5" in tuner
+    assert "ct_reduce" not in net, "internal symbols must stay hidden"
+
+
+def test_gpu_target_builds_or_says_why():
+    proc = _make("gpu")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "gpu: skipped:" in out or (NATIVE / "build/nccl_plugin_allreduce").is_file()
