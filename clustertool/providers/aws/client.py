@@ -77,7 +77,7 @@ class Aws:
 
             config = Config(
                 retries={"max_attempts": int(os.environ.get("CLUSTERTOOL_AWS_MAX_ATTEMPTS") or 10),
-                         "mode": "adaptive"},  # backoff + client-side rate limiting on throttling
+                         "mode": "standard"},  # exponential backoff with jitter, throttling included
                 connect_timeout=10, read_timeout=60, user_agent_extra="clustertool",
             )
             endpoint = (os.environ.get(f"AWS_ENDPOINT_URL_{service.upper()}")
