@@ -93,9 +93,14 @@ def hop_script(dest: str, sdir: str, node_name: str, extract: bool,
 
 
 def prepare_command(sdir: str) -> str:
-    """Remote command that stores the hop script (given on stdin) in a fresh status dir."""
+    """Remote command that stores the hop script (given on stdin) in a fresh status dir.
+
+    Status dirs that an interrupted copy left behind more than a day ago are removed.
+    """
     q = shlex.quote(sdir)
-    return f"rm -rf {q} && mkdir -p {q} && cat > {q}/hop.sh"
+    stale = ("find .cache/clustertool -maxdepth 1 -name 'copy-*' -mmin +1440 "
+             "-exec rm -rf {} + 2>/dev/null; ")
+    return f"{stale}rm -rf {q} && mkdir -p {q} && cat > {q}/hop.sh"
 
 
 def collect_command(sdir: str) -> str:
