@@ -26,11 +26,13 @@ def _make(target: str) -> subprocess.CompletedProcess:
     reason = _missing()
     if reason:
         pytest.skip(reason)
-    return subprocess.run(["make", "-C", str(NATIVE), target], capture_output=True, text=True, timeout=900)
+    return subprocess.run(["make", "--no-print-directory", "-C", str(NATIVE), target], capture_output=True,
+                          text=True, timeout=900)
 
 
 def _summary(out: str) -> tuple[int, int]:
-    last = out.strip().splitlines()[-1]
+    # the last line of the run; make's own "Leaving directory" trailer does not count
+    last = [line for line in out.strip().splitlines() if not line.startswith("make")][-1]
     m = re.fullmatch(r"(\d+) passed, (\d+) failed", last)
     assert m, f"no summary line at the end: {last!r}"
     return int(m.group(1)), int(m.group(2))
