@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Benchmark: the plugin's sharded allreduce vs its ring vs Open MPI, on shaped local clusters.
+
+For each node count (default 4 and 8, one rank per node): bring up a local cluster whose
+links are shaped to RATE (tc tbf at both ends), measure one TCP stream between two nodes
+with iperf3 (that is B), build and deploy the plugin, then in one `bench allreduce` run
+time 64 MiB float32 allreduce with the plugin's sharded and ring algorithms and Open MPI's
+default MPI_Allreduce, and in a second run Open MPI's ring
+(coll_tuned_use_dynamic_rules=1, coll_tuned_allreduce_algorithm=4). Prints busbw and
+busbw/B for each and checks the targets: sharded >= 0.93 B and >= 1.5x Open MPI default.
+
+    sudo .venv/bin/python bench/allreduce.py [--nodes 4,8] [--rate 200mbit] [--size 64M] [--iters 3]
+
+Results also go to bench/results/allreduce-<time>.json. The cluster is removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CT = [sys.executable, "-m", "clustertool"]
+OMPI_RING = ["-x", "OMPI_MCA_coll_tuned_use_dynamic_rules=1", "-x", "OMPI_MCA_coll_tuned_allreduce_algorithm=4"]
+
+
+def ct(args, env, check=True, timeout=3600):
+    proc = subprocess.run(CT + args, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"clustertool {' '.join(args[:3])} failed ({proc.returncode}):\n{proc.stderr.strip()[-1500:]}")
+    return proc
+
+
+def single_stream_bits(name, env, seconds=5) -> float | None:
+    """iperf3 node-1 -> node-2 on the shaped link: B in bits/s (None without iperf3)."""
+    addr = json.loads(ct(["inventory", "-c", name, "--format", "json"], env, check=False).stdout or "{}")
+    target = None
+    for node in (addr.get("nodes") or []):
+        if node.get("name") == "node-2":
+            target = node.get("address")
+    target = target or "10.213.0.2"
+    if ct(["exec", "-c", name, "-n", "node-2", "--", "command -v iperf3 >/dev/null && iperf3 -s -1 -D"],
+          env, check=False).returncode != 0:
+        return None
+    time.sleep(0.5)
+    out = ct(["exec", "-c", name, "-n", "leader", "--no-live", "--json", "--",
+              f"iperf3 -c {target} -t {seconds} -J"], env, check=False)
+    try:
+        text = json.loads(out.stdout)["results"][0]["stdout"]
+        return float(json.loads(text)["end"]["sum_received"]["bits_per_second"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def rows(proc) -> list[dict]:
+    try:
+        return json.loads(proc.stdout)["rows"]
+    except (ValueError, KeyError):
+        raise SystemExit(f"bench allreduce gave no rows:\n{proc.stderr.strip()[-1500:]}")
+
+
+def run_size(nodes: int, rate: str, size: str, iters: int, env) -> dict:
+    name = f"arb-{uuid.uuid4().hex[:5]}"
+    ct(["up", "--provider", "local", "--nodes", str(nodes), "--name", name, "--link-rate", rate], env)
+    try:
+        bits = single_stream_bits(name, env)
+        ct(["plugin", "build", "-c", name], env)
+        ct(["plugin", "deploy", "-c", name], env)
+        base = ["bench", "allreduce", "-c", name, "--sizes", f"{size}:{size}", "-n", str(iters), "--json"]
+        main = rows(ct(base + ["--algo", "sharded,ring,mpi"], env, check=False))
+        ring = rows(ct(base + ["--algo", "mpi"] + OMPI_RING, env, check=False))
+    finally:
+        ct(["down", "-c", name, "--yes"], env, check=False)
+    results = {r["algo"]: r for r in main}
+    if ring:
+        results["mpi-ring"] = ring[0]
+    return {"nodes": nodes, "rate": rate, "single_stream_bits": bits, "rows": results}
+
+
+def report(res: dict) -> list[str]:
+    b = res["single_stream_bits"]
+    b_gbs = b / 8 / 1e9 if b else None
+    lines = [f"{res['nodes']} nodes, links {res['rate']}, single stream B = "
+             + (f"{b / 1e6:.1f} Mbit/s" if b else "n/a (no iperf3)")]
+    lines.append(f"  {'algorithm':<22} {'busbw GB/s':>10} {'Mbit/s':>8} {'busbw/B':>8} {'#wrong':>6}")
+    names = {"sharded": "plugin sharded", "ring": "plugin ring", "mpi": "Open MPI default", "mpi-ring": "Open MPI ring"}
+    for key in ("sharded", "ring", "mpi", "mpi-ring"):
+        r = res["rows"].get(key)
+        if not r:
+            continue
+        ratio = f"{r['busbw'] / b_gbs:.3f}" if b_gbs else "-"
+        lines.append(f"  {names[key]:<22} {r['busbw']:>10.4f} {r['busbw'] * 8e3:>8.1f} {ratio:>8} {r['wrong']:>6}")
+    s, m = res["rows"].get("sharded"), res["rows"].get("mpi")
+    if s and m and b_gbs:
+        ok1, ok2 = s["busbw"] >= 0.93 * b_gbs, s["busbw"] >= 1.5 * m["busbw"]
+        lines.append(f"  targets: sharded >= 0.93 B: {'yes' if ok1 else 'NO'} ({s['busbw'] / b_gbs:.3f}); "
+                     f">= 1.5x Open MPI default: {'yes' if ok2 else 'NO'} ({s['busbw'] / m['busbw']:.2f}x)")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", default="4,8")
+    ap.add_argument("--rate", default="200mbit")
+    ap.add_argument("--size", default="64M")
+    ap.add_argument("--iters", type=int, default=3)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("needs root (the local provider makes network namespaces)")
+    home = tempfile.mkdtemp(prefix="ct-arbench-")
+    env = dict(os.environ, CLUSTERTOOL_HOME=home, CLUSTERTOOL_HOSTFILE_DIR=os.path.join(home, "hostfiles"))
+    all_results = []
+    for n in [int(x) for x in args.nodes.split(",")]:
+        res = run_size(n, args.rate, args.size, args.iters, env)
+        all_results.append(res)
+        print("\n".join(report(res)), flush=True)
+    out = REPO / "bench" / "results" / f"allreduce-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(all_results, indent=2))
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()
