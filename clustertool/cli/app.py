@@ -37,6 +37,7 @@ COMMAND_MODULES = [
     "clustertool.cli.play",
     "clustertool.cli.inventory",
     "clustertool.cli.jobs",
+    "clustertool.cli.doctor",
 ]
 
 _DEBUG = {"on": False}

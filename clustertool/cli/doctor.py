@@ -1,0 +1,53 @@
+"""`clustertool doctor`: find what is wrong with a cluster (and fix the safe things)."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from clustertool.cli.common import ClusterOpt, JsonOpt, cluster_name, reporter
+
+
+def doctor(
+    cluster: Optional[str] = ClusterOpt,
+    json_output: bool = JsonOpt,
+    fix: bool = typer.Option(False, "--fix", help="Do the safe fixes (kill strays, clear finished jobs' logs, re-push known_hosts), then check again."),
+    check: List[str] = typer.Option([], "--check", help="Run only these checks (repeat): reach, ssh-mesh, disk, sameness, strays, clock, mpi-smoke, links."),
+    skip: List[str] = typer.Option([], "--skip", help="Skip these checks (repeat), e.g. --skip links."),
+    plugin_path: Optional[str] = typer.Option(None, "--plugin-path", help="Where the NCCL plugin is deployed on the nodes (for its checksum)."),
+    disk_path: List[str] = typer.Option([], "--disk-path", help="Folders whose free space to check besides home and the job logs (default /scratch)."),
+) -> None:
+    """Check SSH mesh, disks, sameness, stray processes, clocks, an MPI smoke test and links."""
+    from clustertool import doctor as doc
+    from clustertool import render
+
+    checks = tuple(c for c in (check or doc.ALL_CHECKS) if c not in skip)
+    result = doc.run(cluster_name(cluster), fix=fix, checks=checks, plugin=plugin_path,
+                     disk_paths=list(disk_path) or None, report=reporter(json_output))
+    if json_output:
+        render.print_json({"cluster": result.cluster, "clean": result.clean, "fixed": result.fixed,
+                           "checks": result.checks})
+        raise typer.Exit(result.exit_code)
+    for line in result.fixed:
+        typer.echo(f"fixed: {line}")
+    for c in result.checks:
+        mark = {"ok": "ok  ", "warning": "WARN", "error": "FAIL", "skipped": "skip"}[c.status]
+        extra = f" ({c.skipped})" if c.skipped else ""
+        typer.echo(f"[{mark}] {c.name}{extra}  {c.seconds:.1f}s")
+    problems = [f for f in result.findings if f.problem or f.severity == "info"]
+    if problems:
+        render.table(["check", "node", "severity", "finding", "fix"],
+                     [(f.check, f.node or "cluster", f.severity, f.message, f.fix) for f in problems])
+    if result.clean:
+        typer.echo(f"cluster {result.cluster}: clean")
+    else:
+        n = sum(1 for f in result.findings if f.problem)
+        sys.stderr.write(f"cluster {result.cluster}: {n} problem(s)"
+                         + ("; `clustertool doctor --fix` can fix some\n" if any(f.fixable for f in result.findings) else "\n"))
+    raise typer.Exit(result.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor)

@@ -1,0 +1,56 @@
+"""`doctor --fix`: only the safe fixes.
+
+* strays: ``kill -9`` each stray pid, only if it still has the same command name;
+* disk: remove the logs of finished jobs on that node (never a running job's);
+* ssh-mesh with a host-key problem: push the cluster key, pinned known_hosts and ssh config
+  to every node again (what `up` did).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Callable
+
+from clustertool.doctor.model import Finding
+from clustertool.jobs import scripts
+from clustertool.model import Cluster
+from clustertool.remote.group import run_on_node
+
+
+def kill_pids_line(comms: dict[str, str]) -> str:
+    """Kill each pid only if /proc/PID/comm is still what doctor saw (pids get reused)."""
+    parts = [f'[ "$(cat /proc/{int(pid)}/comm 2>/dev/null)" = {shlex.quote(comm)} ] && kill -9 {int(pid)}'
+             for pid, comm in comms.items()]
+    return "; ".join(parts + ["true"])
+
+
+def apply_fixes(cluster: Cluster, findings: list[Finding], report: Callable[[str], None] = lambda m: None) -> list[str]:
+    done: list[str] = []
+    running = None
+    for f in findings:
+        if not f.fixable or not f.node:
+            continue
+        node = cluster.node(f.node) if f.node in {n.name for n in cluster.nodes} else None
+        if f.check == "strays" and node:
+            r = run_on_node(cluster.name, node, kill_pids_line(f.data["comms"]), timeout=30)
+            if r.ok:
+                done.append(f"{f.node}: killed {len(f.data['comms'])} stray process(es)")
+        elif f.check == "disk" and node:
+            if running is None:
+                from clustertool.doctor import running_job_ids
+
+                running = sorted(running_job_ids(cluster))
+            r = run_on_node(cluster.name, node, "sh -s", timeout=60,
+                            stdin_data=scripts.clean_script(running, logs=True, records=False).encode())
+            removed = [line for line in r.stdout.splitlines() if line.startswith("removed ")]
+            if removed:
+                done.append(f"{f.node}: removed the logs of {len(removed)} finished job(s)")
+    if any(f.check == "ssh-mesh" and f.fixable for f in findings):
+        from clustertool import lifecycle
+
+        report("pushing keys and known_hosts to every node again")
+        lifecycle.wire(cluster)
+        done.append("pushed the cluster key, pinned known_hosts and ssh config to every node")
+    for line in done:
+        report(line)
+    return done
