@@ -3,7 +3,6 @@ reset before every test; the tool reaches it over HTTP through AWS_ENDPOINT_URL.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
