@@ -263,3 +263,17 @@ def test_spot_cluster_from_a_yaml_spec_prices_spot_and_refuses_stop(aws, tmp_pat
     assert code != 0 and "cannot stop one-time spot instances" in err
     assert aws.ct("down", "-c", name, "--yes")[0] == 0
     assert aws.total_leaks(name) == 0
+
+
+def test_an_existing_key_pair_is_used_and_never_deleted(aws):
+    """The user's key pair is made with boto3 here, standing in for the console."""
+    aws.ec2.create_key_pair(KeyName="mine")
+    name = unique("kn")
+    code, _, err = aws.ct("up", "-p", "aws", "-N", "2", "--instance-type", "g5.xlarge", "--name", name, "--no-ssh",
+                          "--key-name", "mine")
+    assert code == 0, err
+    assert {i["KeyName"] for i in aws.instances(name)} == {"mine"}
+    assert "import_key_pair" not in aws.recorder.ops
+    assert aws.ct("down", "-c", name, "--yes")[0] == 0
+    assert [k["KeyName"] for k in aws.ec2.describe_key_pairs()["KeyPairs"]] == ["mine"]
+    assert aws.total_leaks(name) == 0

@@ -127,3 +127,12 @@ def test_wait_ssh_port_returns_when_a_loopback_listener_answers_and_times_out_ot
         instances.wait_ssh_port(["127.0.0.1"], port=port, timeout=5)
     with pytest.raises(ProviderError, match="not answering"):
         instances.wait_ssh_port(["127.0.0.1"], port=port, timeout=0.1)
+
+
+def test_with_an_existing_key_pair_the_cluster_key_rides_in_cloud_init_user_data():
+    p = launch.launch_params(cluster="c", count=1, instance_type="g5.xlarge", image=IMAGE, subnet="s", group_id="g",
+                             key_name="mine", az="a", placement_group=None, options={"key_name": "mine"},
+                             token="t", public_key="ssh-ed25519 AAAAC3 c@clustertool\n")
+    assert p["KeyName"] == "mine"
+    assert p["UserData"] == "#cloud-config\nssh_authorized_keys:\n  - ssh-ed25519 AAAAC3 c@clustertool\n"
+    assert "UserData" not in _params()

@@ -46,9 +46,14 @@ def volume(options: dict) -> dict[str, Any]:
     return ebs
 
 
+def user_data(public_key: str) -> str:
+    """cloud-init config authorizing the cluster's public key for the image's default user."""
+    return f"#cloud-config\nssh_authorized_keys:\n  - {public_key.strip()}\n"
+
+
 def launch_params(*, cluster: str, count: int, instance_type: str, image: Image, subnet: str,
                   group_id: str, key_name: str, az: str, placement_group: str | None,
-                  options: dict, token: str) -> dict[str, Any]:
+                  options: dict, token: str, public_key: str = "") -> dict[str, Any]:
     """The one RunInstances request of an attempt (pure: unit-tested)."""
     iface: dict[str, Any] = {"DeviceIndex": 0, "SubnetId": subnet, "Groups": [group_id],
                              "AssociatePublicIpAddress": True, "DeleteOnTermination": True}
@@ -65,6 +70,8 @@ def launch_params(*, cluster: str, count: int, instance_type: str, image: Image,
                               tags.spec("volume", cluster), tags.spec("network-interface", cluster)],
         "ClientToken": token[:64],
     }
+    if options.get("key_name") and public_key.strip():
+        params["UserData"] = user_data(public_key)  # the cluster key works beside the user's key pair
     if options.get("spot"):
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
             "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
@@ -73,7 +80,8 @@ def launch_params(*, cluster: str, count: int, instance_type: str, image: Image,
 
 def launch_in_order(aws: Aws, cluster: Cluster, *, count: int, info: capacity.TypeInfo, image: Image,
                     azs: list[str], group_id: str, key_name: str, suffix: str,
-                    record: Callable[[str, str], None], report: Callable[[str], None]) -> tuple[str, list[dict]]:
+                    record: Callable[[str, str], None], report: Callable[[str], None],
+                    public_key: str = "") -> tuple[str, list[dict]]:
     """Try each AZ in order; return (az, instances) of the first that launches all N."""
     from botocore.exceptions import ClientError
 
@@ -88,7 +96,7 @@ def launch_in_order(aws: Aws, cluster: Cluster, *, count: int, info: capacity.Ty
         params = launch_params(cluster=cluster.name, count=count, instance_type=info.name, image=image,
                                subnet=subnet, group_id=group_id, key_name=key_name, az=az,
                                placement_group=group, options=cluster.options,
-                               token=f"{cluster.name}-{suffix}-{az}")
+                               token=f"{cluster.name}-{suffix}-{az}", public_key=public_key)
         report(f"{az}: launching {count} x {info.name}" + (f" in placement group {group}" if group else ""))
         try:
             instances = aws.call("run_instances", **params)["Instances"]

@@ -42,7 +42,7 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
         aws, cluster.name, suffix, request.public_key, record)
     az, launched = launch.launch_in_order(aws, cluster, count=request.count, info=info, image=image, azs=prep.azs,
                                           group_id=group_id, key_name=key_name, suffix=suffix, record=record,
-                                          report=report)
+                                          report=report, public_key=request.public_key)
     ps["az"] = az
     ps["slots"] = request.slots or info.gpus or 1
     request.save()
