@@ -1,0 +1,144 @@
+"""doctor on a real 4-node local cluster: clean when clean, and each planted fault found."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from clustertool.providers import local_net, local_sys
+from tests.conftest import run_cli, unique
+from tests.local.conftest import local_leftovers
+
+pytestmark = pytest.mark.local
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One 4-node cluster for the module (bringing one up per test would be slow)."""
+    tmp = tmp_path_factory.mktemp("doctor")
+    env = dict(os.environ, CLUSTERTOOL_HOME=str(tmp / "home"), CLUSTERTOOL_HOSTFILE_DIR=str(tmp / "hf"),
+               CLUSTERTOOL_NO_SSH_INCLUDE="1")
+    name = unique("dr")
+    up = run_cli("up", "--provider", "local", "--nodes", "4", "--name", name, env=env)
+    assert up.returncode == 0, up.stderr
+    yield name, env
+    run_cli("down", "-c", name, "--yes", env=env)
+    assert local_leftovers(name) == []
+
+
+def doctor(cluster, *args):
+    name, env = cluster
+    proc = run_cli("doctor", "-c", name, "--json", *args, env=env, timeout=180)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def on(cluster, node, line):
+    name, env = cluster
+    proc = run_cli("exec", "-c", name, "-n", node, "--no-live", "--", line, env=env)
+    return proc
+
+
+def problems(report, check=None):
+    return [f for c in report["checks"] for f in c["findings"]
+            if f["severity"] in ("warning", "error") and (check is None or f["check"] == check)]
+
+
+def test_clean_cluster_is_reported_clean_by_every_check(cluster):
+    code, report = doctor(cluster)
+    assert code == 0 and report["clean"], problems(report)
+    assert [c["name"] for c in report["checks"]] == [
+        "reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links"]
+    assert all(c["skipped"] is None for c in report["checks"])
+    pairs = next(c for c in report["checks"] if c["name"] == "links")["data"]["pairs_bits_per_s"]
+    assert len(pairs) == 6  # every pair of 4 nodes was measured
+
+
+def test_stray_python_is_found_and_fix_kills_only_it(cluster):
+    assert on(cluster, "node-2", "setsid python3 -c 'import time; time.sleep(600)' "
+                                 ">/dev/null 2>&1 < /dev/null &").returncode == 0
+    code, report = doctor(cluster, "--check", "strays")
+    found = problems(report, "strays")
+    assert code == 0 and [f["node"] for f in found] == ["node-2"], found
+    assert "python3" in found[0]["message"]
+    code, report = doctor(cluster, "--check", "strays", "--fix")
+    assert report["clean"] and report["fixed"] == ["node-2: killed 1 stray process(es)"]
+    ns = local_net.netns_name(cluster[0], 2)
+    comms = [local_sys.comm(p) for p in local_sys.pids_in_netns([ns]).get(ns, [])]
+    assert "python3" not in comms and "sshd" in comms
+
+
+def test_full_disk_on_one_node_is_an_error(cluster):
+    fill = ("mount -t tmpfs -o size=1m tmpfs /scratch && "
+            "dd if=/dev/zero of=/scratch/fill bs=64k count=64 2>/dev/null; df -k /scratch")
+    assert on(cluster, "node-3", fill).returncode == 0
+    try:
+        code, report = doctor(cluster, "--check", "disk")
+        found = problems(report, "disk")
+        assert code == 1 and [(f["node"], f["severity"]) for f in found] == [("node-3", "error")], found
+        assert "/scratch" in found[0]["message"] and "0 MiB free" in found[0]["message"]
+    finally:
+        on(cluster, "node-3", "umount /scratch")
+    assert doctor(cluster, "--check", "disk")[1]["clean"]
+
+
+def test_different_plugin_checksum_on_one_node_is_an_error(cluster):
+    path = "/root/ct-plugin/libnccl-net-clustertool.so"
+    for node in ("node-1", "node-2", "node-3"):
+        on(cluster, node, f"mkdir -p /root/ct-plugin && printf 'plugin v1' > {path}")
+    on(cluster, "node-4", f"mkdir -p /root/ct-plugin && printf 'plugin v2' > {path}")
+    try:
+        code, report = doctor(cluster, "--check", "sameness", "--plugin-path", path)
+        found = problems(report, "sameness")
+        assert code == 1 and [f["node"] for f in found] == ["node-4"], found
+        assert "plugin checksum" in found[0]["message"]
+    finally:
+        on(cluster, "node-1,node-2,node-3,node-4", "rm -rf /root/ct-plugin")
+
+
+def _shape(cluster, node_index, rate):
+    name, env = cluster
+    state = json.loads(open(os.path.join(env["CLUSTERTOOL_HOME"], "clusters", f"{name}.json")).read())
+    veth = local_net.veth_name(state["provider_state"]["slot"], node_index)
+    ns = local_net.netns_name(name, node_index)
+    for argv, dev in ((local_net.tc_batch_argv(), veth), (local_net.tc_batch_argv(ns), local_net.NODE_IFACE)):
+        lines = (local_net.shaping_lines(dev, rate, None) if rate
+                 else [f"qdisc del dev {dev} root"])
+        subprocess.run(argv, input="\n".join(lines) + "\n", text=True, check=True)
+
+
+def test_one_link_shaped_ten_times_slower_stands_out(cluster):
+    code, report = doctor(cluster, "--check", "links")
+    fast = min(next(c for c in report["checks"] if c["name"] == "links")["data"]["node_median_bits_per_s"].values())
+    rate = f"{max(1, int(fast / 10 / 1e6))}mbit"  # a tenth of the slowest node's measured speed
+    _shape(cluster, 3, rate)
+    try:
+        code, report = doctor(cluster, "--check", "links")
+        found = problems(report, "links")
+        assert code == 1 and [f["node"] for f in found] == ["node-3"], (rate, found)
+        assert "slow link" in found[0]["message"]
+    finally:
+        _shape(cluster, 3, None)
+
+
+def test_node_with_sshd_stopped_is_found_then_reboot_brings_it_back(cluster):
+    name, env = cluster
+    ns = local_net.netns_name(name, 4)
+    listener = [p for p in local_sys.pids_in_netns([ns])[ns]
+                if local_sys.comm(p) == "sshd" and
+                local_sys.comm(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])) == "ct-init"]
+    assert len(listener) == 1
+    os.kill(listener[0], 15)
+    code, report = doctor(cluster, "--skip", "links")
+    assert code == 1
+    assert [f["node"] for f in problems(report, "reach")] == ["node-4"]
+    mesh = problems(report, "ssh-mesh")
+    assert [f["node"] for f in mesh] == ["node-4"] and "no node can ssh to node-4" in mesh[0]["message"]
+    assert next(c for c in report["checks"] if c["name"] == "mpi-smoke")["skipped"]
+    proc = run_cli("reboot", "-c", name, "--nodes", "node-4", "--yes", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    code, report = doctor(cluster, "--skip", "links")
+    assert code == 0 and report["clean"], problems(report)
