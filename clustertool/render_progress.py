@@ -80,8 +80,8 @@ def copy_table(result) -> None:
 def copy_summary(result) -> str:
     ok = sum(1 for n in result.nodes if n.status == "ok")
     rate = result.bytes_sent / result.duration if result.duration > 0 else 0.0
-    return (f"{ok}/{len(result.nodes)} ok; sent {human_bytes(result.bytes_sent)} of "
-            f"{human_bytes(result.total_bytes)} ({result.total_files} files) in {result.duration:.1f}s "
+    return (f"{ok}/{len(result.nodes)} ok; {human_bytes(result.bytes_sent)} sent for a "
+            f"{human_bytes(result.total_bytes)} source ({result.total_files} files) in {result.duration:.1f}s "
             f"({human_bytes(int(rate))}/s), {result.passes} pass(es)"
             + ("" if result.verified else "; not verified"))
 

@@ -196,6 +196,7 @@ def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", sele
     started = time.monotonic()
     if source not in ("leader", "local"):
         raise UsageError(f"--from must be leader or local, not {source!r}")
+    choose_strategy(strategy, 0, 0)  # reject an unknown strategy before touching any node
     cluster = _load(cluster_name)
     from_local = source == "local"
     src = os.path.abspath(os.path.expanduser(src)) if from_local else relative_remote(src)

@@ -83,6 +83,8 @@ def _one_pass(job, pending: list[Node], union: list[str]) -> dict[str, chains.Ho
     out: dict[str, chains.HopStatus | str] = {}
     for r in group.results:
         out[r.node] = chains.parse_status(r.node, r.stdout) if r.ok else (r.error or f"exit {r.exit_code}")
+        if progress is not None and not isinstance(out[r.node], str) and out[r.node].extracted_ok:
+            progress(r.node, total)  # checkpoints stop short of the end
     if run.returncode != 0 and run.stderr and hops[0][0].name in out and not isinstance(out[hops[0][0].name], str):
         out[hops[0][0].name].stderr = (out[hops[0][0].name].stderr + "; " + run.stderr[-300:]).strip("; ")
     return out
