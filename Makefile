@@ -33,10 +33,7 @@ native:
 	$(MAKE) -C native
 
 demo: setup
-	$(VENV)/bin/clustertool up --provider local --nodes 4 --name demo
-	$(VENV)/bin/clustertool exec -c demo -- hostname
-	$(VENV)/bin/clustertool status -c demo
-	$(VENV)/bin/clustertool down -c demo --yes
+	$(VENV)/bin/clustertool play playbooks/quickstart-local.yaml
 
 test: setup
 	$(MAKE) -C native test
