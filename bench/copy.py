@@ -121,7 +121,7 @@ def main() -> int:
         rate = rates["aes128-gcm@openssh.com"]
         files, size = make_dataset(b, args.size_mib)
         ideal = size / rate
-        print(f"B (one ssh stream, 128 MiB): " + ", ".join(f"{k} {v / 1e6:.1f} MB/s" for k, v in rates.items()))
+        print("B (one ssh stream, 128 MiB): " + ", ".join(f"{k} {v / 1e6:.1f} MB/s" for k, v in rates.items()))
         print(f"S = {size / 2**20:.0f} MiB in {files} files; S/B = {ideal:.1f} s", flush=True)
         methods = args.methods.split(",")
         for rnd in range(args.rounds):

@@ -92,17 +92,22 @@ def test_from_local_reaches_every_node_through_the_leader(ct_env, local_cluster,
         assert sh(ct_env, name, node, FINGERPRINT, "/scratch/in") == want
 
 
+def _wait_for_files(ct_env, name, node, count, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = sh(ct_env, name, node, "ls \"$1\"/sub/deeper 2>/dev/null | wc -l", "/scratch/dst").strip()
+        if int(got or 0) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{node} never got {count} files")
+
+
 def test_interrupted_copy_resumes_sending_only_what_is_missing(ct_env, local_cluster):
     name = local_cluster(3, "--link-rate", "40mbit")
     sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "8", "2500000")  # 20 MB: ~4 s per link
     proc = subprocess.Popen(CLI + ["copy", "-c", name, "--strategy", "chain", "--json", "/scratch/src", "/scratch/dst"],
                             env=ct_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until some data has landed on the last node
-        got = sh(ct_env, name, "node-3", "ls \"$1\"/sub/deeper 2>/dev/null | wc -l", "/scratch/dst").strip()
-        if int(got or 0) >= 3:
-            break
-        time.sleep(0.3)
+    _wait_for_files(ct_env, name, "node-3", 3)  # some data has landed on the last node
     proc.send_signal(signal.SIGINT)  # Ctrl-C
     proc.communicate(timeout=60)
     assert proc.returncode != 0
@@ -125,7 +130,7 @@ def test_node_killed_mid_chain_is_reported_and_nodes_after_it_get_the_data(ct_en
     sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "10", "2500000")  # 25 MB: ~5 s per link
     proc = subprocess.Popen(CLI + ["copy", "-c", name, "--strategy", "chain", "--json", "/scratch/src", "/scratch/dst"],
                             env=ct_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.5)  # the chain node-2 -> node-3 -> node-4 -> node-5 is streaming
+    _wait_for_files(ct_env, name, "node-4", 1)  # the chain node-2 -> node-3 -> node-4 -> node-5 streams
     pids = subprocess.run(["ip", "netns", "pids", _netns(ct_env, name, 3)], capture_output=True, text=True).stdout
     for pid in pids.split():
         try:
