@@ -1,6 +1,7 @@
 """An exception or Ctrl-C at each step of `up` leaves zero tagged resources.
 
-The steps are the AWS calls a clean `up` makes, recorded at the client seam; each case
+The steps are the AWS calls a clean `up` makes (repeats in a row, like tagging each node,
+count as one step), recorded at the client seam; each case
 injects a fault at one call index there (before the call runs, or - for Ctrl-C - after it
 ran, so the resource exists but the tool never saw its id).  moto cannot fail on request,
 so the seam raises; everything else is the moto server.  The server is not reset between
@@ -47,6 +48,11 @@ def _up_ops(aws) -> list[str]:
     return ops
 
 
+def _steps(ops: list[str]) -> list[tuple[int, str]]:
+    """(call index, op) of each step: repeats in a row (tagging node 1, 2, 3) are one step."""
+    return [(i, op) for i, op in enumerate(ops) if i == 0 or ops[i - 1] != op]
+
+
 def _all_clustertool_resources(aws) -> int:
     flt = [{"Name": "tag-key", "Values": ["clustertool:cluster"]}]
     live = flt + [{"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped", "shutting-down"]}]
@@ -66,7 +72,7 @@ def test_fault_at_each_step_of_up_leaves_zero_tagged_resources(aws, kind):
     assert {"create_security_group", "import_key_pair", "create_placement_group", "run_instances",
             "create_tags", "describe_instance_status"} <= set(ops)
     table = []
-    for index, op in enumerate(ops):
+    for index, op in _steps(ops):
         name = unique("f")
         exc = KeyboardInterrupt() if kind.startswith("ctrl-c") else RuntimeError(f"injected at {op}")
         fault = AtCall(index, exc, after=kind.endswith("after-call"))
@@ -112,3 +118,32 @@ def test_failed_rollback_keeps_state_and_down_finishes(aws):
     assert state.exists(name) and aws.leaks(name)["instances"] == 3
     assert aws.ct("down", "-c", name, "--yes")[0] == 0
     assert aws.total_leaks(name) == 0
+
+
+def test_down_interrupted_at_each_step_then_run_again_leaves_nothing(aws):
+    """Ctrl-C at every AWS call of `down` (after the call ran); a second `down` finishes."""
+    from clustertool import state
+    from clustertool.providers.aws import client
+
+    name = unique("drec")
+    assert aws.ct(*UP, "--name", name)[0] == 0
+    start = len(aws.recorder.ops)
+    assert aws.ct("down", "-c", name, "--yes")[0] == 0
+    down_ops = aws.recorder.ops[start:]
+    assert {"terminate_instances", "delete_security_group", "delete_placement_group", "delete_key_pair"} <= set(down_ops)
+    for index, op in _steps(down_ops):
+        name = unique("d")
+        assert aws.ct(*UP, "--name", name)[0] == 0
+        fault = AtCall(index, KeyboardInterrupt(), after=True)
+        client.HOOKS.insert(1, fault)
+        try:
+            code, _, err = aws.ct("down", "-c", name, "--yes")
+        finally:
+            client.HOOKS.remove(fault)
+        assert fault.fired == op and code == 130 and "Traceback" not in err
+        assert state.exists(name)  # an interrupted down keeps the state, so it can be run again
+        code, _, err = aws.ct("down", "-c", name, "--yes")
+        assert code == 0, f"second down after Ctrl-C at {op}: {err}"
+        assert aws.total_leaks(name) == 0, (op, aws.leaks(name))
+        print(f"ctrl-c in down after call {index} ({op}), then down again: 0 leaked")
+    assert _all_clustertool_resources(aws) == 0
