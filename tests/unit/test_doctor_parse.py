@@ -1,0 +1,110 @@
+"""doctor's node programs and parsers: facts, iperf3 JSON, mesh output, pair rounds, fix lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from clustertool.doctor import fixes, network
+from clustertool.doctor.facts import facts_script, parse_facts
+from clustertool.model import Cluster, Node
+
+pytestmark = pytest.mark.unit
+
+
+def nodes(n):
+    return [Node(f"node-{i}", i, f"10.0.0.{i}") for i in range(1, n + 1)]
+
+
+def test_facts_script_runs_here_and_parses(tmp_path):
+    plugin = tmp_path / "lib.so"
+    plugin.write_bytes(b"x")
+    out = subprocess.run(["sh", "-s"], input=facts_script(str(plugin), [str(tmp_path)]), text=True,
+                         capture_output=True, check=True).stdout
+    f = parse_facts("node-1", out)
+    assert f.values["nproc"].isdigit()
+    assert f.values["plugin"] == "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+    assert str(tmp_path) in [d.path for d in f.disks]
+    assert all(d.total_kb > 0 for d in f.disks)
+    missing = subprocess.run(["sh", "-s"], input=facts_script(str(tmp_path / "nope.so"), []), text=True,
+                             capture_output=True, check=True).stdout
+    assert parse_facts("n", missing).values["plugin"] == "absent"
+
+
+def test_parse_facts_lines():
+    text = ("nproc=8\ngpus=none\ndf /scratch 1024 0 /scratch\n"
+            "proc 42 python3 - python3 -c import time\nproc 43 orted j1-abc orted -mca x\n")
+    f = parse_facts("node-2", text)
+    assert f.values == {"nproc": "8", "gpus": "none"}
+    assert f.disks[0].free_pct == 0.0 and f.disks[0].mount == "/scratch"
+    assert [(p.pid, p.comm, p.job, p.args) for p in f.procs] == [
+        (42, "python3", None, "python3 -c import time"), (43, "orted", "j1-abc", "orted -mca x")]
+
+
+def test_parse_iperf_takes_the_slower_direction():
+    text = json.dumps({"end": {"sum_received": {"bits_per_second": 9e9},
+                               "sum_received_bidir_reverse": {"bits_per_second": 1e9}}})
+    assert network.parse_iperf(text) == 1e9
+    with pytest.raises(ValueError, match="unable to connect"):
+        network.parse_iperf(json.dumps({"error": "unable to connect to server", "end": {}}))
+    with pytest.raises(ValueError):
+        network.parse_iperf("not json")
+
+
+def test_iperf_client_binds_to_the_source_and_targets_only_the_peer_address():
+    a, b = nodes(2)
+    assert network.iperf_client_line(a, b, 41234) == (
+        "iperf3 -c 10.0.0.2 -B 10.0.0.1 -p 41234 -t 1 --bidir -J --connect-timeout 3000")
+
+
+def test_all_pairs_up_to_eight_nodes_then_ring_plus_opposite():
+    assert len(network._pairs(nodes(4))) == 6
+    big = network._pairs(nodes(16))
+    per_node = {}
+    for a, b in big:
+        per_node[a.name] = per_node.get(a.name, 0) + 1
+        per_node[b.name] = per_node.get(b.name, 0) + 1
+    assert len(big) < 16 * 15 // 2 and min(per_node.values()) >= 3
+
+
+def test_rounds_never_use_a_node_twice():
+    for r in network.rounds(network._pairs(nodes(6))):
+        used = [n.name for pair in r for n in pair]
+        assert len(used) == len(set(used))
+
+
+def test_mesh_findings_collapse_a_dead_target():
+    cluster = Cluster("c", "local", nodes=nodes(3))
+    outputs = {"node-1": "fail 10.0.0.3 ssh: connect to host 10.0.0.3 port 22: Connection refused\n",
+               "node-2": "fail 10.0.0.3 ssh: connect to host 10.0.0.3 port 22: Connection refused\n"}
+    found = network.mesh_findings(cluster, cluster.nodes[:2], outputs, {"node-3"})
+    assert [(f.node, f.fixable) for f in found] == [("node-3", False)]
+    assert found[0].message.startswith("no node can ssh to node-3")
+
+
+def test_mesh_host_key_failures_are_fixable():
+    cluster = Cluster("c", "local", nodes=nodes(3))
+    outputs = {"node-1": "fail 10.0.0.2 Host key verification failed.\n"}
+    found = network.mesh_findings(cluster, cluster.nodes, outputs, set())
+    assert [(f.node, f.fixable) for f in found] == [("node-2", True)]
+    assert found[0].message.startswith("node-1 cannot ssh to node-2")
+
+
+def test_mesh_script_reaches_every_target_by_address():
+    script = network.mesh_script(nodes(3)[1:])
+    assert "ssh -o ConnectTimeout=5 -o BatchMode=yes 10.0.0.2 true" in script
+    assert "10.0.0.3" in script and "10.0.0.1" not in script
+
+
+def test_fix_kills_only_pids_whose_command_is_unchanged():
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        line = fixes.kill_pids_line({str(sleeper.pid): "not-sleep"})
+        subprocess.run(["sh", "-c", line], check=True)
+        assert sleeper.poll() is None
+        subprocess.run(["sh", "-c", fixes.kill_pids_line({str(sleeper.pid): "sleep"})], check=True)
+        assert sleeper.wait(timeout=5) == -9
+    finally:
+        sleeper.kill()
