@@ -25,16 +25,16 @@ Report_ = Callable[[str], None]
 ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links")
 
 
-def plugin_path() -> str:
+def plugin_path(cluster: Cluster) -> str:
+    """Where clustertool.native deployed (or would deploy) the NCCL net plugin on the nodes."""
     try:
         from clustertool import native  # type: ignore[attr-defined]
-    except ImportError:
+
+        deployed = (native.load_record(cluster.name).get("deployed") or {})
+        dest = deployed.get("dest") or native.default_dest(cluster)
+        return f"{str(dest).rstrip('/')}/{native.NET_LIB}"
+    except (ImportError, AttributeError):
         return DEFAULT_PLUGIN_PATH
-    for attr in ("DEPLOY_PATH", "PLUGIN_PATH", "REMOTE_PATH"):
-        value = getattr(native, attr, None)
-        if isinstance(value, str):
-            return value
-    return DEFAULT_PLUGIN_PATH
 
 
 def _timed(name: str, fn) -> CheckResult:
@@ -128,7 +128,7 @@ def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: 
     out.checks.append(reach)
     if not reachable:
         return out
-    facts = _facts(cluster, reachable, plugin or plugin_path(), disk_paths or ["/scratch"])
+    facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"])
     slots = {n.name: n.slots for n in cluster.nodes}
     steps = {
         "ssh-mesh": lambda: _mesh(cluster, reachable),

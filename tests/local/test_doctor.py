@@ -85,18 +85,26 @@ def test_full_disk_on_one_node_is_an_error(cluster):
     assert doctor(cluster, "--check", "disk")[1]["clean"]
 
 
-def test_different_plugin_checksum_on_one_node_is_an_error(cluster):
-    path = "/root/ct-plugin/libnccl-net-clustertool.so"
+@pytest.mark.parametrize("where", ["deployed", "--plugin-path"])
+def test_different_plugin_checksum_on_one_node_is_an_error(cluster, where):
+    """At the path clustertool.native deploys to on local nodes (each node's private home),
+    or at a path given with --plugin-path."""
+    from clustertool import native
+    from clustertool.model import Cluster
+
+    folder = (native.default_dest(Cluster(cluster[0], "local")) if where == "deployed" else "/root/ct-plugin")
+    path = f"{folder}/{native.NET_LIB}"
     for node in ("node-1", "node-2", "node-3"):
-        on(cluster, node, f"mkdir -p /root/ct-plugin && printf 'plugin v1' > {path}")
-    on(cluster, "node-4", f"mkdir -p /root/ct-plugin && printf 'plugin v2' > {path}")
+        on(cluster, node, f"mkdir -p {folder} && printf 'plugin v1' > {path}")
+    on(cluster, "node-4", f"mkdir -p {folder} && printf 'plugin v2' > {path}")
     try:
-        code, report = doctor(cluster, "--check", "sameness", "--plugin-path", path)
+        extra = ("--plugin-path", path) if where == "--plugin-path" else ()
+        code, report = doctor(cluster, "--check", "sameness", *extra)
         found = problems(report, "sameness")
         assert code == 1 and [f["node"] for f in found] == ["node-4"], found
         assert "plugin checksum" in found[0]["message"]
     finally:
-        on(cluster, "node-1,node-2,node-3,node-4", "rm -rf /root/ct-plugin")
+        on(cluster, "node-1,node-2,node-3,node-4", f"rm -f {path}")
 
 
 def _shape(cluster, node_index, rate):

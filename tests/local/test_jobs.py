@@ -187,3 +187,36 @@ def test_clean_removes_finished_jobs_everywhere(cluster):
     assert jobs(cluster) == {}
     listing = cli(cluster, "exec", "--no-live", "--", "ls ~/.clustertool/jobs | wc -l")
     assert listing.stdout.count("0\n") >= 1 and "exit 0" in listing.stdout
+
+
+def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(cluster):
+    name, env = cluster
+    client = subprocess.Popen(CLI + ["run", "-c", name, "--follow", "--name", "detach", "--", "sleep", "1000"],
+                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not [j for j in jobs(cluster).values() if j["name"] == "detach"] and time.monotonic() < deadline:
+        time.sleep(0.3)
+    time.sleep(0.5)
+    client.send_signal(signal.SIGINT)
+    _, err = client.communicate(timeout=20)
+    assert client.returncode == 130 and "keeps running" in err
+    job = [j for j in jobs(cluster).values() if j["name"] == "detach"][0]
+    assert job["state"] == "running" and len(job_processes(cluster, job["id"])) == 3
+    assert cli(cluster, "kill", job["id"], "--grace", "1").returncode == 0
+    assert job_processes(cluster, job["id"]) == {}
+
+
+def test_dry_run_prints_the_exact_command_and_plugin_adds_its_environment(cluster):
+    name, env = cluster
+    dry = cli(cluster, "run", "--dry-run", "-x", "MSG=a b", "--nccl-debug", "INFO", "--", "python", "t.py")
+    assert dry.returncode == 0 and "'MSG=a b'" in dry.stdout and "-x NCCL_DEBUG=INFO" in dry.stdout
+    assert "--allow-run-as-root" in dry.stdout and "btl_tcp_if_include 10.213." in dry.stdout
+    missing = cli(cluster, "run", "--plugin", "--dry-run", "--", "hostname")
+    assert missing.returncode == 1 and "not deployed" in missing.stderr
+    record = Path(env["CLUSTERTOOL_HOME"]) / "clusters" / name / "plugin.json"
+    record.write_text(json.dumps({"deployed": {"dest": "/root/.clustertool/lib"}}))
+    try:
+        planned = cli(cluster, "run", "--plugin", "--dry-run", "--", "hostname")
+        assert "NCCL_NET_PLUGIN=/root/.clustertool/lib/libnccl-net-clustertool.so" in planned.stdout
+    finally:
+        record.unlink()
