@@ -16,7 +16,7 @@ from tests.aws.fakes import client_error
 from tests.conftest import unique
 
 pytestmark = pytest.mark.aws
-UP = ("up", "-p", "aws", "-N", "3", "--instance-type", "p4d.24xlarge", "--no-ssh")
+UP = ("up", "-p", "aws", "-N", "2", "--instance-type", "p4d.24xlarge", "--no-ssh")
 
 
 class AtCall:
@@ -115,7 +115,7 @@ def test_failed_rollback_keeps_state_and_down_finishes(aws):
     aws.faults.add("terminate_instances", client_error("InternalError", "TerminateInstances", "try later"))
     code, _, err = aws.ct(*UP, "--name", name)
     assert code != 0 and "cleanup failed too" in err and f"clustertool down -c {name}" in err
-    assert state.exists(name) and aws.leaks(name)["instances"] == 3
+    assert state.exists(name) and aws.leaks(name)["instances"] == 2
     assert aws.ct("down", "-c", name, "--yes")[0] == 0
     assert aws.total_leaks(name) == 0
 
@@ -131,6 +131,7 @@ def test_down_interrupted_at_each_step_then_run_again_leaves_nothing(aws):
     assert aws.ct("down", "-c", name, "--yes")[0] == 0
     down_ops = aws.recorder.ops[start:]
     assert {"terminate_instances", "delete_security_group", "delete_placement_group", "delete_key_pair"} <= set(down_ops)
+    done = []
     for index, op in _steps(down_ops):
         name = unique("d")
         assert aws.ct(*UP, "--name", name)[0] == 0
@@ -145,5 +146,6 @@ def test_down_interrupted_at_each_step_then_run_again_leaves_nothing(aws):
         code, _, err = aws.ct("down", "-c", name, "--yes")
         assert code == 0, f"second down after Ctrl-C at {op}: {err}"
         assert aws.total_leaks(name) == 0, (op, aws.leaks(name))
-        print(f"ctrl-c in down after call {index} ({op}), then down again: 0 leaked")
+        done.append(f"ctrl-c in down after call {index} ({op}), then down again: 0 leaked")
+    print("\n".join(done))  # after the loop: ct() reads captured output away
     assert _all_clustertool_resources(aws) == 0
