@@ -109,3 +109,11 @@ def group_summary(group: GroupResult, fold) -> None:
     with _lock:
         sys.stdout.flush()
         sys.stderr.write(line + "\n")
+
+
+def plain_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """Aligned columns without box drawing or wrapping (ids stay whole in any terminal width)."""
+    rows = [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    for row in [list(columns)] + rows:
+        sys.stdout.write("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n")

@@ -36,10 +36,10 @@ def doctor(
         mark = {"ok": "ok  ", "warning": "WARN", "error": "FAIL", "skipped": "skip"}[c.status]
         extra = f" ({c.skipped})" if c.skipped else ""
         typer.echo(f"[{mark}] {c.name}{extra}  {c.seconds:.1f}s")
-    problems = [f for f in result.findings if f.problem or f.severity == "info"]
-    if problems:
-        render.table(["check", "node", "severity", "finding", "fix"],
-                     [(f.check, f.node or "cluster", f.severity, f.message, f.fix) for f in problems])
+    for f in result.findings:
+        typer.echo(f"{f.severity.upper():7} {f.check} {f.node or 'cluster'}: {f.message}")
+        if f.fix:
+            typer.echo(f"        fix: {f.fix}")
     if result.clean:
         typer.echo(f"cluster {result.cluster}: clean")
     else:

@@ -114,7 +114,7 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
     if not all_jobs:
         typer.echo("no jobs")
         return
-    render.table(["id", "name", "state", "started", "duration", "ranks", "nodes", "command"],
+    render.plain_table(["id", "name", "state", "started", "duration", "ranks", "nodes", "command"],
                  [(j.id, j.name or "", _state_text(j), time.strftime("%m-%d %H:%M:%S", time.localtime(j.started)),
                    _duration(j), j.np, len(j.nodes), shlex.join(j.command)[:60]) for j in all_jobs])
 
@@ -173,7 +173,7 @@ def kill(
     else:
         if result.job:
             sys.stderr.write(f"job {result.job.id}: {_state_text(result.job)}\n")
-        render.table(["node", "signaled", "forced (KILL)", "remaining", "gpu", "error"],
+        render.plain_table(["node", "signaled", "forced (KILL)", "remaining", "gpu", "error"],
                      [(n.node, len(n.signaled), len(n.forced), " ".join(n.remaining) or "0", n.gpu, n.error or "")
                       for n in result.nodes])
     raise typer.Exit(0 if result.clean else 1)

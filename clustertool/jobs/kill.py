@@ -101,7 +101,7 @@ def kill_all_python(cluster_name: str, selection: str | None = None) -> KillResu
     """The seeds' blunt fallback: ``pkill -9 python`` on every (selected) node."""
     cluster: Cluster = state.load(cluster_name)
     nodes = nodeset.select(cluster, selection)
-    line = ("pkill -9 -x 'python[0-9.]*' ; sleep 0.3; "
+    line = ("echo \"signaled $(pgrep -x 'python[0-9.]*' | tr '\\n' ' ')\"; pkill -9 -x 'python[0-9.]*' ; sleep 0.3; "
             "echo \"remaining $(pgrep -x 'python[0-9.]*' | tr '\\n' ' ')\"")
     result = run_on_nodes(cluster.name, nodes, line, timeout=60)
     out = []

@@ -220,3 +220,14 @@ def test_dry_run_prints_the_exact_command_and_plugin_adds_its_environment(cluste
         assert "NCCL_NET_PLUGIN=/root/.clustertool/lib/libnccl-net-clustertool.so" in planned.stdout
     finally:
         record.unlink()
+
+
+def test_all_python_is_the_explicit_blunt_fallback(cluster):
+    name, _ = cluster
+    cli(cluster, "exec", "-n", "node-3", "--", "setsid python3 -c 'import time; time.sleep(600)' >/dev/null 2>&1 </dev/null &")
+    proc = cli(cluster, "kill", "--all-python", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = {n["node"]: n for n in json.loads(proc.stdout)["nodes"]}
+    assert len(report["node-3"]["signaled"]) == 1 and report["node-3"]["remaining"] == []
+    ns = local_net.netns_name(name, 3)
+    assert "python3" not in [local_sys.comm(p) for p in local_sys.pids_in_netns([ns]).get(ns, [])]
