@@ -193,6 +193,8 @@ def test_stop_keeps_disks_and_start_refreshes_nodes_and_hostfile(aws, tmp_path):
     assert code == 0, err
     assert {i["State"]["Name"] for i in aws.instances(name)} == {"stopped"}
     assert aws.leaks(name)["volumes"] == volumes_before == 2
+    code, out, _ = aws.ct("status", "-c", name, "--no-check")
+    assert code == 0 and "compute not billed while stopped" in out and out.count("stopped") >= 2
     hostfile = Path(tmp_path / "hostfiles" / name)
     hostfile.unlink()
     code, _, err = aws.ct("start", "-c", name)

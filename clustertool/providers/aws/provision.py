@@ -169,6 +169,8 @@ def describe(cluster: Cluster) -> dict:
     total, basis = pricing.hourly(itype, count, spot_price=spot, is_spot=bool(opts.get("spot")))
     hourly = f"${total:,.2f}/h ({basis})" if total is not None else basis
     since = cluster.created or time.time()
+    if cluster.status == "stopped":
+        hourly = f"compute not billed while stopped (running: {hourly}); the EBS volumes still are"
     out = {"hourly price": hourly, "cost so far": pricing.cost_so_far(total, since)}
     if cluster.provider_state.get("adopted"):
         out["note"] = "adopted instances: billed to you whether or not the cluster exists"
