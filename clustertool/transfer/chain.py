@@ -70,6 +70,7 @@ def hop_script(dest: str, sdir: str, node_name: str, extract: bool,
     lines = [
         "set -u",
         f"S=\"$HOME\"/{q(sdir)}",
+        "ps -o pgid= $$ | tr -d ' ' > \"$S/pgid\"  # so an aborted copy can stop this hop",
         "exec 3>&2",
         "extract() {",
         f"  if ! mkdir -p -- {q(dest)} 2>\"$S/err\" || ! cd -- {q(dest)} 2>>\"$S/err\"; then",
@@ -113,11 +114,29 @@ def collect_command(sdir: str) -> str:
             f"cd && rm -rf {q}; rmdir .cache/clustertool .cache 2>/dev/null; true")
 
 
-def leader_source_command(src_dir: str, first: tuple[str, str], cipher: str | None) -> str:
-    """On the source node: tar the names given on stdin and stream them to the first hop."""
+def leader_source_command(src_dir: str, first: tuple[str, str], cipher: str | None,
+                          source_sdir: str | None = None) -> str:
+    """On the source node: tar the names given on stdin and stream them to the first hop.
+
+    With ``source_sdir``, the pipeline's process group is recorded there (for abort).
+    """
     address, first_sdir = first
     forward = hop_ssh_argv(address, cipher) + [f"bash {shlex.quote(first_sdir)}/hop.sh"]
-    return f"{shlex.join(tar_create_argv(src_dir))} | {shlex.join(forward)}"
+    pipeline = f"{shlex.join(tar_create_argv(src_dir))} | {shlex.join(forward)}"
+    if source_sdir is None:
+        return pipeline
+    q = shlex.quote(source_sdir)
+    return f"mkdir -p {q} && ps -o pgid= $$ | tr -d ' ' > {q}/pgid; {pipeline}; rc=$?; rm -rf {q}; exit $rc"
+
+
+def abort_command(run_id: str) -> str:
+    """Remote command that stops every hop (and source) of a run on a node and removes its files.
+
+    Each hop recorded its own process group; killing it stops its tar, tee and onward ssh.
+    """
+    pattern = f".cache/clustertool/copy-{run_id}-*"
+    return (f"for f in {pattern}/pgid; do [ -s \"$f\" ] && kill -TERM -- -\"$(cat \"$f\")\" 2>/dev/null; "
+            f"done; rm -rf {pattern}; true")
 
 
 @dataclass

@@ -64,7 +64,8 @@ def _head(job, first: Node) -> tuple[list[str], list[str] | None]:
     if job.from_local:
         cmd = f"bash {chains.status_dir(job.run_id, first.name)}/hop.sh"
         return ssh_argv(job.cluster.name, first, cmd), chains.tar_create_argv(job.src_dir)
-    cmd = chains.leader_source_command(job.src_dir, first_hop, job.cipher)
+    cmd = chains.leader_source_command(job.src_dir, first_hop, job.cipher,
+                                       chains.status_dir(job.run_id, "source"))
     return ssh_argv(job.cluster.name, job.cluster.leader, cmd), None
 
 
@@ -77,7 +78,11 @@ def _one_pass(job, pending: list[Node], union: list[str]) -> dict[str, chains.Ho
     if job.on_progress is not None:
         progress = lambda node, done: job.on_progress(node, min(done, total), total)  # noqa: E731
     argv, local_tar = _head(job, hops[0][0])
-    run = chains.stream(argv, union, local_tar=local_tar, on_progress=progress)
+    try:
+        run = chains.stream(argv, union, local_tar=local_tar, on_progress=progress)
+    except BaseException:  # Ctrl-C: the hops would go on without us; stop them
+        abort(job, [job.cluster.leader] + [n for n, _ in hops])
+        raise
     group = run_on_nodes(job.cluster.name, [n for n, _ in hops],
                          lambda n: chains.collect_command(chains.status_dir(job.run_id, n.name)), timeout=60)
     out: dict[str, chains.HopStatus | str] = {}
@@ -88,6 +93,15 @@ def _one_pass(job, pending: list[Node], union: list[str]) -> dict[str, chains.Ho
     if run.returncode != 0 and run.stderr and hops[0][0].name in out and not isinstance(out[hops[0][0].name], str):
         out[hops[0][0].name].stderr = (out[hops[0][0].name].stderr + "; " + run.stderr[-300:]).strip("; ")
     return out
+
+
+def abort(job, nodes: list[Node]) -> None:
+    """Stop this run's pipelines on the nodes (best effort: an interrupt is under way)."""
+    unique = list({n.name: n for n in nodes}.values())
+    try:
+        run_on_nodes(job.cluster.name, unique, chains.abort_command(job.run_id), timeout=20)
+    except Exception:
+        pass
 
 
 def truncated(st: chains.HopStatus) -> bool:

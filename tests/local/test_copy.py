@@ -110,7 +110,12 @@ def test_interrupted_copy_resumes_sending_only_what_is_missing(ct_env, local_clu
     _wait_for_files(ct_env, name, "node-3", 3)  # some data has landed on the last node
     proc.send_signal(signal.SIGINT)  # Ctrl-C
     proc.communicate(timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == 130
+    # the relay stopped with us: no run files left, nothing more arrives
+    count = "ls /scratch/dst/sub/deeper | wc -l; ls -d ~/.cache/clustertool/copy-* 2>/dev/null | wc -l"
+    before = sh(ct_env, name, "node-3", count)
+    time.sleep(1.5)
+    assert sh(ct_env, name, "node-3", count) == before and before.split()[1] == "0"
     code, data, err = copy_json(ct_env, "-c", name, "--strategy", "chain", "/scratch/src", "/scratch/dst")
     assert code == 0, err
     total = data["total_bytes"]

@@ -117,3 +117,24 @@ def test_object_keys_map_under_dest_and_unsafe_keys_are_refused():
     assert prog.local_name("ds/a", "ds") == "a"
     assert prog.local_name("ds/../../etc/passwd", "ds/") is None
     assert prog.local_name("ds/", "ds/") is None
+
+
+def test_abort_stops_only_this_runs_process_groups_and_is_valid_bash():
+    cmd = chain.abort_command("abc123")
+    assert ".cache/clustertool/copy-abc123-*" in cmd and "kill -TERM -- -" in cmd
+    assert subprocess.run(["bash", "-n", "-c", cmd]).returncode == 0
+    src = chain.leader_source_command("/s", ("10.0.0.2", "h"), None, ".cache/clustertool/copy-abc123-source")
+    assert src.startswith("mkdir -p .cache/clustertool/copy-abc123-source && ps -o pgid= $$")
+    assert subprocess.run(["bash", "-n", "-c", src]).returncode == 0
+    hop = chain.hop_script("d", "s", "n", True, None, None)
+    assert "ps -o pgid= $$" in hop
+
+
+def test_abort_command_kills_a_recorded_process_group(tmp_path):
+    home = tmp_path
+    sdir = home / ".cache/clustertool/copy-run1-node-2"
+    sdir.mkdir(parents=True)
+    proc = subprocess.Popen(["bash", "-c", "sleep 30 | cat"], start_new_session=True)
+    (sdir / "pgid").write_text(str(proc.pid))
+    subprocess.run(["bash", "-c", chain.abort_command("run1")], cwd=home, check=True)
+    assert proc.wait(timeout=5) != 0 and not sdir.exists()
