@@ -109,13 +109,24 @@ def run_parallel(jobs: list[tuple[str, list[str]]], on_bytes=None) -> dict[str, 
     return results
 
 
+def tracked(command: str, sdir: str) -> str:
+    """Run ``command`` recording its process group in sdir (so an abort can stop it)."""
+    q = shlex.quote(sdir)
+    return f"mkdir -p {q} && ps -o pgid= $$ | tr -d ' ' > {q}/pgid; {command}; rc=$?; rm -rf {q}; exit $rc"
+
+
 def from_source_node(cluster_name: str, source: Node, targets: list[Node], src: str, src_is_dir: bool,
-                     dest: str, *, cipher: str | None, delete: bool, on_bytes=None) -> dict[str, RsyncResult]:
+                     dest: str, *, cipher: str | None, delete: bool, on_bytes=None,
+                     run_id: str | None = None) -> dict[str, RsyncResult]:
     """rsync on the source node to every target at once (one ssh session per target)."""
+    from clustertool.transfer.chain import status_dir
+
     jobs = []
     for node in targets:
-        argv = rsync_argv(src, src_is_dir, node.address, dest, cipher=cipher, delete=delete)
-        jobs.append((node.name, ssh_argv(cluster_name, source, shlex.join(argv))))
+        command = shlex.join(rsync_argv(src, src_is_dir, node.address, dest, cipher=cipher, delete=delete))
+        if run_id is not None:
+            command = tracked(command, status_dir(run_id, f"fanout-{node.name}"))
+        jobs.append((node.name, ssh_argv(cluster_name, source, command)))
     return run_parallel(jobs, on_bytes)
 
 

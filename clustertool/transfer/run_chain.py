@@ -182,8 +182,12 @@ def fanout_transfer(job, node_plans: dict[str, plans.NodePlan], live: list[Node]
         src, is_dir, targets = _stage_on_leader(job, targets, progress, result)
         if src is None:
             return
-    got = fanout.from_source_node(job.cluster.name, leader, targets, src, is_dir, job.dest,
-                                  cipher=job.cipher, delete=False, on_bytes=progress)
+    try:
+        got = fanout.from_source_node(job.cluster.name, leader, targets, src, is_dir, job.dest,
+                                      cipher=job.cipher, delete=False, on_bytes=progress, run_id=job.run_id)
+    except BaseException:  # Ctrl-C: stop the rsyncs on the leader too
+        abort(job, [leader])
+        raise
     for name, r in got.items():
         entry = _entry(job, name)
         entry.bytes_received += r.bytes_sent

@@ -138,3 +138,9 @@ def test_abort_command_kills_a_recorded_process_group(tmp_path):
     (sdir / "pgid").write_text(str(proc.pid))
     subprocess.run(["bash", "-c", chain.abort_command("run1")], cwd=home, check=True)
     assert proc.wait(timeout=5) != 0 and not sdir.exists()
+
+
+def test_fanout_jobs_record_their_process_group_for_abort():
+    cmd = fanout.tracked("rsync -a a b", ".cache/clustertool/copy-r-fanout-node-2")
+    assert cmd.startswith("mkdir -p .cache/clustertool/copy-r-fanout-node-2 && ps -o pgid= $$")
+    assert "rsync -a a b; rc=$?" in cmd and subprocess.run(["bash", "-n", "-c", cmd]).returncode == 0
