@@ -47,7 +47,7 @@ static ncclResult_t cn_listen(void* ctx, int dev, void* handle, void** lc) {
   l->h.nsocks = (uint32_t)ct_env_long("CLUSTERTOOL_SOCKS_PER_PEER", 1, 1, 16);
   const char* sched = ct_env_str("CLUSTERTOOL_SHARDED_SCHED", "lockstep");
   l->h.sched = strcasecmp(sched, "free") == 0;
-  l->h.chunk_bytes = (uint64_t)ct_env_long("CLUSTERTOOL_CHUNK_BYTES", 1024 * 1024, 4096, 256L << 20);
+  l->h.chunk_bytes = (uint64_t)ct_env_long("CLUSTERTOOL_CHUNK_BYTES", 256 * 1024, 4096, 256L << 20);
   memcpy(handle, &l->h, sizeof l->h);
   *lc = l;
   return ncclSuccess;
