@@ -4,6 +4,7 @@ the quickstart runs end to end and ends with a scaling table, CSV and chart from
 from __future__ import annotations
 
 import csv
+import json
 import signal
 import subprocess
 import time
@@ -13,6 +14,7 @@ import pytest
 
 from tests.conftest import CLI, REPO, run_cli, unique
 from tests.local.conftest import local_leftovers
+from tests.local.test_sync_s3 import s3_cluster  # noqa: F401 (a fixture: 4 nodes + moto on the bridge)
 
 pytestmark = pytest.mark.local
 
@@ -116,3 +118,15 @@ def test_quickstart_playbook_end_to_end_small(ct_env, tmp_path):
         assert _known_clusters(ct_env) == [] and local_leftovers(name) == []
     finally:
         run_cli("down", "-c", name, "--yes", env=ct_env)
+
+
+def test_dataset_from_s3_playbook_against_moto(s3_cluster):
+    """Every node pulls the bucket prefix through the playbook (moto on the cluster bridge)."""
+    name, endpoint, env, _client = s3_cluster
+    proc = run_cli("play", "playbooks/dataset-from-s3.yaml", "--var", f"cluster={name}",
+                   "--var", "url=s3://train-data/ds", "--var", "dest=/scratch/ds", "--var", "pass_credentials=true",
+                   env=dict(env, AWS_ENDPOINT_URL=endpoint), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listing = run_cli("exec", "-c", name, "--json", "--", "find /scratch/ds -type f | wc -l", env=env)
+    counts = {r["node"]: r["stdout"].strip() for r in json.loads(listing.stdout)["results"]}
+    assert counts == {f"node-{i}": "11" for i in range(1, 5)}
