@@ -130,3 +130,12 @@ def test_dataset_from_s3_playbook_against_moto(s3_cluster):
     listing = run_cli("exec", "-c", name, "--json", "--", "find /scratch/ds -type f | wc -l", env=env)
     counts = {r["node"]: r["stdout"].strip() for r in json.loads(listing.stdout)["results"]}
     assert counts == {f"node-{i}": "11" for i in range(1, 5)}
+
+
+def test_allreduce_sweep_playbook_writes_and_deploys_the_tuner_table(ct_env, local_cluster, tmp_path):
+    name = local_cluster(2)
+    out = tmp_path / "allreduce"
+    proc = run_cli("play", "playbooks/allreduce-sweep.yaml", "--var", f"cluster={name}",
+                   "--var", "sizes=64K:256K", "--var", f"out={out}", env=ct_env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "tuner.csv").read_text().strip()
