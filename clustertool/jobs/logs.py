@@ -11,6 +11,7 @@ import re
 from typing import Callable
 
 from clustertool import state
+from clustertool.errors import ToolError
 from clustertool.jobs import records, scripts
 from clustertool.jobs.launch import follow
 from clustertool.jobs.mpirun import JOBS_DIR
@@ -70,6 +71,9 @@ def show(cluster_name: str, ref: str, on_line: Callable[[str], None], *, follow_
         return follow(cluster.name, job, emit, from_line=start)
     result = run_on_nodes(cluster.name, [cluster.node(job.leader)], scripts.tail_script(job.id, lines),
                           timeout=60).results[0]
+    if not result.ok:
+        raise ToolError(f"no log for job {job.id} on {job.leader}: "
+                        f"{result.error or 'it was removed (`clustertool clean`)'}")
     for text in result.stdout.splitlines():
         emit(text)
     return None

@@ -107,6 +107,18 @@ def test_different_plugin_checksum_on_one_node_is_an_error(cluster, where):
         on(cluster, "node-1,node-2,node-3,node-4", f"rm -f {path}")
 
 
+def test_lost_known_hosts_on_one_node_is_found_and_fix_pushes_them_again(cluster):
+    name, _ = cluster
+    assert on(cluster, "node-2", f"rm ~/.ssh/clustertool-{name}.known_hosts").returncode == 0
+    code, report = doctor(cluster, "--check", "ssh-mesh")
+    found = problems(report, "ssh-mesh")
+    assert code == 1 and found and all(f["fixable"] for f in found), found
+    assert all(f["data"]["from"] == ["node-2"] for f in found)
+    code, report = doctor(cluster, "--check", "ssh-mesh", "--fix")
+    assert code == 0 and report["clean"], problems(report)
+    assert report["fixed"] == ["pushed the cluster key, pinned known_hosts and ssh config to every node"]
+
+
 def _shape(cluster, node_index, rate):
     name, env = cluster
     state = json.loads(open(os.path.join(env["CLUSTERTOOL_HOME"], "clusters", f"{name}.json")).read())

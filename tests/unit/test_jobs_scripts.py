@@ -202,3 +202,23 @@ def test_fetch_and_reboot_lines_quote_paths():
     with pytest.raises(UsageError):
         s3_upload_line("x", "http://nope")
     assert "sudo -n reboot" in reboot_line("ubuntu") and "sudo" not in reboot_line("root")
+
+
+def test_kill_reports_gpu_memory_still_held_by_a_killed_pid(tmp_path):
+    """nvidia-smi here is a stand-in script (no GPU on this machine) that lists the killed pid."""
+    job_id = new_id()
+    victim = subprocess.Popen(["sleep", "300"], env=dict(os.environ, CLUSTERTOOL_JOB=job_id), start_new_session=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho '{victim.pid}, 2048'\necho '99999999, 10'\n")
+    fake.chmod(0o755)
+    try:
+        env = dict(os.environ, HOME=str(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}")
+        out = subprocess.run(["sh", "-s"], input=scripts.kill_script(job_id, "TERM", 1), text=True,
+                             capture_output=True, env=env, check=True).stdout
+        result = jobkill.parse_kill_output("here", out)
+        assert result.gpu == f"held: {victim.pid}:2048" and not result.clean
+    finally:
+        victim.kill()
+        victim.wait()
