@@ -92,7 +92,8 @@ def preflight(cluster: Cluster, nodes: list[Node], allow_concurrent: bool) -> st
     if busy and not allow_concurrent:
         job_id, where = next(iter(busy.items()))
         raise UsageError(f"job {job_id} is still running on {nodeset.fold(where)}",
-                         hint=f"wait, `clustertool kill {job_id}`, or add --allow-concurrent")
+                         hint=f"wait, `clustertool kill {job_id}`, or add --allow-concurrent "
+                              "(leftovers of a job that ended: `clustertool doctor --fix`)")
     leader_out = result.by_node()[cluster.leader.name].stdout
     for line in leader_out.splitlines():
         if line.startswith("home="):

@@ -192,7 +192,7 @@ def follow_script(job_id: str, from_line: int = 1) -> str:
         f"d={d}",
         'i=0; while [ ! -f "$d/launch.pid" ] && [ ! -f "$d/exit" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done',
         'p=$(cut -d" " -f1 "$d/launch.pid" 2>/dev/null)',
-        f'if [ -n "$p" ] && [ ! -f "$d/exit" ]; then exec tail -n +{int(from_line)} -f --pid="$p" "$d/log"; '
+        f'if [ -n "$p" ] && [ ! -f "$d/exit" ]; then exec tail -n +{int(from_line)} -f -s 0.2 --pid="$p" "$d/log"; '
         f'else exec tail -n +{int(from_line)} "$d/log"; fi',
         "",
     ])

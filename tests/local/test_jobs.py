@@ -119,6 +119,15 @@ def test_logs_node_shows_only_that_nodes_ranks(cluster):
     assert [line for line in only.stdout.splitlines() if "]<stdout>:" in line] == ["[1,1]<stdout>:node-2"]
 
 
+def test_logs_follow_streams_a_running_job_and_exits_with_its_code(cluster):
+    started = cli(cluster, "run", "--np", "1", "--workdir", "/scratch", "--no-tag-output", "--",
+                  "sh", "-c", "for i in 1 2 3; do echo step $i; sleep 0.4; done; pwd; exit 5")
+    assert started.returncode == 0, started.stderr
+    followed = cli(cluster, "logs", "-f", started.stdout.strip())
+    assert followed.returncode == 5
+    assert followed.stdout.splitlines()[:4] == ["step 1", "step 2", "step 3", "/scratch"]
+
+
 def test_job_survives_the_client_being_killed(cluster):
     name, env = cluster
     client = subprocess.Popen(CLI + ["run", "-c", name, "--follow", "--name", "survivor", "--np", "1", "--",
