@@ -137,27 +137,28 @@ def delete(name: str) -> None:
 
 
 @contextlib.contextmanager
-def locked(name: str, timeout: float = 30.0) -> Iterator[None]:
-    """Hold the cluster's lock so two commands cannot change its state at once."""
-    lock_path = clusters_dir() / f"{validate_name(name)}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(lock_path, "a+")
-    deadline = time.monotonic() + timeout
-    try:
+def flocked(path: Path, timeout: float, busy: Exception, poll: float = 0.05) -> Iterator[None]:
+    """Hold an exclusive flock on ``path``; raise ``busy`` if it is not free within ``timeout``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise StateError(
-                        f"cluster {name!r} is busy: another clustertool command holds its lock",
-                        hint="wait for it to finish, then retry",
-                    ) from None
-                time.sleep(0.1)
+                    raise busy from None
+                time.sleep(poll)
         yield
-    finally:
-        fh.close()
+
+
+def locked(name: str, timeout: float = 30.0):
+    """Hold the cluster's lock so two commands cannot change its state at once."""
+    lock_path = clusters_dir() / f"{validate_name(name)}.lock"
+    busy = StateError(f"cluster {name!r} is busy: another clustertool command holds its lock",
+                      hint="wait for it to finish, then retry")
+    return flocked(lock_path, timeout, busy)
 
 
 def resolve_name(name: str | None) -> str:

@@ -6,15 +6,15 @@ Kept apart from ``local.py`` (the provider verbs) and ``local_net.py`` (pure bui
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from clustertool.errors import ProviderError
+from clustertool.state import flocked
 from clustertool.providers import local_net
 
 LOCK_PATH = Path("/run/lock/clustertool-local.lock")
@@ -59,22 +59,11 @@ def run_parallel(jobs: list[tuple[list[str], str | None]]) -> list[subprocess.Co
     return results
 
 
-@contextlib.contextmanager
-def global_lock(timeout: float = 60.0) -> Iterator[None]:
+def global_lock(timeout: float = 60.0):
     """System-wide lock for slot allocation, the shared route and /scratch (all CLUSTERTOOL_HOMEs)."""
-    LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_PATH, "a+") as fh:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise ProviderError(f"timed out waiting for {LOCK_PATH}",
-                                        hint="another local cluster is being made or removed") from None
-                time.sleep(0.05)
-        yield
+    busy = ProviderError(f"timed out waiting for {LOCK_PATH}",
+                         hint="another local cluster is being made or removed")
+    return flocked(LOCK_PATH, timeout, busy)
 
 
 def bridge_names() -> list[str]:
