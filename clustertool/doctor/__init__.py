@@ -105,7 +105,12 @@ def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts]) -> C
                                              fix="apt-get install iperf3 (or yum install iperf3)") for n in missing])
     if len(reachable) < 2:
         return CheckResult("links", skipped="fewer than two reachable nodes")
-    pairs, failed = network.link_check(cluster, reachable, parallel=cluster.provider != "local")
+    parallel = cluster.provider != "local"  # local nodes share this machine's CPUs: one pair at a time
+    pairs, failed = network.link_check(cluster, reachable, parallel=parallel)
+    slow = {f.node for f in analyze.link_findings(pairs, {}) if f.node}
+    if slow:  # measure the suspects' pairs once more and keep the better figure: noise is not a finding
+        again, _ = network.link_check(cluster, reachable, parallel=parallel, only=slow)
+        pairs = {k: max(v, again.get(k, 0.0)) for k, v in pairs.items()}
     data = {"pairs_bits_per_s": {f"{a}<->{b}": bw for (a, b), bw in pairs.items()},
             "node_median_bits_per_s": analyze.node_scores(pairs)}
     return CheckResult("links", analyze.link_findings(pairs, failed), data=data)

@@ -112,8 +112,12 @@ def parse_iperf(text: str) -> float:
     return float(min(values))
 
 
-def link_check(cluster: Cluster, nodes: list[Node], parallel: bool) -> tuple[dict, dict]:
-    """Pairwise bandwidth with iperf3 (servers on each node for the duration of the check)."""
+def link_check(cluster: Cluster, nodes: list[Node], parallel: bool,
+               only: set[str] | None = None) -> tuple[dict, dict]:
+    """Pairwise bandwidth with iperf3 (servers on each node for the duration of the check).
+
+    ``only``: measure just the pairs that involve one of these node names.
+    """
     port = 41000 + secrets.randbelow(8000)
     pidfile = f"/tmp/ct-doctor-iperf-{port}.pid"
     start = lambda n: (f"iperf3 -s -D -B {shlex.quote(n.address)} -p {port} -I {pidfile} "  # noqa: E731
@@ -123,7 +127,8 @@ def link_check(cluster: Cluster, nodes: list[Node], parallel: bool) -> tuple[dic
     failed: dict[tuple[str, str], str] = {}
     run_on_nodes(cluster.name, nodes, start, timeout=20)
     try:
-        plan = rounds(_pairs(nodes))
+        todo = [p for p in _pairs(nodes) if only is None or p[0].name in only or p[1].name in only]
+        plan = rounds(todo)
         batches = plan if parallel else [[p] for r in plan for p in r]
         for batch in batches:
             srcs = [a for a, _ in batch]
