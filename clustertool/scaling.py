@@ -13,6 +13,7 @@ import io
 import json
 import re
 import shlex
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -130,6 +131,7 @@ class Point:
     how: str = ""
     error: str | None = None
     log: str | None = None
+    runs: list[float] = field(default_factory=list)  # each run's figure (median -> throughput)
 
     @property
     def ok(self) -> bool:
@@ -185,38 +187,58 @@ Launcher = Callable[[list, int, list], tuple[int | None, str, str | None]]
 
 def run_scaling(cluster, sizes: list[int], per_node: int | None, command: Sequence[str], *,
                 launch: Launcher, regex: str | None = None, log_dir: Path | None = None,
-                report: Callable[[str], None] = lambda m: None) -> Report:
-    """Run the job at each size through ``launch(nodes, per_node, argv) -> (code, output, error)``."""
+                repeat: int = 1, report: Callable[[str], None] = lambda m: None) -> Report:
+    """Run the job at each size through ``launch(nodes, per_node, argv) -> (code, output, error)``.
+
+    With ``repeat`` > 1 the sizes run round-robin (1, 2, 4, 1, 2, 4 ...), so drifting load on a
+    shared machine hits every size alike, and each size reports the median of its runs.
+    """
     ordered = cluster.ordered_nodes()
     if sizes[-1] > len(ordered):
         raise UsageError(f"--nodes asks for {sizes[-1]} nodes; cluster {cluster.name!r} has {len(ordered)}")
+    if repeat < 1:
+        raise UsageError("--repeat must be at least 1")
     if regex:
         compile_metric(regex)
     argv = job_argv(command)
     out = Report(cluster.name, shlex.join(argv))
-    for size in sizes:
-        nodes = ordered[:size]
-        k = per_node or min(n.slots for n in nodes)
-        point = Point(nodes=size, ranks=size * k)
-        report(f"{size} node(s), {point.ranks} rank(s): {shlex.join(argv)}")
-        t0 = time.monotonic()
-        code, output, error = launch(nodes, k, argv)
-        point.seconds, point.exit_code = time.monotonic() - t0, code
-        metric = parse_throughput(output, regex, point.ranks)
-        if log_dir is not None:
-            log_dir.mkdir(parents=True, exist_ok=True)
-            point.log = str(log_dir / f"scaling-{size}nodes.log")
-            Path(point.log).write_text(output)
-        if error or code != 0:
-            point.error = error or f"exit {code}"
-        elif metric is None:
-            point.error = "no throughput figure in the output"
-        else:
-            point.throughput, point.how = metric.value, metric.how
-        report(f"{size} node(s): " + (f"{point.throughput:.1f}/s" if point.ok else point.error))
+    points = {size: Point(nodes=size, ranks=size * (per_node or min(n.slots for n in ordered[:size])))
+              for size in sizes}
+    for round_ in range(1, repeat + 1):
+        for size in sizes:
+            point = points[size]
+            run = f" (run {round_}/{repeat})" if repeat > 1 else ""
+            report(f"{size} node(s), {point.ranks} rank(s){run}: {shlex.join(argv)}")
+            _run_once(point, ordered[:size], argv, launch, regex, log_dir, round_ if repeat > 1 else None)
+            last = point.runs[-1] if point.runs and point.error is None else None
+            report(f"{size} node(s){run}: " + (f"{last:.1f}/s" if last is not None else str(point.error)))
+    for point in points.values():
+        if point.runs:
+            point.throughput, point.error = statistics.median(point.runs), None
         out.points.append(point)
     add_efficiency(out.points)
     return out
+
+
+def _run_once(point: Point, nodes, argv, launch, regex, log_dir, round_: int | None) -> None:
+    t0 = time.monotonic()
+    code, output, error = launch(nodes, point.ranks // len(nodes), argv)
+    point.seconds += time.monotonic() - t0
+    point.exit_code = code
+    metric = parse_throughput(output, regex, point.ranks)
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        suffix = f".{round_}" if round_ else ""
+        point.log = str(log_dir / f"scaling-{point.nodes}nodes{suffix}.log")
+        Path(point.log).write_text(output)
+    if error or code != 0:
+        point.error = error or f"exit {code}"
+    elif metric is None:
+        point.error = "no throughput figure in the output"
+    else:
+        point.error = None
+        point.runs.append(metric.value)
+        point.how = metric.how
 
 
 COLUMNS = ["nodes", "ranks", "throughput", "speedup", "efficiency", "seconds", "status"]

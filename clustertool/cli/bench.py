@@ -21,6 +21,7 @@ def scaling(
     metric_regex: Optional[str] = typer.Option(None, "--metric-regex", help="Regex with one group around the throughput number (default: images/sec, samples/sec, img/sec ... figures)."),
     env: List[str] = typer.Option([], "-x", "--env", help="VAR or VAR=VALUE exported to every rank (repeatable)."),
     timeout: float = typer.Option(1800, "--timeout", help="Seconds per size before the run counts as hung."),
+    repeat: int = typer.Option(1, "--repeat", "-r", help="Runs per size, round-robin over the sizes; the median counts (for noisy, shared machines)."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the table as CSV here."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the table as JSON here."),
     chart: Optional[Path] = typer.Option(None, "--chart", help="Write a PNG chart (throughput and efficiency vs ranks) here."),
@@ -45,7 +46,7 @@ def scaling(
     on_line = None if quiet else render.live_line
     launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
     result = core.run_scaling(c, sizes, per_node, command, launch=launch, regex=metric_regex,
-                              log_dir=log_dir, report=render.info)
+                              log_dir=log_dir, repeat=repeat, report=render.info)
     render.table(core.COLUMNS, core.rows(result), title=f"scaling on {c.name}: {result.command}")
     for path, text in ((csv_path, core.to_csv), (json_path, core.to_json)):
         if path is not None:

@@ -174,3 +174,23 @@ def test_chart_is_a_png(tmp_path):
     path = write_chart(report, tmp_path / "c" / "s.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert short_command(report.command) == "train_mlp.py --steps 5"
+
+
+def test_repeat_runs_sizes_round_robin_and_takes_the_median(tmp_path):
+    calls, figures = [], iter([100.0, 150.0, 90.0, 210.0, 110.0, 180.0])
+
+    def launch(nodes, per_node, argv):
+        calls.append(len(nodes))
+        return 0, f"samples/sec: {next(figures)}\n", None
+
+    report = scaling.run_scaling(_cluster(2), [1, 2], 1, ["t"], launch=launch, repeat=3, log_dir=tmp_path)
+    assert calls == [1, 2, 1, 2, 1, 2]
+    assert [p.runs for p in report.points] == [[100.0, 90.0, 110.0], [150.0, 210.0, 180.0]]
+    assert [p.throughput for p in report.points] == [100.0, 180.0]
+    assert report.points[1].efficiency == pytest.approx(0.9)
+    assert sorted(f.name for f in tmp_path.iterdir())[:2] == ["scaling-1nodes.1.log", "scaling-1nodes.2.log"]
+
+
+def test_repeat_must_be_positive():
+    with pytest.raises(UsageError, match="--repeat"):
+        scaling.run_scaling(_cluster(1), [1], 1, ["t"], launch=lambda *a: (0, "", None), repeat=0)
