@@ -24,7 +24,12 @@ def write_chart(report: Report, path: str | Path, title: str | None = None) -> P
     ranks = [p.ranks for p in points]
     if points:
         base = points[0]
-        left.plot(ranks, [p.throughput for p in points], "o-", label="measured")
+        left.plot(ranks, [p.throughput for p in points], "o-", label="measured (median)" if
+                  any(len(p.runs) > 1 for p in points) else "measured")
+        spread = [(p.throughput - min(p.runs or [p.throughput]), max(p.runs or [p.throughput]) - p.throughput)
+                  for p in points]
+        left.errorbar(ranks, [p.throughput for p in points], yerr=list(zip(*spread)), fmt="none",
+                      ecolor="tab:blue", capsize=4, alpha=0.6)
         left.plot(ranks, [base.throughput * r / base.ranks for r in ranks], "--", color="grey", label="linear")
         right.plot(ranks, [100 * p.efficiency for p in points], "o-", color="tab:green")
         for p in points:
