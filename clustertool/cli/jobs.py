@@ -34,7 +34,7 @@ def _follow(name: str, job) -> int:
 
 
 def run(
-    command: List[str] = typer.Argument(..., help="The program and its arguments (after --)."),
+    command: Optional[List[str]] = typer.Argument(None, help="The program and its arguments (after --)."),
     cluster: Optional[str] = ClusterOpt,
     nodes: Optional[str] = NodesOpt,
     np: Optional[int] = typer.Option(None, "--np", help="Number of ranks (default: all slots)."),
@@ -61,6 +61,7 @@ def run(
     from clustertool.jobs import launch
     from clustertool.jobs.mpirun import MpiOptions
 
+    command = list(command or [])
     args = command[1:] if command[:1] == ["--"] else command
     opts = MpiOptions(command=list(args), np=np, per_node=per_node, env=list(export), mpi_args=list(mpi_arg),
                       horovod_fusion_mb=fusion_mb, horovod_cycle_ms=cycle_ms, horovod_timeline=timeline,

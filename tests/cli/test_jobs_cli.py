@@ -1,0 +1,68 @@
+"""run/kill/logs/doctor bad input through the real CLI: one clear line, no traceback, no SSH."""
+
+from __future__ import annotations
+
+import pytest
+
+from clustertool import state
+from clustertool.model import Cluster, Node
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.cli
+
+
+@pytest.fixture
+def recorded(ct_env):
+    """A recorded, ready cluster of 3 nodes with 2 slots each; nothing answers at its addresses,
+    so every case here must be decided before any SSH."""
+    nodes = [Node(f"node-{i}", i, f"10.213.250.{i}", role="leader" if i == 1 else "member", slots=2)
+             for i in range(1, 4)]
+    state.save(Cluster(name="rec", provider="local", nodes=nodes, status="ready"))
+    return ct_env
+
+
+def one_line(proc, needle, code=2):
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    first = proc.stderr.strip().splitlines()[0]
+    assert first.startswith("error: ") and needle in first, proc.stderr
+
+
+def test_dry_run_prints_the_mpirun_line_without_touching_nodes(recorded):
+    proc = run_cli("run", "--dry-run", "--per-node", "1", "-x", "A=it's here", "--", "python", "t.py", env=recorded)
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    assert line.startswith("mpirun --allow-run-as-root -np 3 --hostfile ")
+    assert "btl_tcp_if_include 10.213.250.0/24" in line and "-x 'A=it'\"'\"'s here'" in line
+    assert line.endswith("ct-rank python t.py")
+
+
+def test_np_above_slots_is_refused_before_any_ssh(recorded):
+    one_line(run_cli("run", "--np", "7", "--", "hostname", env=recorded), "--np 7 is more than the 6 slot(s)")
+    proc = run_cli("run", "--dry-run", "--np", "7", "--oversubscribe", "--", "hostname", env=recorded)
+    assert proc.returncode == 0 and "--oversubscribe" in proc.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("run", "--per-node", "3", "--", "x"), "--per-node 3 is more than the 2 slot(s)"),
+    (("run", "--np", "0", "--", "x"), "--np must be at least 1"),
+    (("run", "-x", "BAD-NAME=1", "--", "x"), "not a valid environment variable name"),
+    (("run", "--nodes", "node-[2-3]", "--", "x"), "must include the leader"),
+    (("run", "--"), "no command given"),
+    (("kill", "--signal", "BOGUS", "nosuch"), ""),
+])
+def test_bad_run_and_kill_input(recorded, args, needle):
+    proc = run_cli(*args, env=recorded)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr
+
+
+def test_commands_on_an_unknown_cluster_say_so(ct_env):
+    for args in (("jobs",), ("kill", "-c", "nosuch"), ("doctor", "-c", "nosuch"), ("logs", "-c", "nosuch", "j1")):
+        proc = run_cli(*args, env=ct_env)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr
+        assert proc.stderr.startswith("error: ")
+
+
+def test_unknown_doctor_check_is_refused(recorded):
+    one_line(run_cli("doctor", "--check", "nonsense", env=recorded), "unknown check 'nonsense'")
