@@ -172,7 +172,9 @@ def test_np_larger_than_slots_is_refused_unless_oversubscribe(cluster):
     assert "--np 5 is more than the 3 slot(s)" in refused.stderr and "Traceback" not in refused.stderr
     ran = cli(cluster, "run", "--np", "5", "--oversubscribe", "--no-tag-output", "--follow", "--", "hostname")
     assert ran.returncode == 0, ran.stderr
-    assert sorted(ran.stdout.split()) == ["node-1", "node-1", "node-2", "node-2", "node-3"]
+    # (mpirun may add its own warning lines, e.g. a setpgid race in plm:rsh; only hostnames count)
+    names = [line for line in ran.stdout.splitlines() if line.startswith("node-")]
+    assert sorted(names) == ["node-1", "node-1", "node-2", "node-2", "node-3"]
 
 
 def test_unknown_job_id_is_one_clear_line(cluster):
