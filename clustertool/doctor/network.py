@@ -56,7 +56,8 @@ def smoke_test(cluster: Cluster, timeout: float = 90.0) -> list[Finding]:
                       subnet=cluster_subnet([n.address for n in nodes]))
     argv = build_argv([(n.address, n.slots) for n in nodes], opts)
     result = run_on_node(cluster.name, cluster.leader, shlex.join(argv), timeout=timeout)
-    names = [x for x in result.stdout.split() if x]
+    # one host name per rank; mpirun's own notices (lines with spaces) are not answers
+    names = [x.strip() for x in result.stdout.splitlines() if x.strip() and " " not in x.strip()]
     expected = cluster.total_slots
     if result.ok and len(names) == expected and len(set(names)) == len(nodes):
         return []
