@@ -16,7 +16,8 @@ from typing import Callable
 from clustertool import nodeset, state
 from clustertool.errors import RemoteError, ToolError, UsageError
 from clustertool.jobs import records, scripts
-from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile
+from clustertool.jobs.mpirun import (JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile,
+                                     split_command)
 from clustertool.model import Cluster, Job, Node
 from clustertool.remote.group import run_on_node, run_on_nodes
 
@@ -106,6 +107,7 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
         report: Report = lambda m: None) -> Launch:
     cluster = ready_cluster(cluster_name)
     nodes = nodeset.select(cluster, selection)
+    opts.command = split_command(opts.command)
     if use_plugin:
         opts.plugin_env = plugin_env(cluster)
     job_id = records.new_id()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -55,6 +56,18 @@ class MpiOptions:
     job_id: str | None = None  # exported as CLUSTERTOOL_JOB and used by the rank wrapper
     tag_output: bool = True
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 so logs are live
+
+
+def split_command(args: Sequence[str]) -> list[str]:
+    """One argument with spaces is a command line, split as a shell would (no shell features):
+    `run -- "python train.py --lr 0.1"` works like `run -- python train.py --lr 0.1`."""
+    args = list(args)
+    if len(args) == 1 and any(c.isspace() for c in args[0]):
+        try:
+            return shlex.split(args[0])
+        except ValueError as exc:
+            raise UsageError(f"cannot split the command {args[0]!r}: {exc}") from None
+    return args
 
 
 def _number(value: float) -> str:

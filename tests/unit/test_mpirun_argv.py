@@ -8,7 +8,8 @@ import pytest
 
 from clustertool.errors import UsageError
 from clustertool.jobs import scripts
-from clustertool.jobs.mpirun import RANK_WRAPPER, MpiOptions, build_argv, cluster_subnet, job_hostfile, placement
+from clustertool.jobs.mpirun import (RANK_WRAPPER, MpiOptions, build_argv, cluster_subnet, job_hostfile,
+                                     placement, split_command)
 
 pytestmark = pytest.mark.unit
 
@@ -156,3 +157,11 @@ def test_placement_returns_capped_hosts():
 ])
 def test_cluster_subnet(addresses, declared, expected):
     assert cluster_subnet(addresses, declared) == expected
+
+
+def test_one_argument_with_spaces_is_split_like_a_shell_several_are_kept():
+    assert split_command(["python train.py --msg 'a b'"]) == ["python", "train.py", "--msg", "a b"]
+    assert split_command(["python", "a b.py"]) == ["python", "a b.py"]
+    assert split_command(["hostname"]) == ["hostname"]
+    with pytest.raises(UsageError, match="cannot split"):
+        split_command(["python 'unclosed"])
