@@ -68,10 +68,8 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
     """
     d = job_dir_sh(job_id)
     env = f"env {JOB_ENV}={job_id}"
-    tmux = (f'tmux new-session -d -s ct-{job_id} -x 220 -y 50 "{env} sh \\"$d/launch.sh\\"" '
-            '&& echo launcher=tmux')
-    setsid = (f'{env} setsid nohup sh "$d/launch.sh" </dev/null >/dev/null 2>&1 & '
-              'echo launcher=setsid')
+    tmux = f'tmux new-session -d -s ct-{job_id} -x 220 -y 50 "{env} sh \\"$d/launch.sh\\"" && l=tmux'
+    setsid = f'{{ {env} setsid nohup sh "$d/launch.sh" </dev/null >/dev/null 2>&1 & }}; l=setsid'
     start = (f"if command -v tmux >/dev/null 2>&1; then {tmux}; else {setsid}; fi"
              if prefer_tmux else setsid)
     return "\n".join([
@@ -83,6 +81,8 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
         _write_file('"$d/job.json"', record_json),
         ': > "$d/log"',
         start,
+        'sed -i "s/\\"launcher\\": \\"pending\\"/\\"launcher\\": \\"$l\\"/" "$d/job.json"',
+        'echo "launcher=$l"',
         "",
     ])
 

@@ -39,7 +39,8 @@ def wait_for(path, timeout=10):
 def test_detached_launch_without_tmux_records_log_pid_and_exit_code(tmp_path):
     job_id = new_id()
     launch = scripts.launch_script(job_id, ["sh", "-c", "echo 'out line'; echo 'err line' >&2; exit 4"], None)
-    out = sh(scripts.install_and_start_script(job_id, launch, "h slots=1\n", '{"id": "x"}', prefer_tmux=False),
+    record = json.dumps({"id": "x", "launcher": "pending"})
+    out = sh(scripts.install_and_start_script(job_id, launch, "h slots=1\n", record, prefer_tmux=False),
              tmp_path, check=True).stdout
     assert "launcher=setsid" in out
     d = tmp_path / ".clustertool/jobs" / job_id
@@ -49,7 +50,8 @@ def test_detached_launch_without_tmux_records_log_pid_and_exit_code(tmp_path):
     assert (d / "hostfile").read_text() == "h slots=1\n" and len((d / "launch.pid").read_text().split()) == 4
     status = records.parse_status(sh(scripts.status_script(), tmp_path, check=True).stdout)
     code, alive, killed, launched, ended, record = status[job_id]
-    assert (code, alive, killed, launched, record) == ("4", False, False, True, {"id": "x"}) and ended > 0
+    assert (code, alive, killed, launched, record) == ("4", False, False, True, {"id": "x", "launcher": "setsid"})
+    assert ended > 0
 
 
 def test_launch_into_a_missing_workdir_fails_with_exit_1(tmp_path):
