@@ -241,3 +241,21 @@ def test_all_python_is_the_explicit_blunt_fallback(cluster):
     assert len(report["node-3"]["signaled"]) == 1 and report["node-3"]["remaining"] == []
     ns = local_net.netns_name(name, 3)
     assert "python3" not in [local_sys.comm(p) for p in local_sys.pids_in_netns([ns]).get(ns, [])]
+
+
+def test_attach_joins_the_jobs_tmux_session_until_it_ends(cluster, tmp_path):
+    if not shutil.which("script"):
+        pytest.skip("needs script(1) from util-linux for a terminal")
+    name, env = cluster
+    started = cli(cluster, "run", "--np", "1", "--no-tag-output", "--",
+                  "sh", "-c", "sleep 2; echo seen-through-attach; sleep 1")
+    job_id = started.stdout.strip()
+    typescript = tmp_path / "typescript"
+    attach = " ".join(CLI + ["attach", "-c", name, job_id])
+    proc = subprocess.run(["script", "-qec", attach, str(typescript)], env=dict(env, TERM="xterm"), cwd=REPO,
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert proc.returncode == 0
+    screen = typescript.read_bytes()
+    assert b"seen-through-attach" in screen and b"[exited]" in screen
+    finished = cli(cluster, "attach", job_id)
+    assert finished.returncode == 2 and "is not running (succeeded)" in finished.stderr
