@@ -259,3 +259,13 @@ def test_attach_joins_the_jobs_tmux_session_until_it_ends(cluster, tmp_path):
     assert b"seen-through-attach" in screen and b"[exited]" in screen
     finished = cli(cluster, "attach", job_id)
     assert finished.returncode == 2 and "is not running (succeeded)" in finished.stderr
+
+
+def test_nodes_selection_and_per_node_shape_the_job(cluster):
+    two = cli(cluster, "run", "--nodes", "node-[1-2]", "--no-tag-output", "--follow", "--", "hostname")
+    assert two.returncode == 0, two.stderr
+    assert sorted(line for line in two.stdout.splitlines() if line.startswith("node-")) == ["node-1", "node-2"]
+    doubled = cli(cluster, "run", "--per-node", "2", "--oversubscribe", "--no-tag-output", "--follow", "--",
+                  "hostname")
+    assert sorted(line for line in doubled.stdout.splitlines() if line.startswith("node-")) == [
+        "node-1", "node-1", "node-2", "node-2", "node-3", "node-3"]
