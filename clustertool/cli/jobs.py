@@ -56,7 +56,13 @@ def run(
     tag_output: bool = typer.Option(True, "--tag-output/--no-tag-output", help="Prefix rank output with [job,rank] (needed by logs --node)."),
     json_output: bool = JsonOpt,
 ) -> None:
-    """Run an MPI job on the cluster, detached on the leader (survives your connection)."""
+    """Run an MPI job on the cluster, detached on the leader (survives your connection).
+
+    mpirun runs on the leader in tmux (setsid without tmux) with -bind-to none -map-by slot, TCP
+    on the cluster subnet, one rank per slot unless --np/--per-node say otherwise; every rank gets
+    CLUSTERTOOL_JOB=<id> and PYTHONUNBUFFERED=1 (live logs). One quoted argument is split like a
+    shell line. Prints the job id; `logs -f ID` follows it, `kill ID` stops it everywhere.
+    """
     from clustertool import render
     from clustertool.jobs import launch
     from clustertool.jobs.mpirun import MpiOptions
