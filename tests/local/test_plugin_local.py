@@ -50,10 +50,15 @@ def test_deploy_all_or_nothing_and_status_spots_a_changed_node(local_cluster, ct
     assert f"NCCL_NET_PLUGIN={LIB}/libnccl-net-clustertool.so" in env_lines and "NCCL_COLLNET_ENABLE=1" in env_lines
 
 
-def test_bench_allreduce_is_correct_across_nodes(local_cluster, ct_env, tmp_path):
+def test_leader_build_deploys_and_bench_allreduce_is_correct(local_cluster, ct_env, tmp_path):
     name = local_cluster(3)
-    assert run_cli("plugin", "build", "-c", name, env=ct_env, timeout=600).returncode == 0
+    built = run_cli("plugin", "build", "--on", "leader", "-c", name, "--json", env=ct_env, timeout=900)
+    assert built.returncode == 0, built.stderr[-2000:]
+    build = json.loads(built.stdout)
+    assert build["built_on"] == "node-1" and build["version"] and len(build["sha256"]) == 64
     assert run_cli("plugin", "deploy", "-c", name, env=ct_env).returncode == 0
+    code, rows = _status(name, ct_env)
+    assert code == 0 and {r["sha256"] for r in rows.values()} == {build["sha256"]}
     table = tmp_path / "tuner.csv"
     proc = run_cli("bench", "allreduce", "-c", name, "--sizes", "64K:256K", "-n", "2", "--json",
                    "--tuner-csv", str(table), env=ct_env, timeout=600)
