@@ -50,4 +50,4 @@ fi
 # local provider, where mpirun runs over ssh inside the namespaces).
 mpirun --allow-run-as-root --oversubscribe -np "$N" ${MPI_EXTRA:-} -x CLUSTERTOOL_SOCKET_IFNAME=eth0 \
   -x CLUSTERTOOL_BENCH_NETNS=${TAG}n%d -x CLUSTERTOOL_SOCKS_PER_PEER -x CLUSTERTOOL_CHUNK_BYTES \
-  -x CLUSTERTOOL_SOCKBUF -x CLUSTERTOOL_SNDBUF -x CLUSTERTOOL_SHARDED_SCHED "$HERE/build/collnet_bench" "$@"
+  -x CLUSTERTOOL_SOCKBUF -x CLUSTERTOOL_SNDBUF -x CLUSTERTOOL_SHARDED_SCHED -x CLUSTERTOOL_TEST_WAIT_US "$HERE/build/collnet_bench" "$@"

@@ -282,9 +282,11 @@ int ct_coll_test(ct_coll_t* c, ct_op_t* op, size_t* bytes) {
   if (!op->done && !op->error && !c->error) {
     /* Callers poll test() in a tight loop; sleeping briefly on the progress
      * condition instead of spinning leaves the CPU to the worker threads. */
+    static long wait_ns = -1;
+    if (wait_ns < 0) wait_ns = 1000L * ct_env_long("CLUSTERTOOL_TEST_WAIT_US", 200, 0, 100000);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 200000;
+    ts.tv_nsec += wait_ns;
     if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
     pthread_cond_timedwait(&c->cv, &c->mu, &ts);
   }
