@@ -197,8 +197,8 @@ def _failures(group, check) -> list[str]:
     """'node: reason' for every node whose result fails ``check(result) -> reason|None``."""
     out = []
     for r in group.results:
-        reason = r.error or (f"exit {r.exit_code}: {r.stderr.strip().splitlines()[-1:] or ''}"
-                             if r.exit_code != 0 else check(r))
+        last = (r.stderr.strip().splitlines() or [""])[-1]
+        reason = r.error or (f"exit {r.exit_code}: {last}" if r.exit_code != 0 else check(r))
         if reason:
             out.append(f"{r.node}: {reason}")
     return out
