@@ -13,6 +13,27 @@ import typer
 from clustertool import __version__
 from clustertool.errors import ExitStatus, ToolError
 
+
+def _click_modules() -> list:
+    """click itself, and the copy newer typer versions bundle (typer._click) for its commands."""
+    modules = [click]
+    try:
+        from typer import _click as bundled  # typer >= 0.20 ships its own click
+    except ImportError:
+        return modules
+    return modules + [bundled]
+
+
+def _classes(name: str, *extra: type) -> tuple[type, ...]:
+    found = [getattr(m.exceptions, name, None) for m in _click_modules()]
+    return tuple(dict.fromkeys([c for c in found if c is not None] + list(extra)))
+
+
+_ABORT = _classes("Abort", *[c for c in (getattr(typer, "Abort", None),) if c])
+_CLICK_ERROR = _classes("ClickException")
+_USAGE_ERROR = _classes("UsageError")
+_EXIT = _classes("Exit", typer.Exit)
+
 app = typer.Typer(
     name="clustertool",
     help=(
@@ -94,15 +115,16 @@ def run(argv: list[str] | None = None) -> int:
         if _DEBUG["on"]:
             traceback.print_exc()
         return _fail(exc.message, exc.hint, int(exc.exit_code))
-    except click.exceptions.Abort:
+    except _ABORT:
         return _fail("interrupted", None, ExitStatus.INTERRUPTED)
     except KeyboardInterrupt:
         return _fail("interrupted", None, ExitStatus.INTERRUPTED)
-    except click.ClickException as exc:
-        if isinstance(exc, click.UsageError) and exc.ctx is not None:
-            sys.stderr.write(exc.ctx.get_usage() + "\n")
-        return _fail(exc.format_message(), "run with --help for usage", exc.exit_code)
-    except (typer.Exit, click.exceptions.Exit) as exc:
+    except _CLICK_ERROR as exc:
+        hint = "run with --help for usage"
+        if isinstance(exc, _USAGE_ERROR) and exc.ctx is not None:
+            hint = f"{exc.ctx.get_usage().strip()}  (--help explains)"
+        return _fail(exc.format_message(), hint, exc.exit_code)
+    except _EXIT as exc:
         return exc.exit_code
     except Exception as exc:  # a bug: one line, traceback only with --debug
         if _DEBUG["on"]:

@@ -110,3 +110,11 @@ def test_help_does_not_import_boto3():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stderr.strip().endswith("CLEAN"), proc.stderr[-500:]
     assert "up" in proc.stdout and "exec" in proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["exec", "--"], ["status", "--bogus"], ["up", "--nodes", "abc"]])
+def test_usage_errors_are_one_line_with_exit_2(ct_env, argv):
+    proc = run_cli(*argv, env=ct_env)
+    assert proc.returncode == 2
+    _assert_one_clean_line(proc)
+    assert "internal error" not in proc.stderr
