@@ -60,3 +60,18 @@ def test_bench_scaling_bad_sizes_is_one_line(ct_env):
 def test_inventory_of_unknown_cluster(ct_env):
     line = _one_line_error(run_cli("inventory", "-c", "nope", env=ct_env), code=1)
     assert "no cluster named 'nope'" in line
+
+
+def test_run_json_reports_each_step_and_the_failure(ct_env, tmp_path):
+    book = tmp_path / "p.yaml"
+    book.write_text("steps:\n  - ls\n  - name: no such cluster\n    status: {cluster: nope}\n  - ls\n"
+                    "always:\n  - ls\n")
+    proc = run_cli("play", str(book), "--json", env=ct_env)
+    assert proc.returncode == 1
+    data = json.loads(proc.stdout)
+    assert [(o["label"], o["status"]) for o in data["outcomes"]] == [
+        ("step 1 (ls)", "ok"), ("step 2 (no such cluster)", "failed"), ("step 3 (ls)", "not run"),
+        ("always step 1 (ls)", "ok")]
+    assert data["failed_step"] == "step 2 (no such cluster)"
+    assert data["reason"] == "error: no cluster named 'nope'"
+    assert "[1/3]" not in proc.stderr  # --json: no progress lines
