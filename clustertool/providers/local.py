@@ -187,7 +187,7 @@ class LocalProvider:
             _seed_etc_ssh(etc_ssh)
             (etc_ssh / "sshd_config").write_text(net.sshd_config_text(
                 net.node_address(slot, i), f"{request.cluster.name} node-{i}"))
-            init = net.init_config(f"node-{i}", node_dir, hosts)
+            init = net.init_config(f"node-{i}", node_dir, hosts, shared=_host_software())
             (node_dir / "init.json").write_text(json.dumps(init, indent=1))
             key = etc_ssh / "ssh_host_ed25519_key"
             for old in (key, key.with_suffix(".pub")):
@@ -356,3 +356,10 @@ def _accepts(address: str, port: int) -> bool:
     except OSError:
         return False
 
+
+def _host_software() -> list[str]:
+    """Where this clustertool and its Python live on the host (nodes share the host's software)."""
+    import clustertool
+
+    package_root = str(Path(clustertool.__file__).resolve().parent.parent)
+    return net.shared_software([sys.prefix, sys.base_prefix, package_root])

@@ -49,7 +49,13 @@ def _setup(config):
     # Open every source first: a bind over /tmp or /root would otherwise hide sources below it.
     sources = [(os.open(source, os.O_PATH | os.O_CLOEXEC), source, target)
                for source, target in config["binds"]]
-    for fd, source, target in sources:
+    # Host software that lives under a now-private directory (a venv or pyenv under /root,
+    # a checkout under /tmp) is bound back at its own path, as an AMI would carry it.
+    shared = [(os.open(path, os.O_PATH | os.O_CLOEXEC), path, path)
+              for path in config.get("shared", []) if os.path.isdir(path)]
+    for fd, source, target in sources + shared:
+        if (fd, source, target) in shared:
+            os.makedirs(target, exist_ok=True)
         _mount(libc, "/proc/self/fd/%d" % fd, target, None, MS_BIND | MS_REC, None)
         os.close(fd)
     for target, options in config["tmpfs"]:

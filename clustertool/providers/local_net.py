@@ -11,6 +11,7 @@ routed outside ``10.213.0.0/16``: nodes have no default route and the host keeps
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -275,13 +276,28 @@ def hosts_text(names_addresses: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def init_config(hostname: str, node_dir: Path, hosts_file: Path) -> dict:
+PRIVATE_DIRS = ("/root", "/scratch", "/tmp")
+
+
+def shared_software(paths: list[str]) -> list[str]:
+    """Of ``paths`` (host software locations), those hidden by a node's private dirs.
+
+    Nested ones are dropped (binding the outer directory carries them).
+    """
+    hidden = sorted({os.path.normpath(p) for p in paths
+                     if any(os.path.normpath(p).startswith(d + "/") for d in PRIVATE_DIRS)})
+    return [p for p in hidden if not any(p != q and p.startswith(q + "/") for q in hidden)]
+
+
+def init_config(hostname: str, node_dir: Path, hosts_file: Path, shared: list[str] = ()) -> dict:
     """What the node's PID 1 (local_init.py) does: hostname, private mounts, then sshd.
 
     Host directories under ``node_dir`` are bound over /root, /scratch, /tmp and /etc/ssh;
-    the cluster's hosts file over /etc/hosts; a fresh tmpfs on /dev/shm.
+    the cluster's hosts file over /etc/hosts; a fresh tmpfs on /dev/shm; then ``shared``
+    host paths (software under those private dirs) are bound back at their own paths.
     """
     return {
+        "shared": list(shared),
         "hostname": hostname,
         "binds": [
             [str(node_dir / "home"), "/root"],

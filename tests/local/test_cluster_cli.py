@@ -119,3 +119,20 @@ def test_static_adopts_existing_machines_and_down_leaves_them_running(ct_env, lo
     after = run_cli("exec", "-c", base, "--no-live", "--", f"grep -c {pub} ~/.ssh/authorized_keys; hostname", env=ct_env)
     assert after.returncode == 0  # the adopted machines still answer
     assert "\n0\nnode-1\n" in after.stdout and "\n0\nnode-2\n" in after.stdout  # our key is gone
+
+
+def test_nodes_share_the_hosts_software_like_an_image(ct_env, local_cluster):
+    """The tool's own Python (a venv, a pyenv under /root) and checkout run on every node,
+    although each node has a private /root and /tmp."""
+    import sys
+
+    import clustertool
+
+    name = local_cluster(2)
+    code = "import clustertool, numpy, sys; print(clustertool.__file__)"
+    proc = run_cli("exec", "-c", name, "--no-live", "--", sys.executable, "-c", code, env=ct_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"---- node-[1-2] (exit 0)\n{clustertool.__file__}\n" in proc.stdout
+    home = run_cli("exec", "-c", name, "--no-live", "--", "ls -A ~ | grep -c clustertool-marker || true",
+                   env=ct_env)
+    assert "0" in home.stdout  # homes stay private

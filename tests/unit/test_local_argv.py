@@ -264,3 +264,16 @@ def test_plan_describes_namespaces_addresses_sshd_and_shaping():
     text = "\n".join(lines)
     assert "node-1..node-4" in text and "ct-unit-local-<i>" in text and "10.213.<k>.<i>" in text
     assert "sshd" in text and "rate 200mbit" in text
+
+
+def test_software_under_private_dirs_is_shared_back_outermost_only():
+    from clustertool.providers.local_net import shared_software
+
+    assert shared_software(["/tmp/ck/.venv", "/tmp/ck", "/root/.pyenv/versions/3.11", "/usr", "/work/x"]) == [
+        "/root/.pyenv/versions/3.11", "/tmp/ck"]
+
+
+def test_a_private_dir_itself_is_never_shared_back():
+    from clustertool.providers.local_net import shared_software
+
+    assert shared_software(["/root", "/tmp", "/scratch/"]) == []
