@@ -95,6 +95,8 @@ def build() -> click.Group:
     group = typer.main.get_command(app)
     for command in extra:
         group.add_command(command)
+    # `up` first in --help: it is where every session starts
+    group.commands = dict(sorted(group.commands.items(), key=lambda kv: kv[0] != "up"))
     _GROUP.append(group)
     return group
 
