@@ -25,6 +25,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,train]'
+	@# With CUDA's nvcc present, NCCL's headers too, so the plugin's GPU program compiles (make -C native gpu)
+	@if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then \
+	  echo "nvcc found: installing NCCL headers (nvidia-nccl-cu13)"; $(PY) -m pip install -q nvidia-nccl-cu13; fi
 	touch $@
 
 venv: $(VENV)/.installed
@@ -37,6 +40,7 @@ demo: setup
 
 test: setup
 	$(MAKE) -C native test
+	$(MAKE) -C native gpu
 	$(VENV)/bin/pytest -q
 
 test-fast: venv

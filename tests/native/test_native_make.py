@@ -66,8 +66,18 @@ def test_libraries_export_nccl_symbols():
     assert "ct_reduce" not in net, "internal symbols must stay hidden"
 
 
+def _nccl_headers_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("nvidia.nccl") is not None
+
+
 def test_gpu_target_builds_or_says_why():
     proc = _make("gpu")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout + proc.stderr
-    assert "gpu: skipped:" in out or (NATIVE / "build/nccl_plugin_allreduce").is_file()
+    if shutil.which("nvcc") and shutil.which("mpicc") and _nccl_headers_installed():
+        # everything the GPU program needs is here (as on CI): it must really compile
+        assert (NATIVE / "build/nccl_plugin_allreduce").is_file(), out[-2000:]
+    else:
+        assert "gpu: skipped:" in out
