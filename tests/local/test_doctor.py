@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from clustertool.providers import local_net, local_sys
-from tests.conftest import run_cli, unique
-from tests.local.conftest import local_leftovers
+from tests.conftest import run_cli
+from tests.local.conftest import module_cluster
 
 pytestmark = pytest.mark.local
 
@@ -18,15 +18,7 @@ pytestmark = pytest.mark.local
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """One 4-node cluster for the module (bringing one up per test would be slow)."""
-    tmp = tmp_path_factory.mktemp("doctor")
-    env = dict(os.environ, CLUSTERTOOL_HOME=str(tmp / "home"), CLUSTERTOOL_HOSTFILE_DIR=str(tmp / "hf"),
-               CLUSTERTOOL_NO_SSH_INCLUDE="1")
-    name = unique("dr")
-    up = run_cli("up", "--provider", "local", "--nodes", "4", "--name", name, env=env)
-    assert up.returncode == 0, up.stderr
-    yield name, env
-    run_cli("down", "-c", name, "--yes", env=env)
-    assert local_leftovers(name) == []
+    yield from module_cluster(tmp_path_factory, 4, "dr")
 
 
 def doctor(cluster, *args):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from clustertool.providers import local_net, local_sys
-from tests.conftest import CLI, REPO, run_cli, unique
-from tests.local.conftest import local_leftovers
+from tests.conftest import CLI, REPO, run_cli
+from tests.local.conftest import module_cluster
 
 pytestmark = pytest.mark.local
 
@@ -43,15 +42,8 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("jobs")
-    env = dict(os.environ, CLUSTERTOOL_HOME=str(tmp / "home"), CLUSTERTOOL_HOSTFILE_DIR=str(tmp / "hf"),
-               CLUSTERTOOL_NO_SSH_INCLUDE="1")
-    name = unique("jb")
-    up = run_cli("up", "--provider", "local", "--nodes", "3", "--name", name, env=env)
-    assert up.returncode == 0, up.stderr
-    yield name, env
-    run_cli("down", "-c", name, "--yes", env=env)
-    assert local_leftovers(name) == []
+    """One 3-node cluster for the module (bringing one up per test would be slow)."""
+    yield from module_cluster(tmp_path_factory, 3, "jb")
 
 
 @pytest.fixture(scope="module")

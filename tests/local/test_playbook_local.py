@@ -14,7 +14,6 @@ import pytest
 
 from tests.conftest import CLI, REPO, run_cli, unique
 from tests.local.conftest import local_leftovers
-from tests.local.test_sync_s3 import s3_cluster  # noqa: F401 (a fixture: 4 nodes + moto on the bridge)
 
 pytestmark = pytest.mark.local
 

@@ -3,70 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
 from tests.conftest import run_cli
+from tests.local.conftest import KEYS
 
 pytestmark = [pytest.mark.local, pytest.mark.aws]
-
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-KEYS = [f"ds/part {i:02d} ü.bin" for i in range(9)] + ["ds/sub/deep 'q'.txt", "ds/sub/more/x.bin"]
-
-
-def _bridge_address(ct_env, name):
-    path = os.path.join(ct_env["CLUSTERTOOL_HOME"], "clusters", f"{name}.json")
-    bridge = json.load(open(path))["provider_state"]["bridge"]
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", bridge], capture_output=True, text=True).stdout
-    return out.split()[3].split("/")[0]
-
-
-def _free_port(host):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def s3_cluster(ct_env, local_cluster):
-    """A 4-node cluster and a moto S3 server the nodes reach on the bridge; both gone after."""
-    pytest.importorskip("moto.server", reason="needs moto[server] (the test extra)")
-    import boto3
-
-    name = local_cluster(4)
-    host = _bridge_address(ct_env, name)
-    port = _free_port(host)
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://{host}:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection((host, port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("moto server did not start")
-                time.sleep(0.2)
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
-        client.create_bucket(Bucket="train-data")
-        for i, key in enumerate(KEYS):
-            client.put_object(Bucket="train-data", Key=key, Body=bytes([i]) * (5000 + 1000 * i))
-        env = dict(ct_env, **CREDS)
-        env.pop("AWS_ENDPOINT_URL", None)
-        yield name, endpoint, env, client
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-
 
 def _sync(env, name, *args):
     proc = run_cli("sync-s3", "-c", name, *args, "--json", env=env)
