@@ -161,20 +161,6 @@ def add_efficiency(points: list[Point]) -> list[Point]:
     return points
 
 
-def mpirun_argv(addresses: Sequence[str], per_node: int, command: Sequence[str], *,
-                env: Sequence[str] = (), as_root: bool = False, extra: Sequence[str] = ()) -> list[str]:
-    """mpirun over the given node addresses with ``per_node`` ranks each (the seeds' flags)."""
-    if per_node < 1:
-        raise UsageError("--per-node must be at least 1")
-    argv = ["mpirun"] + (["--allow-run-as-root"] if as_root else [])
-    argv += ["-np", str(len(addresses) * per_node), "-H", ",".join(f"{a}:{per_node}" for a in addresses)]
-    argv += ["-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
-             "-mca", "btl_tcp_if_exclude", "lo,docker0", "-mca", "oob_tcp_if_exclude", "lo,docker0"]
-    for item in env:
-        argv += ["-x", item]
-    return argv + list(extra) + list(command)
-
-
 def job_argv(command: Sequence[str]) -> list[str]:
     """One argument is split like a shell would (no shell features); several are kept."""
     if not command:

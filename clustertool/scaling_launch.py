@@ -1,31 +1,22 @@
 """How `bench scaling` starts each size's job.
 
-Through the jobs part of the tool (``clustertool.jobs``) when it is installed: each size is
-a real `clustertool run` job (preflight, detached on the leader, a job record, visible to
-`clustertool jobs` and stoppable by `clustertool kill`), followed to its end.  Without it,
-a plain mpirun on the leader over SSH (``scaling.mpirun_argv``).
+Each size is a real `clustertool run` job (preflight, detached on the leader, a job record,
+visible to `clustertool jobs` and stoppable by `clustertool kill`), followed to its end.
 """
 
 from __future__ import annotations
 
-import shlex
 import threading
 from typing import Sequence
 
 from clustertool.errors import ToolError
-from clustertool.scaling import Launcher, mpirun_argv
+from clustertool.scaling import Launcher
 
 
 def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
              plugin: bool = False) -> Launcher:
     """Every rank also gets CLUSTERTOOL_LEADER_ADDR (e.g. for torch.distributed's MASTER_ADDR)."""
     env = [f"CLUSTERTOOL_LEADER_ADDR={cluster.leader.address}", *env]
-    try:
-        import clustertool.jobs.launch  # noqa: F401
-    except ImportError:
-        if plugin:
-            raise ToolError("--plugin needs the jobs part of clustertool (clustertool.jobs)") from None
-        return leader_launcher(cluster, env=env, timeout=timeout, on_line=on_line)
     return jobs_launcher(cluster, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
 
 
@@ -72,18 +63,5 @@ def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = N
         if code is None:
             return None, output, f"job {started.job.id} ended without an exit code"
         return code, output, None
-
-    return launch
-
-
-def leader_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None) -> Launcher:
-    """Plain mpirun on the leader over SSH (Open MPI reaches the members itself)."""
-    from clustertool.remote.group import run_on_node
-
-    def launch(nodes, per_node, argv):
-        line = shlex.join(mpirun_argv([n.address for n in nodes], per_node, argv, env=env,
-                                      as_root=cluster.user == "root"))
-        result = run_on_node(cluster.name, cluster.leader, line, timeout=timeout, on_line=on_line)
-        return result.exit_code, result.stdout + result.stderr, result.error
 
     return launch

@@ -62,7 +62,7 @@ def deploy_cmd(
     calls are forwarded to libnccl-net-ofi.so when present) and NCCL_TUNER_PLUGIN
     replaces the EFA plugin's own tuner.
     """
-    from clustertool import native, render, state
+    from clustertool import native, state
     from clustertool.cli.common import reporter
 
     c = state.load(cluster_name(cluster))
