@@ -15,7 +15,8 @@ from clustertool.errors import UsageError
 
 def down(
     cluster: Optional[str] = ClusterOpt,
-    sweep: bool = typer.Option(False, "--sweep", help="AWS: find resources tagged by clustertool that belong to no known cluster, and offer to delete them."),
+    sweep: bool = typer.Option(False, "--sweep", help="Find resources tagged by clustertool that belong to no known cluster (AWS, or --provider local: namespaces and bridges whose state is gone), and offer to delete them."),
+    sweep_provider: str = typer.Option("aws", "--provider", help="Where --sweep looks: aws | local."),
     region: Optional[str] = typer.Option(None, "--region", help="AWS region for --sweep."),
     profile: Optional[str] = typer.Option(None, "--profile", help="AWS profile for --sweep."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
@@ -27,7 +28,7 @@ def down(
     from clustertool import lifecycle, render, state
 
     if sweep:
-        _sweep(region, profile, yes, json_output)
+        _sweep(sweep_provider, region, profile, yes, json_output)
         return
     name = cluster_name(cluster)
     c = state.load(name)
@@ -42,11 +43,19 @@ def down(
         typer.echo(f"cluster {name} is down")
 
 
-def _sweep(region: Optional[str], profile: Optional[str], yes: bool, json_output: bool) -> None:
+def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bool, json_output: bool) -> None:
     from clustertool import render, state
-    from clustertool.providers.aws import sweep
 
-    orphans = sweep.find_orphans(region=region, profile=profile, known=state.list_clusters())
+    if provider == "local":
+        from clustertool.providers import local_sweep as sweep
+
+        orphans = sweep.find_orphans()
+    elif provider == "aws":
+        from clustertool.providers.aws import sweep
+
+        orphans = sweep.find_orphans(region=region, profile=profile, known=state.list_clusters())
+    else:
+        raise UsageError(f"--sweep works for aws and local, not {provider!r}")
     if not orphans:
         render.print_json({"orphans": []}) if json_output else typer.echo("no orphaned clustertool resources")
         return

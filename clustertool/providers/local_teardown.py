@@ -69,7 +69,8 @@ def _release_shared(bridge: str | None, tag: str) -> list[str]:
     return removed
 
 
-def teardown(cluster: Cluster, reap: Callable[[], None] = lambda: None) -> list[str]:
+def teardown(cluster: Cluster, reap: Callable[[], None] = lambda: None, files: bool = True) -> list[str]:
+    """Remove the cluster's namespaces, processes, links and (``files``) its node directories."""
     ps = cluster.provider_state
     nodes_dir = Path(ps.get("nodes_dir") or state.ClusterPaths(cluster.name).root / "local")
     if not ps.get("token"):
@@ -89,7 +90,7 @@ def teardown(cluster: Cluster, reap: Callable[[], None] = lambda: None) -> list[
     if links:
         removed.append(f"deleted veths {_fold(links)}")
     removed += _release_shared(ps.get("bridge"), tag)
-    if nodes_dir.exists():
+    if files and nodes_dir.exists():
         shutil.rmtree(nodes_dir)
         removed.append(f"removed node directories {nodes_dir}")
     left = [ns for ns in namespaces if sysops.netns_exists(ns)] + [l for l in links if sysops.link_exists(l)]
