@@ -136,3 +136,28 @@ def test_nodes_share_the_hosts_software_like_an_image(ct_env, local_cluster):
     home = run_cli("exec", "-c", name, "--no-live", "--", "ls -A ~ | grep -c clustertool-marker || true",
                    env=ct_env)
     assert "0" in home.stdout  # homes stay private
+
+
+def test_up_adds_an_include_so_plain_ssh_reaches_leader_and_nodes(ct_env, tmp_path):
+    home = tmp_path / "userhome"
+    home.mkdir()
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "config").write_text("Host example\n  User someone\n")
+    env = dict(ct_env, HOME=str(home))
+    env.pop("CLUSTERTOOL_NO_SSH_INCLUDE")
+    name = unique("inc")
+    assert run_cli("up", "--provider", "local", "--nodes", "2", "--name", name, env=env).returncode == 0
+    try:
+        config = (home / ".ssh" / "config").read_text()
+        assert config.splitlines()[1].startswith("Include ") and "Host example" in config
+        for alias, expected in ((f"{name}-leader", "node-1"), (f"{name}-node-2", "node-2")):
+            proc = subprocess.run(["ssh", "-F", str(home / ".ssh" / "config"), alias, "hostname"],
+                                  capture_output=True, text=True, timeout=30)
+            assert proc.stdout.strip() == expected, proc.stderr
+        second = unique("inc")
+        assert run_cli("up", "--provider", "local", "--nodes", "1", "--name", second, env=env).returncode == 0
+        run_cli("down", "-c", second, "--yes", env=env)
+        assert (home / ".ssh" / "config").read_text().count("Include ") == 1  # added once, not per cluster
+    finally:
+        run_cli("down", "-c", name, "--yes", env=env)
+    assert local_leftovers(name) == []
