@@ -71,7 +71,8 @@ class _Interrupt(Exception):
     pass
 
 
-def _run_process(argv: list[str], timeout: float | None, out: TextIO | None) -> tuple[int | None, str, str]:
+def _run_process(argv: list[str], timeout: float | None, out: TextIO | None,
+                 err: Callable[[str], None]) -> tuple[int | None, str, str]:
     """(exit code, last stderr line, why it stopped early or "").  Raises _Interrupt on Ctrl-C."""
     # Its own process group, so a signal reaches the step and whatever it started (and not us);
     # SIGINT back to default, as a playbook started in the background inherits it ignored.
@@ -82,8 +83,7 @@ def _run_process(argv: list[str], timeout: float | None, out: TextIO | None) -> 
     def pump() -> None:
         for raw in iter(proc.stderr.readline, b""):
             line = raw.decode("utf-8", "replace")
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            err(line)
             if line.strip():
                 tail[:] = (tail + [line.strip()])[-5:]
 
@@ -131,15 +131,20 @@ def _stop(proc: subprocess.Popen) -> int | None:
 
 
 def run(book: Playbook, *, on_event: Event = lambda *a: None, step_stdout: TextIO | None = None,
+        step_stderr: Callable[[str], None] = lambda line: None,
         notify: Callable[[str], None] = lambda m: None) -> PlayResult:
-    """Run the steps in order, stopping at the first failure; then the always: steps."""
+    """Run the steps in order, stopping at the first failure; then the always: steps.
+
+    Each step's stdout goes to ``step_stdout`` (None: inherited); its stderr lines are handed
+    to ``step_stderr`` as they come (and their tail kept for the failure reason).
+    """
     result = PlayResult(book.name)
     t0 = time.monotonic()
     keep = False
     with _signal(signal.SIGTERM, _sigterm_as_interrupt):
         try:
             for step in book.steps:
-                outcome = _one(step, on_event, step_stdout)
+                outcome = _one(step, on_event, step_stdout, step_stderr)
                 result.outcomes.append(outcome)
                 if outcome.status == "interrupted":
                     result.interrupted, result.failed_step, result.reason = True, step.label, "interrupted"
@@ -163,7 +168,7 @@ def run(book: Playbook, *, on_event: Event = lambda *a: None, step_stdout: TextI
 
     with _signal(signal.SIGINT, second_press):
         try:
-            _always(book, result, keep, on_event, step_stdout)
+            _always(book, result, keep, on_event, step_stdout, step_stderr)
         except KeyboardInterrupt:
             result.interrupted, result.reason = True, "interrupted during always: steps"
     result.seconds = time.monotonic() - t0
@@ -187,7 +192,8 @@ def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _always(book: Playbook, result: PlayResult, keep: bool, on_event: Event, out) -> None:
+def _always(book: Playbook, result: PlayResult, keep: bool, on_event: Event, out,
+            err: Callable[[str], None]) -> None:
     steps = list(book.always)
     if keep:
         result.kept_cluster = book.cluster
@@ -201,7 +207,7 @@ def _always(book: Playbook, result: PlayResult, keep: bool, on_event: Event, out
             steps.append(Step("always", len(steps) + 1, ("down",), {}, "down (on failure)",
                               argv=["down", "-c", book.cluster, "--yes"]))
     for step in steps:
-        outcome = _one(step, on_event, out)
+        outcome = _one(step, on_event, out, err)
         result.outcomes.append(outcome)
         if outcome.status == "interrupted":  # Ctrl-C twice: abandon the rest
             result.interrupted = True
@@ -212,7 +218,7 @@ def _outcome(step: Step, status: str = "not run", reason: str = "") -> Outcome:
     return Outcome(step.label, step.name, step.section, step.display, status, reason=reason)
 
 
-def _one(step: Step, on_event: Event, out) -> Outcome:
+def _one(step: Step, on_event: Event, out, err: Callable[[str], None]) -> Outcome:
     outcome = _outcome(step)
     if not step.run:
         outcome.status, outcome.reason = "skipped", f"when: {str(step.when).lower() if isinstance(step.when, bool) else step.when}"
@@ -224,7 +230,7 @@ def _one(step: Step, on_event: Event, out) -> Outcome:
         if not step.installed:
             code, last, why = None, "", f"this clustertool has no {' '.join(step.command)!r} command"
         else:
-            code, last, why = _run_process(step_process_argv(step), step.timeout, out)
+            code, last, why = _run_process(step_process_argv(step), step.timeout, out, err)
     except _Interrupt as exc:
         outcome.status, outcome.reason = "interrupted", str(exc) or "interrupted (Ctrl-C)"
     else:

@@ -70,6 +70,11 @@ def resolver(path: tuple[str, ...]) -> CommandSpec | None:
     return CommandSpec(tuple(path), specs)
 
 
+def _pass_stderr(line: str) -> None:
+    sys.stderr.write(line)
+    sys.stderr.flush()
+
+
 def _overrides(items: List[str]) -> dict:
     import yaml
 
@@ -108,7 +113,7 @@ def play(
         return
     events = _Progress(len(book.steps), quiet=json_output)
     result = playbook_run.run(book, on_event=events, step_stdout=sys.stderr if json_output else None,
-                              notify=render.info)
+                              step_stderr=_pass_stderr, notify=render.info)
     if json_output:
         render.print_json({**render.to_jsonable(result), "report": book.report})
     else:
