@@ -67,8 +67,11 @@ def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | 
                             stderr=subprocess.PIPE, start_new_session=True)
     procs.append(proc)
     err: list[str] = []
-    t = threading.Thread(target=lambda: err.extend(proc.stderr.read().decode(errors="replace").splitlines()),
-                         daemon=True)
+    def collect() -> None:  # line by line: a lingering ssh master may hold the pipe open past exit
+        for raw in iter(proc.stderr.readline, b""):
+            err.append(raw.decode(errors="replace").rstrip("\n"))
+
+    t = threading.Thread(target=collect, daemon=True)
     t.start()
     sent = files = 0
     for raw in iter(proc.stdout.readline, b""):
