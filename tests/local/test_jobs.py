@@ -117,7 +117,9 @@ def test_logs_follow_streams_a_running_job_and_exits_with_its_code(cluster):
     assert started.returncode == 0, started.stderr
     followed = cli(cluster, "logs", "-f", started.stdout.strip())
     assert followed.returncode == 5
-    assert followed.stdout.splitlines()[:4] == ["step 1", "step 2", "step 3", "/scratch"]
+    # Open MPI's rsh launcher may log a harmless setpgid race ("[node-1:NNN] plm:rsh: Warning: ...")
+    ours = [ln for ln in followed.stdout.splitlines() if "plm:rsh" not in ln]
+    assert ours[:4] == ["step 1", "step 2", "step 3", "/scratch"]
 
 
 def test_job_survives_the_client_being_killed(cluster):
