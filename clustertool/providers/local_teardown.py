@@ -17,6 +17,7 @@ from typing import Callable
 from clustertool import state
 from clustertool.errors import ProviderError
 from clustertool.model import Cluster
+from clustertool.nodeset import fold
 from clustertool.providers import local_net as net
 from clustertool.providers import local_sys as sysops
 
@@ -31,7 +32,7 @@ def _alias(link: str) -> str:
 
 
 def _fold(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)})"
+    return f"{fold(names)} ({len(names)})" if len(names) > 1 else names[0]
 
 
 def _our_namespaces(cluster: Cluster) -> list[str]:

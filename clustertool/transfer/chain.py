@@ -38,13 +38,23 @@ def status_dir(run_id: str, node_name: str) -> str:
     return f".cache/clustertool/copy-{run_id}-{node_name}"
 
 
-def hop_ssh_argv(address: str, cipher: str | None) -> list[str]:
-    """ssh from one node to the next, with the cluster's node-side config (key, pinned hosts)."""
-    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "Compression=no",
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+def node_ssh_argv(cipher: str | None, config: str | None = None, options: tuple[str, ...] = ()) -> list[str]:
+    """ssh between nodes for bulk data: batch mode, no compression, the chosen cipher.
+
+    The node-side config (key, pinned hosts) applies; ``config`` names another file.
+    """
+    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "Compression=no"]
+    if config:
+        argv += ["-F", config]
+    argv += list(options)
     if cipher:
         argv += ["-c", cipher]
-    return argv + [address]
+    return argv
+
+
+def hop_ssh_argv(address: str, cipher: str | None) -> list[str]:
+    """ssh from one node to the next in the relay; a dead next hop is noticed within seconds."""
+    return node_ssh_argv(cipher, options=("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")) + [address]
 
 
 def tar_extract_argv(node_name: str) -> list[str]:

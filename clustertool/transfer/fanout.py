@@ -16,19 +16,14 @@ from typing import Callable
 
 from clustertool.model import Node
 from clustertool.remote.transport import classify_ssh_failure, ssh_argv
-from clustertool.transfer.chain import DEFAULT_CIPHER
+from clustertool.transfer.chain import DEFAULT_CIPHER, node_ssh_argv
 
 FILE_MARK = "CTFILE"
 
 
 def remote_shell(cipher: str | None, config: str | None = None) -> str:
-    """The -e argument of rsync: ssh, batch mode, chosen cipher, no compression."""
-    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "Compression=no"]
-    if config:
-        argv += ["-F", config]
-    if cipher:
-        argv += ["-c", cipher]
-    return shlex.join(argv)
+    """The -e argument of rsync: the same node-to-node ssh as the relay's."""
+    return shlex.join(node_ssh_argv(cipher, config))
 
 
 def rsync_argv(src: str, src_is_dir: bool, target: str, dest: str, *, cipher: str | None = DEFAULT_CIPHER,
