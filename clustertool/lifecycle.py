@@ -8,7 +8,6 @@ when that teardown itself failed (so `down` can finish the job).
 from __future__ import annotations
 
 import os
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from clustertool import state
 from clustertool.errors import RemoteError, ToolError, UsageError
 from clustertool.model import Cluster, GroupResult
 from clustertool.providers.base import ProvisionRequest, get_provider
-from clustertool.remote import keys, transport
+from clustertool.remote import keys, mesh, transport
 from clustertool.remote.group import run_on_nodes
 
 Report = Callable[[str], None]
@@ -149,15 +148,14 @@ def wire(cluster: Cluster) -> GroupResult:
 
 def check_leader_mesh(cluster: Cluster) -> None:
     """The leader must reach every node by private address without a prompt (mpirun needs it)."""
-    checks = " ".join(
-        f"(ssh -o ConnectTimeout=10 {shlex.quote(n.address)} true >/dev/null 2>&1 || echo {shlex.quote(n.name)}) &"
-        for n in cluster.nodes
-    )
-    result = run_on_nodes(cluster.name, [cluster.leader], f"{checks} wait", timeout=60)
+    result = run_on_nodes(cluster.name, [cluster.leader], "sh -s", timeout=60,
+                          stdin_data=mesh.mesh_script(cluster.nodes).encode())
     _raise_on_failures(result, "checking the leader's SSH mesh")
-    failed = result.results[0].stdout.split()
+    by_addr = {n.address: n.name for n in cluster.nodes}
+    failed = mesh.failed_targets(result.results[0].stdout)
     if failed:
-        raise RemoteError(f"the leader cannot ssh to: {', '.join(failed)}",
+        detail = "; ".join(f"{by_addr.get(a, a)}: {why}" for a, why in failed.items())
+        raise RemoteError(f"the leader cannot ssh to {detail}",
                           hint="check sshd and the cluster security group / firewall")
 
 

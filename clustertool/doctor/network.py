@@ -10,16 +10,7 @@ from clustertool.doctor.model import Finding
 from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet
 from clustertool.model import Cluster, Node
 from clustertool.remote.group import run_on_node, run_on_nodes
-
-
-def mesh_script(targets: list[Node]) -> str:
-    """Each target by private address, in parallel, as mpirun's ssh would: ``fail ADDR reason``."""
-    lines = []
-    for n in targets:
-        addr = shlex.quote(n.address)
-        lines.append(f"( out=$(ssh -o ConnectTimeout=5 -o BatchMode=yes {addr} true 2>&1) || "
-                     f"echo \"fail {n.address} $(echo $out | tail -c 160)\" ) &")
-    return "\n".join(lines + ["wait", "true"]) + "\n"
+from clustertool.remote.mesh import mesh_script  # noqa: F401 (doctor's mesh check runs it on every node)
 
 
 def mesh_findings(cluster: Cluster, sources: list[Node], outputs: dict[str, str],
