@@ -8,7 +8,7 @@ from clustertool.errors import ProviderError
 from clustertool.model import Cluster, Node
 from clustertool.providers.aws import adopt, images, launch, network, pricing, teardown
 from clustertool.providers.aws import instances as inst_mod
-from clustertool.providers.aws.client import Aws
+from clustertool.providers.aws.client import Aws, aws_errors
 from clustertool.providers.aws.prepare import Prep
 from clustertool.providers.base import ProvisionRequest
 
@@ -106,26 +106,23 @@ def _refuse_spot(cluster: Cluster, verb: str) -> None:
         raise ProviderError(f"cannot {verb} one-time spot instances", hint="`clustertool down` them instead")
 
 
-def stop(cluster: Cluster) -> None:
-    _refuse_spot(cluster, "stop")
+def _move(cluster: Cluster, verb: str, doing: str, target: str) -> Aws:
+    """stop/start every node's instance and wait until all are ``target``."""
+    _refuse_spot(cluster, verb)
     aws = session_for(cluster)
     ids = inst_mod.ids_of(cluster.nodes)
-    from clustertool.providers.aws.client import aws_errors
+    with aws_errors(f"{doing} instances"):
+        aws.call(f"{verb}_instances", InstanceIds=ids)
+    inst_mod.wait_for_state(aws, ids, {target}, what=target, bad={"terminated", "shutting-down"})
+    return aws
 
-    with aws_errors("stopping instances"):
-        aws.call("stop_instances", InstanceIds=ids)
-    inst_mod.wait_for_state(aws, ids, {"stopped"}, what="stopped", bad={"terminated", "shutting-down"})
+
+def stop(cluster: Cluster) -> None:
+    _move(cluster, "stop", "stopping", "stopped")
 
 
 def start(cluster: Cluster) -> list[Node]:
-    _refuse_spot(cluster, "start")
-    aws = session_for(cluster)
-    ids = inst_mod.ids_of(cluster.nodes)
-    from clustertool.providers.aws.client import aws_errors
-
-    with aws_errors("starting instances"):
-        aws.call("start_instances", InstanceIds=ids)
-    inst_mod.wait_for_state(aws, ids, {"running"}, what="running", bad={"terminated", "shutting-down"})
+    aws = _move(cluster, "start", "starting", "running")
     return inst_mod.refresh(aws, cluster.nodes)  # public addresses change across stop/start
 
 
