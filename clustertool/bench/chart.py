@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clustertool.errors import MissingPrerequisite
-from clustertool.scaling import Report
+from clustertool.bench.scaling import Report
 
 
 def write_chart(report: Report, path: str | Path, title: str | None = None) -> Path:

@@ -10,7 +10,7 @@ import threading
 from typing import Sequence
 
 from clustertool.errors import ToolError
-from clustertool.scaling import Launcher
+from clustertool.bench.scaling import Launcher
 
 
 def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,

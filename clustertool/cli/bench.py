@@ -37,8 +37,10 @@ def scaling(
     lines, else the last "samples/sec: N"-like figure. Efficiency = speedup / (ranks / base ranks).
     Exit code 1 if any size failed or printed no figure.
     """
-    from clustertool import render, scaling as core, state
-    from clustertool.scaling_launch import launcher
+    from clustertool import state
+    from clustertool.bench import scaling as core
+    from clustertool.bench.launch import launcher
+    from clustertool.cli import render
 
     sizes = core.parse_sizes(nodes)
     c = state.load(cluster_name(cluster))
@@ -54,7 +56,7 @@ def scaling(
             path.write_text(text(result))
             typer.echo(f"wrote {path}")
     if chart is not None:
-        from clustertool.scaling_chart import write_chart
+        from clustertool.bench.chart import write_chart
 
         typer.echo(f"chart: {write_chart(result, chart)}")
     raise typer.Exit(0 if result.ok else 1)
@@ -64,7 +66,7 @@ def _warn_shared_cpus(cluster, sizes, per_node) -> None:
     """Local nodes share this machine's CPUs: past that many ranks, throughput cannot grow."""
     import os
 
-    from clustertool import render
+    from clustertool.cli import render
 
     ranks = max(sizes) * (per_node or 1)
     cpus = os.cpu_count() or 1

@@ -35,10 +35,12 @@ def allreduce(
     """
     from dataclasses import asdict
 
-    from clustertool import allreduce as core
-    from clustertool import native, render, state
+    from clustertool import state
+    from clustertool.bench import allreduce as core
+    from clustertool.cli import render
+    from clustertool.plugin import build as native
     from clustertool.errors import ToolError
-    from clustertool.scaling_launch import launcher
+    from clustertool.bench.launch import launcher
 
     c = state.load(cluster_name(cluster))
     deployed = native.load_record(c.name).get("deployed")

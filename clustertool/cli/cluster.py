@@ -25,7 +25,8 @@ def down(
     json_output: bool = JsonOpt,
 ) -> None:
     """Tear a cluster down, leaving nothing that costs money; forget adopted machines."""
-    from clustertool import lifecycle, render, state
+    from clustertool import lifecycle, state
+    from clustertool.cli import render
 
     if sweep:
         _sweep(sweep_provider, region, profile, yes, json_output)
@@ -44,10 +45,11 @@ def down(
 
 
 def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bool, json_output: bool) -> None:
-    from clustertool import render, state
+    from clustertool import state
+    from clustertool.cli import render
 
     if provider == "local":
-        from clustertool.providers import local_sweep as sweep
+        from clustertool.providers.local import sweep
 
         orphans = sweep.find_orphans()
     elif provider == "aws":
@@ -80,7 +82,8 @@ def status(
     no_check: bool = typer.Option(False, "--no-check", help="Do not test SSH reachability."),
 ) -> None:
     """Nodes of a cluster: role, address, slots, state, SSH reachability (and cost where known)."""
-    from clustertool import lifecycle, render
+    from clustertool import lifecycle
+    from clustertool.cli import render
 
     c, rows, extra = lifecycle.status(cluster_name(cluster), check_ssh=not no_check)
     if json_output:
@@ -100,7 +103,8 @@ def status(
 
 def ls(json_output: bool = JsonOpt) -> None:
     """Clusters this machine knows."""
-    from clustertool import lifecycle, render
+    from clustertool import lifecycle
+    from clustertool.cli import render
 
     clusters = lifecycle.list_all()
     if json_output:
@@ -180,7 +184,8 @@ def stop(cluster: Optional[str] = ClusterOpt) -> None:
 
 def start(cluster: Optional[str] = ClusterOpt) -> None:
     """Start stopped nodes; refreshes hostfiles and known_hosts, as addresses may change."""
-    from clustertool import lifecycle, render
+    from clustertool import lifecycle
+    from clustertool.cli import render
 
     c = lifecycle.start(cluster_name(cluster), report=render.info)
     typer.echo(f"cluster {c.name} started; hostfile {c.hostfile_path}")

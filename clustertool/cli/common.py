@@ -20,6 +20,6 @@ def cluster_name(name: Optional[str]) -> str:
 
 
 def reporter(json_output: bool):
-    from clustertool import render
+    from clustertool.cli import render
 
     return render.quiet if json_output else render.info

@@ -28,7 +28,8 @@ def copy_cmd(
     (--from leader) or every node (--from local). Exit code: 0 when every node matches the
     source; 1 when a node failed or differs (named with its files); 255 when one was unreachable.
     """
-    from clustertool import render, render_progress
+    from clustertool.cli import progress as render_progress
+    from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.transfer.copy import copy
 
@@ -65,7 +66,8 @@ def sync_s3_cmd(
     Nodes use their own credentials (instance role, ~/.aws, environment) unless
     --pass-credentials. Exit code as for exec: the highest per node; 255 unreachable.
     """
-    from clustertool import render, render_progress
+    from clustertool.cli import progress as render_progress
+    from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.transfer.s3 import sync_s3
 

@@ -21,7 +21,7 @@ def doctor(
 ) -> None:
     """Check SSH mesh, disks, sameness, stray processes, clocks, an MPI smoke test and links."""
     from clustertool import doctor as doc
-    from clustertool import render
+    from clustertool.cli import render
 
     checks = tuple(c for c in (check or doc.ALL_CHECKS) if c not in skip)
     result = doc.run(cluster_name(cluster), fix=fix, checks=checks, plugin=plugin_path,

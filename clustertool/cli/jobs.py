@@ -63,7 +63,7 @@ def run(
     CLUSTERTOOL_JOB=<id> and PYTHONUNBUFFERED=1 (live logs). One quoted argument is split like a
     shell line. Prints the job id; `logs -f ID` follows it, `kill ID` stops it everywhere.
     """
-    from clustertool import render
+    from clustertool.cli import render
     from clustertool.jobs import launch
     from clustertool.jobs.mpirun import MpiOptions
 
@@ -111,7 +111,8 @@ def _state_text(job) -> str:
 
 def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
     """Jobs of the cluster with their state and duration."""
-    from clustertool import render, state
+    from clustertool import state
+    from clustertool.cli import render
     from clustertool.jobs import records
 
     all_jobs = records.refresh(state.load(cluster_name(cluster)))
@@ -169,7 +170,7 @@ def kill(
     json_output: bool = JsonOpt,
 ) -> None:
     """Stop a job's processes on every node (by job, not by name) and verify nothing is left."""
-    from clustertool import render
+    from clustertool.cli import render
     from clustertool.jobs import kill as jobkill
 
     name = cluster_name(cluster)

@@ -8,7 +8,7 @@ from typing import List
 import typer
 
 from clustertool.errors import UsageError
-from clustertool.playbook_steps import CommandSpec, ParamSpec
+from clustertool.playbook.steps import CommandSpec, ParamSpec
 
 _TYPES = {"integer": "int", "float": "float", "boolean": "bool", "choice": "choice"}
 
@@ -78,7 +78,7 @@ def _pass_stderr(line: str) -> None:
 def _overrides(items: List[str]) -> dict:
     import yaml
 
-    from clustertool.playbook import yaml_load
+    from clustertool.playbook.load import yaml_load
 
     out = {}
     for item in items:
@@ -105,7 +105,9 @@ def play(
     reason; always: steps (such as down) run after a failure or Ctrl-C too. on_failure: keep on a step
     keeps the cluster for debugging instead. Each step runs as its own clustertool process.
     """
-    from clustertool import playbook as core, playbook_run, render
+    from clustertool.cli import render
+    from clustertool.playbook import load as core
+    from clustertool.playbook import run as playbook_run
 
     book = core.load(playbook, _overrides(var), resolver)
     if dry_run:
@@ -127,7 +129,7 @@ def _report(paths: List[str]) -> None:
     import csv
     from pathlib import Path
 
-    from clustertool import render
+    from clustertool.cli import render
 
     for path in map(Path, paths):
         if not path.is_file():
@@ -141,7 +143,7 @@ def _report(paths: List[str]) -> None:
 
 
 def _print_plan(book, json_output: bool) -> None:
-    from clustertool import render
+    from clustertool.cli import render
 
     rows = [(s.label, s.display if s.run else f"skipped (when: {str(s.when).lower()})", "" if s.installed else "not installed: keys not checked")
             for s in book.steps + book.always]
@@ -159,7 +161,7 @@ class _Progress:
         self.total, self.quiet = total, quiet
 
     def __call__(self, kind, step, outcome) -> None:
-        from clustertool import render
+        from clustertool.cli import render
 
         if self.quiet:
             return
@@ -175,7 +177,7 @@ class _Progress:
 
 
 def _summary(result) -> None:
-    from clustertool import render
+    from clustertool.cli import render
 
     render.table(["step", "status", "seconds", "detail"],
                  [(o.label, o.status, f"{o.seconds:.1f}" if o.status not in ("not run", "skipped") else "",

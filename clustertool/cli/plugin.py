@@ -23,7 +23,9 @@ def build_cmd(
     """Compile native/ and report the artefact's version and checksum."""
     from dataclasses import asdict
 
-    from clustertool import native, render, state
+    from clustertool import state
+    from clustertool.cli import render
+    from clustertool.plugin import build as native
     from clustertool.errors import UsageError
 
     if on not in ("local", "leader"):
@@ -62,7 +64,8 @@ def deploy_cmd(
     calls are forwarded to libnccl-net-ofi.so when present) and NCCL_TUNER_PLUGIN
     replaces the EFA plugin's own tuner.
     """
-    from clustertool import native, state
+    from clustertool import state
+    from clustertool.plugin import build as native
     from clustertool.cli.common import reporter
 
     c = state.load(cluster_name(cluster))
@@ -74,7 +77,8 @@ def deploy_cmd(
 @plugin_app.command("status")
 def status_cmd(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
     """Per node: installed version and checksum, and whether it matches the local build."""
-    from clustertool import native, state
+    from clustertool import state
+    from clustertool.plugin import build as native
     from clustertool.errors import ToolError
 
     c = state.load(cluster_name(cluster))
@@ -90,7 +94,8 @@ def status_cmd(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt)
 @plugin_app.command("env")
 def env_cmd(cluster: Optional[str] = ClusterOpt) -> None:
     """Print the job environment for the deployed plugin (NAME=VALUE lines)."""
-    from clustertool import native, state
+    from clustertool import state
+    from clustertool.plugin import build as native
 
     for k, v in native.plugin_env(state.load(cluster_name(cluster))).items():
         typer.echo(f"{k}={v}")
@@ -99,7 +104,7 @@ def env_cmd(cluster: Optional[str] = ClusterOpt) -> None:
 def _show(rows, json_output: bool) -> None:
     from dataclasses import asdict
 
-    from clustertool import render
+    from clustertool.cli import render
 
     if json_output:
         render.print_json([asdict(r) for r in rows])

@@ -67,7 +67,7 @@ def _short(text: str, width: int = 60) -> str:
 
 def copy_table(result) -> None:
     """One row per node: verdict, bytes received, files sent/checked, the error if any."""
-    from clustertool import render
+    from clustertool.cli import render
 
     rows = []
     for n in result.nodes:
@@ -100,7 +100,7 @@ def mismatch_lines(result, limit: int = 10) -> list[str]:
 
 
 def sync_table(result) -> None:
-    from clustertool import render
+    from clustertool.cli import render
 
     rows = [[n.node, n.status, n.objects, n.downloaded, human_bytes(n.bytes_downloaded), n.verified,
              n.exit_code, _short(n.error or "")] for n in result.nodes]

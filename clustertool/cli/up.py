@@ -56,7 +56,8 @@ def build_up_command() -> click.Command:
 
 
 def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_output, **options):
-    from clustertool import lifecycle, render, spec
+    from clustertool import lifecycle, spec
+    from clustertool.cli import render
 
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user, **options}
     cluster_spec = spec.load_spec(spec_file, overrides)

@@ -28,7 +28,7 @@ ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-s
 def plugin_path(cluster: Cluster) -> str:
     """Where clustertool.native deployed (or would deploy) the NCCL net plugin on the nodes."""
     try:
-        from clustertool import native  # type: ignore[attr-defined]
+        from clustertool.plugin import build as native  # type: ignore[attr-defined]
 
         deployed = (native.load_record(cluster.name).get("deployed") or {})
         dest = deployed.get("dest") or native.default_dest(cluster)

@@ -34,7 +34,7 @@ class Launch:
 def plugin_env(cluster: Cluster) -> dict[str, str]:
     """The NCCL plugin's job environment, from clustertool.native (another part of the tool)."""
     try:
-        from clustertool import native  # type: ignore[attr-defined]
+        from clustertool.plugin import build as native  # type: ignore[attr-defined]
     except ImportError:
         raise ToolError("--plugin: this clustertool has no plugin support (clustertool.native is missing)",
                         hint="run without --plugin, or pass the variables with -x NAME=VALUE") from None

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from clustertool.errors import SpecError
-from clustertool.playbook_steps import (GROUPS, KNOWN_COMMANDS, CommandSpec, Resolver, ValueProblem,
+from clustertool.playbook.steps import (GROUPS, KNOWN_COMMANDS, CommandSpec, Resolver, ValueProblem,
                                         generic_argv, param_argv, suggest)
 
 TOP_KEYS = ("name", "description", "vars", "cluster", "on_failure", "steps", "always", "report")

@@ -23,7 +23,7 @@ from typing import Callable, TextIO
 
 from clustertool import state
 from clustertool.errors import ExitStatus
-from clustertool.playbook import Playbook, Step
+from clustertool.playbook.load import Playbook, Step
 
 GRACE = 60.0  # seconds a step gets to clean up after Ctrl-C / timeout before it is killed
 

@@ -24,11 +24,11 @@ from typing import Callable
 from clustertool import state
 from clustertool.errors import MissingPrerequisite, ToolError
 from clustertool.model import Cluster
-from clustertool.native_remote import (abort_command, commit_command, leader_build_command, mismatched,
+from clustertool.plugin.remote import (abort_command, commit_command, leader_build_command, mismatched,
                                        parse_ld_path, parse_sums, parse_version, stage_command,
                                        status_command)
 
-NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
+NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 NET_LIB = "libnccl-net-clustertool.so"
 TUNER_LIB = "libnccl-tuner-clustertool.so"
 BENCH = "collnet_bench"

@@ -20,7 +20,8 @@ from clustertool.model import Cluster, Node
 from clustertool.transfer import chain as chains
 from clustertool.transfer import manifest as mf
 from clustertool.transfer import plan as plans
-from clustertool.transfer import run_chain, verify
+from clustertool.transfer import drive as run_chain
+from clustertool.transfer import verify
 
 Report = Callable[[str], None]
 ProgressCb = Callable[[str, int, int], None]  # (node, bytes done, bytes expected)
@@ -173,7 +174,7 @@ def _apply_ops(job: Job, node_plans: dict[str, plans.NodePlan]) -> None:
     nodes = [job.cluster.node(n) for n in todo]
     group = run_on_nodes(
         job.cluster.name, nodes, mf.python_command(), timeout=600,
-        stdin_data=lambda node: mf.program_text("nodeprog_ops", {
+        stdin_data=lambda node: mf.program_text("ops", {
             "root": relative_remote(job.dest), "delete": todo[node.name].delete,
             "touch": todo[node.name].touch}))
     for r in group.results:

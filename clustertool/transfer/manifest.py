@@ -1,6 +1,6 @@
 """Manifests: what a tree holds (path, type, size, mtime, perms, hash), here or on nodes.
 
-A node's manifest is computed by a small stdlib-only program (``nodeprog_manifest``) sent
+A node's manifest is computed by a small stdlib-only program (``nodeprogs/manifest.py``) sent
 to ``python3 -`` over ssh stdin, so nothing needs installing on the nodes.  Hashes are
 blake2b-128 from hashlib (present everywhere), so source and nodes always agree.
 """
@@ -14,7 +14,7 @@ from typing import Iterable
 
 from clustertool.model import Node
 
-PROGRAMS_DIR = Path(__file__).resolve().parent
+PROGRAMS_DIR = Path(__file__).resolve().parents[1] / "nodeprogs"
 MAX_LISTED = 10  # files named per node in a mismatch message
 
 
@@ -61,7 +61,7 @@ def parse(text: str) -> Manifest:
 
 
 def local(root: str, want_hash: bool | Iterable[str] = False) -> Manifest:
-    from clustertool.transfer import nodeprog_manifest
+    from clustertool.nodeprogs import manifest as nodeprog_manifest
 
     out: list[str] = []
     want = want_hash if isinstance(want_hash, bool) else list(want_hash)
@@ -71,7 +71,7 @@ def local(root: str, want_hash: bool | Iterable[str] = False) -> Manifest:
 
 def remote_args(root: str, want_hash: bool | Iterable[str] = False) -> bytes:
     want = want_hash if isinstance(want_hash, bool) else sorted(want_hash)
-    return program_text("nodeprog_manifest", {"root": root, "hash": want})
+    return program_text("manifest", {"root": root, "hash": want})
 
 
 def remote(cluster_name: str, nodes: list[Node], root: str, want_hash=False,

@@ -1,6 +1,6 @@
 """`sync-s3`: every selected node pulls s3://bucket/prefix into DEST itself, all at once.
 
-Each node runs ``nodeprog_s3`` (sent on ssh stdin with its arguments): boto3 when the node
+Each node runs ``nodeprogs/s3.py`` (sent on ssh stdin with its arguments): boto3 when the node
 has it, else a stdlib S3 client.  Credentials: the node's own chain (environment, ~/.aws,
 instance role), or this machine's passed in the stdin payload (never on a command line).
 ``shard``: node i of N takes every N-th object of the sorted listing.
@@ -132,7 +132,7 @@ def sync_s3(cluster_name: str, url: str, dest: str, *, selection: str | None = N
            + (f" from {endpoint}" if endpoint else ""))
     group = run_on_nodes(
         cluster.name, nodes, mf.python_command(), timeout=timeout,
-        stdin_data=lambda n: mf.program_text("nodeprog_s3", node_args(
+        stdin_data=lambda n: mf.program_text("s3", node_args(
             bucket, prefix, relative_remote(dest), shards[n.name], endpoint, region, creds)))
     return SyncResult(url, dest, shard, [_verdict(r, shards[r.node]) for r in group.results],
                       time.monotonic() - started)

@@ -37,7 +37,7 @@ def test_bench_allreduce_before_deploy_says_how(known):
 
 def test_bench_allreduce_rejects_unknown_algorithm(known):
     native_deploy = {"deployed": {"dest": "/x", "sha256": "0" * 64}}
-    from clustertool import native
+    from clustertool.plugin import build as native
 
     native.save_record("plug", native_deploy)
     proc = run_cli("bench", "allreduce", "-c", "plug", "--algo", "sharded,tree", env=known)

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from clustertool.providers import local_net, local_sys
+from clustertool.providers.local import net as local_net
+from clustertool.providers.local import sysops as local_sys
 from tests.conftest import run_cli
 from tests.local.conftest import module_cluster
 
@@ -81,7 +82,7 @@ def test_full_disk_on_one_node_is_an_error(cluster):
 def test_different_plugin_checksum_on_one_node_is_an_error(cluster, where):
     """At the path clustertool.native deploys to on local nodes (each node's private home),
     or at a path given with --plugin-path."""
-    from clustertool import native
+    from clustertool.plugin import build as native
     from clustertool.model import Cluster
 
     folder = (native.default_dest(Cluster(cluster[0], "local")) if where == "deployed" else "/root/ct-plugin")

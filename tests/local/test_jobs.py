@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.providers import local_net, local_sys
+from clustertool.providers.local import net as local_net
+from clustertool.providers.local import sysops as local_sys
 from tests.conftest import CLI, REPO, run_cli
 from tests.local.conftest import module_cluster
 

@@ -19,8 +19,7 @@ import pytest
 from clustertool.errors import MissingPrerequisite, ProviderError
 from clustertool.model import Cluster
 from clustertool.providers import local as local_mod
-from clustertool.providers import local_net as net
-from clustertool.providers import local_sys as sysops
+from clustertool.providers.local import net, sysops
 from clustertool.providers.base import ProvisionRequest
 from clustertool.providers.local import LocalProvider
 from tests.conftest import unique

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from clustertool import state
-from clustertool.providers.local_sweep import parse_alias
+from clustertool.providers.local.sweep import parse_alias
 from tests.conftest import run_cli, unique
 from tests.local.conftest import local_leftovers
 

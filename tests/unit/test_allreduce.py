@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool import allreduce as ar
+from clustertool.bench import allreduce as ar
 from clustertool.errors import UsageError
 
 pytestmark = pytest.mark.unit

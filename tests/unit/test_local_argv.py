@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.providers import local_net as net
+from clustertool.providers.local import net
 
 pytestmark = pytest.mark.unit
 
@@ -267,13 +267,13 @@ def test_plan_describes_namespaces_addresses_sshd_and_shaping():
 
 
 def test_software_under_private_dirs_is_shared_back_outermost_only():
-    from clustertool.providers.local_net import shared_software
+    from clustertool.providers.local.net import shared_software
 
     assert shared_software(["/tmp/ck/.venv", "/tmp/ck", "/root/.pyenv/versions/3.11", "/usr", "/work/x"]) == [
         "/root/.pyenv/versions/3.11", "/tmp/ck"]
 
 
 def test_a_private_dir_itself_is_never_shared_back():
-    from clustertool.providers.local_net import shared_software
+    from clustertool.providers.local.net import shared_software
 
     assert shared_software(["/root", "/tmp", "/scratch/"]) == []

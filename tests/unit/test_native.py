@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from clustertool import native, native_remote as nr
+from clustertool.plugin import build as native
+from clustertool.plugin import remote as nr
 from clustertool.errors import ToolError
 from clustertool.model import LEADER, Cluster, Node
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from clustertool import playbook
+from clustertool.playbook import load as playbook
 from clustertool.errors import SpecError
-from clustertool.playbook_steps import CommandSpec, ParamSpec
+from clustertool.playbook.steps import CommandSpec, ParamSpec
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool import playbook, playbook_run
+from clustertool.playbook import load as playbook
+from clustertool.playbook import run as playbook_run
 
 pytestmark = pytest.mark.unit
 

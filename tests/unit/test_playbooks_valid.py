@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertool import playbook
+from clustertool.playbook import load as playbook
 from clustertool.cli.play import resolver
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from clustertool import scaling
+from clustertool.bench import scaling
 from clustertool.errors import UsageError
 from clustertool.model import LEADER, Cluster, Node
 
@@ -157,7 +157,7 @@ def test_output_without_a_figure_is_a_failed_point():
 
 def test_chart_is_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="the chart needs matplotlib (the train extra)")
-    from clustertool.scaling_chart import short_command, write_chart
+    from clustertool.bench.chart import short_command, write_chart
 
     report = scaling.Report("sc", "python /x/train_mlp.py --steps 5",
                             scaling.add_efficiency([scaling.Point(1, 1, 100.0), scaling.Point(2, 2, 190.0)]))

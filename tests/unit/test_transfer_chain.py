@@ -8,7 +8,7 @@ import pytest
 from clustertool.errors import UsageError
 from clustertool.transfer import chain, fanout, s3
 from clustertool.transfer import copy as copies
-from clustertool.transfer import nodeprog_s3 as prog
+from clustertool.nodeprogs import s3 as prog
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,7 @@ def test_status_and_progress_parsing():
 
 
 def test_truncated_stream_is_told_from_a_write_failure():
-    from clustertool.transfer.run_chain import truncated, write_error
+    from clustertool.transfer.drive import truncated, write_error
 
     assert truncated(chain.HopStatus("n", rc="2", stderr="tar: Unexpected EOF in archive"))
     assert truncated(chain.HopStatus("n", rc="missing"))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from clustertool.transfer import nodeprog_s3 as prog
+from clustertool.nodeprogs import s3 as prog
 
 pytestmark = pytest.mark.aws
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from clustertool import scaling, workloads
+from clustertool import workloads
+from clustertool.bench import scaling
 
 pytestmark = pytest.mark.unit
 

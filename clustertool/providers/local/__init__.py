@@ -3,8 +3,8 @@
 Each node ``i`` of cluster slot ``k`` gets a network namespace ``ct-<cluster>-<i>`` (veth
 ``ct<k>n<i>`` on bridge ``ctbr<k>``, address ``10.213.k.i``), UTS (hostname ``node-<i>``),
 mount (private /root, /scratch, /tmp, /dev/shm, /etc/hosts) and PID namespaces, with a tiny
-reaper (``local_init.py``) as PID 1 running ``sshd -D``.  See ``local_net`` for names and
-argv, ``local_sys`` for the system calls.
+reaper (``init.py``) as PID 1 running ``sshd -D``.  See ``net`` for names and
+argv, ``sysops`` for the system calls.
 
 Stop/start: ``stop`` kills each node's processes and keeps its namespace and directories
 (home, /scratch, like a stopped instance keeps its disk); ``start`` relaunches them with a
@@ -27,11 +27,10 @@ from typing import ClassVar
 
 from clustertool.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.model import LEADER, MEMBER, Cluster, Node
-from clustertool.providers import local_net as net
-from clustertool.providers import local_sys as sysops
+from clustertool.providers.local import net, sysops
 from clustertool.providers.base import OptionSpec, ProvisionRequest
 
-INIT_SCRIPT = Path(__file__).with_name("local_init.py")
+INIT_SCRIPT = Path(__file__).with_name("init.py")
 _TOOLS = (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
           ("ssh-keygen", "openssh-client"), (net.SSHD, "openssh-server"))
 _LAUNCHED: dict[int, subprocess.Popen] = {}  # node launchers started by this process
@@ -329,7 +328,7 @@ class LocalProvider:
         return self.wait_instances(cluster, timeout=60.0)
 
     def terminate_instances(self, cluster: Cluster) -> list[str]:
-        from clustertool.providers.local_teardown import teardown
+        from clustertool.providers.local.teardown import teardown
 
         return teardown(cluster, reap=_reap_launched)
 

@@ -1,8 +1,8 @@
 """PID 1 of a local node: set up the node's private view, start sshd, reap orphans.
 
-Run as ``python -I -S local_init.py CONFIG.json`` inside fresh UTS, mount and PID
-namespaces (see ``local_net.node_start_argv``).  Standard library only, no clustertool
-import, so it starts in milliseconds.  The config (``local_net.init_config``) says the
+Run as ``python -I -S init.py CONFIG.json`` inside fresh UTS, mount and PID
+namespaces (see ``net.node_start_argv``).  Standard library only, no clustertool
+import, so it starts in milliseconds.  The config (``net.init_config``) says the
 hostname, which host directories to bind over /root, /scratch, /tmp, /etc/hosts, which
 tmpfs to mount, and the sshd command.
 

@@ -290,7 +290,7 @@ def shared_software(paths: list[str]) -> list[str]:
 
 
 def init_config(hostname: str, node_dir: Path, hosts_file: Path, shared: list[str] = ()) -> dict:
-    """What the node's PID 1 (local_init.py) does: hostname, private mounts, then sshd.
+    """What the node's PID 1 (init.py) does: hostname, private mounts, then sshd.
 
     Host directories under ``node_dir`` are bound over /root, /scratch, /tmp and /etc/ssh;
     the cluster's hosts file over /etc/hosts; a fresh tmpfs on /dev/shm; then ``shared``

@@ -14,8 +14,7 @@ from typing import Callable
 from clustertool import state
 from clustertool.errors import ToolError
 from clustertool.model import Cluster
-from clustertool.providers import local_net as net
-from clustertool.providers import local_sys as sysops
+from clustertool.providers.local import net, sysops
 
 
 @dataclass
@@ -65,7 +64,7 @@ def find_orphans() -> list[LocalOrphan]:
 
 
 def delete_orphans(orphans: list[LocalOrphan], report: Callable[[str], None] = lambda m: None) -> list[str]:
-    from clustertool.providers.local_teardown import teardown
+    from clustertool.providers.local.teardown import teardown
 
     removed = []
     for orphan in orphans:

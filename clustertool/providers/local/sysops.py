@@ -1,6 +1,6 @@
 """System side of the local provider: run argv lists, the global lock, namespaces, processes.
 
-Kept apart from ``local.py`` (the provider verbs) and ``local_net.py`` (pure builders).
+Kept apart from ``__init__.py`` (the provider verbs) and ``net.py`` (pure builders).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Iterable
 
 from clustertool.errors import ProviderError
 from clustertool.state import flocked
-from clustertool.providers import local_net
+from clustertool.providers.local import net as local_net
 
 LOCK_PATH = Path("/run/lock/clustertool-local.lock")
 SCRATCH = Path("/scratch")

@@ -2,7 +2,7 @@
 
 What is removed is the union of what ``provider_state`` recorded and what can be derived:
 namespaces named ``ct-<cluster>-<i>`` and links of the cluster's slot that carry the
-cluster's alias tag (``local_net.link_tag``), so an ``up`` interrupted anywhere is undone
+cluster's alias tag (``net.link_tag``), so an ``up`` interrupted anywhere is undone
 and another cluster's links are never touched.
 """
 
@@ -18,8 +18,7 @@ from clustertool import state
 from clustertool.errors import ProviderError
 from clustertool.model import Cluster
 from clustertool.nodeset import fold
-from clustertool.providers import local_net as net
-from clustertool.providers import local_sys as sysops
+from clustertool.providers.local import net, sysops
 
 _RECORDED = ("token", "slot", "bridge", "route", "count", "netns", "veths", "pids", "nodes_dir")
 
