@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from clustertool.errors import StateError, UsageError
 
 LEADER = "leader"
 MEMBER = "member"
+REASON_MAX = 200  # characters of a command's last stderr line kept in a node's failure reason
+
+Reporter = Callable[[str], None]  # progress lines for the user; the CLI prints them, --json drops them
+
+
+def silent(message: str) -> None:
+    """The Reporter that says nothing (the default of every core function that reports)."""
 
 
 @dataclass
@@ -70,8 +79,6 @@ class Cluster:
             if node.is_leader:
                 return node
         if not self.nodes:
-            from clustertool.errors import StateError
-
             raise StateError(f"cluster {self.name!r} has no nodes")
         return self.nodes[0]
 
@@ -87,8 +94,6 @@ class Cluster:
         for node in self.nodes:
             if node.name == name:
                 return node
-        from clustertool.errors import UsageError
-
         raise UsageError(f"cluster {self.name!r} has no node {name!r}",
                          hint="see `clustertool status` for node names")
 
@@ -128,6 +133,23 @@ class HostResult:
         if self.error is not None or self.exit_code is None:
             return 255
         return self.exit_code
+
+    @property
+    def reason(self) -> str:
+        """Why this node failed, in words ("" when it did not): the one wording of a node's failure.
+
+        The transport's reason when the command never ran or did not finish (unreachable, host
+        key, timed out), else the exit code and the last line the command wrote on stderr.
+        """
+        if self.error is not None:
+            return self.error
+        if self.exit_code == 0:
+            return ""
+        last = next((ln.strip() for ln in reversed(self.stderr.splitlines()) if ln.strip()), "")
+        if len(last) > REASON_MAX:
+            last = "..." + last[-REASON_MAX:]
+        code = "no exit code" if self.exit_code is None else f"exit {self.exit_code}"
+        return f"{code}: {last}" if last else code
 
 
 @dataclass

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from clustertool import state
+from clustertool import state, yamlfile
 from clustertool.errors import SpecError, UsageError
 from clustertool.providers import base
 
@@ -125,54 +125,9 @@ def _check_base(key: str, value: Any) -> Any:
     return value
 
 
-def _loader() -> type:
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        """SafeLoader that refuses duplicate keys instead of keeping the last one."""
-
-        def construct_mapping(self, node, deep=False):
-            seen: set = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    duplicate = key in seen
-                    seen.add(key)
-                except TypeError:  # unhashable key: let the base class explain
-                    continue
-                if duplicate:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r}", key_node.start_mark)
-            return super().construct_mapping(node, deep=deep)
-
-    return StrictLoader
-
-
 def load_yaml_mapping(path: str, what: str = "spec file") -> dict[Any, Any]:
     """Parse a YAML file whose top level must be a mapping; errors name file and line."""
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such {what}") from None
-    except IsADirectoryError:
-        raise SpecError(f"{path}: is a directory, expected a YAML {what}") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{path}: not UTF-8 text, expected a YAML {what}") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        last = max(1, len(text.splitlines()))
-        line = f":{min(mark.line + 1, last)}" if mark is not None else ""
-        problem = exc.problem or exc.context or "cannot parse"
-        raise SpecError(f"{path}{line}: malformed YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: malformed YAML: {exc}") from None
+    data = yamlfile.load(path, what)
     if data is None:
         return {}
     if not isinstance(data, dict):

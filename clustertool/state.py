@@ -161,6 +161,15 @@ def locked(name: str, timeout: float = 30.0):
     return flocked(lock_path, timeout, busy)
 
 
+def ready_cluster(name: str) -> Cluster:
+    """The cluster, which must be up and wired for SSH (every command that runs on nodes)."""
+    cluster = load(name)
+    if cluster.status != "ready":
+        raise UsageError(f"cluster {cluster.name!r} is {cluster.status}, not ready for SSH",
+                         hint="bring it up without --no-ssh, or `clustertool start` it")
+    return cluster
+
+
 def resolve_name(name: str | None) -> str:
     """The cluster a command acts on: the one named, or the only one known."""
     if name:

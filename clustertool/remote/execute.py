@@ -9,6 +9,7 @@ from clustertool import nodeset, state
 from clustertool.errors import UsageError
 from clustertool.model import GroupResult
 from clustertool.remote.group import LineCallback, run_on_nodes
+from clustertool.remote.transport import SSH, Transport
 
 
 def command_line(args: Sequence[str]) -> str:
@@ -20,12 +21,11 @@ def command_line(args: Sequence[str]) -> str:
 
 
 def execute(cluster_name: str, selection: str | None, args: Sequence[str], *,
-            timeout: float | None = None, on_line: LineCallback | None = None) -> GroupResult:
-    cluster = state.load(cluster_name)
-    if cluster.status not in ("ready",):
-        raise UsageError(f"cluster {cluster.name!r} is {cluster.status}, not ready for SSH",
-                         hint="bring it up without --no-ssh, or `clustertool start`")
+            timeout: float | None = None, on_line: LineCallback | None = None,
+            transport: Transport = SSH) -> GroupResult:
+    cluster = state.ready_cluster(cluster_name)
     nodes = nodeset.select(cluster, selection)
     if timeout is not None and timeout <= 0:
         raise UsageError("--timeout must be positive")
-    return run_on_nodes(cluster.name, nodes, command_line(args), timeout=timeout, on_line=on_line)
+    return run_on_nodes(cluster.name, nodes, command_line(args), timeout=timeout, on_line=on_line,
+                        transport=transport)

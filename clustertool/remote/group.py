@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from clustertool.model import GroupResult, HostResult, Node
-from clustertool.remote.transport import classify_ssh_failure, ssh_argv
+from clustertool.remote.transport import SSH, Transport, classify_ssh_failure
 
 LineCallback = Callable[[str, str, str], None]  # (node name, "stdout"|"stderr", line)
 CommandFor = Callable[[Node], str]
@@ -39,16 +39,6 @@ def _pump(stream, sink: list[str], node: str, kind: str, on_line: LineCallback |
         if on_line is not None:
             on_line(node, kind, line.rstrip("\n"))
     stream.close()
-
-
-def _start(argv: list[str], stdin_data: bytes | None) -> subprocess.Popen:
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # a Ctrl-C in the terminal reaches us, not every ssh
-    )
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -77,6 +67,7 @@ def run_on_nodes(
     on_line: LineCallback | None = None,
     stdin_data: bytes | Callable[[Node], bytes] | None = None,
     ssh_extra: list[str] | None = None,
+    transport: Transport = SSH,
 ) -> GroupResult:
     """Run ``command`` (a remote shell line, or a function of the node) on every node.
 
@@ -89,7 +80,7 @@ def run_on_nodes(
         for node in nodes:
             line = command(node) if callable(command) else command
             data = stdin_data(node) if callable(stdin_data) else stdin_data
-            proc = _start(ssh_argv(cluster_name, node, line, extra=ssh_extra), data)
+            proc = transport.spawn(cluster_name, node, line, data, extra=ssh_extra)
             run = _Running(node, proc, time.monotonic(), [], [])
             runs.append(run)
             for stream, sink, kind in ((proc.stdout, run.out, "stdout"), (proc.stderr, run.err, "stderr")):

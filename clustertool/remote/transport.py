@@ -3,6 +3,9 @@
 Everything goes through the OpenSSH client with a per-cluster config file: pinned host
 keys (StrictHostKeyChecking yes, never no), the cluster key, and ControlMaster
 multiplexing so repeated commands reuse one authenticated connection per node.
+
+``Transport`` is the seam: whatever runs commands on nodes (``run_on_nodes`` and what builds
+on it) takes one, ``SSH`` by default; tests hand in a scripted one (tests/fakes/transport.py).
 """
 
 from __future__ import annotations
@@ -116,6 +119,34 @@ def ssh_argv(cluster_name: str, node: Node, command: str | None = None, *,
     if command is not None:
         argv.append(command)
     return argv
+
+
+class Transport:
+    """How this machine runs a command on a node: argv for a pipeline, or a started process."""
+
+    def argv(self, cluster_name: str, node: Node, command: str | None = None, *,
+             extra: list[str] | None = None) -> list[str]:
+        raise NotImplementedError
+
+    def spawn(self, cluster_name: str, node: Node, command: str, stdin: bytes | None, *,
+              extra: list[str] | None = None) -> subprocess.Popen:
+        """Start ``command`` on ``node``: output on pipes; a stdin pipe when ``stdin`` is given
+        (the caller writes it).  Its own session, so a Ctrl-C reaches us, not every ssh."""
+        return subprocess.Popen(
+            self.argv(cluster_name, node, command, extra=extra),
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+class SshTransport(Transport):
+    """The real one: OpenSSH through the cluster's ssh_config."""
+
+    def argv(self, cluster_name: str, node: Node, command: str | None = None, *,
+             extra: list[str] | None = None) -> list[str]:
+        return ssh_argv(cluster_name, node, command, extra=extra)
+
+
+SSH = SshTransport()
 
 
 def control_exit_argv(cluster_name: str, node: Node) -> list[str]:

@@ -7,28 +7,27 @@ import pytest
 
 from clustertool.model import Node
 from clustertool.remote import group
+from tests.fakes.transport import LocalShell
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture
-def local_shell(monkeypatch):
-    monkeypatch.setattr(group, "ssh_argv", lambda cluster, node, line, extra=None: ["sh", "-c", line])
+SHELL = LocalShell()
 
 
 def _nodes(n):
     return [Node(f"node-{i}", i, f"10.0.0.{i}") for i in range(1, n + 1)]
 
 
-def test_exit_code_is_the_highest_and_each_node_has_a_result(local_shell):
-    result = group.run_on_nodes("c", _nodes(3), lambda n: f"exit {n.index}")
+def test_exit_code_is_the_highest_and_each_node_has_a_result():
+    result = group.run_on_nodes("c", _nodes(3), lambda n: f"exit {n.index}", transport=SHELL)
     assert [r.exit_code for r in result.results] == [1, 2, 3]
     assert result.exit_code == 3
 
 
-def test_a_hung_node_is_reported_and_does_not_stall_the_others(local_shell):
+def test_a_hung_node_is_reported_and_does_not_stall_the_others():
     start = time.monotonic()
-    result = group.run_on_nodes("c", _nodes(3), lambda n: "sleep 30" if n.index == 2 else "echo ok", timeout=1)
+    result = group.run_on_nodes("c", _nodes(3), lambda n: "sleep 30" if n.index == 2 else "echo ok", timeout=1, transport=SHELL)
     assert time.monotonic() - start < 5
     by = result.by_node()
     assert by["node-2"].error == "timed out" and by["node-2"].effective_code == 255
@@ -36,18 +35,18 @@ def test_a_hung_node_is_reported_and_does_not_stall_the_others(local_shell):
     assert result.exit_code == 255
 
 
-def test_runs_in_parallel_not_in_sequence(local_shell):
+def test_runs_in_parallel_not_in_sequence():
     start = time.monotonic()
-    group.run_on_nodes("c", _nodes(8), "sleep 0.5")
+    group.run_on_nodes("c", _nodes(8), "sleep 0.5", transport=SHELL)
     assert time.monotonic() - start < 2.5
 
 
-def test_lines_stream_to_the_callback_with_the_node_name(local_shell):
+def test_lines_stream_to_the_callback_with_the_node_name():
     seen = []
-    group.run_on_nodes("c", _nodes(2), "echo out; echo err >&2", on_line=lambda *a: seen.append(a))
+    group.run_on_nodes("c", _nodes(2), "echo out; echo err >&2", on_line=lambda *a: seen.append(a), transport=SHELL)
     assert ("node-1", "stdout", "out") in seen and ("node-2", "stderr", "err") in seen
 
 
-def test_stdin_can_differ_per_node(local_shell):
-    result = group.run_on_nodes("c", _nodes(2), "cat", stdin_data=lambda n: n.name.encode())
+def test_stdin_can_differ_per_node():
+    result = group.run_on_nodes("c", _nodes(2), "cat", stdin_data=lambda n: n.name.encode(), transport=SHELL)
     assert [r.stdout for r in result.results] == ["node-1", "node-2"]

@@ -140,7 +140,8 @@ def test_the_default_provider_is_local(monkeypatch):
     ("provider: fake\nnodes: -2\n", "spec.yaml: nodes: expected a positive integer, got -2"),
     ("provider: fake\nnodes: 0\n", "spec.yaml: nodes: expected a positive integer, got 0"),
     ("provider: fake\nnodes: four\n", "spec.yaml: nodes: expected a positive integer, got 'four'"),
-    ("provider: fake\nnodes: yes\n", "spec.yaml: nodes: expected a positive integer, got true"),
+    ("provider: fake\nnodes: true\n", "spec.yaml: nodes: expected a positive integer, got true"),
+    ("provider: fake\nnodes: yes\n", "spec.yaml: nodes: expected a positive integer, got 'yes'"),  # YAML 1.2: a word
     ("provider: fake\nnodes: 2.5\n", "spec.yaml: nodes: expected a positive integer, got 2.5"),
     ("provider: fake\nnodes: 2\nslots: 0\n", "spec.yaml: slots: expected a positive integer, got 0"),
     ("provider: fake\nnodes: 2\nname: My_Cluster\n", "spec.yaml: name: expected 1-31 lowercase letters"),
