@@ -10,7 +10,7 @@ command nests another's quoting)::
 ``tee -p`` keeps forwarding when the local extraction fails (disk full, not writable) and
 keeps extracting when the next hop dies; the hop records tar's exit code and stderr in its
 status directory.  Nodes after a dead hop get a truncated stream; ``copy`` notices them in
-verification and runs a repair chain that skips the dead node (see copy.py).
+verification and runs a repair chain that skips the dead node (see drive.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-
-from clustertool.model import Node
-from clustertool.remote.transport import ssh_argv
 
 DEFAULT_CIPHER = "aes128-gcm@openssh.com"
 CHECKPOINT_RECORDS = 800   # tar checkpoint every 800 records of 10 KiB = 8 MiB
@@ -248,7 +245,3 @@ def _read_progress(stream_, on_progress: Progress | None, other: list[str]) -> N
                 other.append(line)
         elif on_progress is not None:
             on_progress(*parsed)
-
-
-def head_argv(cluster_name: str, node: Node, command: str) -> list[str]:
-    return ssh_argv(cluster_name, node, command)

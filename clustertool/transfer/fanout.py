@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from clustertool.model import Node
-from clustertool.remote.transport import classify_ssh_failure, ssh_argv
-from clustertool.transfer.chain import DEFAULT_CIPHER, node_ssh_argv
+from clustertool.remote.transport import SSH, Transport, alias, classify_ssh_failure
+from clustertool.transfer.chain import DEFAULT_CIPHER, node_ssh_argv, status_dir
 
 FILE_MARK = "CTFILE"
 
@@ -115,24 +115,20 @@ def tracked(command: str, sdir: str) -> str:
 
 def from_source_node(cluster_name: str, source: Node, targets: list[Node], src: str, src_is_dir: bool,
                      dest: str, *, cipher: str | None, delete: bool, on_bytes=None,
-                     run_id: str | None = None) -> dict[str, RsyncResult]:
+                     run_id: str | None = None, transport: Transport = SSH) -> dict[str, RsyncResult]:
     """rsync on the source node to every target at once (one ssh session per target)."""
-    from clustertool.transfer.chain import status_dir
-
     jobs = []
     for node in targets:
         command = shlex.join(rsync_argv(src, src_is_dir, node.address, dest, cipher=cipher, delete=delete))
         if run_id is not None:
             command = tracked(command, status_dir(run_id, f"fanout-{node.name}"))
-        jobs.append((node.name, ssh_argv(cluster_name, source, command)))
+        jobs.append((node.name, transport.argv(cluster_name, source, command)))
     return run_parallel(jobs, on_bytes)
 
 
 def from_local(cluster_name: str, config: str, leader: Node, src: str, src_is_dir: bool, dest: str, *,
                cipher: str | None, delete: bool, on_bytes=None) -> RsyncResult:
     """rsync from this machine to the leader (through the cluster's ssh config)."""
-    from clustertool.remote.transport import alias
-
     argv = rsync_argv(src, src_is_dir, alias(cluster_name, leader), dest, cipher=cipher,
                       delete=delete, config=config)
     return run_parallel([(leader.name, argv)], on_bytes)[leader.name]

@@ -9,25 +9,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable
 
 from clustertool.model import Node
+from clustertool.nodeprogs import manifest as nodeprog_manifest
+from clustertool.nodeprogs import program_text, python_command
+from clustertool.remote.group import run_on_nodes
+from clustertool.remote.transport import SSH, Transport
 
-PROGRAMS_DIR = Path(__file__).resolve().parents[1] / "nodeprogs"
 MAX_LISTED = 10  # files named per node in a mismatch message
-
-
-def program_text(module: str, args: dict) -> bytes:
-    """Source of a standalone node program with its arguments prepended (for stdin)."""
-    source = (PROGRAMS_DIR / f"{module}.py").read_text()
-    prefix = f"import json\nARGS = json.loads({json.dumps(json.dumps(args))})\n"
-    return (prefix + source).encode()
-
-
-def python_command() -> str:
-    """Remote command that runs a program given on stdin (python3, else python)."""
-    return "exec $(command -v python3 || command -v python) -"
 
 
 @dataclass
@@ -61,8 +51,6 @@ def parse(text: str) -> Manifest:
 
 
 def local(root: str, want_hash: bool | Iterable[str] = False) -> Manifest:
-    from clustertool.nodeprogs import manifest as nodeprog_manifest
-
     out: list[str] = []
     want = want_hash if isinstance(want_hash, bool) else list(want_hash)
     nodeprog_manifest.run({"root": root, "hash": want}, out.append)
@@ -75,22 +63,21 @@ def remote_args(root: str, want_hash: bool | Iterable[str] = False) -> bytes:
 
 
 def remote(cluster_name: str, nodes: list[Node], root: str, want_hash=False,
-           timeout: float | None = None) -> dict[str, Manifest | str]:
+           timeout: float | None = None, transport: Transport = SSH) -> dict[str, Manifest | str]:
     """Manifest of ``root`` on every node, in parallel; a node that failed maps to its error.
 
     ``want_hash`` may be a function of the node name (per-node hash lists).
     """
-    from clustertool.remote.group import run_on_nodes
-
     def data(node: Node) -> bytes:
         want = want_hash(node.name) if callable(want_hash) else want_hash
         return remote_args(root, want)
 
-    group = run_on_nodes(cluster_name, nodes, python_command(), stdin_data=data, timeout=timeout)
+    group = run_on_nodes(cluster_name, nodes, python_command(), stdin_data=data, timeout=timeout,
+                         transport=transport)
     out: dict[str, Manifest | str] = {}
     for r in group.results:
         if not r.ok:
-            out[r.node] = r.error or (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
+            out[r.node] = r.reason
             continue
         try:
             out[r.node] = parse(r.stdout)

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from clustertool import nodeset, state
 from clustertool.errors import UsageError
+from clustertool.model import HostResult, Reporter, silent
+from clustertool.nodeprogs import program_text, python_command
+from clustertool.remote.group import run_on_nodes
+from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer import manifest as mf
-
-Report = Callable[[str], None]
+from clustertool.transfer.model import relative_remote
 
 
 @dataclass
@@ -83,7 +86,7 @@ def node_args(bucket: str, prefix: str, dest: str, shard: list[int] | None, endp
     return args
 
 
-def _verdict(r, shard) -> NodeSync:
+def _verdict(r: HostResult, shard: list[int] | None) -> NodeSync:
     out = NodeSync(r.node, shard=shard)
     payload = None
     for line in reversed(r.stdout.splitlines()):
@@ -96,7 +99,7 @@ def _verdict(r, shard) -> NodeSync:
     if payload is None:
         unreachable = r.error is not None and mf.is_unreachable(r.error)
         out.status, out.exit_code = ("unreachable", 255) if unreachable else ("failed", max(1, r.effective_code))
-        out.error = r.error or (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
+        out.error = r.reason or "the node program printed no result"
         return out
     if payload.get("fatal"):
         out.status, out.exit_code, out.error = "failed", 1, payload["fatal"]
@@ -112,17 +115,10 @@ def _verdict(r, shard) -> NodeSync:
 
 def sync_s3(cluster_name: str, url: str, dest: str, *, selection: str | None = None, shard: bool = False,
             endpoint_url: str | None = None, pass_credentials: bool = False, region: str | None = None,
-            timeout: float | None = None, report: Report = lambda m: None) -> SyncResult:
-    import time
-
-    from clustertool.remote.group import run_on_nodes
-    from clustertool.transfer.copy import relative_remote
-
+            timeout: float | None = None, report: Reporter = silent, transport: Transport = SSH) -> SyncResult:
     started = time.monotonic()
     bucket, prefix = parse_url(url)
-    cluster = state.load(cluster_name)
-    if cluster.status != "ready":
-        raise UsageError(f"cluster {cluster.name!r} is {cluster.status}, not ready for SSH")
+    cluster = state.ready_cluster(cluster_name)
     nodes = sorted(nodeset.select(cluster, selection), key=lambda n: n.index)
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -131,8 +127,8 @@ def sync_s3(cluster_name: str, url: str, dest: str, *, selection: str | None = N
     report(f"{len(nodes)} node(s) pulling s3://{bucket}/{prefix}" + (" (sharded)" if shard else "")
            + (f" from {endpoint}" if endpoint else ""))
     group = run_on_nodes(
-        cluster.name, nodes, mf.python_command(), timeout=timeout,
-        stdin_data=lambda n: mf.program_text("s3", node_args(
+        cluster.name, nodes, python_command(), timeout=timeout, transport=transport,
+        stdin_data=lambda n: program_text("s3", node_args(
             bucket, prefix, relative_remote(dest), shards[n.name], endpoint, region, creds)))
     return SyncResult(url, dest, shard, [_verdict(r, shards[r.node]) for r in group.results],
                       time.monotonic() - started)

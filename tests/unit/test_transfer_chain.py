@@ -8,6 +8,7 @@ import pytest
 from clustertool.errors import UsageError
 from clustertool.transfer import chain, fanout, s3
 from clustertool.transfer import copy as copies
+from clustertool.transfer.model import relative_remote
 from clustertool.nodeprogs import s3 as prog
 
 pytestmark = pytest.mark.unit
@@ -83,10 +84,10 @@ def test_rsync_argv_keeps_links_perms_times_and_protects_args():
 
 
 def test_remote_paths_and_strategy_choice():
-    assert copies.relative_remote("~/data") == "data" and copies.relative_remote("~") == "."
-    assert copies.relative_remote("/abs") == "/abs"
+    assert relative_remote("~/data") == "data" and relative_remote("~") == "."
+    assert relative_remote("/abs") == "/abs"
     with pytest.raises(UsageError):
-        copies.relative_remote("~bob/x")
+        relative_remote("~bob/x")
     assert copies.choose_strategy("auto", 8, 1 << 30) == "chain"
     assert copies.choose_strategy("auto", 2, 1 << 30) == "fanout"
     assert copies.choose_strategy("auto", 8, 1000) == "fanout"

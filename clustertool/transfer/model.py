@@ -1,0 +1,93 @@
+"""The data of one copy run, shared by copy (planning), drive (transfers) and verify: no I/O here."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from clustertool.errors import UsageError
+from clustertool.model import Cluster, Node, Reporter
+from clustertool.remote.transport import SSH, Transport
+from clustertool.transfer.manifest import Manifest, is_unreachable
+
+ProgressCb = Callable[[str, int, int], None]  # (node, bytes done, bytes expected)
+
+
+@dataclass
+class NodeCopy:
+    node: str
+    status: str = "ok"             # ok | mismatch | failed | unreachable
+    exit_code: int = 0
+    bytes_received: int = 0        # payload bytes streamed to this node
+    files_sent: int = 0
+    files_checked: int = 0
+    error: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CopyResult:
+    src: str
+    dest: str
+    source: str                     # "leader" (node name) or "local"
+    strategy: str
+    nodes: list[NodeCopy]
+    total_bytes: int = 0            # size of the source tree
+    total_files: int = 0
+    bytes_sent: int = 0             # payload bytes that left the source (0 on a re-run)
+    passes: int = 0                 # chain passes (1 + repairs)
+    verified: bool = False
+    duration: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return max((n.exit_code for n in self.nodes), default=0)
+
+
+def relative_remote(path: str) -> str:
+    """A remote path as the node's shell would see it: '~/x' -> 'x' (ssh starts in $HOME)."""
+    if path == "~":
+        return "."
+    if path.startswith("~/"):
+        return path[2:] or "."
+    if path.startswith("~"):
+        raise UsageError(f"path {path!r}: '~user' paths are not supported", hint="use an absolute path")
+    return path
+
+
+@dataclass
+class CopyRun:
+    """One `copy` under way: its inputs, the source's manifest and every node's verdict so far."""
+
+    cluster: Cluster
+    src: str
+    dest: str
+    from_local: bool
+    targets: list[Node]
+    delete: bool
+    cipher: str | None
+    on_progress: ProgressCb | None
+    report: Reporter
+    transport: Transport = SSH
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
+    source: Manifest | None = None
+    results: dict[str, NodeCopy] = field(default_factory=dict)
+
+    @property
+    def src_dir(self) -> str:
+        return self.src if self.source.is_dir else (os.path.dirname(self.src.rstrip("/")) or ".")
+
+    def entry(self, name: str) -> NodeCopy:
+        """The node's verdict, made (ok, so far) on first use."""
+        return self.results.setdefault(name, NodeCopy(name))
+
+    def fail(self, name: str, error: str) -> None:
+        """Record a node's failure: unreachable (255) when the transport said so, else failed (1)."""
+        entry = self.entry(name)
+        unreachable = is_unreachable(error)
+        entry.status = "unreachable" if unreachable else "failed"
+        entry.exit_code = 255 if unreachable else 1
+        entry.error = error

@@ -1,0 +1,14 @@
+"""A cluster that exists only as a state file (for orchestration tests over a scripted transport)."""
+
+from __future__ import annotations
+
+from clustertool import state
+from clustertool.model import LEADER, MEMBER, Cluster, Node
+
+
+def saved_cluster(name: str, nodes: int, provider: str = "static") -> Cluster:
+    """``nodes`` nodes node-1 (leader) .. node-N at 10.0.0.1 .., status ready, saved in CLUSTERTOOL_HOME."""
+    cluster = Cluster(name, provider, status="ready", nodes=[
+        Node(f"node-{i}", i, f"10.0.0.{i}", role=LEADER if i == 1 else MEMBER) for i in range(1, nodes + 1)])
+    state.save(cluster)
+    return cluster
