@@ -8,20 +8,19 @@ when that teardown itself failed (so `down` can finish the job).
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from clustertool import hostfile as hostfiles
 from clustertool import state
 from clustertool.errors import RemoteError, ToolError, UsageError
-from clustertool.model import Cluster, GroupResult
+from clustertool.model import Cluster, GroupResult, Reporter, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
-from clustertool.remote import keys, mesh, transport
+from clustertool.remote import keys, mesh
 from clustertool.remote.group import run_on_nodes
-
-Report = Callable[[str], None]
+from clustertool.remote.transport import SSH, Transport, control_exit_argv, write_ssh_config
 
 
 @dataclass
@@ -45,7 +44,7 @@ def _new_cluster(spec) -> tuple[Cluster, object]:
     return cluster, provider
 
 
-def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Report = lambda m: None) -> UpResult:
+def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = silent) -> UpResult:
     cluster, provider = _new_cluster(spec)
     if no_ssh:
         cluster.options["no_ssh"] = True  # providers wait for "running", not for SSH
@@ -66,7 +65,7 @@ def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Report = la
         return _provision(cluster, provider, request, no_ssh, report)
 
 
-def _provision(cluster, provider, request, no_ssh: bool, report: Report) -> UpResult:
+def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> UpResult:
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     try:
@@ -94,7 +93,7 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Report) -> UpRe
     return UpResult(cluster, hostfile=path, timings=timings)
 
 
-def _rollback(cluster, provider, report: Report, exc: BaseException) -> None:
+def _rollback(cluster, provider, report: Reporter, exc: BaseException) -> None:
     report(f"up failed ({type(exc).__name__}: {exc}); removing what was made")
     try:
         for line in provider.terminate_instances(cluster):
@@ -125,12 +124,12 @@ def write_hostfile(cluster: Cluster) -> Path:
     return path
 
 
-def wire(cluster: Cluster) -> GroupResult:
+def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
     """Pin host keys, write local ssh config, push key + known_hosts + config to every node."""
     keys.pin_host_keys(cluster)
     state.save(cluster)
     keys.write_local_known_hosts(cluster)
-    transport.write_ssh_config(cluster)
+    write_ssh_config(cluster)
     paths = state.ClusterPaths(cluster.name)
     private, public = paths.key.read_text(), paths.pubkey.read_text()
     leader_hostfile = hostfiles.render_cluster(cluster, "openmpi")
@@ -140,15 +139,15 @@ def wire(cluster: Cluster) -> GroupResult:
         hf = leader_hostfile if node.name == leader else None
         return keys.wire_script(cluster, private, public, hf).encode()
 
-    result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=60)
+    result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=60, transport=transport)
     _raise_on_failures(result, "wiring SSH")
-    check_leader_mesh(cluster)
+    check_leader_mesh(cluster, transport)
     return result
 
 
-def check_leader_mesh(cluster: Cluster) -> None:
+def check_leader_mesh(cluster: Cluster, transport: Transport = SSH) -> None:
     """The leader must reach every node by private address without a prompt (mpirun needs it)."""
-    result = run_on_nodes(cluster.name, [cluster.leader], "sh -s", timeout=60,
+    result = run_on_nodes(cluster.name, [cluster.leader], "sh -s", timeout=60, transport=transport,
                           stdin_data=mesh.mesh_script(cluster.nodes).encode())
     _raise_on_failures(result, "checking the leader's SSH mesh")
     by_addr = {n.address: n.name for n in cluster.nodes}
@@ -162,19 +161,16 @@ def check_leader_mesh(cluster: Cluster) -> None:
 def _raise_on_failures(result: GroupResult, what: str) -> None:
     bad = result.failed()
     if bad:
-        detail = "; ".join(f"{r.node}: {r.error or (r.stderr.strip().splitlines() or ['exit ' + str(r.exit_code)])[-1]}"
-                           for r in bad)
+        detail = "; ".join(f"{r.node}: {r.reason}" for r in bad)
         raise RemoteError(f"{what} failed on {len(bad)} node(s): {detail}")
 
 
 def close_masters(cluster: Cluster) -> None:
     """Close this machine's ControlMaster connections to the cluster's nodes."""
-    import subprocess
-
     paths = state.ClusterPaths(cluster.name)
     if not paths.ssh_config.exists() or not paths.control_dir.exists():
         return
-    procs = [subprocess.Popen(transport.control_exit_argv(cluster.name, n), stdout=subprocess.DEVNULL,
+    procs = [subprocess.Popen(control_exit_argv(cluster.name, n), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for n in cluster.nodes]
     for proc in procs:
         try:
@@ -198,7 +194,7 @@ def install_user_ssh_include() -> Path | None:
     return config
 
 
-def down(name: str, *, report: Report = lambda m: None, terminate_adopted: bool = False) -> list[str]:
+def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = False) -> list[str]:
     """Remove everything the cluster made; forget machines it adopted. Idempotent."""
     with state.locked(name):
         cluster = state.load(name)
@@ -223,15 +219,15 @@ def _owns(provider, cluster: Cluster) -> bool:
     return owns(cluster) if owns else provider.owns_machines
 
 
-def unwire(cluster: Cluster) -> list[str]:
+def unwire(cluster: Cluster, transport: Transport = SSH) -> list[str]:
     """Remove the cluster key and config block from machines we do not own."""
     public = state.ClusterPaths(cluster.name).pubkey
     if not public.exists() or not state.ClusterPaths(cluster.name).ssh_config.exists():
         return []
     script = keys.unwire_script(cluster, public.read_text()).encode()
-    result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=30)
+    result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=30, transport=transport)
     return [f"{r.node}: removed clustertool key and ssh config" if r.ok
-            else f"{r.node}: could not remove clustertool key ({r.error or r.stderr.strip()})"
+            else f"{r.node}: could not remove clustertool key ({r.reason})"
             for r in result.results]
 
 
@@ -246,7 +242,8 @@ class NodeStatus:
     detail: str = ""
 
 
-def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0) -> tuple[Cluster, list[NodeStatus], dict]:
+def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0,
+           transport: Transport = SSH) -> tuple[Cluster, list[NodeStatus], dict]:
     cluster = state.load(name)
     provider = get_provider(cluster.provider)
     try:
@@ -255,8 +252,8 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0) -> tuple
         states = {n.name: f"unknown ({exc.message})" for n in cluster.nodes}
     reach: dict[str, tuple[bool, str]] = {}
     if check_ssh and cluster.status == "ready":
-        for r in run_on_nodes(cluster.name, cluster.nodes, "true", timeout=timeout).results:
-            reach[r.node] = (r.ok, r.error or "")
+        for r in run_on_nodes(cluster.name, cluster.nodes, "true", timeout=timeout, transport=transport).results:
+            reach[r.node] = (r.ok, r.reason)
     rows = [
         NodeStatus(n.name, n.role, n.address, n.slots, states.get(n.name, "missing"),
                    reach.get(n.name, (None, ""))[0], reach.get(n.name, (None, ""))[1])
@@ -288,7 +285,7 @@ def stop(name: str) -> None:
         state.save(cluster)
 
 
-def start(name: str, *, report: Report = lambda m: None) -> Cluster:
+def start(name: str, *, report: Reporter = silent) -> Cluster:
     """Start stopped nodes; addresses may change, so hostfile, config and keys are refreshed."""
     with state.locked(name):
         cluster = state.load(name)

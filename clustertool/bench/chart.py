@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from clustertool.errors import MissingPrerequisite
-from clustertool.bench.scaling import Report
+from clustertool.bench.scaling import ScalingResult
 
 
-def write_chart(report: Report, path: str | Path, title: str | None = None) -> Path:
+def write_chart(report: ScalingResult, path: str | Path, title: str | None = None) -> Path:
     """Two panels: throughput (with the linear ideal) and scaling efficiency, both vs ranks."""
     try:
         import matplotlib
@@ -51,8 +52,6 @@ def write_chart(report: Report, path: str | Path, title: str | None = None) -> P
 
 def short_command(command: str) -> str:
     """From the script on: `env PYTHONPATH=.. python /x/train.py --steps 5` -> `train.py --steps 5`."""
-    import shlex
-
     words = shlex.split(command)
     for i, word in enumerate(words):
         if word.endswith(".py"):

@@ -9,8 +9,11 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from clustertool.errors import ToolError
 from clustertool.bench.scaling import Launcher
+from clustertool.errors import ToolError
+from clustertool.jobs import kill as jobs_kill
+from clustertool.jobs import launch as jobs
+from clustertool.jobs.mpirun import MpiOptions
 
 
 def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
@@ -22,10 +25,6 @@ def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, 
 
 def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
                   plugin: bool = False) -> Launcher:
-    from clustertool.jobs import kill as jobs_kill
-    from clustertool.jobs import launch as jobs
-    from clustertool.jobs.mpirun import MpiOptions
-
     def launch(nodes, per_node, argv):
         opts = MpiOptions(command=list(argv), per_node=per_node, env=list(env))
         try:

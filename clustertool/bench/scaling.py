@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from clustertool.errors import UsageError
+from clustertool.model import Reporter, silent
 
 NUM = r"[0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 UNIT = r"(?:images|imgs?|samples|sequences|seqs|tokens|examples)"
@@ -139,7 +140,9 @@ class Point:
 
 
 @dataclass
-class Report:
+class ScalingResult:
+    """`bench scaling` on a cluster: one point per size."""
+
     cluster: str
     command: str
     points: list[Point] = field(default_factory=list)
@@ -173,7 +176,7 @@ Launcher = Callable[[list, int, list], tuple[int | None, str, str | None]]
 
 def run_scaling(cluster, sizes: list[int], per_node: int | None, command: Sequence[str], *,
                 launch: Launcher, regex: str | None = None, log_dir: Path | None = None,
-                repeat: int = 1, report: Callable[[str], None] = lambda m: None) -> Report:
+                repeat: int = 1, report: Reporter = silent) -> ScalingResult:
     """Run the job at each size through ``launch(nodes, per_node, argv) -> (code, output, error)``.
 
     With ``repeat`` > 1 the sizes run round-robin (1, 2, 4, 1, 2, 4 ...), so drifting load on a
@@ -187,7 +190,7 @@ def run_scaling(cluster, sizes: list[int], per_node: int | None, command: Sequen
     if regex:
         compile_metric(regex)
     argv = job_argv(command)
-    out = Report(cluster.name, shlex.join(argv))
+    out = ScalingResult(cluster.name, shlex.join(argv))
     points = {size: Point(nodes=size, ranks=size * (per_node or min(n.slots for n in ordered[:size])))
               for size in sizes}
     for round_ in range(1, repeat + 1):
@@ -230,7 +233,7 @@ def _run_once(point: Point, nodes, argv, launch, regex, log_dir, round_: int | N
 COLUMNS = ["nodes", "ranks", "throughput", "speedup", "efficiency", "seconds", "status"]
 
 
-def rows(report_: Report) -> list[list[str]]:
+def rows(report_: ScalingResult) -> list[list[str]]:
     def fmt(v, spec):
         return "" if v is None else format(v, spec)
 
@@ -239,7 +242,7 @@ def rows(report_: Report) -> list[list[str]]:
              "ok" if p.ok else p.error] for p in report_.points]
 
 
-def to_csv(report_: Report) -> str:
+def to_csv(report_: ScalingResult) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["nodes", "ranks", "throughput", "speedup", "efficiency", "seconds", "exit_code", "error"])
@@ -252,5 +255,5 @@ def to_csv(report_: Report) -> str:
     return buf.getvalue()
 
 
-def to_json(report_: Report) -> str:
+def to_json(report_: ScalingResult) -> str:
     return json.dumps(asdict(report_), indent=2)

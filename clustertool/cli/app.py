@@ -53,7 +53,6 @@ COMMAND_MODULES = [
     "clustertool.cli.exec_",
     "clustertool.cli.copy",
     "clustertool.cli.bench",
-    "clustertool.cli.bench_allreduce",
     "clustertool.cli.plugin",
     "clustertool.cli.play",
     "clustertool.cli.inventory",

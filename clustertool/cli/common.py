@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from clustertool import state
+from clustertool.model import Reporter, silent
 
 ClusterOpt = typer.Option(None, "-c", "--cluster", metavar="NAME",
                           help="Cluster to act on (default: the only one known).")
@@ -19,7 +20,8 @@ def cluster_name(name: Optional[str]) -> str:
     return state.resolve_name(name)
 
 
-def reporter(json_output: bool):
+def reporter(json_output: bool) -> Reporter:
+    """Progress lines on stderr, or none with --json (stdout stays clean data)."""
     from clustertool.cli import render
 
-    return render.quiet if json_output else render.info
+    return silent if json_output else render.info

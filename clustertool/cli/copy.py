@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name
+from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, reporter
 
 
 def copy_cmd(
@@ -28,24 +28,22 @@ def copy_cmd(
     (--from leader) or every node (--from local). Exit code: 0 when every node matches the
     source; 1 when a node failed or differs (named with its files); 255 when one was unreachable.
     """
-    from clustertool.cli import progress as render_progress
-    from clustertool.cli import render
-    from clustertool.cli.common import reporter
+    from clustertool.cli import progress, render
     from clustertool.transfer.copy import copy
 
     name = cluster_name(cluster)
-    progress = render_progress.NodeProgress([], enabled=not json_output)
-    with progress:
+    bars = progress.NodeProgress([], enabled=not json_output)
+    with bars:
         result = copy(name, src, dest, source=source, selection=nodes, strategy=strategy,
                       verify_after=verify, delete=delete, cipher=cipher or None,
-                      on_progress=progress.update, report=reporter(json_output))
+                      on_progress=bars.update, report=reporter(json_output))
     if json_output:
         render.print_json({"exit_code": result.exit_code, **render.to_jsonable(result)})
     else:
-        render_progress.copy_table(result)
-        for line in render_progress.mismatch_lines(result):
+        progress.copy_table(result)
+        for line in progress.mismatch_lines(result):
             sys.stderr.write(line + "\n")
-        render.info(render_progress.copy_summary(result))
+        render.info(progress.copy_summary(result))
     raise typer.Exit(result.exit_code)
 
 
@@ -66,9 +64,7 @@ def sync_s3_cmd(
     Nodes use their own credentials (instance role, ~/.aws, environment) unless
     --pass-credentials. Exit code as for exec: the highest per node; 255 unreachable.
     """
-    from clustertool.cli import progress as render_progress
-    from clustertool.cli import render
-    from clustertool.cli.common import reporter
+    from clustertool.cli import progress, render
     from clustertool.transfer.s3 import sync_s3
 
     result = sync_s3(cluster_name(cluster), url, dest, selection=nodes, shard=shard,
@@ -77,7 +73,7 @@ def sync_s3_cmd(
     if json_output:
         render.print_json({"exit_code": result.exit_code, **render.to_jsonable(result)})
     else:
-        render_progress.sync_table(result)
+        progress.sync_table(result)
     raise typer.Exit(result.exit_code)
 
 

@@ -220,7 +220,7 @@ def clean(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
     typer.echo(f"removed {'records' if jobs_ else 'logs'} of {len(removed)} job(s) on "
                f"{nodeset.fold(r.node for r in result.results if r.ok)}")
     for r in bad:
-        sys.stderr.write(f"{r.node}: {r.error or r.stderr.strip()}\n")
+        sys.stderr.write(f"{r.node}: {r.reason}\n")
     raise typer.Exit(result.exit_code)
 
 

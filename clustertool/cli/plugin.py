@@ -25,21 +25,21 @@ def build_cmd(
 
     from clustertool import state
     from clustertool.cli import render
-    from clustertool.plugin import build as native
     from clustertool.errors import UsageError
+    from clustertool.plugin import build
 
     if on not in ("local", "leader"):
         raise UsageError(f"--on {on!r}: choose local or leader")
     if on == "leader":
         c = state.load(cluster_name(cluster))
-        b = native.build_on_leader(c)
-        native.remember_build(c.name, b)
+        b = build.build_on_leader(c)
+        build.remember_build(c.name, b)
     else:
-        b = native.build_local()
+        b = build.build_local()
         known = state.list_clusters()
         name = cluster or (known[0] if len(known) == 1 else None)
         if name:
-            native.remember_build(name, b)
+            build.remember_build(name, b)
     if json_output:
         render.print_json(asdict(b))
         return
@@ -65,12 +65,12 @@ def deploy_cmd(
     replaces the EFA plugin's own tuner.
     """
     from clustertool import state
-    from clustertool.plugin import build as native
     from clustertool.cli.common import reporter
+    from clustertool.plugin import build, deploy
 
     c = state.load(cluster_name(cluster))
-    b = native.current_build(c.name)
-    rows = native.deploy(c, b, dest=dest, tuner_table=tuner_table, report=reporter(json_output))
+    rows = deploy.deploy(c, build.current_build(c.name), dest=dest, tuner_table=tuner_table,
+                         report=reporter(json_output))
     _show(rows, json_output)
 
 
@@ -78,15 +78,15 @@ def deploy_cmd(
 def status_cmd(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
     """Per node: installed version and checksum, and whether it matches the local build."""
     from clustertool import state
-    from clustertool.plugin import build as native
     from clustertool.errors import ToolError
+    from clustertool.plugin import build, deploy
 
     c = state.load(cluster_name(cluster))
     try:
-        b = native.current_build(c.name)
+        b = build.current_build(c.name)
     except ToolError:
         b = None
-    rows = native.status(c, b)
+    rows = deploy.status(c, b)
     _show(rows, json_output)
     raise typer.Exit(0 if all(r.matches for r in rows) else 1)
 
@@ -95,9 +95,9 @@ def status_cmd(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt)
 def env_cmd(cluster: Optional[str] = ClusterOpt) -> None:
     """Print the job environment for the deployed plugin (NAME=VALUE lines)."""
     from clustertool import state
-    from clustertool.plugin import build as native
+    from clustertool.plugin.deploy import plugin_env
 
-    for k, v in native.plugin_env(state.load(cluster_name(cluster))).items():
+    for k, v in plugin_env(state.load(cluster_name(cluster))).items():
         typer.echo(f"{k}={v}")
 
 

@@ -1,6 +1,6 @@
 """Per-node transfer progress (bytes, rate, ETA) and the per-node verification table.
 
-Kept apart from render.py; rich is imported lazily.  ``NodeProgress.update`` is safe to call
+Kept apart from render.py (tables, JSON); rich is imported lazily.  ``NodeProgress.update`` is safe to call
 from the core's reader threads.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 import threading
 from typing import Any, Sequence
+
+from clustertool.cli import render
 
 
 class NodeProgress:
@@ -67,8 +69,6 @@ def _short(text: str, width: int = 60) -> str:
 
 def copy_table(result) -> None:
     """One row per node: verdict, bytes received, files sent/checked, the error if any."""
-    from clustertool.cli import render
-
     rows = []
     for n in result.nodes:
         rows.append([n.node, n.status, human_bytes(n.bytes_received), n.files_sent,
@@ -100,8 +100,6 @@ def mismatch_lines(result, limit: int = 10) -> list[str]:
 
 
 def sync_table(result) -> None:
-    from clustertool.cli import render
-
     rows = [[n.node, n.status, n.objects, n.downloaded, human_bytes(n.bytes_downloaded), n.verified,
              n.exit_code, _short(n.error or "")] for n in result.nodes]
     render.table(["node", "status", "objects", "downloaded", "bytes", "verified", "exit", "error"], rows,

@@ -30,10 +30,6 @@ def info(message: str) -> None:
         sys.stderr.flush()
 
 
-def quiet(message: str) -> None:  # a Report that says nothing (--json)
-    return None
-
-
 def to_jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {k: to_jsonable(v) for k, v in dataclasses.asdict(obj).items()}
@@ -103,8 +99,7 @@ def group_summary(group: GroupResult, fold) -> None:
     if ok:
         line += f" [{fold(ok)}]"
     if bad:
-        line += "; failed: " + ", ".join(
-            f"{r.node} ({r.error or 'exit ' + str(r.exit_code)})" for r in bad)
+        line += "; failed: " + ", ".join(f"{r.node} ({r.reason})" for r in bad)
     line += f"; slowest {slowest:.2f}s"
     with _lock:
         sys.stdout.flush()

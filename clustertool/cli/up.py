@@ -58,10 +58,11 @@ def build_up_command() -> click.Command:
 def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_output, **options):
     from clustertool import lifecycle, spec
     from clustertool.cli import render
+    from clustertool.cli.common import reporter
 
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user, **options}
     cluster_spec = spec.load_spec(spec_file, overrides)
-    report = render.quiet if json_output else render.info
+    report = reporter(json_output)
     result = lifecycle.up(cluster_spec, dry_run=dry_run, no_ssh=no_ssh, report=report)
     if dry_run:
         if json_output:

@@ -11,30 +11,28 @@ push keys/known_hosts again) and runs the checks once more.
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 from clustertool import state
 from clustertool.doctor import analyze, network
-from clustertool.doctor.facts import DEFAULT_PLUGIN_PATH, NodeFacts, facts_script, parse_facts
-from clustertool.doctor.model import CheckResult, Finding, Report
+from clustertool.doctor.facts import NodeFacts, facts_script, parse_facts
+from clustertool.doctor.fixes import apply_fixes
+from clustertool.doctor.model import CheckResult, Diagnosis, Finding
 from clustertool.errors import UsageError
-from clustertool.model import Cluster, Node
+from clustertool.jobs.records import running_job_ids
+from clustertool.model import Cluster, Node, Reporter, silent
+from clustertool.plugin.build import NET_LIB, load_record
+from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
+from clustertool.remote.mesh import mesh_script
+from clustertool.remote.transport import SSH, Transport
 
-Report_ = Callable[[str], None]
 ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links")
 
 
 def plugin_path(cluster: Cluster) -> str:
-    """Where clustertool.native deployed (or would deploy) the NCCL net plugin on the nodes."""
-    try:
-        from clustertool.plugin import build as native  # type: ignore[attr-defined]
-
-        deployed = (native.load_record(cluster.name).get("deployed") or {})
-        dest = deployed.get("dest") or native.default_dest(cluster)
-        return f"{str(dest).rstrip('/')}/{native.NET_LIB}"
-    except (ImportError, AttributeError):
-        return DEFAULT_PLUGIN_PATH
+    """Where `plugin deploy` put (or would put) the NCCL net plugin on the nodes."""
+    dest = (load_record(cluster.name).get("deployed") or {}).get("dest") or default_dest(cluster)
+    return f"{str(dest).rstrip('/')}/{NET_LIB}"
 
 
 def _timed(name: str, fn) -> CheckResult:
@@ -46,17 +44,18 @@ def _timed(name: str, fn) -> CheckResult:
     return result
 
 
-def _reach(cluster: Cluster) -> tuple[CheckResult, list[Node]]:
-    result = run_on_nodes(cluster.name, cluster.nodes, "true", timeout=15)
-    bad = {r.node: r for r in result.results if not r.ok}
-    findings = [Finding("reach", name, "error", f"not reachable over SSH: {r.error or 'exit ' + str(r.exit_code)}",
+def _reach(cluster: Cluster, transport: Transport) -> tuple[CheckResult, list[Node]]:
+    result = run_on_nodes(cluster.name, cluster.nodes, "true", timeout=15, transport=transport)
+    bad = {r.node: r for r in result.failed()}
+    findings = [Finding("reach", name, "error", f"not reachable over SSH: {r.reason}",
                         fix=f"is the machine up and sshd running? `clustertool reboot --nodes {name}`")
                 for name, r in bad.items()]
     return CheckResult("reach", findings), [n for n in cluster.nodes if n.name not in bad]
 
 
-def _facts(cluster: Cluster, nodes: list[Node], plugin: str, disk_paths: list[str]) -> list[NodeFacts]:
-    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=60,
+def _facts(cluster: Cluster, nodes: list[Node], plugin: str, disk_paths: list[str],
+           transport: Transport) -> list[NodeFacts]:
+    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=60, transport=transport,
                           stdin_data=facts_script(plugin, disk_paths).encode())
     out = []
     for node, r in zip(nodes, result.results):
@@ -73,10 +72,10 @@ def _facts(cluster: Cluster, nodes: list[Node], plugin: str, disk_paths: list[st
     return out
 
 
-def _clock(cluster: Cluster, nodes: list[Node]) -> CheckResult:
+def _clock(cluster: Cluster, nodes: list[Node], transport: Transport) -> CheckResult:
     offsets, slack = {}, {}
     t0 = time.time()
-    result = run_on_nodes(cluster.name, nodes, "date +%s.%N", timeout=15)
+    result = run_on_nodes(cluster.name, nodes, "date +%s.%N", timeout=15, transport=transport)
     for r in result.results:
         try:
             remote = float(r.stdout.strip())
@@ -88,17 +87,17 @@ def _clock(cluster: Cluster, nodes: list[Node]) -> CheckResult:
     return CheckResult("clock", analyze.clock_findings(offsets, slack), data={"offsets_s": offsets})
 
 
-def _mesh(cluster: Cluster, reachable: list[Node]) -> CheckResult:
+def _mesh(cluster: Cluster, reachable: list[Node], transport: Transport) -> CheckResult:
     outputs = {}
-    result = run_on_nodes(cluster.name, reachable,
-                          lambda n: network.mesh_script([t for t in cluster.nodes if t.name != n.name]), timeout=60)
+    result = run_on_nodes(cluster.name, reachable, lambda n: mesh_script([t for t in cluster.nodes if t.name != n.name]),
+                          timeout=60, transport=transport)
     for r in result.results:
         outputs[r.node] = r.stdout
     unreachable = {n.name for n in cluster.nodes} - {n.name for n in reachable}
     return CheckResult("ssh-mesh", network.mesh_findings(cluster, reachable, outputs, unreachable))
 
 
-def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts]) -> CheckResult:
+def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], transport: Transport) -> CheckResult:
     missing = [f.node for f in facts if f.values.get("iperf3") != "yes"]
     if missing:
         return CheckResult("links", [Finding("links", n, "warning", "iperf3 is not installed: link check skipped",
@@ -106,45 +105,40 @@ def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts]) -> C
     if len(reachable) < 2:
         return CheckResult("links", skipped="fewer than two reachable nodes")
     parallel = cluster.provider != "local"  # local nodes share this machine's CPUs: one pair at a time
-    pairs, failed = network.link_check(cluster, reachable, parallel=parallel)
+    pairs, failed = network.link_check(cluster, reachable, parallel=parallel, transport=transport)
     slow = {f.node for f in analyze.link_findings(pairs, {}) if f.node}
     if slow:  # measure the suspects' pairs once more and keep the better figure: noise is not a finding
-        again, _ = network.link_check(cluster, reachable, parallel=parallel, only=slow)
+        again, _ = network.link_check(cluster, reachable, parallel=parallel, only=slow, transport=transport)
         pairs = {k: max(v, again.get(k, 0.0)) for k, v in pairs.items()}
     data = {"pairs_bits_per_s": {f"{a}<->{b}": bw for (a, b), bw in pairs.items()},
             "node_median_bits_per_s": analyze.node_scores(pairs)}
     return CheckResult("links", analyze.link_findings(pairs, failed), data=data)
 
 
-def running_job_ids(cluster: Cluster) -> set[str]:
-    from clustertool.jobs import records
-
-    return {j.id for j in records.refresh(cluster) if j.state == "running"}
-
-
 def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: str | None = None,
-             disk_paths: list[str] | None = None, report: Report_ = lambda m: None) -> Report:
+             disk_paths: list[str] | None = None, report: Reporter = silent,
+             transport: Transport = SSH) -> Diagnosis:
     unknown = [c for c in checks if c not in ALL_CHECKS]
     if unknown:
         raise UsageError(f"unknown check {unknown[0]!r}", hint=f"checks: {', '.join(ALL_CHECKS)}")
-    out = Report(cluster.name)
+    out = Diagnosis(cluster.name)
     report("reach: SSH to every node")
-    reach, reachable = _reach(cluster)
+    reach, reachable = _reach(cluster, transport)
     out.checks.append(reach)
     if not reachable:
         return out
-    facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"])
+    facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"], transport)
     slots = {n.name: n.slots for n in cluster.nodes}
     steps = {
-        "ssh-mesh": lambda: _mesh(cluster, reachable),
+        "ssh-mesh": lambda: _mesh(cluster, reachable, transport),
         "disk": lambda: analyze.disk_findings(facts),
         "sameness": lambda: CheckResult("sameness", analyze.sameness_findings(facts, slots),
                                         data={f.node: f.values for f in facts}),
-        "strays": lambda: analyze.stray_findings(facts, running_job_ids(cluster)),
-        "clock": lambda: _clock(cluster, reachable),
-        "mpi-smoke": lambda: (network.smoke_test(cluster) if len(reachable) == len(cluster.nodes)
+        "strays": lambda: analyze.stray_findings(facts, running_job_ids(cluster, transport)),
+        "clock": lambda: _clock(cluster, reachable, transport),
+        "mpi-smoke": lambda: (network.smoke_test(cluster, transport=transport) if len(reachable) == len(cluster.nodes)
                               else CheckResult("mpi-smoke", skipped="a node is unreachable")),
-        "links": lambda: _links(cluster, reachable, facts),
+        "links": lambda: _links(cluster, reachable, facts, transport),
     }
     for name, fn in steps.items():
         if name in checks:
@@ -157,19 +151,16 @@ def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: 
 
 def run(cluster_name: str, *, fix: bool = False, checks: tuple[str, ...] = ALL_CHECKS,
         plugin: str | None = None, disk_paths: list[str] | None = None,
-        report: Report_ = lambda m: None) -> Report:
-    cluster = state.load(cluster_name)
-    if cluster.status != "ready":
-        raise UsageError(f"cluster {cluster.name!r} is {cluster.status}, not ready")
-    result = diagnose(cluster, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report)
+        report: Reporter = silent, transport: Transport = SSH) -> Diagnosis:
+    cluster = state.ready_cluster(cluster_name)
+    result = diagnose(cluster, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report, transport=transport)
     if not fix or result.clean:
         return result
-    from clustertool.doctor.fixes import apply_fixes
-
-    done = apply_fixes(cluster, result.findings, report=report)
+    done = apply_fixes(cluster, result.findings, report=report, transport=transport)
     if not done:
         return result
     report("checking again after the fixes")
-    again = diagnose(cluster, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report)
+    again = diagnose(cluster, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report,
+                     transport=transport)
     again.fixed = done
     return again

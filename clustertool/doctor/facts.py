@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from clustertool.jobs.mpirun import JOB_ENV, JOBS_DIR
 from clustertool.jobs.scripts import MPI_COMMS
 
-DEFAULT_PLUGIN_PATH = "/opt/clustertool/lib/libnccl-net-clustertool.so"
 STRAY_PATTERN = "python*|" + "|".join(MPI_COMMS)
 
 

@@ -9,12 +9,14 @@
 from __future__ import annotations
 
 import shlex
-from typing import Callable
 
+from clustertool import lifecycle
 from clustertool.doctor.model import Finding
 from clustertool.jobs import scripts
-from clustertool.model import Cluster
+from clustertool.jobs.records import running_job_ids
+from clustertool.model import Cluster, Reporter, silent
 from clustertool.remote.group import run_on_node
+from clustertool.remote.transport import SSH, Transport
 
 
 def kill_pids_line(comms: dict[str, str]) -> str:
@@ -24,7 +26,8 @@ def kill_pids_line(comms: dict[str, str]) -> str:
     return "; ".join(parts + ["true"])
 
 
-def apply_fixes(cluster: Cluster, findings: list[Finding], report: Callable[[str], None] = lambda m: None) -> list[str]:
+def apply_fixes(cluster: Cluster, findings: list[Finding], report: Reporter = silent,
+                transport: Transport = SSH) -> list[str]:
     done: list[str] = []
     running = None
     for f in findings:
@@ -32,24 +35,20 @@ def apply_fixes(cluster: Cluster, findings: list[Finding], report: Callable[[str
             continue
         node = cluster.node(f.node) if f.node in {n.name for n in cluster.nodes} else None
         if f.check == "strays" and node:
-            r = run_on_node(cluster.name, node, kill_pids_line(f.data["comms"]), timeout=30)
+            r = run_on_node(cluster.name, node, kill_pids_line(f.data["comms"]), timeout=30, transport=transport)
             if r.ok:
                 done.append(f"{f.node}: killed {len(f.data['comms'])} stray process(es)")
         elif f.check == "disk" and node:
             if running is None:
-                from clustertool.doctor import running_job_ids
-
-                running = sorted(running_job_ids(cluster))
-            r = run_on_node(cluster.name, node, "sh -s", timeout=60,
+                running = sorted(running_job_ids(cluster, transport))
+            r = run_on_node(cluster.name, node, "sh -s", timeout=60, transport=transport,
                             stdin_data=scripts.clean_script(running, logs=True, records=False).encode())
             removed = [line for line in r.stdout.splitlines() if line.startswith("removed ")]
             if removed:
                 done.append(f"{f.node}: removed the logs of {len(removed)} finished job(s)")
     if any(f.check == "ssh-mesh" and f.fixable for f in findings):
-        from clustertool import lifecycle
-
         report("pushing keys and known_hosts to every node again")
-        lifecycle.wire(cluster)
+        lifecycle.wire(cluster, transport)
         done.append("pushed the cluster key, pinned known_hosts and ssh config to every node")
     for line in done:
         report(line)

@@ -40,7 +40,9 @@ class CheckResult:
 
 
 @dataclass
-class Report:
+class Diagnosis:
+    """What `doctor` found on a cluster: every check's result, and the fixes applied."""
+
     cluster: str
     checks: list[CheckResult] = field(default_factory=list)
     fixed: list[str] = field(default_factory=list)

@@ -10,7 +10,7 @@ from clustertool.doctor.model import Finding
 from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet
 from clustertool.model import Cluster, Node
 from clustertool.remote.group import run_on_node, run_on_nodes
-from clustertool.remote.mesh import mesh_script  # noqa: F401 (doctor's mesh check runs it on every node)
+from clustertool.remote.transport import SSH, Transport
 
 
 def mesh_findings(cluster: Cluster, sources: list[Node], outputs: dict[str, str],
@@ -40,20 +40,20 @@ def mesh_findings(cluster: Cluster, sources: list[Node], outputs: dict[str, str]
     return out
 
 
-def smoke_test(cluster: Cluster, timeout: float = 90.0) -> list[Finding]:
+def smoke_test(cluster: Cluster, timeout: float = 90.0, transport: Transport = SSH) -> list[Finding]:
     """`mpirun hostname` over every slot: each rank must answer, every node must appear."""
     nodes = cluster.ordered_nodes()
     opts = MpiOptions(command=["hostname"], as_root=cluster.user == "root", tag_output=False, unbuffered=False,
                       subnet=cluster_subnet([n.address for n in nodes]))
     argv = build_argv([(n.address, n.slots) for n in nodes], opts)
-    result = run_on_node(cluster.name, cluster.leader, shlex.join(argv), timeout=timeout)
+    result = run_on_node(cluster.name, cluster.leader, shlex.join(argv), timeout=timeout, transport=transport)
     # one host name per rank; mpirun's own notices (lines with spaces) are not answers
     names = [x.strip() for x in result.stdout.splitlines() if x.strip() and " " not in x.strip()]
     expected = cluster.total_slots
     if result.ok and len(names) == expected and len(set(names)) == len(nodes):
         return []
     tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-3:]
-    why = result.error or f"exit {result.exit_code}"
+    why = result.reason or "exit 0"
     return [Finding("mpi-smoke", None, "error",
                     f"`mpirun hostname` over {expected} slot(s): {len(names)} answer(s) from "
                     f"{len(set(names))} host(s) of {len(nodes)} ({why}): {' | '.join(tail)[:300]}",
@@ -105,7 +105,7 @@ def parse_iperf(text: str) -> float:
 
 
 def link_check(cluster: Cluster, nodes: list[Node], parallel: bool,
-               only: set[str] | None = None) -> tuple[dict, dict]:
+               only: set[str] | None = None, transport: Transport = SSH) -> tuple[dict, dict]:
     """Pairwise bandwidth with iperf3 (servers on each node for the duration of the check).
 
     ``only``: measure just the pairs that involve one of these node names.
@@ -117,7 +117,7 @@ def link_check(cluster: Cluster, nodes: list[Node], parallel: bool,
     stop = f"[ -f {pidfile} ] && kill $(cat {pidfile}) 2>/dev/null; rm -f {pidfile}; true"
     pairs: dict[tuple[str, str], float] = {}
     failed: dict[tuple[str, str], str] = {}
-    run_on_nodes(cluster.name, nodes, start, timeout=20)
+    run_on_nodes(cluster.name, nodes, start, timeout=20, transport=transport)
     try:
         todo = [p for p in _pairs(nodes) if only is None or p[0].name in only or p[1].name in only]
         plan = rounds(todo)
@@ -125,13 +125,14 @@ def link_check(cluster: Cluster, nodes: list[Node], parallel: bool,
         for batch in batches:
             srcs = [a for a, _ in batch]
             peer = {a.name: b for a, b in batch}
-            result = run_on_nodes(cluster.name, srcs, lambda n: iperf_client_line(n, peer[n.name], port), timeout=30)
+            result = run_on_nodes(cluster.name, srcs, lambda n: iperf_client_line(n, peer[n.name], port), timeout=30,
+                                  transport=transport)
             for r in result.results:
                 key = (r.node, peer[r.node].name)
                 try:
                     pairs[key] = parse_iperf(r.stdout)
                 except (ValueError, KeyError) as exc:
-                    failed[key] = r.error or str(exc)[:200]
+                    failed[key] = r.reason if r.error else str(exc)[:200]  # unreachable, else iperf3's word
     finally:
-        run_on_nodes(cluster.name, nodes, stop, timeout=20)
+        run_on_nodes(cluster.name, nodes, stop, timeout=20, transport=transport)
     return pairs, failed

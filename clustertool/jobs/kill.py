@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from clustertool import nodeset, state
 from clustertool.errors import ToolError, UsageError
 from clustertool.jobs import records, scripts
-from clustertool.model import Cluster, Job
+from clustertool.model import Cluster, GroupResult, Job
 from clustertool.remote.group import run_on_nodes
+from clustertool.remote.transport import SSH, Transport
 
 
 @dataclass
@@ -75,21 +76,28 @@ def pick_running(jobs: list[Job], ref: str | None) -> Job:
     return running[0]
 
 
-def kill(cluster_name: str, ref: str | None = None, *, signal: str = "TERM", grace: float = 10.0) -> KillResult:
+def _per_node(result: GroupResult) -> list[NodeKill]:
+    """What each node's kill run reports; a node where it did not run to its end says why."""
+    out = []
+    for r in result.results:
+        nk = parse_kill_output(r.node, r.stdout)
+        nk.error = r.reason or None
+        out.append(nk)
+    return out
+
+
+def kill(cluster_name: str, ref: str | None = None, *, signal: str = "TERM", grace: float = 10.0,
+         transport: Transport = SSH) -> KillResult:
     cluster = state.load(cluster_name)
-    job = pick_running(records.refresh(cluster), ref)
+    job = pick_running(records.refresh(cluster, transport=transport), ref)
     if grace < 0:
         raise UsageError("--grace must be 0 or more")
     nodes = [cluster.node(n) for n in job.nodes if n in {x.name for x in cluster.nodes}]
     script = scripts.kill_script(job.id, signal.upper(), 0 if signal.upper() == "KILL" else grace)
-    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=grace + 60, stdin_data=script.encode())
-    per_node = []
-    for r in result.results:
-        nk = parse_kill_output(r.node, r.stdout)
-        if r.error:
-            nk.error = r.error
-        per_node.append(nk)
-    refreshed = {j.id: j for j in records.refresh(cluster)}
+    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=grace + 60, stdin_data=script.encode(),
+                          transport=transport)
+    per_node = _per_node(result)
+    refreshed = {j.id: j for j in records.refresh(cluster, transport=transport)}
     job = refreshed.get(job.id, job)
     if job.state == "running":  # the leader was unreachable: record the kill locally
         job.state = "killed"
@@ -97,18 +105,13 @@ def kill(cluster_name: str, ref: str | None = None, *, signal: str = "TERM", gra
     return KillResult(job, per_node)
 
 
-def kill_all_python(cluster_name: str, selection: str | None = None) -> KillResult:
+def kill_all_python(cluster_name: str, selection: str | None = None, transport: Transport = SSH) -> KillResult:
     """The seeds' blunt fallback: ``pkill -9 python`` on every (selected) node."""
     cluster: Cluster = state.load(cluster_name)
     nodes = nodeset.select(cluster, selection)
     line = ("echo \"signaled $(pgrep -x 'python[0-9.]*' | tr '\\n' ' ')\"; pkill -9 -x 'python[0-9.]*' ; sleep 0.3; "
             "echo \"remaining $(pgrep -x 'python[0-9.]*' | tr '\\n' ' ')\"")
-    result = run_on_nodes(cluster.name, nodes, line, timeout=60)
-    out = []
-    for r in result.results:
-        nk = parse_kill_output(r.node, r.stdout)
-        nk.error = r.error
-        out.append(nk)
+    out = _per_node(run_on_nodes(cluster.name, nodes, line, timeout=60, transport=transport))
     if all(n.error for n in out):
         raise ToolError("no node could be reached", exit_code=255)
     return KillResult(None, out)

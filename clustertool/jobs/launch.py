@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from clustertool import nodeset, state
-from clustertool.errors import RemoteError, ToolError, UsageError
+from clustertool.errors import RemoteError, UsageError
 from clustertool.jobs import records, scripts
 from clustertool.jobs.mpirun import (JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile,
                                      split_command)
-from clustertool.model import Cluster, Job, Node
+from clustertool.model import Cluster, Job, Node, Reporter, silent
+from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes
-
-Report = Callable[[str], None]
+from clustertool.remote.transport import SSH, Transport
 
 
 @dataclass
@@ -29,28 +29,6 @@ class Launch:
     job: Job
     argv: list[str]
     dry_run: bool = False
-
-
-def plugin_env(cluster: Cluster) -> dict[str, str]:
-    """The NCCL plugin's job environment, from clustertool.native (another part of the tool)."""
-    try:
-        from clustertool.plugin import build as native  # type: ignore[attr-defined]
-    except ImportError:
-        raise ToolError("--plugin: this clustertool has no plugin support (clustertool.native is missing)",
-                        hint="run without --plugin, or pass the variables with -x NAME=VALUE") from None
-    for attr in ("plugin_env", "job_env"):
-        fn = getattr(native, attr, None)
-        if fn is not None:
-            return dict(fn(cluster))
-    raise ToolError("--plugin: clustertool.native exposes no job environment (plugin_env)")
-
-
-def ready_cluster(cluster_name: str) -> Cluster:
-    cluster = state.load(cluster_name)
-    if cluster.status != "ready":
-        raise UsageError(f"cluster {cluster.name!r} is {cluster.status}, not ready",
-                         hint="bring it up (or `clustertool start`) first")
-    return cluster
 
 
 def declared_subnet(cluster: Cluster) -> str | None:
@@ -77,12 +55,13 @@ def _finalize_argv(argv: list[str], home: str) -> list[str]:
     return [a.replace("$HOME", home, 1) if a.startswith("$HOME/") else a for a in argv]
 
 
-def preflight(cluster: Cluster, nodes: list[Node], allow_concurrent: bool) -> str:
+def preflight(cluster: Cluster, nodes: list[Node], allow_concurrent: bool, transport: Transport = SSH) -> str:
     """Every node answers; no other clustertool job has processes there. Returns the leader's $HOME."""
-    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=20, stdin_data=scripts.scan_script().encode())
-    down = [r for r in result.results if r.error or r.exit_code != 0]
+    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=20, stdin_data=scripts.scan_script().encode(),
+                          transport=transport)
+    down = result.failed()
     if down:
-        detail = ", ".join(f"{r.node} ({r.error or 'exit ' + str(r.exit_code)})" for r in down)
+        detail = ", ".join(f"{r.node} ({r.reason})" for r in down)
         raise RemoteError(f"preflight: {len(down)} node(s) not ready: {detail}",
                           hint="`clustertool doctor` says more")
     busy = {}
@@ -104,8 +83,8 @@ def preflight(cluster: Cluster, nodes: list[Node], allow_concurrent: bool) -> st
 
 def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, name: str | None = None,
         dry_run: bool = False, allow_concurrent: bool = False, use_plugin: bool = False,
-        report: Report = lambda m: None) -> Launch:
-    cluster = ready_cluster(cluster_name)
+        report: Reporter = silent, transport: Transport = SSH) -> Launch:
+    cluster = state.ready_cluster(cluster_name)
     nodes = nodeset.select(cluster, selection)
     opts.command = split_command(opts.command)
     if use_plugin:
@@ -119,23 +98,24 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
     if dry_run:
         return Launch(job, argv, dry_run=True)
     report(f"preflight on {nodeset.fold(job.nodes)}")
-    home = preflight(cluster, ordered, allow_concurrent)
+    home = preflight(cluster, ordered, allow_concurrent, transport)
     job.argv = argv = _finalize_argv(argv, home)
     hostfile = job_hostfile([(n.address, opts.per_node or n.slots) for n in ordered])
     launch_sh = scripts.launch_script(job_id, argv, opts.workdir)
     job.launcher = "pending"
     script = scripts.install_and_start_script(job_id, launch_sh, hostfile, json.dumps(job.to_dict()))
     report(f"starting job {job_id} on {cluster.leader.name}: {shlex.join(argv[:1])} -np {job.np} ...")
-    result = run_on_node(cluster.name, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
+    result = run_on_node(cluster.name, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode(),
+                         transport=transport)
     if not result.ok:
-        raise RemoteError(f"could not start the job on the leader: "
-                          f"{result.error or result.stderr.strip() or 'exit ' + str(result.exit_code)}")
+        raise RemoteError(f"could not start the job on the leader: {result.reason}")
     job.launcher = "tmux" if "launcher=tmux" in result.stdout else "setsid"
     records.save(job)
     return Launch(job, argv)
 
 
-def follow(cluster_name: str, job: Job, on_line: Callable[[str], None], from_line: int = 1) -> int | None:
+def follow(cluster_name: str, job: Job, on_line: Callable[[str], None], from_line: int = 1,
+           transport: Transport = SSH) -> int | None:
     """Stream the job's log until it ends; return its exit code (None: ended without one)."""
     cluster = state.load(cluster_name)
     leader = cluster.node(job.leader)
@@ -143,10 +123,11 @@ def follow(cluster_name: str, job: Job, on_line: Callable[[str], None], from_lin
     def line(_node: str, _stream: str, text: str) -> None:
         on_line(text)
 
-    run_on_node(cluster.name, leader, "sh -s", on_line=line,
+    run_on_node(cluster.name, leader, "sh -s", on_line=line, transport=transport,
                 stdin_data=scripts.follow_script(job.id, from_line).encode())
-    code = run_on_node(cluster.name, leader, scripts.read_exit_script(job.id), timeout=20).stdout.strip()
-    refreshed = {j.id: j for j in records.refresh(cluster)}
+    code = run_on_node(cluster.name, leader, scripts.read_exit_script(job.id), timeout=20,
+                       transport=transport).stdout.strip()
+    refreshed = {j.id: j for j in records.refresh(cluster, transport=transport)}
     if job.id in refreshed:
         job.state, job.exit_code = refreshed[job.id].state, refreshed[job.id].exit_code
     return int(code) if code.lstrip("-").isdigit() else None

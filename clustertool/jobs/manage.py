@@ -17,17 +17,15 @@ import shlex
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
 
 from clustertool import nodeset, state
 from clustertool.errors import ToolError, UsageError
 from clustertool.jobs import records, scripts
-from clustertool.jobs.mpirun import JOBS_DIR
-from clustertool.model import Cluster, GroupResult, Node
+from clustertool.lifecycle import check_leader_mesh, close_masters
+from clustertool.model import Cluster, GroupResult, Node, Reporter, silent
+from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import ssh_argv
-
-Report = Callable[[str], None]
+from clustertool.remote.transport import SSH, Transport
 
 
 def reboot_line(user: str) -> str:
@@ -35,17 +33,17 @@ def reboot_line(user: str) -> str:
     return f"nohup sh -c {shlex.quote('sleep 1; ' + cmd)} >/dev/null 2>&1 &"
 
 
-def _wait_ssh(cluster: Cluster, nodes: list[Node], timeout: float, down_first: bool) -> None:
+def _wait_ssh(cluster: Cluster, nodes: list[Node], timeout: float, down_first: bool, transport: Transport) -> None:
     deadline = time.monotonic() + timeout
     if down_first:  # wait until each node stopped answering, so we do not see it pre-reboot
         pending = list(nodes)
         while pending and time.monotonic() < deadline:
-            result = run_on_nodes(cluster.name, pending, "true", timeout=5)
+            result = run_on_nodes(cluster.name, pending, "true", timeout=5, transport=transport)
             pending = [n for n, r in zip(pending, result.results) if r.ok]
             time.sleep(1)
     pending = list(nodes)
     while pending:
-        result = run_on_nodes(cluster.name, pending, "true", timeout=10)
+        result = run_on_nodes(cluster.name, pending, "true", timeout=10, transport=transport)
         pending = [n for n, r in zip(pending, result.results) if not r.ok]
         if pending and time.monotonic() > deadline:
             raise ToolError(f"{nodeset.fold(n.name for n in pending)} did not answer SSH within {timeout:.0f}s "
@@ -55,10 +53,7 @@ def _wait_ssh(cluster: Cluster, nodes: list[Node], timeout: float, down_first: b
 
 
 def reboot(cluster_name: str, selection: str | None, *, timeout: float = 600.0,
-           report: Report = lambda m: None) -> list[Node]:
-    from clustertool.lifecycle import check_leader_mesh, close_masters
-    from clustertool.providers.base import get_provider
-
+           report: Reporter = silent, transport: Transport = SSH) -> list[Node]:
     with state.locked(cluster_name):
         cluster = state.load(cluster_name)
         nodes = nodeset.select(cluster, selection)
@@ -69,30 +64,31 @@ def reboot(cluster_name: str, selection: str | None, *, timeout: float = 600.0,
             report(f"restarting {nodeset.fold(n.name for n in nodes)} (all processes end, sshd starts again)")
             provider.stop_instances(subset)
             provider.start_instances(subset)
-            _wait_ssh(cluster, nodes, timeout, down_first=False)
+            _wait_ssh(cluster, nodes, timeout, False, transport)
         elif hasattr(provider, "reboot_instances"):
             report(f"rebooting {nodeset.fold(n.name for n in nodes)} through the {cluster.provider} provider")
             provider.reboot_instances(subset)
-            _wait_ssh(cluster, nodes, timeout, down_first=True)
+            _wait_ssh(cluster, nodes, timeout, True, transport)
         else:
             report(f"rebooting {nodeset.fold(n.name for n in nodes)} over SSH")
-            run_on_nodes(cluster.name, nodes, reboot_line(cluster.user), timeout=20)
-            _wait_ssh(cluster, nodes, timeout, down_first=True)
+            run_on_nodes(cluster.name, nodes, reboot_line(cluster.user), timeout=20, transport=transport)
+            _wait_ssh(cluster, nodes, timeout, True, transport)
         for node in nodes:
             node.state = "running"
         state.save(cluster)
         report("nodes answer SSH again; checking the leader's SSH mesh")
-        check_leader_mesh(cluster)
+        check_leader_mesh(cluster, transport)
         return nodes
 
 
-def clean(cluster_name: str, *, logs: bool, jobs: bool, selection: str | None = None) -> GroupResult:
+def clean(cluster_name: str, *, logs: bool, jobs: bool, selection: str | None = None,
+          transport: Transport = SSH) -> GroupResult:
     """Remove logs (and with ``jobs`` whole records) of finished jobs on every node."""
     cluster = state.load(cluster_name)
-    all_jobs = records.refresh(cluster)
+    all_jobs = records.refresh(cluster, transport=transport)
     keep = [j.id for j in all_jobs if j.state == "running"]
     nodes = nodeset.select(cluster, selection)
-    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=60,
+    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=60, transport=transport,
                           stdin_data=scripts.clean_script(keep, logs, jobs).encode())
     if jobs:
         for job in all_jobs:
@@ -126,23 +122,24 @@ def s3_upload_line(src_sh: str, url: str) -> str:
             f"else aws s3 cp {src_sh} {shlex.quote(url)}; fi")
 
 
-def fetch(cluster_name: str, ref: str, path: str, dest: str | None = None) -> str:
+def fetch(cluster_name: str, ref: str, path: str, dest: str | None = None, transport: Transport = SSH) -> str:
     """Copy a job's output (file or folder) from the leader; ``s3://`` uploads from the leader."""
     cluster = state.load(cluster_name)
-    job = records.resolve(records.refresh(cluster), ref)
+    job = records.resolve(records.refresh(cluster, transport=transport), ref)
     leader = cluster.node(job.leader)
     src = remote_path_sh(job.workdir, path)
     if dest and dest.startswith("s3://"):
-        result = run_on_nodes(cluster.name, [leader], s3_upload_line(src, dest), timeout=3600).results[0]
+        result = run_on_nodes(cluster.name, [leader], s3_upload_line(src, dest), timeout=3600,
+                              transport=transport).results[0]
         if not result.ok:
-            raise ToolError(f"upload from the leader failed: {result.error or result.stderr.strip()[-300:]}",
+            raise ToolError(f"upload from the leader failed: {result.reason}",
                             hint="the leader needs the aws CLI and credentials (an instance role on AWS)")
         return dest
     target = Path(dest or job.id)
     target.mkdir(parents=True, exist_ok=True)
     line = (f"[ -e {src} ] || {{ echo \"no such file or folder on the leader\" >&2; exit 2; }}; "
             f"tar -cf - -C \"$(dirname {src})\" \"$(basename {src})\"")
-    with subprocess.Popen(ssh_argv(cluster.name, leader, line), stdout=subprocess.PIPE,
+    with subprocess.Popen(transport.argv(cluster.name, leader, line), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE) as ssh:
         untar = subprocess.run(["tar", "-xf", "-", "-C", str(target)], stdin=ssh.stdout,
                                capture_output=True)
@@ -153,5 +150,3 @@ def fetch(cluster_name: str, ref: str, path: str, dest: str | None = None) -> st
                         f"{(err or untar.stderr.decode(errors='replace')).strip()[-300:] or 'not found'}")
     return str(target)
 
-
-__all__ = ["reboot", "clean", "fetch", "JOBS_DIR"]

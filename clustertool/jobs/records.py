@@ -19,6 +19,8 @@ from clustertool import state
 from clustertool.errors import UsageError
 from clustertool.jobs import scripts
 from clustertool.model import Cluster, Job
+from clustertool.remote.group import run_on_node
+from clustertool.remote.transport import SSH, Transport
 
 
 def new_id() -> str:
@@ -106,15 +108,13 @@ def parse_status(output: str) -> dict[str, tuple[str, bool, bool, bool, float | 
     return out
 
 
-def refresh(cluster: Cluster, timeout: float = 20.0) -> list[Job]:
+def refresh(cluster: Cluster, timeout: float = 20.0, transport: Transport = SSH) -> list[Job]:
     """Ask the leader for every job's state; merge into local records; return all jobs.
 
     When the leader cannot be reached, the local records are returned as they are.
     """
-    from clustertool.remote.group import run_on_node
-
     local = {j.id: j for j in load_all(cluster.name)}
-    result = run_on_node(cluster.name, cluster.leader, "sh -s", timeout=timeout,
+    result = run_on_node(cluster.name, cluster.leader, "sh -s", timeout=timeout, transport=transport,
                          stdin_data=scripts.status_script().encode())
     if not result.ok:
         return sorted(local.values(), key=lambda j: j.started)
@@ -138,3 +138,8 @@ def refresh(cluster: Cluster, timeout: float = 20.0) -> list[Job]:
             job.state, job.ended = "lost", now
             save(job)
     return sorted(local.values(), key=lambda j: j.started)
+
+
+def running_job_ids(cluster: Cluster, transport: Transport = SSH) -> set[str]:
+    """Ids of the cluster's jobs that are running now (the leader's view)."""
+    return {j.id for j in refresh(cluster, transport=transport) if j.state == "running"}

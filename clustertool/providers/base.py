@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol
 
 from clustertool.errors import UsageError
-from clustertool.model import Cluster, Node
+from clustertool.model import Cluster, Node, Reporter, silent
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class ProvisionRequest:
     key_path: Path  # the cluster's private key (0600)
     files_dir: Path  # the cluster's own directory for provider files
     save: Callable[[], None] = lambda: None  # persist cluster state now
-    report: Callable[[str], None] = lambda msg: None  # progress lines for the user
+    report: Reporter = silent  # progress lines for the user
     dry_run: bool = False
 
 

@@ -37,9 +37,9 @@ def test_bench_allreduce_before_deploy_says_how(known):
 
 def test_bench_allreduce_rejects_unknown_algorithm(known):
     native_deploy = {"deployed": {"dest": "/x", "sha256": "0" * 64}}
-    from clustertool.plugin import build as native
+    from clustertool.plugin.build import save_record
 
-    native.save_record("plug", native_deploy)
+    save_record("plug", native_deploy)
     proc = run_cli("bench", "allreduce", "-c", "plug", "--algo", "sharded,tree", env=known)
     _one_error(proc, "tree")
     assert proc.returncode == 2

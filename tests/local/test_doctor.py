@@ -80,13 +80,14 @@ def test_full_disk_on_one_node_is_an_error(cluster):
 
 @pytest.mark.parametrize("where", ["deployed", "--plugin-path"])
 def test_different_plugin_checksum_on_one_node_is_an_error(cluster, where):
-    """At the path clustertool.native deploys to on local nodes (each node's private home),
+    """At the path `plugin deploy` uses on local nodes (each node's private home),
     or at a path given with --plugin-path."""
-    from clustertool.plugin import build as native
     from clustertool.model import Cluster
+    from clustertool.plugin.build import NET_LIB
+    from clustertool.plugin.deploy import default_dest
 
-    folder = (native.default_dest(Cluster(cluster[0], "local")) if where == "deployed" else "/root/ct-plugin")
-    path = f"{folder}/{native.NET_LIB}"
+    folder = (default_dest(Cluster(cluster[0], "local")) if where == "deployed" else "/root/ct-plugin")
+    path = f"{folder}/{NET_LIB}"
     for node in ("node-1", "node-2", "node-3"):
         on(cluster, node, f"mkdir -p {folder} && printf 'plugin v1' > {path}")
     on(cluster, "node-4", f"mkdir -p {folder} && printf 'plugin v2' > {path}")

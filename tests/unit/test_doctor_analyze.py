@@ -6,7 +6,7 @@ import pytest
 
 from clustertool.doctor import analyze
 from clustertool.doctor.facts import Disk, NodeFacts, Proc
-from clustertool.doctor.model import CheckResult, Finding, Report
+from clustertool.doctor.model import CheckResult, Diagnosis, Finding
 
 pytestmark = pytest.mark.unit
 
@@ -95,7 +95,7 @@ def test_failed_link_measurements_are_errors():
 
 
 def test_report_is_clean_only_without_warnings_or_errors():
-    r = Report("c", [CheckResult("x", [Finding("x", None, "info", "fyi")])])
+    r = Diagnosis("c", [CheckResult("x", [Finding("x", None, "info", "fyi")])])
     assert r.clean and r.exit_code == 0
     r.checks.append(CheckResult("y", [Finding("y", "n", "warning", "hmm")]))
     assert not r.clean and r.exit_code == 0 and r.checks[1].status == "warning"

@@ -10,6 +10,7 @@ import pytest
 from clustertool.doctor import fixes, network
 from clustertool.doctor.facts import facts_script, parse_facts
 from clustertool.model import Cluster, Node
+from clustertool.remote.mesh import mesh_script
 
 pytestmark = pytest.mark.unit
 
@@ -93,7 +94,7 @@ def test_mesh_host_key_failures_are_fixable():
 
 
 def test_mesh_script_reaches_every_target_by_address():
-    script = network.mesh_script(nodes(3)[1:])
+    script = mesh_script(nodes(3)[1:])
     assert "ssh -o ConnectTimeout=5 -o BatchMode=yes 10.0.0.2 true" in script
     assert "10.0.0.3" in script and "10.0.0.1" not in script
 

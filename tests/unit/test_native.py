@@ -11,10 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from clustertool.plugin import build as native
-from clustertool.plugin import remote as nr
 from clustertool.errors import ToolError
 from clustertool.model import LEADER, Cluster, Node
+from clustertool.plugin import build as native
+from clustertool.plugin import deploy
+from clustertool.plugin import remote as nr
 
 pytestmark = pytest.mark.unit
 
@@ -116,23 +117,22 @@ def _cluster(provider="local", user="root"):
 
 
 def test_default_dest_is_private_home_for_local_and_opt_elsewhere():
-    assert native.default_dest(_cluster("local")) == "/root/.clustertool/lib"
-    assert native.default_dest(_cluster("local", "ubuntu")) == "/home/ubuntu/.clustertool/lib"
-    assert native.default_dest(_cluster("aws")) == "/opt/clustertool/lib"
+    assert deploy.default_dest(_cluster("local")) == "/root/.clustertool/lib"
+    assert deploy.default_dest(_cluster("local", "ubuntu")) == "/home/ubuntu/.clustertool/lib"
+    assert deploy.default_dest(_cluster("aws")) == "/opt/clustertool/lib"
 
 
 def test_plugin_env_needs_a_deploy(ct_env):
     with pytest.raises(ToolError, match="not deployed"):
-        native.plugin_env(_cluster())
+        deploy.plugin_env(_cluster())
 
 
 def test_plugin_env_points_nccl_at_the_deployed_files(ct_env):
     native.save_record("pl", {"deployed": {"dest": "/opt/ct/lib/", "sha256": SUM_A, "tuner_table": True,
                                            "ld_library_path": "/usr/local/cuda/lib64"}})
-    env = native.plugin_env(_cluster())
+    env = deploy.plugin_env(_cluster())
     assert env["NCCL_NET_PLUGIN"] == "/opt/ct/lib/libnccl-net-clustertool.so"
     assert env["NCCL_TUNER_PLUGIN"] == "/opt/ct/lib/libnccl-tuner-clustertool.so"
     assert env["NCCL_COLLNET_ENABLE"] == "1"
     assert env["LD_LIBRARY_PATH"] == "/opt/ct/lib:/usr/local/cuda/lib64"
     assert env["CLUSTERTOOL_TUNER_CONFIG"] == "/opt/ct/lib/tuner.csv"
-    assert native.job_env is native.plugin_env

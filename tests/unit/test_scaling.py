@@ -159,7 +159,7 @@ def test_chart_is_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="the chart needs matplotlib (the train extra)")
     from clustertool.bench.chart import short_command, write_chart
 
-    report = scaling.Report("sc", "python /x/train_mlp.py --steps 5",
+    report = scaling.ScalingResult("sc", "python /x/train_mlp.py --steps 5",
                             scaling.add_efficiency([scaling.Point(1, 1, 100.0), scaling.Point(2, 2, 190.0)]))
     path = write_chart(report, tmp_path / "c" / "s.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

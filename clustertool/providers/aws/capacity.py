@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from clustertool.errors import ProviderError, UsageError
-from clustertool.providers.aws.client import Aws, aws_errors, error_message, is_code
+from clustertool.providers.aws.client import Aws, aws_errors, error_code, error_message, is_code
 
 _TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
 
@@ -103,6 +103,4 @@ def launch_failure(tried: list[tuple[str, str]], count: int, name: str) -> Provi
 
 
 def reason(exc: BaseException) -> str:
-    from clustertool.providers.aws.client import error_code
-
     return f"{error_code(exc) or type(exc).__name__}: {error_message(exc)}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Callable, Iterable
+from typing import Iterable
 
 from clustertool.errors import ProviderError
 from clustertool.model import LEADER, MEMBER, Node
@@ -172,5 +172,3 @@ def refresh(aws: Aws, nodes: list[Node], *, keep_keys: bool = True) -> list[Node
 def ids_of(nodes: list[Node]) -> list[str]:
     return [n.instance_id for n in nodes if n.instance_id]
 
-
-Report = Callable[[str], None]

@@ -7,7 +7,7 @@ import secrets
 from typing import Any, Callable
 
 from clustertool.errors import ProviderError
-from clustertool.model import Cluster
+from clustertool.model import Cluster, Reporter
 from clustertool.providers.aws import capacity, network, placement, tags, teardown
 from clustertool.providers.aws.client import NEXT_AZ_CODES, Aws, aws_errors, is_code
 from clustertool.providers.aws.images import Image
@@ -80,7 +80,7 @@ def launch_params(*, cluster: str, count: int, instance_type: str, image: Image,
 
 def launch_in_order(aws: Aws, cluster: Cluster, *, count: int, info: capacity.TypeInfo, image: Image,
                     azs: list[str], group_id: str, key_name: str, suffix: str,
-                    record: Callable[[str, str], None], report: Callable[[str], None],
+                    record: Callable[[str, str], None], report: Reporter,
                     public_key: str = "") -> tuple[str, list[dict]]:
     """Try each AZ in order; return (az, instances) of the first that launches all N."""
     from botocore.exceptions import ClientError

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from clustertool.model import Reporter, silent
 from clustertool.providers.aws import tags
 from clustertool.providers.aws.client import Aws, EndpointLacksApi, aws_errors
 
@@ -20,7 +21,7 @@ def group_name(cluster: str, az: str, suffix: str) -> str:
 
 
 def create(aws: Aws, cluster: str, az: str, suffix: str, record: Record,
-           report: Callable[[str], None] = lambda m: None) -> str | None:
+           report: Reporter = silent) -> str | None:
     """The attempt's group; None (launch without one) only where the endpoint lacks the API,
     as moto's server does - real EC2 implements it, and its errors stop the launch."""
     name = group_name(cluster, az, suffix)

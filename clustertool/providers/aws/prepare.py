@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from clustertool.errors import ToolError, UsageError
 from clustertool.providers.aws import adopt, capacity, images, network, pricing
 from clustertool.providers.aws.client import Aws, error_code, error_message
+from clustertool.providers.aws.launch import launch_params, volume
 from clustertool.providers.base import ProvisionRequest
 
 IOPS_RANGE = {"gp3": (3000, 16000), "io1": (100, 64000), "io2": (100, 256000)}
@@ -93,8 +94,6 @@ def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
             "nothing is created; `down` leaves these instances running (unless --terminate-adopted)"]
     info, count = prep.info, request.count
     image = images.resolve(prep.aws, options.get("ami"), info.arch)
-    from clustertool.providers.aws.launch import volume
-
     vol = volume(options)
     gpus = f"{info.gpus} x {info.gpu_name} GPU(s)" if info.gpus else "no GPUs"
     lines = [
@@ -127,8 +126,6 @@ def dry_run_checks(prep: Prep, request: ProvisionRequest, image: images.Image) -
         subnet, vpc = network.subnet_for(aws, az, options.get("subnet"))
     except Exception as exc:  # a ToolError: report, do not stop the plan
         return [f"dry run: no subnet in {az}: {getattr(exc, 'message', exc)}"]
-    from clustertool.providers.aws.launch import launch_params
-
     params = launch_params(cluster=request.cluster.name, count=request.count, instance_type=info.name, image=image,
                            subnet=subnet, group_id="", key_name="", az=az, placement_group=None,
                            options=options, token="dry-run")

@@ -6,7 +6,7 @@ import time
 
 from clustertool.errors import ProviderError
 from clustertool.model import Cluster, Node
-from clustertool.providers.aws import adopt, images, launch, network, pricing, teardown
+from clustertool.providers.aws import adopt, capacity, images, launch, network, pricing, teardown
 from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws.client import Aws, aws_errors
 from clustertool.providers.aws.prepare import Prep
@@ -74,8 +74,6 @@ def _adopt(request: ProvisionRequest, prep: Prep) -> list[Node]:
 
 
 def _gpus(aws: Aws, types: list[str]) -> int:
-    from clustertool.providers.aws import capacity
-
     counts = {capacity.type_info(aws, t).gpus for t in types if t}
     return counts.pop() if len(counts) == 1 else 0
 

@@ -7,8 +7,9 @@ behind; they cost money until someone removes them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
+from clustertool.model import Reporter, silent
 from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws import placement, tags, teardown
 from clustertool.providers.aws.client import Aws
@@ -45,7 +46,7 @@ def find_orphans(region: str | None = None, profile: str | None = None,
     return found
 
 
-def delete_orphans(orphans: list[Orphan], report: Callable[[str], None] = lambda m: None) -> list[str]:
+def delete_orphans(orphans: list[Orphan], report: Reporter = silent) -> list[str]:
     """Remove them, instances first (waiting until terminated), per region; returns what went."""
     removed: list[str] = []
     by_place: dict[tuple[str, str | None], list[Orphan]] = {}

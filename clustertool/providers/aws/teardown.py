@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from clustertool.errors import ProviderError
-from clustertool.model import Cluster
+from clustertool.model import Cluster, Reporter
 from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws import placement, tags
 from clustertool.providers.aws.client import Aws, aws_errors, error_message, is_code, poll_interval, wait_timeout
 
-Report = Callable[[str], None]
 GONE = {"placement_group": ("InvalidPlacementGroup.Unknown", "InvalidPlacementGroup.NotFound"),
         "security_group": ("InvalidGroup.NotFound", "InvalidGroupId.NotFound"),
         "key_pair": ("InvalidKeyPair.NotFound",)}
@@ -80,7 +78,7 @@ def tagged_key_pairs(aws: Aws, cluster: str | None) -> list[dict]:
         return aws.call("describe_key_pairs", Filters=filters).get("KeyPairs", [])
 
 
-def remove(aws: Aws, what: Owned, report: Report) -> list[str]:
+def remove(aws: Aws, what: Owned, report: Reporter) -> list[str]:
     """Terminate and wait, then delete groups and keys; returns lines saying what went."""
     lines: list[str] = []
     if what.instances:
@@ -101,7 +99,7 @@ def remove(aws: Aws, what: Owned, report: Report) -> list[str]:
     return lines
 
 
-def terminate_and_wait(aws: Aws, ids: list[str], report: Report) -> None:
+def terminate_and_wait(aws: Aws, ids: list[str], report: Reporter) -> None:
     from botocore.exceptions import ClientError
 
     report(f"terminating {len(ids)} instance(s) and waiting until they are gone")
@@ -155,7 +153,7 @@ def _key_exists(aws: Aws, name: str) -> bool:
             raise
 
 
-def clean_attempt(aws: Aws, cluster: Cluster, az: str, group: str | None, report: Report) -> None:
+def clean_attempt(aws: Aws, cluster: Cluster, az: str, group: str | None, report: Reporter) -> None:
     """Undo one failed launch attempt: its instances in ``az`` (if any got made) and its placement group."""
     leftovers = [i["InstanceId"] for i in inst_mod.tagged(aws, cluster.name)
                  if i.get("Placement", {}).get("AvailabilityZone") == az]

@@ -28,6 +28,7 @@ from typing import ClassVar
 from clustertool.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.model import LEADER, MEMBER, Cluster, Node
 from clustertool.providers.local import net, sysops
+from clustertool.providers.local.teardown import teardown
 from clustertool.providers.base import OptionSpec, ProvisionRequest
 
 INIT_SCRIPT = Path(__file__).with_name("init.py")
@@ -328,8 +329,6 @@ class LocalProvider:
         return self.wait_instances(cluster, timeout=60.0)
 
     def terminate_instances(self, cluster: Cluster) -> list[str]:
-        from clustertool.providers.local.teardown import teardown
-
         return teardown(cluster, reap=_reap_launched)
 
 
@@ -358,7 +357,5 @@ def _accepts(address: str, port: int) -> bool:
 
 def _host_software() -> list[str]:
     """Where this clustertool and its Python live on the host (nodes share the host's software)."""
-    import clustertool
-
-    package_root = str(Path(clustertool.__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[3])  # the folder holding the clustertool package
     return net.shared_software([sys.prefix, sys.base_prefix, package_root])

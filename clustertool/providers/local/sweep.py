@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from clustertool import state
 from clustertool.errors import ToolError
-from clustertool.model import Cluster
+from clustertool.model import Cluster, Reporter, silent
 from clustertool.providers.local import net, sysops
+from clustertool.providers.local.teardown import teardown
 
 
 @dataclass
@@ -63,9 +63,7 @@ def find_orphans() -> list[LocalOrphan]:
     return orphans
 
 
-def delete_orphans(orphans: list[LocalOrphan], report: Callable[[str], None] = lambda m: None) -> list[str]:
-    from clustertool.providers.local.teardown import teardown
-
+def delete_orphans(orphans: list[LocalOrphan], report: Reporter = silent) -> list[str]:
     removed = []
     for orphan in orphans:
         cluster = Cluster(name=orphan.cluster, provider="local",
