@@ -31,9 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clustertool import yamlfile
 from clustertool.errors import SpecError
-from clustertool.playbook.steps import (GROUPS, KNOWN_COMMANDS, CommandSpec, Resolver, ValueProblem,
-                                        generic_argv, param_argv, suggest)
+from clustertool.playbook.steps import (GROUPS, KNOWN_COMMANDS, CommandSpec, Resolver, ValueProblem, param_argv,
+                                        suggest)
+from clustertool.workloads import DIR as WORKLOADS_DIR
+from clustertool.workloads import node_python
 
 TOP_KEYS = ("name", "description", "vars", "cluster", "on_failure", "steps", "always", "report")
 CONTROL_KEYS = ("name", "when", "on_failure", "timeout")
@@ -54,7 +57,6 @@ class Step:
     timeout: float | None = None
     argv: list[str] = field(default_factory=list)  # set by plan()
     run: bool = True                               # False when `when:` is false
-    installed: bool = True                         # this build has the command
 
     @property
     def label(self) -> str:
@@ -79,9 +81,7 @@ class Playbook:
 
 
 def builtin_vars(path: Path) -> dict[str, Any]:
-    from clustertool.workloads import DIR, node_python
-
-    return {"python": shlex.join(node_python()), "workloads": str(DIR),
+    return {"python": shlex.join(node_python()), "workloads": str(WORKLOADS_DIR),
             "playbook_dir": str(path.resolve().parent)}
 
 
@@ -89,38 +89,14 @@ def _err(where: str, message: str) -> SpecError:
     return SpecError(f"{where}: {message}", hint="fix the playbook; `clustertool play FILE --dry-run` checks it all")
 
 
-def yaml_load(text: str) -> Any:
-    """YAML as 1.2 reads booleans: only true/false, so keys such as `on:` and `yes:` stay words."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                 list("tTfF"))
-    return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
-
-
-def load(path: str | Path, overrides: dict[str, Any] | None = None, resolver: Resolver | None = None) -> Playbook:
+def load(path: str | Path, overrides: dict[str, Any] | None, resolver: Resolver) -> Playbook:
     """Read, substitute and check a playbook; every step gets its argv. Raises SpecError."""
-    import yaml
-
     path = Path(path)
-    try:
-        data = yaml_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such playbook") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise SpecError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    data = yamlfile.load(str(path), "playbook")
     return parse(data, str(path), overrides or {}, resolver, builtin_vars(path))
 
 
-def parse(data: Any, source: str, overrides: dict[str, Any], resolver: Resolver | None,
+def parse(data: Any, source: str, overrides: dict[str, Any], resolver: Resolver,
           builtins: dict[str, Any] | None = None) -> Playbook:
     if not isinstance(data, dict):
         raise _err(source, "a playbook is a mapping with steps: (and optional vars:, always:)")
@@ -271,16 +247,10 @@ def condition(value: Any, where: str) -> bool:
     raise _err(where, f"key 'when': cannot read {text!r} as a condition (use true/false, a == b, a != b)")
 
 
-def plan_step(step: Step, cluster: str | None, resolver: Resolver | None) -> None:
+def plan_step(step: Step, cluster: str | None, resolver: Resolver) -> None:
     """Check the step's keys against its command and build its argv."""
-    spec = resolver(step.command) if resolver else None
+    spec = resolver(step.command)
     args = dict(step.args)
-    if spec is None:
-        step.installed = resolver is None
-        if cluster and step.command != ("up",) and "cluster" not in args:
-            args["cluster"] = cluster
-        step.argv = list(step.command) + generic_argv(args)
-        return
     _inject_defaults(spec, args, cluster)
     options: list[str] = []
     positionals: list[str] = []

@@ -227,10 +227,7 @@ def _one(step: Step, on_event: Event, out, err: Callable[[str], None]) -> Outcom
     on_event("start", step, outcome)
     t0 = time.monotonic()
     try:
-        if not step.installed:
-            code, last, why = None, "", f"this clustertool has no {' '.join(step.command)!r} command"
-        else:
-            code, last, why = _run_process(step_process_argv(step), step.timeout, out, err)
+        code, last, why = _run_process(step_process_argv(step), step.timeout, out, err)
     except _Interrupt as exc:
         outcome.status, outcome.reason = "interrupted", str(exc) or "interrupted (Ctrl-C)"
     else:

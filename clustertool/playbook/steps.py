@@ -1,9 +1,8 @@
 """What a playbook step may be: the clustertool commands, their keys, and the argv a step becomes.
 
-The CLI describes each installed command as a ``CommandSpec`` (introspected from click, so
-the keys are exactly the command's flags); this module checks a step's values against it and
-turns them into an argv.  Commands this build does not have yet (another part of the tool
-not installed) still validate by name; their keys are passed on as ``--key value``.
+The CLI describes each command as a ``CommandSpec`` (introspected from click, so the keys are
+exactly the command's flags); this module checks a step's values against it and turns them
+into an argv.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ class CommandSpec:
         return [p.name for p in self.params]
 
 
-Resolver = Callable[[tuple[str, ...]], "CommandSpec | None"]
+Resolver = Callable[[tuple[str, ...]], CommandSpec]  # a command path -> its keys (from the CLI)
 
 
 def suggest(word: str, options) -> str:
@@ -119,16 +118,3 @@ def param_argv(param: ParamSpec, value: Any) -> tuple[list[str], list[str]]:
     for text in texts:
         out += [param.flag, text]
     return out, []
-
-
-def generic_argv(args: dict[str, Any]) -> list[str]:
-    """For a command this build lacks: every key as --key value (true: --key; false: nothing)."""
-    out: list[str] = []
-    for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        for v in value if isinstance(value, list) else [value]:
-            if v is True:
-                out.append(flag)
-            elif v is not False and v is not None:
-                out += [flag, str(v)]
-    return out

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from clustertool.playbook import load as playbook
+from clustertool import yamlfile
 from clustertool.errors import SpecError
+from clustertool.playbook import load as playbook
 from clustertool.playbook.steps import CommandSpec, ParamSpec
 
 pytestmark = pytest.mark.unit
@@ -43,11 +44,11 @@ SPECS = {
 
 
 def resolver(path):
-    return SPECS.get(tuple(path))  # others (doctor, plugin build ...): "not installed here"
+    return SPECS[tuple(path)]
 
 
 def parse(text: str, **overrides):
-    return playbook.parse(playbook.yaml_load(text), "pb.yaml", overrides, resolver, {"python": "python3"})
+    return playbook.parse(yamlfile.loads(text), "pb.yaml", overrides, resolver, {"python": "python3"})
 
 
 def problem(text: str, **overrides) -> str:
@@ -172,13 +173,15 @@ def test_one_command_per_step():
 
 
 def test_yes_and_on_keys_stay_words_not_booleans():
-    assert playbook.yaml_load("a: {on: leader, yes: true, b: yes}") == {"a": {"on": "leader", "yes": True, "b": "yes"}}
+    assert yamlfile.loads("a: {on: leader, yes: true, b: yes}") == {"a": {"on": "leader", "yes": True, "b": "yes"}}
 
 
-def test_command_not_installed_still_validates_by_name():
-    book = parse("cluster: c1\nsteps:\n  - plugin build: {on: leader}\n  - doctor\n")
-    assert [s.installed for s in book.steps] == [False, False]
-    assert book.steps[0].argv == ["plugin", "build", "--on", "leader", "--cluster", "c1"]
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("steps:\n  - exec: {command: a}\nsteps:\n  - exec: {command: b}\n")
+    with pytest.raises(SpecError) as info:
+        playbook.load(path, {}, resolver)
+    assert info.value.message.startswith(f"{path}:3:") and "duplicate key 'steps'" in info.value.message
 
 
 def test_top_level_and_shape_errors():
@@ -192,7 +195,7 @@ def test_invalid_yaml_names_the_line(tmp_path):
     path.write_text("steps:\n  - up: {nodes: 4\n  - down\n")
     with pytest.raises(SpecError) as info:
         playbook.load(path, {}, resolver)
-    assert info.value.message.startswith(f"{path}:") and "not valid YAML" in info.value.message
+    assert info.value.message.startswith(f"{path}:") and "malformed YAML" in info.value.message
 
 
 def test_builtin_python_and_workloads_vars(tmp_path):

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.playbook import load as playbook
+from clustertool import yamlfile
 from clustertool.cli.play import resolver
+from clustertool.playbook import load as playbook
+from clustertool.playbook.steps import KNOWN_COMMANDS
 
 pytestmark = pytest.mark.unit
 
@@ -23,7 +25,7 @@ def test_the_shipped_playbooks_are_there():
 
 @pytest.mark.parametrize("path", PLAYBOOKS, ids=lambda p: p.name)
 def test_playbook_validates(path):
-    declared = playbook.yaml_load(path.read_text()).get("vars") or {}
+    declared = yamlfile.loads(path.read_text()).get("vars") or {}
     overrides = {k: REQUIRED.get(k, "placeholder") for k, v in declared.items() if v is None}
     book = playbook.load(path, overrides, resolver)
     assert book.steps
@@ -36,3 +38,10 @@ def test_quickstart_ends_with_down_and_reports_scaling():
     assert [s.command for s in book.always] == [("down",)]
     scaling = [s for s in book.steps if s.command == ("bench", "scaling")][0]
     assert "--chart" in scaling.argv and "--csv" in scaling.argv
+
+
+@pytest.mark.parametrize("command", KNOWN_COMMANDS)
+def test_every_command_a_step_may_name_is_a_command_of_the_cli(command):
+    spec = resolver(tuple(command.split()))
+    assert spec.path == tuple(command.split())
+    assert all(p.kind in ("option", "flag", "argument") for p in spec.params)

@@ -1,0 +1,129 @@
+"""Imports run one way: no module of clustertool/ imports (even inside a function) one that imports it back.
+
+The walk is over the source (ast), so it sees every ``import`` statement: at module level and
+inside functions.  An import inside a function is for a fast ``--help`` (the CLI's command
+modules load the core only when a command runs) or for a heavy optional library (boto3, rich,
+matplotlib, yaml); a core module never uses one to reach another clustertool module, so that a
+cycle cannot hide there.  Modules loaded by name (the provider registry, the CLI's command list)
+are not imports and are not walked.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+PACKAGE = Path(__file__).resolve().parents[2] / "clustertool"
+
+# Core modules allowed to import clustertool modules inside functions, and why.
+LAZY_ALLOWED = {
+    # `clustertool up --help` builds the aws provider's options without loading its modules
+    "clustertool.providers.aws": "the provider's verbs load their modules (and so boto3) on first use",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _known(name: str) -> str | None:
+    """The clustertool module an imported dotted name lands in (its longest known prefix)."""
+    parts = name.split(".")
+    while parts:
+        if ".".join(parts) in MODULES:
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def _targets(module: str, node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [t for t in (_known(a.name) for a in node.names) if t]
+    base = node.module or ""
+    if node.level:
+        anchor = module.split(".") if _is_package(module) else module.split(".")[:-1]
+        anchor = anchor[: len(anchor) - node.level + 1]
+        base = ".".join(anchor + ([base] if base else []))
+    out = []
+    for alias in node.names:  # `from pkg import sub` imports the submodule pkg.sub
+        target = _known(f"{base}.{alias.name}") if f"{base}.{alias.name}" in MODULES else _known(base)
+        if target:
+            out.append(target)
+    return out
+
+
+def _imports(module: str) -> list[tuple[str, bool]]:
+    """(imported clustertool module, inside a function?) for every import statement."""
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.extend((t, in_function) for t in _targets(module, child) if t != module)
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return found
+
+
+GRAPH = {m: sorted({t for t, _ in _imports(m)}) for m in MODULES}
+
+
+def _cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """One import cycle as a path (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in graph.get(node, []):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if state.get(nxt) is None and (found := walk(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if state.get(start) is None and (found := walk(start)):
+            return found
+    return None
+
+
+def test_the_walk_sees_the_package():
+    assert "clustertool.transfer.copy" in MODULES and "clustertool.cli.app" in MODULES
+    assert "clustertool.transfer.drive" in GRAPH["clustertool.transfer.copy"]
+    assert "clustertool.remote.group" in GRAPH["clustertool.lifecycle"]
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": ["b"], "b": [], "c": ["a", "b"]}) is None
+
+
+def test_no_import_cycle_in_clustertool():
+    cycle = _cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_core_modules_import_clustertool_modules_at_the_top():
+    lazy = sorted(f"{m} imports {t} inside a function" for m in MODULES for t, inside in _imports(m)
+                  if inside and not m.startswith("clustertool.cli") and m not in LAZY_ALLOWED)
+    assert lazy == []
