@@ -1,7 +1,8 @@
 """Shell programs that run on the nodes for jobs: pure text builders, unit-tested.
 
-All of them are POSIX sh, sent on ssh's stdin or as one quoted command line; every value
-that comes from the user passes through ``shlex.quote`` (job ids are checked to be
+All of them are POSIX sh, sent on ssh's stdin or as one quoted command line; the long ones
+are files in nodeprogs/ (job_status.sh, kill.sh); every value that comes from the user passes
+through ``shlex.quote`` (job ids are checked to be
 ``[a-z0-9-]`` first).  A job's files on a node live in ``~/.clustertool/jobs/<id>/``:
 
     launch.sh   the detached program (leader)      log       mpirun's output (leader)
@@ -18,6 +19,7 @@ import shlex
 
 from clustertool.errors import UsageError
 from clustertool.jobs.mpirun import JOB_ENV, JOBS_DIR
+from clustertool.nodeprogs import shell_script
 
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 MPI_COMMS = ("mpirun", "mpiexec", "orterun", "orted", "prted", "prterun", "hydra_pmi_proxy")
@@ -98,91 +100,35 @@ def scan_script() -> str:
 
 
 def status_script() -> str:
-    """Leader: one line per job directory:
+    """Leader: nodeprogs/job_status.sh, one line per job directory:
     ``J id exit|- alive(0/1) killed(0/1) launched(0/1) ended-epoch b64(job.json)``."""
-    return "\n".join([
-        f'for d in "$HOME/{JOBS_DIR}"/*/; do',
-        '  [ -f "$d/job.json" ] || continue',
-        '  j=$(basename "$d"); code=-; alive=0; killed=0; started=0',
-        '  [ -f "$d/exit" ] && code=$(cat "$d/exit")',
-        '  [ -f "$d/killed" ] && killed=1',
-        '  [ -f "$d/launch.pid" ] && started=1',
-        '  if [ -f "$d/launch.pid" ]; then read -r p _ < "$d/launch.pid";',
-        f'    grep -q -a -z -x "{JOB_ENV}=$j" /proc/$p/environ 2>/dev/null && alive=1; fi',
-        '  ended=$(stat -c %Y "$d/exit" 2>/dev/null || echo 0)',
-        '  echo "J $j ${code:--} $alive $killed $started $ended $(base64 -w0 < "$d/job.json")"',
-        "done",
-        "true",
-    ])
+    return shell_script("job_status", JOBS_DIR=JOBS_DIR, JOB_ENV=JOB_ENV)
 
 
-def _procs_function(job_id: str) -> str:
-    """Shell function ``procs``: pids of the job on this node (not zombies, not us).
-
-    A process belongs to the job when it carries CLUSTERTOOL_JOB=<id> in its environment,
-    shares a session recorded by launch.sh or by a rank wrapper on this node, or is the
-    orted/prted parent recorded by a rank wrapper.
-    """
-    d = job_dir_sh(job_id)
-    comms = "|".join(MPI_COMMS)
-    return "\n".join([
-        f"d={d}; host=$(uname -n)",
-        "read -r _ _ _ _ _ mysid _ < /proc/$$/stat",
-        "sids=; parents=",
-        'for f in "$d/launch.pid" "$d/ranks/$host".*; do',
-        '  [ -f "$f" ] || continue; read -r _ pp _ s < "$f"',
-        '  [ "${s:-0}" -gt 1 ] && [ "$s" != "$mysid" ] && sids="$sids $s"',
-        '  case "$(cat /proc/$pp/comm 2>/dev/null)" in ' + comms + ') parents="$parents $pp";; esac',
-        "done",
-        "procs() {",
-        f"  {{ grep -l -a -z -x '{JOB_ENV}={job_id}' /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3",
-        '    [ -n "$sids" ] && ps -e -o pid=,sid=,stat= | awk -v s="$sids" '
-        "'BEGIN{n=split(s,a);for(i=1;i<=n;i++)w[a[i]]=1} ($2 in w) && $3 !~ /^Z/ {print $1}'",
-        '    for p in $parents; do [ -d /proc/$p ] && echo $p; done',
-        "  } | sort -un | while read -r p; do",
-        '    [ "$p" = "$$" ] && continue',
-        '    case "$(cut -d" " -f3 /proc/$p/stat 2>/dev/null)" in Z|"") continue;; esac',
-        '    echo $p',
-        "  done",
-        "}",
-    ])
+def _job_procs(job_id: str, action: str, signal: str = "TERM", grace: float = 0.0, mark: bool = False) -> str:
+    return shell_script("kill", ACTION=action, JOB=check_id(job_id), JOBS_DIR=JOBS_DIR, JOB_ENV=JOB_ENV,
+                        MPI_RE="|".join(MPI_COMMS), SIGNAL=signal, TENTHS=max(0, int(round(grace * 10))),
+                        MARK=int(mark))
 
 
 def kill_script(job_id: str, signal: str = "TERM", grace: float = 10.0, mark: bool = True) -> str:
-    """Any node of the job: signal its processes, wait ``grace``, KILL what is left, verify.
+    """Any node of the job (nodeprogs/kill.sh): signal its processes, wait ``grace``, KILL what is
+    left, verify.
 
-    Prints ``signaled PIDS``, ``forced PIDS``, ``remaining PID:COMM ...`` and, where
-    nvidia-smi exists, ``gpu PID:MiB ...`` for killed pids that still hold GPU memory.
+    A process belongs to the job when it carries CLUSTERTOOL_JOB=<id> in its environment,
+    shares a session recorded by launch.sh or by a rank wrapper on this node, or is the
+    orted/prted parent recorded by a rank wrapper.  Prints ``signaled PIDS``, ``forced PIDS``,
+    ``remaining PID:COMM ...`` and, where nvidia-smi exists, ``gpu checked PID:MiB ...`` for
+    killed pids that still hold GPU memory.
     """
     if signal not in ("TERM", "KILL", "INT", "HUP", "USR1", "USR2", "QUIT"):
         raise UsageError(f"--signal {signal!r}: use TERM, INT, HUP, QUIT, USR1, USR2 or KILL")
-    tenths = max(0, int(round(grace * 10)))
-    lines = [_procs_function(job_id)]
-    if mark:
-        lines.append('[ -d "$d" ] && touch "$d/killed"')
-    lines += [
-        "first=$(procs | tr '\\n' ' ')",
-        f'[ -n "$first" ] && kill -{signal} $first 2>/dev/null',
-        'echo "signaled $first"',
-        "i=0",
-        f'while [ $i -lt {tenths} ] && [ -n "$(procs)" ]; do sleep 0.1; i=$((i+1)); done',
-        "left=$(procs | tr '\\n' ' ')",
-        '[ -n "$left" ] && kill -KILL $left 2>/dev/null',
-        'echo "forced $left"',
-        "i=0; while [ $i -lt 30 ] && [ -n \"$(procs)\" ]; do sleep 0.1; i=$((i+1)); done",
-        'echo "remaining $(for p in $(procs); do printf "%s:%s " $p "$(cat /proc/$p/comm 2>/dev/null)"; done)"',
-        "if command -v nvidia-smi >/dev/null 2>&1; then",
-        "  held=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null"
-        " | awk -F', *' -v k=\" $first $left \" 'index(k, \" \" $1 \" \") {printf \"%s:%s \", $1, $2}')",
-        '  echo "gpu checked $held"',
-        "else echo 'gpu none'; fi",
-    ]
-    return "\n".join(lines) + "\n"
+    return _job_procs(job_id, "kill", signal, grace, mark)
 
 
 def list_script(job_id: str) -> str:
     """Any node: ``PID COMM`` of every process of the job here (for tests and doctor)."""
-    return _procs_function(job_id) + '\nfor p in $(procs); do echo "$p $(cat /proc/$p/comm 2>/dev/null)"; done\n'
+    return _job_procs(job_id, "list")
 
 
 def follow_script(job_id: str, from_line: int = 1) -> str:

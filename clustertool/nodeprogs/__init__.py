@@ -1,15 +1,23 @@
-"""Programs shipped to nodes over ssh stdin: stdlib-only Python (manifest, ops, s3).
+"""Programs shipped to nodes: stdlib-only Python (manifest, ops, s3) and shell programs (*.sh).
 
-The programs must not import clustertool: a node runs them with whatever python3 it has.
-``program_text`` prepends their arguments; ``python_command`` is the remote line that runs them.
+The Python programs must not import clustertool: a node runs them with whatever python3 it
+has.  ``program_text`` prepends their arguments; ``python_command`` is the remote line that
+runs them.  A shell program gets its inputs from a header of assignments that ``shell_script``
+puts right after its ``#!`` line, every value through ``shlex.quote`` (a list becomes a bash
+array, or with ``args`` the positional parameters), so the files themselves are plain shell
+that shellcheck reads (tests/unit/test_shellcheck.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
+from typing import Sequence
 
 DIR = Path(__file__).resolve().parent
+_NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
 def program_text(name: str, args: dict) -> bytes:
@@ -22,3 +30,24 @@ def program_text(name: str, args: dict) -> bytes:
 def python_command() -> str:
     """Remote command that runs a program given on stdin (python3, else python)."""
     return "exec $(command -v python3 || command -v python) -"
+
+
+def _assignment(name: str, value: str | int | Sequence[str], bash: bool) -> str:
+    if not _NAME_RE.match(name):
+        raise ValueError(f"shell input {name!r}: use UPPER_CASE names")
+    if isinstance(value, (list, tuple)):
+        if not bash:
+            raise ValueError(f"shell input {name!r}: a list needs a bash program")
+        return f"{name}=({' '.join(shlex.quote(str(v)) for v in value)})"
+    return f"{name}={shlex.quote(str(value))}"
+
+
+def shell_script(name: str, args: Sequence[str] = (), **inputs: str | int | Sequence[str]) -> str:
+    """The shell program ``nodeprogs/NAME.sh`` with its inputs set in a header after the ``#!`` line."""
+    shebang, _, body = (DIR / f"{name}.sh").read_text().partition("\n")
+    bash = "bash" in shebang
+    header = ["# inputs, set by clustertool:"]
+    header += [_assignment(key, value, bash) for key, value in inputs.items()]
+    if args:
+        header.append("set -- " + " ".join(shlex.quote(str(a)) for a in args))
+    return "\n".join([shebang, *header, body])

@@ -3,7 +3,7 @@
 * One ed25519 key pair per cluster, made here, stored 0600 in the cluster's directory.
 * Host keys are pinned per cluster: from the provider when it knows them (local nodes,
   AWS console output), else collected once on first contact (ssh-keyscan) and kept.
-* ``wire_script``/``unwire_script`` are shell programs sent on ssh's stdin (secrets never
+* ``wire_script``/``unwire_script`` are nodeprogs/wire.sh, sent on ssh's stdin (secrets never
   appear on a command line) that give every node the key, the pinned known_hosts of all
   nodes, and an ssh config block, so any node reaches any other non-interactively.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import base64
 import os
-import shlex
 import subprocess
 from pathlib import Path
 
 from clustertool.errors import MissingPrerequisite, RemoteError
 from clustertool.model import Cluster, Node
+from clustertool.nodeprogs import shell_script
 from clustertool.remote.transport import KEX_PREFERENCE, alias, leader_alias
 from clustertool.state import ClusterPaths
 
@@ -114,61 +114,19 @@ def node_ssh_config_block(cluster: Cluster) -> str:
     ]) + "\n"
 
 
-def _kex_probe() -> str:
-    """Shell setting $ct_kex to the node's own ssh's fast key exchanges (see transport)."""
-    prefs = " ".join(shlex.quote(k) for k in KEX_PREFERENCE)
-    return ("ct_kex=; ct_have=$(ssh -Q kex 2>/dev/null); "
-            f"for k in {prefs}; do printf '%s\\n' \"$ct_have\" | grep -qxF \"$k\" && ct_kex=${{ct_kex:+$ct_kex,}}$k; done; "
-            "[ -n \"$ct_kex\" ] || ct_kex=curve25519-sha256@libssh.org")
-
-
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def _managed_block_edit(name: str, block: str | None) -> str:
-    """Shell that replaces (or removes, block=None) our marked block at the top of ~/.ssh/config."""
-    begin, end = f"# >>> clustertool {name} >>>", f"# <<< clustertool {name} <<<"
-    new = "" if block is None else f"{begin}\n{block}{end}\n"
-    return "\n".join([
-        "touch ~/.ssh/config && chmod 600 ~/.ssh/config",
-        f"awk -v b={shlex.quote(begin)} -v e={shlex.quote(end)} "
-        "'$0==b{skip=1;next} $0==e{skip=0;next} !skip' ~/.ssh/config > ~/.ssh/config.ct.tmp",
-        f"{{ printf %s {shlex.quote(_b64(new))} | base64 -d | sed \"s/@CT_KEX@/$ct_kex/\"; "
-        "cat ~/.ssh/config.ct.tmp; } > ~/.ssh/config.ct.new",
-        "mv ~/.ssh/config.ct.new ~/.ssh/config && rm -f ~/.ssh/config.ct.tmp",
-    ])
-
-
 def wire_script(cluster: Cluster, private_key: str, public_key: str, hostfile: str | None) -> str:
-    """Shell program (for stdin) that gives a node the cluster key, host keys and config."""
-    key_file = f"~/.ssh/clustertool-{cluster.name}"
-    lines = [
-        "set -e", "umask 077", "mkdir -p ~/.ssh && chmod 700 ~/.ssh",
-        f"printf %s {shlex.quote(_b64(private_key))} | base64 -d > {key_file}",
-        f"chmod 600 {key_file}",
-        f"printf %s {shlex.quote(_b64(public_key))} | base64 -d > {key_file}.pub",
-        f"printf %s {shlex.quote(_b64(node_known_hosts(cluster)))} | base64 -d > {key_file}.known_hosts",
-        "touch ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys",
-        f"grep -qxF {shlex.quote(public_key.strip())} ~/.ssh/authorized_keys || "
-        f"printf '%s\\n' {shlex.quote(public_key.strip())} >> ~/.ssh/authorized_keys",
-        _kex_probe(),
-        _managed_block_edit(cluster.name, node_ssh_config_block(cluster)),
-    ]
-    if hostfile is not None:
-        lines.append(f"umask 022; printf %s {shlex.quote(_b64(hostfile))} | base64 -d > ~/hostfile")
-    return "\n".join(lines) + "\n"
+    """Shell program (for stdin, nodeprogs/wire.sh) that gives a node the cluster key, host keys and config."""
+    return shell_script(
+        "wire", MODE="wire", NAME=cluster.name, PUBLIC=public_key.strip(), PRIVATE_B64=_b64(private_key),
+        PUBLIC_B64=_b64(public_key), KNOWN_HOSTS_B64=_b64(node_known_hosts(cluster)),
+        BLOCK_B64=_b64(node_ssh_config_block(cluster)), KEX=" ".join(KEX_PREFERENCE),
+        HOSTFILE_B64=_b64(hostfile) if hostfile is not None else "")
 
 
 def unwire_script(cluster: Cluster, public_key: str) -> str:
     """Undo wire_script on a machine we do not own (static/adopted): remove only our traces."""
-    key_file = f"~/.ssh/clustertool-{cluster.name}"
-    return "\n".join([
-        "umask 077",
-        f"rm -f {key_file} {key_file}.pub {key_file}.known_hosts",
-        "if [ -f ~/.ssh/authorized_keys ]; then "
-        f"grep -vxF {shlex.quote(public_key.strip())} ~/.ssh/authorized_keys > ~/.ssh/ak.ct.tmp; "
-        "cat ~/.ssh/ak.ct.tmp > ~/.ssh/authorized_keys; rm -f ~/.ssh/ak.ct.tmp; fi",
-        "[ -f ~/.ssh/config ] && { " + _managed_block_edit(cluster.name, None).replace("\n", "; ") + "; }",
-        "true",
-    ]) + "\n"
+    return shell_script("wire", MODE="unwire", NAME=cluster.name, PUBLIC=public_key.strip())

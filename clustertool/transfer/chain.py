@@ -2,7 +2,7 @@
 at the same time, and so on; every link carries the data once, so the time is about S/B
 whatever the number of nodes.
 
-Each hop runs a small bash script written to its own status directory beforehand (so no
+Each hop runs ``nodeprogs/hop.sh`` written to its own status directory beforehand (so no
 command nests another's quoting)::
 
     tee -p >(extract) | ssh -c CIPHER NEXT 'bash <status dir of NEXT>/hop.sh'
@@ -21,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+from clustertool.nodeprogs import shell_script
 
 DEFAULT_CIPHER = "aes128-gcm@openssh.com"
 CHECKPOINT_RECORDS = 800   # tar checkpoint every 800 records of 10 KiB = 8 MiB
@@ -69,35 +71,16 @@ def tar_create_argv(src_dir: str) -> list[str]:
 
 def hop_script(dest: str, sdir: str, node_name: str, extract: bool,
                next_hop: tuple[str, str] | None, cipher: str | None) -> str:
-    """The bash program one hop runs: extract into ``dest`` and/or forward to the next hop.
+    """The bash program one hop runs (nodeprogs/hop.sh): extract into ``dest`` and/or forward.
 
     ``next_hop`` is (address, status dir of the next node) or None for the last hop.
     """
-    q = shlex.quote
-    lines = [
-        "set -u",
-        f"S=\"$HOME\"/{q(sdir)}",
-        "ps -o pgid= $$ | tr -d ' ' > \"$S/pgid\"  # so an aborted copy can stop this hop",
-        "exec 3>&2",
-        "extract() {",
-        f"  if ! mkdir -p -- {q(dest)} 2>\"$S/err\" || ! cd -- {q(dest)} 2>>\"$S/err\"; then",
-        "    echo 2 > \"$S/rc.tmp\"; mv \"$S/rc.tmp\" \"$S/rc\"; cat > /dev/null; return; fi",
-        f"  {shlex.join(tar_extract_argv(node_name))} 2>\"$S/err\"",
-        "  echo $? > \"$S/rc.tmp\"; mv \"$S/rc.tmp\" \"$S/rc\"",
-        "}",
-    ]
-    if next_hop is None:
-        lines += ["extract" if extract else "cat > /dev/null"]
-    else:
+    forward: list[str] = []
+    if next_hop is not None:
         address, next_sdir = next_hop
-        forward = shlex.join(hop_ssh_argv(address, cipher) + [f"bash {q(next_sdir)}/hop.sh"])
-        if extract:
-            lines += [f"tee -p >(extract) | {forward}",
-                      "echo \"${PIPESTATUS[1]}\" > \"$S/next_rc\"",
-                      "while [ ! -e \"$S/rc\" ]; do sleep 0.05; done"]
-        else:
-            lines += [forward, "echo $? > \"$S/next_rc\"", "echo 0 > \"$S/rc\""]
-    return "\n".join(lines) + "\n"
+        forward = hop_ssh_argv(address, cipher) + [f"bash {shlex.quote(next_sdir)}/hop.sh"]
+    return shell_script("hop", SDIR=sdir, DEST=dest, EXTRACT=int(extract),
+                        TAR_EXTRACT=tar_extract_argv(node_name), FORWARD=forward)
 
 
 def prepare_command(sdir: str) -> str:

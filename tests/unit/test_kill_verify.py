@@ -67,7 +67,7 @@ def test_what_a_node_reports_left_decides_clean_and_every_node_of_the_job_is_ask
     assert not nodes["node-2"].clean and not nodes["node-3"].clean and not result.clean
     sent = [c for c in fake.calls if kills(c)]
     assert sorted(c.node for c in sent) == ["node-1", "node-2", "node-3"]
-    assert all(JOB in c.stdin and "kill -TERM" in c.stdin for c in sent)
+    assert all(f"JOB={JOB}\n" in c.stdin and "SIGNAL=TERM\nTENTHS=20\n" in c.stdin for c in sent)
     assert result.job.state == "killed"
 
 

@@ -1,11 +1,13 @@
 """Command builders of the relay, the fan-out and sync-s3 (pure), and their parsers."""
 
+import os
 import shlex
 import subprocess
 
 import pytest
 
 from clustertool.errors import UsageError
+from clustertool.nodeprogs import shell_script
 from clustertool.transfer import chain, fanout, s3
 from clustertool.transfer import copy as copies
 from clustertool.transfer.model import relative_remote
@@ -24,11 +26,64 @@ def test_hop_script_quotes_dest_and_is_valid_bash():
     assert subprocess.run(["bash", "-n"], input=script.encode()).returncode == 0
 
 
-def test_last_hop_only_extracts_and_relay_only_hop_does_not():
-    last = chain.hop_script("d", "s", "node-4", True, None, None)
-    assert last.rstrip().endswith("extract") and "ssh" not in last
-    relay = chain.hop_script("d", "s", "node-1", False, ("10.0.0.2", "s2"), None)
-    assert "tee" not in relay and "echo 0 > \"$S/rc\"" in relay
+def _tree(root):
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "f.bin").write_bytes(b"x" * 5000)
+    (root / "top.txt").write_text("top\n")
+    return ["sub", "sub/f.bin", "top.txt"]
+
+
+def _stream(src, names) -> bytes:
+    """The tar stream a chain carries (what tar_create_argv makes of these names)."""
+    return subprocess.run(chain.tar_create_argv(str(src)), input=b"".join(n.encode() + b"\0" for n in names),
+                          capture_output=True, check=True).stdout
+
+
+def _hop(home, script: str, data: bytes) -> subprocess.CompletedProcess:
+    """Run a hop as the relay does: the script stored in its status folder, the stream on stdin."""
+    sdir = home / "st"
+    sdir.mkdir(parents=True, exist_ok=True)
+    (sdir / "hop.sh").write_text(script)
+    return subprocess.run(["bash", str(sdir / "hop.sh")], input=data, capture_output=True, cwd=home,
+                          env=dict(os.environ, HOME=str(home)), timeout=30)
+
+
+def test_the_last_hop_extracts_into_dest_and_records_its_exit_code(tmp_path):
+    data = _stream(tmp_path / "src", _tree(tmp_path / "src"))
+    home = tmp_path / "home"
+    _hop(home, chain.hop_script("my data", "st", "node-4", True, None, None), data)
+    assert (home / "my data" / "sub" / "f.bin").read_bytes() == b"x" * 5000
+    assert (home / "st" / "rc").read_text().strip() == "0" and (home / "st" / "pgid").read_text().strip()
+    assert not (home / "st" / "next_rc").exists()
+
+
+def test_a_hop_extracts_and_forwards_the_same_stream_at_once(tmp_path):
+    data = _stream(tmp_path / "src", _tree(tmp_path / "src"))
+    home = tmp_path / "home"
+    _hop(home, shell_script("hop", SDIR="st", DEST="d", EXTRACT=1, TAR_EXTRACT=chain.tar_extract_argv("node-2"),
+                            FORWARD=["sh", "-c", "cat > next.tar"]), data)
+    assert (home / "next.tar").read_bytes() == data and (home / "d" / "top.txt").read_text() == "top\n"
+    assert [(home / "st" / f).read_text().strip() for f in ("rc", "next_rc")] == ["0", "0"]
+
+
+def test_a_relay_only_hop_forwards_without_extracting(tmp_path):
+    data = _stream(tmp_path / "src", _tree(tmp_path / "src"))
+    home = tmp_path / "home"
+    _hop(home, shell_script("hop", SDIR="st", DEST="d", EXTRACT=0, TAR_EXTRACT=chain.tar_extract_argv("node-1"),
+                            FORWARD=["sh", "-c", "cat > next.tar"]), data)
+    assert (home / "next.tar").read_bytes() == data and not (home / "d").exists()
+    assert (home / "st" / "rc").read_text().strip() == "0"
+
+
+def test_a_hop_that_cannot_write_dest_still_forwards_everything(tmp_path):
+    data = _stream(tmp_path / "src", _tree(tmp_path / "src"))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "blocked").write_text("a file, not a folder")
+    _hop(home, shell_script("hop", SDIR="st", DEST="blocked/d", EXTRACT=1, TAR_EXTRACT=chain.tar_extract_argv("n"),
+                            FORWARD=["sh", "-c", "cat > next.tar"]), data)
+    assert (home / "next.tar").read_bytes() == data
+    assert (home / "st" / "rc").read_text().strip() == "2" and "blocked" in (home / "st" / "err").read_text()
 
 
 def test_source_command_streams_names_from_stdin_to_first_hop():

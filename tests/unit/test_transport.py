@@ -1,5 +1,9 @@
 """ssh config, argv and known_hosts: pinned keys, never StrictHostKeyChecking=no."""
 
+import os
+import stat
+import subprocess
+
 import pytest
 
 from clustertool.model import Cluster, Node
@@ -55,8 +59,41 @@ def test_command_output_is_not_mistaken_for_an_ssh_failure():
     assert transport.classify_ssh_failure("my program failed\n") is None
 
 
-def test_wire_script_keeps_secrets_off_the_command_line_and_is_idempotent():
-    script = keys.wire_script(_cluster(), "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n", "ssh-ed25519 AAAApub c", None)
+PRIVATE = "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n"
+PUBLIC = "ssh-ed25519 AAAApub c"
+
+
+def _on_node(script: str, home) -> None:
+    """Run a node program the way a node gets it (sh, on stdin) with ``home`` as its home."""
+    subprocess.run(["sh", "-s"], input=script, text=True, check=True, capture_output=True,
+                   env=dict(os.environ, HOME=str(home)))
+
+
+def test_wire_script_keeps_secrets_off_the_command_line_and_is_idempotent(tmp_path):
+    script = keys.wire_script(_cluster(), PRIVATE, PUBLIC, "10.1.0.1 slots=1\n")
     assert "secret" not in script  # base64 only, sent on stdin
-    assert "grep -qxF" in script  # authorized_keys line added once
-    assert "chmod 600 ~/.ssh/clustertool-demo" in script
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir()
+    (ssh / "config").write_text("Host mine\n  User me\n")
+    _on_node(script, tmp_path)
+    _on_node(script, tmp_path)  # a second wiring (start, repin) changes nothing more
+    key = ssh / "clustertool-demo"
+    assert key.read_text() == PRIVATE and stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert (ssh / "clustertool-demo.known_hosts").read_text() == keys.node_known_hosts(_cluster())
+    assert (ssh / "authorized_keys").read_text().splitlines() == [PUBLIC]
+    config = (ssh / "config").read_text()
+    assert config.count("# >>> clustertool demo >>>") == 1 and config.endswith("Host mine\n  User me\n")
+    assert "KexAlgorithms " in config and "@CT_KEX@" not in config
+    assert (tmp_path / "hostfile").read_text() == "10.1.0.1 slots=1\n"
+
+
+def test_unwire_removes_only_what_wiring_added(tmp_path):
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir()
+    (ssh / "authorized_keys").write_text("ssh-ed25519 AAAAtheirs me\n")
+    (ssh / "config").write_text("Host mine\n  User me\n")
+    _on_node(keys.wire_script(_cluster(), PRIVATE, PUBLIC, None), tmp_path)
+    _on_node(keys.unwire_script(_cluster(), PUBLIC), tmp_path)
+    assert sorted(p.name for p in ssh.iterdir()) == ["authorized_keys", "config"]
+    assert (ssh / "authorized_keys").read_text() == "ssh-ed25519 AAAAtheirs me\n"
+    assert (ssh / "config").read_text() == "Host mine\n  User me\n"

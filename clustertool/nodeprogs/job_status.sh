@@ -1,0 +1,22 @@
+#!/bin/sh
+# The leader's jobs, one line per job folder:
+#   J ID EXIT|- ALIVE(0/1) KILLED(0/1) LAUNCHED(0/1) ENDED_EPOCH BASE64(job.json)
+# Inputs: JOBS_DIR (jobs' folder under $HOME), JOB_ENV (the variable that marks a job's processes).
+for d in "$HOME/$JOBS_DIR"/*/; do
+  [ -f "$d/job.json" ] || continue
+  j=$(basename "$d")
+  code=-
+  alive=0
+  killed=0
+  started=0
+  [ -f "$d/exit" ] && code=$(cat "$d/exit")
+  [ -f "$d/killed" ] && killed=1
+  if [ -f "$d/launch.pid" ]; then
+    started=1
+    read -r p _ < "$d/launch.pid"
+    grep -q -a -z -x "$JOB_ENV=$j" "/proc/$p/environ" 2>/dev/null && alive=1
+  fi
+  ended=$(stat -c %Y "$d/exit" 2>/dev/null || echo 0)
+  echo "J $j ${code:--} $alive $killed $started $ended $(base64 -w0 < "$d/job.json")"
+done
+true
