@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,20 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "clustertool"]
 
+# This pytest run's mark: every cluster it makes is named PREFIX-<SESSION><4 hex>, so the leak
+# check below counts only what this run made, whatever other runs or users do on the machine.
+SESSION = secrets.token_hex(3)
+_OURS = re.compile(rf"^[a-z][a-z0-9]*-{SESSION}[0-9a-f]{{4}}$")
+
 
 def unique(prefix: str = "t") -> str:
-    """A cluster name no concurrent test run will also pick."""
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+    """A cluster name of this test run that no concurrent run will also pick."""
+    return f"{prefix}-{SESSION}{secrets.token_hex(2)}"
+
+
+def ours(cluster: str) -> bool:
+    """Whether a cluster name is one this test run made (with unique())."""
+    return bool(_OURS.match(cluster))
 
 
 @pytest.fixture
@@ -38,26 +49,42 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300, input: st
                           timeout=timeout, input=input, cwd=REPO)
 
 
-def _local_footprint() -> set[str]:
-    """Namespaces and bridges of the local provider present on this machine now."""
-    if os.geteuid() != 0:
-        return set()
-    out = set()
+def _netns_cluster(netns: str) -> str:
+    """``ct-<cluster>-<i>`` -> cluster (the local provider's namespace names)."""
+    return netns[3:].rsplit("-", 1)[0] if netns.startswith("ct-") else ""
+
+
+def _bridge_cluster(bridge: str) -> str:
+    """The cluster a local-provider bridge belongs to, from its alias ``clustertool:<cluster>:<token>``."""
+    try:
+        alias = Path("/sys/class/net", bridge, "ifalias").read_text().strip()
+    except OSError:
+        return ""
+    parts = alias.split(":")
+    return parts[1] if len(parts) == 3 and parts[0] == "clustertool" else ""
+
+
+def our_footprint() -> list[str]:
+    """Namespaces, bridges and processes of the local provider that belong to this run's clusters."""
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    out |= {f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith("ct-")}
+    names = [line.split()[0] for line in netns.splitlines() if line.strip()]
+    left = [f"netns {n}" for n in names if ours(_netns_cluster(n))]
     links = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout
-    out |= {f"bridge {line.split(':')[1].strip()}" for line in links.splitlines() if ": ctbr" in line}
-    return out
-
-
-def pytest_sessionstart(session):
-    session.config._ct_footprint = _local_footprint()
+    bridges = [line.split(":")[1].strip() for line in links.splitlines() if ":" in line]
+    left += [f"bridge {b}" for b in bridges if ours(_bridge_cluster(b))]
+    procs = subprocess.run(["pgrep", "-af", rf"clusters/[a-z][a-z0-9]*-{SESSION}[0-9a-f]{{4}}/"],
+                           capture_output=True, text=True).stdout
+    left += [f"process {line}" for line in procs.splitlines()]
+    return left
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """After the suite, nothing of the local provider that the suite made may remain."""
-    before = getattr(session.config, "_ct_footprint", set())
-    left = sorted(_local_footprint() - before)
+    """After the suite, nothing of the local provider that this run made may remain.
+
+    Only this run's clusters count (their names carry SESSION): a cluster someone else runs on
+    this machine at the same time is neither a leak nor a failure of this suite.
+    """
+    left = our_footprint()
     if left:
         sys.stderr.write("\nLEAK: the test suite left local-provider resources behind:\n  "
                          + "\n  ".join(left) + "\n")
