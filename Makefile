@@ -8,7 +8,7 @@ APT_PACKAGES := python3 python3-venv python3-pip python3-dev build-essential mak
 	openssh-server openssh-client iproute2 procps psmisc util-linux \
 	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck
 
-.PHONY: setup apt venv native demo test test-fast bench clean
+.PHONY: setup apt venv native demo lint test test-fast bench clean
 
 setup: apt venv
 
@@ -38,12 +38,18 @@ native:
 demo: setup
 	$(VENV)/bin/clustertool play playbooks/quickstart-local.yaml
 
+# House rules (pyproject's [tool.ruff]: line length 120, pyflakes, pycodestyle, import order)
+lint: venv
+	$(VENV)/bin/ruff check clustertool tests bench
+
 test: setup
 	$(MAKE) -C native test
 	$(MAKE) -C native gpu
+	$(VENV)/bin/ruff check clustertool tests bench
 	$(VENV)/bin/pytest -q
 
 test-fast: venv
+	$(VENV)/bin/ruff check clustertool tests bench
 	$(VENV)/bin/pytest -q -m "unit or cli"
 
 clean:

@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent

@@ -70,7 +70,8 @@ def render(entries: list[tuple[str, int]], fmt: str) -> str:
         if problem:
             raise UsageError(f"cannot write a hostfile entry: {problem}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise UsageError(f"cannot write a hostfile entry for {host}: slots must be a positive integer, got {slots!r}")
+            raise UsageError(f"cannot write a hostfile entry for {host}: slots must be a positive integer, got "
+                             f"{slots!r}")
     if not entries:
         return ""
     if fmt == "horovod":

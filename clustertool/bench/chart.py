@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from clustertool.errors import MissingPrerequisite
 from clustertool.bench.scaling import ScalingResult
+from clustertool.errors import MissingPrerequisite
 
 
 def write_chart(report: ScalingResult, path: str | Path, title: str | None = None) -> Path:

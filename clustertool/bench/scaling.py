@@ -31,7 +31,8 @@ METRIC_AFTER = re.compile(rf"(?i)\b{UNIT}\s*/\s*s(?:ec(?:ond)?)?\b{PER}{_ON}\s*[
 # "throughput 5623.4 samples/sec"
 METRIC_BEFORE = re.compile(rf"(?i)(?P<value>{NUM})\s*{UNIT}\s*/\s*s(?:ec(?:ond)?)?\b{PER}")
 # Open MPI --tag-output "[1,3]<stdout>:", MPICH -l "3:", or "rank 3:" at the start of a line
-RANK_TAG = re.compile(r"^\s*(?:\[\d+,(?P<a>\d+)\]<std\w+>:|\[(?P<b>\d+)\]\s|(?P<c>\d+):\s|rank\s+(?P<d>\d+)\s*[:\]])", re.I)
+RANK_TAG = re.compile(r"^\s*(?:\[\d+,(?P<a>\d+)\]<std\w+>:|\[(?P<b>\d+)\]\s|(?P<c>\d+):\s"
+                      r"|rank\s+(?P<d>\d+)\s*[:\]])", re.I)
 
 
 @dataclass

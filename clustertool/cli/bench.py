@@ -15,19 +15,27 @@ bench_app = typer.Typer(name="bench", no_args_is_help=True, add_completion=False
 
 @bench_app.command("scaling", context_settings={"allow_interspersed_args": False})
 def scaling(
-    command: List[str] = typer.Argument(..., help="The job, after --: run by mpirun at each size. One argument is split like a shell line."),
-    nodes: str = typer.Option("1,2,4", "--nodes", "-N", help="Cluster sizes to run at, e.g. 1,2,4 (first N nodes, leader first)."),
+    command: List[str] = typer.Argument(
+        ..., help="The job, after --: run by mpirun at each size. One argument is split like a shell line."),
+    nodes: str = typer.Option(
+        "1,2,4", "--nodes", "-N", help="Cluster sizes to run at, e.g. 1,2,4 (first N nodes, leader first)."),
     per_node: Optional[int] = typer.Option(None, "--per-node", help="Ranks per node (default: the nodes' slots)."),
-    metric_regex: Optional[str] = typer.Option(None, "--metric-regex", help="Regex with one group around the throughput number (default: images/sec, samples/sec, img/sec ... figures)."),
+    metric_regex: Optional[str] = typer.Option(
+        None, "--metric-regex", help="Regex with one group around the throughput number (default: images/sec, "
+                                     "samples/sec, img/sec ... figures)."),
     env: List[str] = typer.Option([], "-x", "--env", help="VAR or VAR=VALUE exported to every rank (repeatable)."),
     timeout: float = typer.Option(1800, "--timeout", help="Seconds per size before the run counts as hung."),
-    repeat: int = typer.Option(1, "--repeat", "-r", help="Runs per size, round-robin over the sizes; the median counts (for noisy, shared machines)."),
+    repeat: int = typer.Option(
+        1, "--repeat", "-r", help="Runs per size, round-robin over the sizes; the median counts (for noisy, shared "
+                                  "machines)."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the table as CSV here."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the table as JSON here."),
-    chart: Optional[Path] = typer.Option(None, "--chart", help="Write a PNG chart (throughput and efficiency vs ranks) here."),
+    chart: Optional[Path] = typer.Option(
+        None, "--chart", help="Write a PNG chart (throughput and efficiency vs ranks) here."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Keep each size's full output here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not stream the job's output."),
-    plugin: bool = typer.Option(False, "--plugin", help="Run with the deployed NCCL plugin's environment (as `run --plugin`)."),
+    plugin: bool = typer.Option(
+        False, "--plugin", help="Run with the deployed NCCL plugin's environment (as `run --plugin`)."),
     cluster: Optional[str] = ClusterOpt,
 ) -> None:
     """Run the same job at several cluster sizes and report throughput, speedup and scaling efficiency.
@@ -84,11 +92,14 @@ def allreduce(
     op: str = typer.Option("sum", "--op", help="sum, prod, min or max."),
     iters: int = typer.Option(5, "--iters", "-n", help="Timed iterations per size."),
     warmup: int = typer.Option(1, "--warmup", "-w", help="Untimed iterations per size."),
-    ifname: Optional[str] = typer.Option(None, "--ifname", help="Interface the plugin binds to (default: first non-loopback)."),
-    env: List[str] = typer.Option([], "-x", "--env", help="VAR or VAR=VALUE for every rank, e.g. CLUSTERTOOL_SOCKS_PER_PEER=2."),
+    ifname: Optional[str] = typer.Option(
+        None, "--ifname", help="Interface the plugin binds to (default: first non-loopback)."),
+    env: List[str] = typer.Option(
+        [], "-x", "--env", help="VAR or VAR=VALUE for every rank, e.g. CLUSTERTOOL_SOCKS_PER_PEER=2."),
     timeout: float = typer.Option(3600, "--timeout", help="Seconds before the run counts as hung."),
     tuner_csv: Optional[Path] = typer.Option(None, "--tuner-csv", help="Write a tuner table from the results here "
-                                             "(CollNet where the plugin won); deploy it with `plugin deploy --tuner-table`."),
+                                             "(CollNet where the plugin won); deploy it with `plugin deploy "
+                                             "--tuner-table`."),
     json_output: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not stream collnet_bench's output."),
     cluster: Optional[str] = ClusterOpt,
@@ -111,7 +122,8 @@ def allreduce(
     c = state.load(cluster_name(cluster))
     deployed = load_record(c.name).get("deployed")
     if not deployed:
-        raise ToolError(f"the plugin is not deployed on {c.name!r}", hint="clustertool plugin build && clustertool plugin deploy")
+        raise ToolError(f"the plugin is not deployed on {c.name!r}", hint="clustertool plugin build && clustertool "
+                                                                          "plugin deploy")
     argv = core.bench_argv(f"{deployed['dest'].rstrip('/')}/{BENCH}", core.parse_sizes(sizes),
                            core.parse_algos(algo), dtype=dtype, op=op, iters=iters, warmup=warmup)
     extra = [f"CLUSTERTOOL_SOCKET_IFNAME={ifname}"] if ifname else []

@@ -15,7 +15,10 @@ from clustertool.errors import UsageError
 
 def down(
     cluster: Optional[str] = ClusterOpt,
-    sweep: bool = typer.Option(False, "--sweep", help="Find resources tagged by clustertool that belong to no known cluster (AWS, or --provider local: namespaces and bridges whose state is gone), and offer to delete them."),
+    sweep: bool = typer.Option(
+        False, "--sweep", help="Find resources tagged by clustertool that belong to no known cluster (AWS, or "
+                               "--provider local: namespaces and bridges whose state is gone), and offer to delete "
+                               "them."),
     sweep_provider: str = typer.Option("aws", "--provider", help="Where --sweep looks: aws | local."),
     region: Optional[str] = typer.Option(None, "--region", help="AWS region for --sweep."),
     profile: Optional[str] = typer.Option(None, "--profile", help="AWS profile for --sweep."),

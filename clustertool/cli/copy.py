@@ -16,10 +16,13 @@ def copy_cmd(
     cluster: Optional[str] = ClusterOpt,
     nodes: Optional[str] = NodesOpt,
     source: str = typer.Option("leader", "--from", help="Where SRC is: leader (default) or local."),
-    strategy: str = typer.Option("auto", "--strategy", help="auto, chain (pipelined relay) or fanout (parallel rsync)."),
-    verify: bool = typer.Option(True, "--verify/--no-verify", help="Compare hashes of source and every node after the copy."),
+    strategy: str = typer.Option(
+        "auto", "--strategy", help="auto, chain (pipelined relay) or fanout (parallel rsync)."),
+    verify: bool = typer.Option(
+        True, "--verify/--no-verify", help="Compare hashes of source and every node after the copy."),
     delete: bool = typer.Option(False, "--delete", help="Remove files on the nodes that SRC does not have."),
-    cipher: str = typer.Option("aes128-gcm@openssh.com", "--cipher", help="ssh cipher between nodes ('' for ssh's default)."),
+    cipher: str = typer.Option(
+        "aes128-gcm@openssh.com", "--cipher", help="ssh cipher between nodes ('' for ssh's default)."),
     json_output: bool = JsonOpt,
 ) -> None:
     """Copy SRC to DEST on the selected nodes (the old copyclust), incremental and verified.
@@ -56,7 +59,8 @@ def sync_s3_cmd(
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", envvar="AWS_ENDPOINT_URL",
                                                help="S3-compatible endpoint (default: AWS_ENDPOINT_URL, else AWS)."),
     pass_credentials: bool = typer.Option(False, "--pass-credentials",
-                                          help="Send this machine's AWS credentials to the nodes (over ssh stdin, never argv)."),
+                                          help="Send this machine's AWS credentials to the nodes (over ssh stdin, "
+                                               "never argv)."),
     json_output: bool = JsonOpt,
 ) -> None:
     """Every node pulls s3://bucket/prefix into DEST at once, incremental, checked per node.

@@ -13,11 +13,17 @@ from clustertool.cli.common import ClusterOpt, JsonOpt, cluster_name, reporter
 def doctor(
     cluster: Optional[str] = ClusterOpt,
     json_output: bool = JsonOpt,
-    fix: bool = typer.Option(False, "--fix", help="Do the safe fixes (kill strays, clear finished jobs' logs, re-push known_hosts), then check again."),
-    check: List[str] = typer.Option([], "--check", help="Run only these checks (repeat): reach, ssh-mesh, disk, sameness, strays, clock, mpi-smoke, links."),
+    fix: bool = typer.Option(
+        False, "--fix", help="Do the safe fixes (kill strays, clear finished jobs' logs, re-push known_hosts), then "
+                             "check again."),
+    check: List[str] = typer.Option(
+        [], "--check", help="Run only these checks (repeat): reach, ssh-mesh, disk, sameness, strays, clock, "
+                            "mpi-smoke, links."),
     skip: List[str] = typer.Option([], "--skip", help="Skip these checks (repeat), e.g. --skip links."),
-    plugin_path: Optional[str] = typer.Option(None, "--plugin-path", help="Where the NCCL plugin is deployed on the nodes (for its checksum)."),
-    disk_path: List[str] = typer.Option([], "--disk-path", help="Folders whose free space to check besides home and the job logs (default /scratch)."),
+    plugin_path: Optional[str] = typer.Option(
+        None, "--plugin-path", help="Where the NCCL plugin is deployed on the nodes (for its checksum)."),
+    disk_path: List[str] = typer.Option(
+        [], "--disk-path", help="Folders whose free space to check besides home and the job logs (default /scratch)."),
 ) -> None:
     """Check SSH mesh, disks, sameness, stray processes, clocks, an MPI smoke test and links."""
     from clustertool import doctor as doc
@@ -45,8 +51,9 @@ def doctor(
         typer.echo(f"cluster {result.cluster}: clean")
     else:
         n = sum(1 for f in result.findings if f.problem)
+        can_fix = any(f.fixable for f in result.findings)
         sys.stderr.write(f"cluster {result.cluster}: {n} problem(s)"
-                         + ("; `clustertool doctor --fix` can fix some\n" if any(f.fixable for f in result.findings) else "\n"))
+                         + ("; `clustertool doctor --fix` can fix some\n" if can_fix else "\n"))
     raise typer.Exit(result.exit_code)
 
 

@@ -10,10 +10,12 @@ from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name
 
 
 def exec_(
-    command: List[str] = typer.Argument(..., help="Command to run (after --). One argument is a shell line; several are quoted each."),
+    command: List[str] = typer.Argument(
+        ..., help="Command to run (after --). One argument is a shell line; several are quoted each."),
     cluster: Optional[str] = ClusterOpt,
     nodes: Optional[str] = NodesOpt,
-    timeout: Optional[float] = typer.Option(None, "--timeout", "-t", help="Seconds before a node counts as hung (exit 255)."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", "-t", help="Seconds before a node counts as hung (exit 255)."),
     json_output: bool = JsonOpt,
     live: bool = typer.Option(True, "--live/--no-live", help="Stream output prefixed by node while it runs."),
 ) -> None:

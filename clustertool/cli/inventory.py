@@ -20,7 +20,8 @@ def inventory(
     ansible: `ansible -i <(clustertool inventory) all -m ping`; groups <cluster>_leader,
     <cluster>_members and <cluster>. ssh-config: Host blocks for <cluster>-leader, <cluster>-node-K.
     """
-    from clustertool import inventory as core, state
+    from clustertool import inventory as core
+    from clustertool import state
 
     text = core.render(state.load(cluster_name(cluster)), fmt)
     if output is None:

@@ -49,11 +49,14 @@ def run(
     nccl_debug: Optional[str] = typer.Option(None, "--nccl-debug", help="NCCL_DEBUG level, e.g. INFO."),
     workdir: Optional[str] = typer.Option(None, "--workdir", help="Working directory of every rank."),
     name: Optional[str] = typer.Option(None, "--name", help="A name for the job."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Stream the log; exit with the job's code. Ctrl-C detaches."),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Stream the log; exit with the job's code. Ctrl-C detaches."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the mpirun command and exit."),
     oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more ranks than slots."),
-    allow_concurrent: bool = typer.Option(False, "--allow-concurrent", help="Start even if another job runs on these nodes."),
-    tag_output: bool = typer.Option(True, "--tag-output/--no-tag-output", help="Prefix rank output with [job,rank] (needed by logs --node)."),
+    allow_concurrent: bool = typer.Option(
+        False, "--allow-concurrent", help="Start even if another job runs on these nodes."),
+    tag_output: bool = typer.Option(
+        True, "--tag-output/--no-tag-output", help="Prefix rank output with [job,rank] (needed by logs --node)."),
     json_output: bool = JsonOpt,
 ) -> None:
     """Run an MPI job on the cluster, detached on the leader (survives your connection).
@@ -227,7 +230,8 @@ def clean(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
 def fetch(job: str = typer.Argument(..., help="Job id."),
           path: str = typer.Argument(..., help="File or folder on the leader (relative: to the job's workdir)."),
           cluster: Optional[str] = ClusterOpt,
-          to: Optional[str] = typer.Option(None, "--to", help="Local folder (default ./JOB) or s3://BUCKET/PREFIX.")) -> None:
+          to: Optional[str] = typer.Option(None, "--to", help="Local folder (default ./JOB) or s3://BUCKET/PREFIX."),
+          ) -> None:
     """Copy a job's output back from the leader (or upload it from the leader to S3)."""
     from clustertool.jobs import manage
 

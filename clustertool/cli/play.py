@@ -95,7 +95,8 @@ def play(
     playbook: str = typer.Argument(..., metavar="PLAYBOOK.yaml", help="The playbook to run."),
     var: List[str] = typer.Option([], "--var", "-v", metavar="NAME=VALUE", help="Set a variable (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the playbook and print each command; run nothing."),
-    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout (step output goes to stderr)."),
+    json_output: bool = typer.Option(
+        False, "--json", help="Print the result as JSON on stdout (step output goes to stderr)."),
 ) -> None:
     """Run a playbook: YAML steps that are clustertool commands, with variables and always: steps.
 

@@ -51,7 +51,8 @@ def deploy_cmd(
     dest: Optional[str] = typer.Option(None, "--dest", help="Folder on every node (default /opt/clustertool/lib; "
                                        "local clusters: ~/.clustertool/lib of each node)."),
     tuner_table: Optional[Path] = typer.Option(None, "--tuner-table", exists=True, dir_okay=False,
-                                               help="CSV for the tuner plugin (e.g. from `bench allreduce --tuner-csv`)."),
+                                               help="CSV for the tuner plugin (e.g. from `bench allreduce "
+                                                    "--tuner-csv`)."),
     cluster: Optional[str] = ClusterOpt,
     json_output: bool = JsonOpt,
 ) -> None:

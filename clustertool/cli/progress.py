@@ -27,8 +27,14 @@ class NodeProgress:
         if not self.enabled:
             return self
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), DownloadColumn(),

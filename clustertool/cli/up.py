@@ -37,11 +37,13 @@ def build_up_command() -> click.Command:
         click.Option(["--provider", "-p"], type=click.Choice(sorted(REGISTRY)),
                      help="Where the nodes come from (default: local)."),
         click.Option(["--nodes", "-N", "nodes"], type=int, help="Number of nodes."),
-        click.Option(["--slots"], type=int, help="Slots (GPUs / ranks) per node; default: the provider's GPU count, else 1."),
+        click.Option(["--slots"], type=int, help="Slots (GPUs / ranks) per node; default: the provider's GPU count, "
+                                                 "else 1."),
         click.Option(["--user"], help="SSH user on the nodes (default: the provider's)."),
         click.Option(["--dry-run"], is_flag=True, help="Print the plan; create nothing."),
         click.Option(["--no-ssh"], is_flag=True,
-                     help="Stop after provisioning and the hostfile; do not wire SSH (for endpoints whose instances answer no SSH)."),
+                     help="Stop after provisioning and the hostfile; do not wire SSH (for endpoints whose instances "
+                          "answer no SSH)."),
         click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
     for key, (spec, providers) in sorted(_provider_options().items()):

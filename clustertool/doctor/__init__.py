@@ -89,8 +89,10 @@ def _clock(cluster: Cluster, nodes: list[Node], transport: Transport) -> CheckRe
 
 def _mesh(cluster: Cluster, reachable: list[Node], transport: Transport) -> CheckResult:
     outputs = {}
-    result = run_on_nodes(cluster.name, reachable, lambda n: mesh_script([t for t in cluster.nodes if t.name != n.name]),
-                          timeout=60, transport=transport)
+    def others(node: Node) -> str:
+        return mesh_script([t for t in cluster.nodes if t.name != node.name])
+
+    result = run_on_nodes(cluster.name, reachable, others, timeout=60, transport=transport)
     for r in result.results:
         outputs[r.node] = r.stdout
     unreachable = {n.name for n in cluster.nodes} - {n.name for n in reachable}

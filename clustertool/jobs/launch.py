@@ -16,8 +16,7 @@ from typing import Callable
 from clustertool import nodeset, state
 from clustertool.errors import RemoteError, UsageError
 from clustertool.jobs import records, scripts
-from clustertool.jobs.mpirun import (JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile,
-                                     split_command)
+from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile, split_command
 from clustertool.model import Cluster, Job, Node, Reporter, silent
 from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes

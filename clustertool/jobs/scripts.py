@@ -55,7 +55,8 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None) -> str:
         f"# clustertool job {job_id}",
         f"d={d}",
         'read -r p _ _ pp pg sid _ < /proc/$$/stat; echo "$p $pp $pg $sid" > "$d/launch.pid"',
-        f'{cd} || {{ echo "clustertool: cannot cd to the working directory" >> "$d/log"; echo 1 > "$d/exit"; exit 1; }}',
+        f'{cd} || {{ echo "clustertool: cannot cd to the working directory" >> "$d/log"; '
+        'echo 1 > "$d/exit"; exit 1; }',
         f'{{ {shlex.join(argv)}; echo $? > "$d/exit.tmp"; }} 2>&1 | tee -a "$d/log"',
         'mv "$d/exit.tmp" "$d/exit"',
         "",

@@ -221,7 +221,8 @@ def _outcome(step: Step, status: str = "not run", reason: str = "") -> Outcome:
 def _one(step: Step, on_event: Event, out, err: Callable[[str], None]) -> Outcome:
     outcome = _outcome(step)
     if not step.run:
-        outcome.status, outcome.reason = "skipped", f"when: {str(step.when).lower() if isinstance(step.when, bool) else step.when}"
+        when = str(step.when).lower() if isinstance(step.when, bool) else step.when
+        outcome.status, outcome.reason = "skipped", f"when: {when}"
         on_event("end", step, outcome)
         return outcome
     on_event("start", step, outcome)

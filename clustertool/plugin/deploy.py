@@ -16,10 +16,26 @@ from typing import Callable
 
 from clustertool.errors import ToolError
 from clustertool.model import Cluster, GroupResult, HostResult, Reporter, silent
-from clustertool.plugin.build import (ARTEFACTS, NET_LIB, TUNER_LIB, TUNER_TABLE, Build, load_record, save_record,
-                                      sha256_file)
-from clustertool.plugin.remote import (abort_command, commit_command, mismatched, parse_ld_path, parse_sums,
-                                       parse_version, stage_command, status_command)
+from clustertool.plugin.build import (
+    ARTEFACTS,
+    NET_LIB,
+    TUNER_LIB,
+    TUNER_TABLE,
+    Build,
+    load_record,
+    save_record,
+    sha256_file,
+)
+from clustertool.plugin.remote import (
+    abort_command,
+    commit_command,
+    mismatched,
+    parse_ld_path,
+    parse_sums,
+    parse_version,
+    stage_command,
+    status_command,
+)
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
 

@@ -124,9 +124,12 @@ class StaticProvider:
     count_from_options: ClassVar[bool] = True  # --nodes may be left out: as many as listed
     PATH_OPTIONS: ClassVar[tuple[str, ...]] = ("hostfile", "key")  # made absolute by the spec
     OPTIONS: ClassVar[dict[str, OptionSpec]] = {
-        "hosts": OptionSpec(str, None, "Existing machines to adopt: a,b,c (host or host:port; ranges like 10.0.1.[5-8])."),
-        "hostfile": OptionSpec(str, None, "Hostfile listing existing machines (Open MPI, MPICH, Horovod or DeepSpeed format)."),
-        "key": OptionSpec(str, None, "Private key that reaches the existing machines (default: your ssh agent/config)."),
+        "hosts": OptionSpec(str, None, "Existing machines to adopt: a,b,c (host or host:port; ranges like "
+                                       "10.0.1.[5-8])."),
+        "hostfile": OptionSpec(str, None, "Hostfile listing existing machines (Open MPI, MPICH, Horovod or DeepSpeed "
+                                          "format)."),
+        "key": OptionSpec(str, None, "Private key that reaches the existing machines (default: your ssh "
+                                     "agent/config)."),
         "leader": OptionSpec(str, None, "Which listed host is the leader (default: the first)."),
         "port": OptionSpec(int, 22, "SSH port of the existing machines."),
     }

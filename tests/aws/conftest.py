@@ -73,7 +73,8 @@ class World:
     def leaks(self, cluster: str) -> dict[str, int]:
         """Tagged resources of ``cluster`` that still exist (instances: not terminated)."""
         flt = [{"Name": "tag:clustertool:cluster", "Values": [cluster]}]
-        live = flt + [{"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped", "shutting-down"]}]
+        live = flt + [{"Name": "instance-state-name",
+                       "Values": ["pending", "running", "stopping", "stopped", "shutting-down"]}]
         instances = [i for r in self.ec2.describe_instances(Filters=live)["Reservations"] for i in r["Instances"]]
         return {
             "instances": len(instances),
@@ -105,7 +106,8 @@ def aws(moto_url, ct_env, tmp_path, monkeypatch, capsys):
     env = {
         "AWS_ENDPOINT_URL": moto_url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-creds"),
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-creds"),
         "CLUSTERTOOL_AWS_POLL": "0.01", "CLUSTERTOOL_AWS_TIMEOUT": "20", "CLUSTERTOOL_AWS_MAX_ATTEMPTS": "2",
         "CLUSTERTOOL_MY_IP": MY_IP,
     }

@@ -55,7 +55,8 @@ def _steps(ops: list[str]) -> list[tuple[int, str]]:
 
 def _all_clustertool_resources(aws) -> int:
     flt = [{"Name": "tag-key", "Values": ["clustertool:cluster"]}]
-    live = flt + [{"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped", "shutting-down"]}]
+    live = flt + [{"Name": "instance-state-name",
+                   "Values": ["pending", "running", "stopping", "stopped", "shutting-down"]}]
     return (sum(len(r["Instances"]) for r in aws.ec2.describe_instances(Filters=live)["Reservations"])
             + len(aws.ec2.describe_security_groups(Filters=flt)["SecurityGroups"])
             + len(aws.ec2.describe_key_pairs(Filters=flt)["KeyPairs"])
@@ -130,7 +131,8 @@ def test_down_interrupted_at_each_step_then_run_again_leaves_nothing(aws):
     start = len(aws.recorder.ops)
     assert aws.ct("down", "-c", name, "--yes")[0] == 0
     down_ops = aws.recorder.ops[start:]
-    assert {"terminate_instances", "delete_security_group", "delete_placement_group", "delete_key_pair"} <= set(down_ops)
+    removals = {"terminate_instances", "delete_security_group", "delete_placement_group", "delete_key_pair"}
+    assert removals <= set(down_ops)
     done = []
     for index, op in _steps(down_ops):
         name = unique("d")

@@ -243,7 +243,8 @@ def test_host_keys_are_pinned_from_console_output_when_it_carries_them(aws):
     name = unique("keys")
     assert aws.ct("up", "-p", "aws", "-N", "2", "--instance-type", "g5.xlarge", "--name", name, "--no-ssh")[0] == 0
     nodes = state.load(name).nodes
-    assert [n.host_keys for n in nodes] == [[f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI{n.instance_id[-6:]}"] for n in nodes]
+    expected = [[f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI{n.instance_id[-6:]}"] for n in nodes]
+    assert [n.host_keys for n in nodes] == expected
     assert aws.ct("down", "-c", name, "--yes")[0] == 0
 
 

@@ -116,7 +116,8 @@ def test_static_adopts_existing_machines_and_down_leaves_them_running(ct_env, lo
     assert proc.returncode == 0 and "node-2" in proc.stdout
     pub = state.ClusterPaths(adopted).pubkey.read_text().split()[1]
     assert run_cli("down", "-c", adopted, "--yes", env=ct_env).returncode == 0
-    after = run_cli("exec", "-c", base, "--no-live", "--", f"grep -c {pub} ~/.ssh/authorized_keys; hostname", env=ct_env)
+    after = run_cli("exec", "-c", base, "--no-live", "--", f"grep -c {pub} ~/.ssh/authorized_keys; hostname",
+                    env=ct_env)
     assert after.returncode == 0  # the adopted machines still answer
     assert "\n0\nnode-1\n" in after.stdout and "\n0\nnode-2\n" in after.stdout  # our key is gone
 

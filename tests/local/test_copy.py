@@ -106,7 +106,8 @@ def _wait_for_files(ct_env, name, node, count, timeout=60):
 def test_interrupted_copy_resumes_sending_only_what_is_missing(ct_env, local_cluster, strategy):
     name = local_cluster(3, "--link-rate", "40mbit")
     sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "8", "2500000")  # 20 MB: ~4 s per link
-    proc = subprocess.Popen(CLI + ["copy", "-c", name, "--strategy", strategy, "--json", "/scratch/src", "/scratch/dst"],
+    proc = subprocess.Popen(CLI + ["copy", "-c", name, "--strategy", strategy, "--json",
+                                   "/scratch/src", "/scratch/dst"],
                             env=ct_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _wait_for_files(ct_env, name, "node-3", 3)  # some data has landed on the last node
     proc.send_signal(signal.SIGINT)  # Ctrl-C

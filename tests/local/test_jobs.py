@@ -229,7 +229,8 @@ def test_dry_run_prints_the_exact_command_and_plugin_adds_its_environment(cluste
 
 def test_all_python_is_the_explicit_blunt_fallback(cluster):
     name, _ = cluster
-    cli(cluster, "exec", "-n", "node-3", "--", "setsid python3 -c 'import time; time.sleep(600)' >/dev/null 2>&1 </dev/null &")
+    cli(cluster, "exec", "-n", "node-3", "--", "setsid python3 -c 'import time; time.sleep(600)' >/dev/null 2>&1 "
+                                               "</dev/null &")
     proc = cli(cluster, "kill", "--all-python", "--json")
     assert proc.returncode == 0, proc.stderr
     report = {n["node"]: n for n in json.loads(proc.stdout)["nodes"]}

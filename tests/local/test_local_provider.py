@@ -19,9 +19,8 @@ import pytest
 from clustertool.errors import MissingPrerequisite, ProviderError
 from clustertool.model import Cluster
 from clustertool.providers import local as local_mod
-from clustertool.providers.local import net, sysops
 from clustertool.providers.base import ProvisionRequest
-from clustertool.providers.local import LocalProvider
+from clustertool.providers.local import LocalProvider, net, sysops
 from tests.conftest import unique
 from tests.local.conftest import local_leftovers
 

@@ -96,7 +96,8 @@ def test_quickstart_playbook_end_to_end_small(ct_env, tmp_path):
     out = tmp_path / "out"
     try:
         proc = run_cli("play", "playbooks/quickstart-local.yaml", "--var", f"cluster={name}",
-                       "--var", "nodes=2", "--var", "sizes=1,2", "--var", "steps=5", "--var", "samples=9000", "--var", "repeat=1",
+                       "--var", "nodes=2", "--var", "sizes=1,2", "--var", "steps=5", "--var", "samples=9000",
+                       "--var", "repeat=1",
                        "--var", f"out={out}", "--var", "plugin=true", env=ct_env, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         rows = list(csv.DictReader((out / "scaling.csv").open()))

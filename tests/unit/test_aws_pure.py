@@ -39,7 +39,8 @@ def test_launch_params_efa_spot_io1_and_gp2():
     p = _params(efa=True, spot=True, volume_type="io1", iops=20000, volume_size=500)
     assert p["NetworkInterfaces"][0]["InterfaceType"] == "efa"
     assert p["InstanceMarketOptions"]["MarketType"] == "spot"
-    assert p["BlockDeviceMappings"][0]["Ebs"]["Iops"] == 20000 and p["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
+    ebs = p["BlockDeviceMappings"][0]["Ebs"]
+    assert ebs["Iops"] == 20000 and ebs["VolumeSize"] == 500
     assert "Iops" not in _params(volume_type="gp2")["BlockDeviceMappings"][0]["Ebs"]
 
 
@@ -102,7 +103,8 @@ def test_prices_say_their_basis_and_multiply_by_count():
 
 @pytest.mark.parametrize("code, words", [("AuthFailure", "credentials"), ("UnauthorizedOperation", "IAM"),
                                          ("VcpuLimitExceeded", "quota"), ("InsufficientInstanceCapacity", "capacity"),
-                                         ("InvalidInstanceType", "instance type"), ("RequestLimitExceeded", "throttling")])
+                                         ("InvalidInstanceType", "instance type"),
+                                         ("RequestLimitExceeded", "throttling")])
 def test_every_error_class_has_a_hint(code, words):
     assert words in hint_for(code)
 

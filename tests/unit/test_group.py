@@ -27,7 +27,8 @@ def test_exit_code_is_the_highest_and_each_node_has_a_result():
 
 def test_a_hung_node_is_reported_and_does_not_stall_the_others():
     start = time.monotonic()
-    result = group.run_on_nodes("c", _nodes(3), lambda n: "sleep 30" if n.index == 2 else "echo ok", timeout=1, transport=SHELL)
+    result = group.run_on_nodes("c", _nodes(3), lambda n: "sleep 30" if n.index == 2 else "echo ok", timeout=1,
+                                transport=SHELL)
     assert time.monotonic() - start < 5
     by = result.by_node()
     assert by["node-2"].error == "timed out" and by["node-2"].effective_code == 255

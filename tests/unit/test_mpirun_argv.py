@@ -8,8 +8,15 @@ import pytest
 
 from clustertool.errors import UsageError
 from clustertool.jobs import scripts
-from clustertool.jobs.mpirun import (RANK_WRAPPER, MpiOptions, build_argv, cluster_subnet, job_hostfile,
-                                     placement, split_command)
+from clustertool.jobs.mpirun import (
+    RANK_WRAPPER,
+    MpiOptions,
+    build_argv,
+    cluster_subnet,
+    job_hostfile,
+    placement,
+    split_command,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -126,7 +133,7 @@ def test_the_launch_script_passes_values_with_spaces_and_quotes_through_a_real_s
     av = build_argv(HOSTS, MpiOptions(command=command, env=["MSG=hello 'world' \"x\" $y"]))
     av[0] = "echo_argv"
     script = scripts.launch_script("j1-abc", av, None)
-    line = next(l for l in script.splitlines() if l.startswith("{ "))
+    line = next(ln for ln in script.splitlines() if ln.startswith("{ "))
     joined = line[2:line.index("; echo $?")]
     out = subprocess.run(["sh", "-c", 'echo_argv() { for a in "$@"; do printf "%s\\0" "$a"; done; }; ' + joined],
                          capture_output=True, text=True, check=True).stdout

@@ -55,7 +55,8 @@ def test_stage_status_commit_round_trip_in_a_real_shell(tmp_path):
     sums = nr.parse_sums(staged.stdout.decode())
     assert staged.returncode == 0 and set(sums) == {"a.so", "b"}
     assert not (dest / "a.so").exists(), "staging must not touch DEST's files"
-    done = subprocess.run(["sh", "-c", nr.commit_command(str(dest), "t1", ["a.so", "b"])], capture_output=True, text=True)
+    done = subprocess.run(["sh", "-c", nr.commit_command(str(dest), "t1", ["a.so", "b"])], capture_output=True,
+                          text=True)
     assert done.returncode == 0 and nr.parse_sums(done.stdout) == sums
     assert nr.parse_ld_path(done.stdout) is not None
     assert not (dest / ".staging-t1").exists()

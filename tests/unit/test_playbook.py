@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from clustertool import yamlfile
 from clustertool.errors import SpecError
 from clustertool.playbook import load as playbook

@@ -7,11 +7,11 @@ import subprocess
 import pytest
 
 from clustertool.errors import UsageError
+from clustertool.nodeprogs import s3 as prog
 from clustertool.nodeprogs import shell_script
 from clustertool.transfer import chain, fanout, s3
 from clustertool.transfer import copy as copies
 from clustertool.transfer.model import relative_remote
-from clustertool.nodeprogs import s3 as prog
 
 pytestmark = pytest.mark.unit
 
@@ -157,7 +157,8 @@ def test_s3_url_parsing_and_credentials_stay_off_argv():
             s3.parse_url(bad)
     args = s3.node_args("b", "p", "d", [0, 2], None, None, {"key": "AK", "secret": "SECRET"})
     assert args["creds"]["secret"] == "SECRET"
-    assert "SECRET" not in shlex.join(["python3", "-"]) and "creds" not in s3.node_args("b", "p", "d", None, None, None, None)
+    assert "SECRET" not in shlex.join(["python3", "-"])
+    assert "creds" not in s3.node_args("b", "p", "d", None, None, None, None)
 
 
 def test_shards_are_disjoint_and_cover_everything():

@@ -26,7 +26,8 @@ def _run(*args: str) -> str:
 def test_train_mlp_single_process_prints_a_readable_throughput_and_learns(tmp_path):
     pytest.importorskip("numpy", reason="the workload needs numpy (the train extra)")
     _run("--make-dataset", str(tmp_path), "--samples", "2000")
-    out = _run("--data", str(tmp_path / "train.npz"), "--steps", "30", "--batch", "256", "--hidden", "64", "--lr", "0.1")
+    out = _run("--data", str(tmp_path / "train.npz"), "--steps", "30", "--batch", "256", "--hidden", "64",
+               "--lr", "0.1")
     assert scaling.parse_throughput(out).value > 0
     first, last = (float(x) for x in out.split("loss: ")[1].split()[0::2][:2])
     assert last < first

@@ -32,14 +32,17 @@ class AwsProvider:
         "volume_size": OptionSpec(int, 200, "Root volume size in GB."),
         "volume_type": OptionSpec(str, "gp3", "Root volume type.", ("gp3", "io1", "io2", "gp2")),
         "iops": OptionSpec(int, None, "Provisioned IOPS of the root volume (default 10000 for gp3/io1/io2)."),
-        "key_name": OptionSpec(str, None, "Existing EC2 key pair to launch with (default: import the cluster's own key)."),
-        "ssh_cidr": OptionSpec(str, None, "Who may SSH in, e.g. 203.0.113.7/32 (default: your own address when found)."),
+        "key_name": OptionSpec(str, None, "Existing EC2 key pair to launch with (default: import the cluster's own "
+                                          "key)."),
+        "ssh_cidr": OptionSpec(str, None, "Who may SSH in, e.g. 203.0.113.7/32 (default: your own address when "
+                                          "found)."),
         "subnet": OptionSpec(str, None, "Subnet id (default: the default VPC's subnet in the chosen zone)."),
         "profile": OptionSpec(str, None, "AWS profile from ~/.aws/config."),
         "adopt_tag": OptionSpec(str, None, "Adopt instances by tag: Name=john,paul,george,ringo."),
         "adopt_ids": OptionSpec(str, None, "Adopt instances by id: i-0abc...,i-0def..."),
         "leader": OptionSpec(str, None, "Which listed host is the leader (default: the first)."),
-        "key": OptionSpec(str, None, "Private key that reaches the existing machines (default: your ssh agent/config)."),
+        "key": OptionSpec(str, None, "Private key that reaches the existing machines (default: your ssh "
+                                     "agent/config)."),
     }
 
     def __init__(self) -> None:

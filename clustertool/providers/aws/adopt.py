@@ -42,7 +42,8 @@ def find(aws: Aws, options: dict) -> list[dict]:
     else:
         tag_key, wanted = parse_tag(options["adopt_tag"])
         found_list = inst_mod.describe(aws, filters=[{"Name": f"tag:{tag_key}", "Values": wanted},
-                                                     {"Name": "instance-state-name", "Values": ["pending", "running", "stopped", "stopping"]}])
+                                                     {"Name": "instance-state-name",
+                                                      "Values": ["pending", "running", "stopped", "stopping"]}])
         found = {}
         for inst in found_list:
             value = tags.as_dict(inst.get("Tags")).get(tag_key)

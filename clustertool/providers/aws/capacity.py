@@ -83,7 +83,8 @@ def az_order(aws: Aws, name: str, az: str | None = None) -> list[str]:
                          hint="pick another --region or --instance-type")
     if az:
         if az not in offered:
-            raise UsageError(f"--az {az} does not offer {name} (in {aws.region} it is offered in: {', '.join(offered)})",
+            raise UsageError(f"--az {az} does not offer {name} "
+                             f"(in {aws.region} it is offered in: {', '.join(offered)})",
                              hint="leave --az out to try every zone that offers it")
         return [az]
     return offered

@@ -166,7 +166,8 @@ def hint_for(code: str, message: str = "") -> str | None:
     if code in QUOTA_CODES or (code.endswith("LimitExceeded") and code not in THROTTLE_CODES):
         return "raise the quota in the Service Quotas console (e.g. 'Running On-Demand P instances', in vCPUs)"
     if code in CAPACITY_CODES:
-        return "AWS has no capacity for this now: try another --az or --region, fewer nodes, later, or a capacity reservation"
+        return ("AWS has no capacity for this now: try another --az or --region, fewer nodes, later, "
+                "or a capacity reservation")
     if code == "InvalidInstanceType" or (code == "InvalidParameterValue" and "instance type" in message.lower()):
         return "check the instance type name (e.g. p4d.24xlarge) and that the region offers it"
     if code in THROTTLE_CODES:

@@ -137,7 +137,8 @@ def to_node(inst: dict, *, index: int, leader: bool, slots: int) -> Node:
         name=f"node-{index}", index=index, address=private, role=LEADER if leader else MEMBER, slots=slots,
         ssh_host=inst.get("PublicIpAddress") or private or None, state=state_of(inst),
         instance_id=inst["InstanceId"],
-        extra={"az": inst.get("Placement", {}).get("AvailabilityZone", ""), "instance_type": inst.get("InstanceType", ""),
+        extra={"az": inst.get("Placement", {}).get("AvailabilityZone", ""),
+               "instance_type": inst.get("InstanceType", ""),
                "launch_time": str(inst.get("LaunchTime", "")), "spot": inst.get("InstanceLifecycle") == "spot"},
     )
 

@@ -110,7 +110,8 @@ def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
         f"security group (new, clustertool-{name}-<suffix>):",
         *[f"  {rule}" for rule in network.describe_rules(prep.cidr[0])],
         f"  (SSH source from {prep.cidr[1]})",
-        f"key pair: {('existing ' + options['key_name']) if options.get('key_name') else 'import the cluster key as clustertool-' + name + '-<suffix>'}",
+        "key pair: " + (f"existing {options['key_name']}" if options.get("key_name")
+                        else f"import the cluster key as clustertool-{name}-<suffix>"),
         f"tags: clustertool:cluster={name}, clustertool:role, clustertool:node, Name={name}-leader / {name}-node-K",
         f"hourly cost: {hourly_line(prep, options, count)}",
     ]

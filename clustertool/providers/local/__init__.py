@@ -27,9 +27,9 @@ from typing import ClassVar
 
 from clustertool.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.model import LEADER, MEMBER, Cluster, Node
+from clustertool.providers.base import OptionSpec, ProvisionRequest
 from clustertool.providers.local import net, sysops
 from clustertool.providers.local.teardown import teardown
-from clustertool.providers.base import OptionSpec, ProvisionRequest
 
 INIT_SCRIPT = Path(__file__).with_name("init.py")
 _TOOLS = (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),

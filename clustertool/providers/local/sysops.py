@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Iterable
 
 from clustertool.errors import ProviderError
+from clustertool.providers.local import net
 from clustertool.state import flocked
-from clustertool.providers.local import net as local_net
 
 LOCK_PATH = Path("/run/lock/clustertool-local.lock")
 SCRATCH = Path("/scratch")
@@ -67,7 +67,7 @@ def global_lock(timeout: float = 60.0):
 
 
 def bridge_names() -> list[str]:
-    out = run(local_net.bridges_argv()).stdout
+    out = run(net.bridges_argv()).stdout
     names = []
     for line in out.splitlines():
         parts = line.split(":", 2)
@@ -92,7 +92,7 @@ def netns_exists(name: str) -> bool:
 
 
 def route_present() -> bool:
-    return bool(run(local_net.route_show_argv(), check=False).stdout.strip())
+    return bool(run(net.route_show_argv(), check=False).stdout.strip())
 
 
 def _netns_inodes(names: Iterable[str]) -> dict[int, str]:

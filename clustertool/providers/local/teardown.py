@@ -93,7 +93,7 @@ def teardown(cluster: Cluster, reap: Callable[[], None] = lambda: None, files: b
     if files and nodes_dir.exists():
         shutil.rmtree(nodes_dir)
         removed.append(f"removed node directories {nodes_dir}")
-    left = [ns for ns in namespaces if sysops.netns_exists(ns)] + [l for l in links if sysops.link_exists(l)]
+    left = [ns for ns in namespaces if sysops.netns_exists(ns)] + [ln for ln in links if sysops.link_exists(ln)]
     if left:
         raise ProviderError(f"could not remove {_fold(left)}", hint="run `clustertool down` again")
     for key in _RECORDED:
