@@ -191,6 +191,8 @@ class Job:
     ended: float | None = None
     state: str = "running"  # running | succeeded | failed | killed | lost
     exit_code: int | None = None
+    output_dir: str | None = None  # per-rank output files on each rank's node; None: only the log (older jobs)
+    tag_output: bool = True  # show lines as [job,rank]<stream>:text
 
     @property
     def finished(self) -> bool:

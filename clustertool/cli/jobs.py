@@ -18,11 +18,15 @@ def _echo_line(text: str) -> None:
     sys.stdout.flush()
 
 
+def _warn(text: str) -> None:
+    sys.stderr.write(f"warning: {text}\n")
+
+
 def _follow(name: str, job) -> int:
     from clustertool.jobs.launch import follow
 
     try:
-        code = follow(name, job, _echo_line)
+        code = follow(name, job, _echo_line, warn=_warn)
     except KeyboardInterrupt:
         sys.stderr.write(f"detached; job {job.id} keeps running (`clustertool logs -f {job.id}`, "
                          f"`clustertool kill {job.id}`)\n")
@@ -56,15 +60,17 @@ def run(
     allow_concurrent: bool = typer.Option(
         False, "--allow-concurrent", help="Start even if another job runs on these nodes."),
     tag_output: bool = typer.Option(
-        True, "--tag-output/--no-tag-output", help="Prefix rank output with [job,rank] (needed by logs --node)."),
+        True, "--tag-output/--no-tag-output", help="Show each line as [job,rank]<stream>:text (or bare)."),
     json_output: bool = JsonOpt,
 ) -> None:
     """Run an MPI job on the cluster, detached on the leader (survives your connection).
 
     mpirun runs on the leader in tmux (setsid without tmux) with -bind-to none -map-by slot, TCP
     on the cluster subnet, one rank per slot unless --np/--per-node say otherwise; every rank gets
-    CLUSTERTOOL_JOB=<id> and PYTHONUNBUFFERED=1 (live logs). One quoted argument is split like a
-    shell line. Prints the job id; `logs -f ID` follows it, `kill ID` stops it everywhere.
+    CLUSTERTOOL_JOB=<id> and PYTHONUNBUFFERED=1 (live logs). Each rank's output goes to its own
+    files on its node; `logs` and --follow show them as whole lines, tagged [job,rank]<stream>:.
+    One quoted argument is split like a shell line. Prints the job id; `logs -f ID` follows it,
+    `kill ID` stops it everywhere.
     """
     from clustertool.cli import render
     from clustertool.jobs import launch
@@ -134,14 +140,24 @@ def logs(
     job: str = typer.Argument(..., help="Job id (or unique prefix, or name)."),
     cluster: Optional[str] = ClusterOpt,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
-    node: Optional[str] = typer.Option(None, "--node", help="Only lines of ranks that ran on this node."),
-    lines: Optional[int] = typer.Option(None, "--tail", "-n", help="Only the last N lines."),
+    node: Optional[str] = typer.Option(None, "--node", help="Only the ranks that ran on this node (and mpirun's "
+                                                             "own lines)."),
+    rank: Optional[str] = typer.Option(None, "--rank", "-r", metavar="R",
+                                       help="Only these ranks' lines: 3, 0,2 or 4-7."),
+    lines: Optional[int] = typer.Option(None, "--tail", "-n", metavar="N",
+                                        help="Only the last N lines of each rank (and of mpirun's own)."),
 ) -> None:
-    """Show a job's log (from the leader)."""
+    """Show a job's output in whole lines, [job,rank]<stream>:text, from every node it ran on.
+
+    Without -f: rank by rank (stdout, then stderr), then mpirun's own lines. With -f: lines as
+    they complete, until the job ends (exit code: the job's). A line is never cut: a partial last
+    line waits for its newline or the job's end.
+    """
     from clustertool.jobs import logs as joblogs
 
     try:
-        code = joblogs.show(cluster_name(cluster), job, _echo_line, follow_log=follow, node=node, lines=lines)
+        code = joblogs.show(cluster_name(cluster), job, _echo_line, follow_log=follow, node=node, rank=rank,
+                            lines=lines, warn=_warn)
     except KeyboardInterrupt:
         raise typer.Exit(130)
     if follow and code is not None:

@@ -1,8 +1,8 @@
 """`clustertool run`: preflight, then mpirun on the leader, detached (tmux, else setsid).
 
 The job survives the user's connection: the leader's tmux server (or a setsid'd shell)
-owns it, not our ssh session.  ``follow`` streams the log until launch.sh ends and returns
-the exit code mpirun gave.
+owns it, not our ssh session.  ``follow`` streams the job's lines (jobs/output.py) until
+it ends and returns the exit code mpirun gave.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable
 
 from clustertool import nodeset, state
 from clustertool.errors import RemoteError, UsageError
-from clustertool.jobs import records, scripts
+from clustertool.jobs import logs, output, records, scripts
 from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile, split_command
 from clustertool.model import Cluster, Job, Node, Reporter, silent
 from clustertool.plugin.deploy import plugin_env
@@ -47,6 +47,7 @@ def plan(cluster: Cluster, nodes: list[Node], opts: MpiOptions, job_id: str) -> 
     opts.as_root = cluster.user == "root"
     opts.subnet = cluster_subnet([n.address for n in ordered], declared_subnet(cluster))
     opts.hostfile = f"$HOME/{JOBS_DIR}/{job_id}/hostfile"
+    opts.output_dir = f"$HOME/{JOBS_DIR}/{job_id}/out"
     return build_argv([(n.address, n.slots) for n in ordered], opts)
 
 
@@ -93,16 +94,19 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
     ordered = [n for n in cluster.ordered_nodes() if n in nodes]
     job = Job(id=job_id, cluster=cluster.name, command=list(opts.command), argv=argv,
               nodes=[n.name for n in ordered], np=int(argv[argv.index("-np") + 1]), name=name,
-              leader=cluster.leader.name, workdir=opts.workdir, started=time.time())
+              leader=cluster.leader.name, workdir=opts.workdir, started=time.time(), output_dir=opts.output_dir,
+              tag_output=opts.tag_output)
     if dry_run:
         return Launch(job, argv, dry_run=True)
     report(f"preflight on {nodeset.fold(job.nodes)}")
     home = preflight(cluster, ordered, allow_concurrent, transport)
     job.argv = argv = _finalize_argv(argv, home)
+    job.output_dir = _finalize_argv([job.output_dir], home)[0]
     hostfile = job_hostfile([(n.address, opts.per_node or n.slots) for n in ordered])
     launch_sh = scripts.launch_script(job_id, argv, opts.workdir)
     job.launcher = "pending"
-    script = scripts.install_and_start_script(job_id, launch_sh, hostfile, json.dumps(job.to_dict()))
+    script = scripts.install_and_start_script(job_id, launch_sh, hostfile, json.dumps(job.to_dict()),
+                                              pane=output.pane_program(job))
     report(f"starting job {job_id} on {cluster.leader.name}: {shlex.join(argv[:1])} -np {job.np} ...")
     result = run_on_node(cluster.name, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode(),
                          transport=transport)
@@ -113,20 +117,8 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
     return Launch(job, argv)
 
 
-def follow(cluster_name: str, job: Job, on_line: Callable[[str], None], from_line: int = 1,
+def follow(cluster_name: str, job: Job, on_line: Callable[[str], None], *, warn: Callable[[str], None] | None = None,
            transport: Transport = SSH) -> int | None:
-    """Stream the job's log until it ends; return its exit code (None: ended without one)."""
-    cluster = state.load(cluster_name)
-    leader = cluster.node(job.leader)
-
-    def line(_node: str, _stream: str, text: str) -> None:
-        on_line(text)
-
-    run_on_node(cluster.name, leader, "sh -s", on_line=line, transport=transport,
-                stdin_data=scripts.follow_script(job.id, from_line).encode())
-    code = run_on_node(cluster.name, leader, scripts.read_exit_script(job.id), timeout=20,
-                       transport=transport).stdout.strip()
-    refreshed = {j.id: j for j in records.refresh(cluster, transport=transport)}
-    if job.id in refreshed:
-        job.state, job.exit_code = refreshed[job.id].state, refreshed[job.id].exit_code
-    return int(code) if code.lstrip("-").isdigit() else None
+    """Stream the job's lines until it ends; return its exit code (None: ended without one)."""
+    return logs.job_lines(state.load(cluster_name), job, on_line, follow=True, warn=warn or (lambda _t: None),
+                          transport=transport)

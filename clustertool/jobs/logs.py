@@ -1,25 +1,19 @@
-"""`clustertool logs JOB [-f] [--node NODE]`: the job's log from the leader.
+"""`clustertool logs JOB [-f] [--rank R] [--node NODE] [--tail N]`: a job's output in whole lines.
 
-Ranks' lines carry Open MPI's ``--tag-output`` prefix ``[jobid,rank]<stream>:``; with
-``--node`` only the ranks that ran on that node are shown (the rank -> node map comes from
-the rank wrappers' records on each node).
+Lines read ``[job,rank]<stream>:text`` (bare with ``run --no-tag-output``); mpirun's own lines
+carry no tag.  ``--rank`` keeps those ranks' lines only; ``--node`` keeps the lines of the ranks
+that ran on that node and mpirun's own.  How the lines are read: jobs/output.py.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 from clustertool import state
-from clustertool.errors import ToolError
-from clustertool.jobs import records, scripts
-from clustertool.jobs.launch import follow
-from clustertool.jobs.mpirun import JOBS_DIR
+from clustertool.errors import UsageError
+from clustertool.jobs import output, records
 from clustertool.model import Cluster, Job
-from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
-
-TAG_RE = re.compile(r"^\[(\d+),(\d+)\]<(stdout|stderr)>:")
 
 
 def find_job(cluster_name: str, ref: str, refresh: bool = True, transport: Transport = SSH) -> tuple[Cluster, Job]:
@@ -28,55 +22,44 @@ def find_job(cluster_name: str, ref: str, refresh: bool = True, transport: Trans
     return cluster, records.resolve(jobs, ref)
 
 
-def ranks_on(cluster: Cluster, job: Job, node_name: str, transport: Transport = SSH) -> set[int]:
-    """Ranks of ``job`` that ran on ``node_name`` (from its rank records there)."""
-    node = cluster.node(node_name)
-    d = f'"$HOME/{JOBS_DIR}/{scripts.check_id(job.id)}/ranks"'
-    result = run_on_node(cluster.name, node, f'ls {d} 2>/dev/null | grep "^$(uname -n)\\." || true', timeout=20,
-                         transport=transport)
-    ranks = set()
-    for name in result.stdout.split():
-        tail = name.rsplit(".", 1)[-1]
-        if tail.isdigit():
-            ranks.add(int(tail))
+def parse_ranks(text: str | None) -> set[int] | None:
+    """``--rank``: "3", "0,2" or "4-7" (None: every rank)."""
+    if text is None:
+        return None
+    ranks: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise UsageError(f"--rank {text!r}: use a rank, a list or a range, e.g. 0, 0,3 or 4-7")
+        ranks.update(range(int(lo), int(hi if sep else lo) + 1))
     return ranks
 
 
-def line_filter(ranks: set[int] | None) -> Callable[[str], bool]:
-    """Keep lines of these ranks (None: keep all); untagged lines (mpirun's own) are kept."""
-    if ranks is None:
-        return lambda line: True
-
-    def keep(line: str) -> bool:
-        m = TAG_RE.match(line)
-        return m is None or int(m.group(2)) in ranks
-
-    return keep
-
-
 def show(cluster_name: str, ref: str, on_line: Callable[[str], None], *, follow_log: bool = False,
-         node: str | None = None, lines: int | None = None, transport: Transport = SSH) -> int | None:
-    """Print the log (or follow it); returns the exit code when following to the end."""
+         node: str | None = None, rank: str | None = None, lines: int | None = None,
+         warn: Callable[[str], None] = lambda _t: None, transport: Transport = SSH) -> int | None:
+    """Print the job's lines (or follow them); returns the exit code when following to the end."""
+    ranks = parse_ranks(rank)
     cluster, job = find_job(cluster_name, ref, transport=transport)
-    keep = line_filter(ranks_on(cluster, job, node, transport) if node else None)
+    if node is not None:
+        cluster.node(node)  # an unknown node is a clear error
+    return job_lines(cluster, job, on_line, follow=follow_log, ranks=ranks, node=node, tail=lines, warn=warn,
+                     transport=transport)
 
-    def emit(text: str) -> None:
-        if keep(text):
-            on_line(text)
 
-    if follow_log:
-        start = 1
-        if lines:
-            count = run_on_node(cluster.name, cluster.node(job.leader),
-                                f'wc -l < "$HOME/{JOBS_DIR}/{job.id}/log"', timeout=20,
-                                transport=transport).stdout.strip()
-            start = max(1, int(count or 0) - lines + 1) if count.isdigit() else 1
-        return follow(cluster.name, job, emit, from_line=start, transport=transport)
-    result = run_on_node(cluster.name, cluster.node(job.leader), scripts.tail_script(job.id, lines), timeout=60,
-                         transport=transport)
-    if not result.ok:  # the node answered but has no log: it was cleaned away
-        why = result.reason if result.error else "it was removed (`clustertool clean`)"
-        raise ToolError(f"no log for job {job.id} on {job.leader}: {why}")
-    for text in result.stdout.splitlines():
-        emit(text)
-    return None
+def job_lines(cluster: Cluster, job: Job, on_line: Callable[[str], None], *, follow: bool = False,
+              ranks: set[int] | None = None, node: str | None = None, tail: int | None = None,
+              warn: Callable[[str], None] = lambda _t: None, transport: Transport = SSH) -> int | None:
+    """The job's lines (following: until it ends, then its exit code)."""
+    if job.output_dir is None:  # a job from before per-rank files: the leader's log
+        wanted = ranks
+        if node is not None:
+            on_node = output.legacy_ranks_on(cluster, job, node, transport)
+            wanted = on_node if ranks is None else on_node & ranks
+        keep = output.legacy_filter(wanted, untagged=ranks is None)
+        output.legacy_show(cluster, job, on_line, follow=follow, keep=keep, lines=tail, transport=transport)
+    elif follow:
+        output.follow_lines(cluster, job, on_line, ranks=ranks, node=node, tail=tail, warn=warn, transport=transport)
+    else:
+        output.read(cluster, job, on_line, ranks=ranks, node=node, tail=tail, warn=warn, transport=transport)
+    return output.exit_code(cluster, job, transport) if follow else None

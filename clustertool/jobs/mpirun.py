@@ -5,6 +5,9 @@ Defaults follow the seeds' manual workflow: ``-bind-to none -map-by slot``, ``pm
 layer and Open MPI's out-of-band channel), one ``-x`` per exported variable, Horovod knobs
 as ``HOROVOD_*`` variables and the plugin's environment with ``--plugin``.
 
+Rank output goes to per-rank files (``--output-filename DIR:nocopy``) when ``output_dir`` is set,
+which `clustertool run` always does: mpirun itself forwards output in fragments, not lines.
+
 Every rank runs under a tiny ``sh`` wrapper that records, on its own node, the rank's pid,
 parent (the orted daemon), process group and session in the job's directory, then execs
 the program: that is what ``kill`` uses to stop a job by its processes, not by their names.
@@ -54,8 +57,9 @@ class MpiOptions:
     subnet: str | None = None  # CIDR of the cluster network, for TCP interface selection
     hostfile: str | None = None  # use --hostfile PATH (its content: job_hostfile) instead of -H
     job_id: str | None = None  # exported as CLUSTERTOOL_JOB and used by the rank wrapper
-    tag_output: bool = True
+    tag_output: bool = True  # lines shown as [job,rank]<stream>:text (mpirun's --tag-output without output_dir)
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 so logs are live
+    output_dir: str | None = None  # per-rank output files there, on each rank's node (--output-filename)
 
 
 def split_command(args: Sequence[str]) -> list[str]:
@@ -153,7 +157,13 @@ def build_argv(hosts: Sequence[tuple[str, int]], opts: MpiOptions) -> list[str]:
         argv += ["--mca", "btl_tcp_if_include", opts.subnet, "--mca", "oob_tcp_if_include", opts.subnet]
     else:
         argv += ["--mca", "btl_tcp_if_exclude", "lo,docker0", "--mca", "oob_tcp_if_exclude", "lo,docker0"]
-    if opts.tag_output:
+    if opts.output_dir:
+        # Each rank's daemon writes the rank's bytes, untouched, to OUT/1/rank.N/std{out,err} on the
+        # rank's node; "nocopy": not also through mpirun, which forwards fragments (and drops some).
+        # No --tag-output: Open MPI would tag every fragment inside the files; lines are tagged
+        # when read (nodeprogs/ranklog.py).
+        argv += ["--output-filename", f"{opts.output_dir}:nocopy"]
+    elif opts.tag_output:
         argv.append("--tag-output")
     if opts.workdir:
         argv += ["-wdir", opts.workdir]

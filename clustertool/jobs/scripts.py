@@ -5,10 +5,12 @@ are files in nodeprogs/ (job_status.sh, kill.sh); every value that comes from th
 through ``shlex.quote`` (job ids are checked to be
 ``[a-z0-9-]`` first).  A job's files on a node live in ``~/.clustertool/jobs/<id>/``:
 
-    launch.sh   the detached program (leader)      log       mpirun's output (leader)
+    launch.sh   the detached program (leader)      log       mpirun's own output (leader)
     job.json    the job record (leader)            exit      mpirun's exit code, when done
     hostfile    the job's hostfile (leader)        killed    present once `kill` ran
     launch.pid  "pid ppid pgid sid" of launch.sh   ranks/    "<host>.<rank>": same, per rank
+    pane.py     shows the job in its tmux pane     out/      <job>/rank.<N>/std{out,err}: each rank's
+                (leader)                                     output, on the rank's node
 """
 
 from __future__ import annotations
@@ -45,11 +47,14 @@ def _write_file(path_sh: str, text: str, mode: str | None = None) -> str:
 def launch_script(job_id: str, argv: list[str], workdir: str | None) -> str:
     """launch.sh: record its ids, run mpirun into the log, then record the exit code.
 
-    The exit file is written only after the log pipe drained, so whoever sees ``exit``
-    sees the whole log.
+    The exit file is written only after the log is complete, so whoever sees ``exit`` sees the
+    whole log.  In tmux, ``pane.py`` (when the job has one and python exists) shows the job's
+    lines on the leader -- its ranks' and mpirun's -- whole, in the pane `attach` joins;
+    otherwise the pane shows mpirun's output as it comes.
     """
     d = job_dir_sh(job_id)
     cd = f"cd {shlex.quote(workdir)}" if workdir else 'cd "$HOME"'
+    mpirun = f'{{ {shlex.join(argv)}; echo $? > "$d/exit.tmp"; }}'
     return "\n".join([
         "#!/bin/sh",
         f"# clustertool job {job_id}",
@@ -57,14 +62,19 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None) -> str:
         'read -r p _ _ pp pg sid _ < /proc/$$/stat; echo "$p $pp $pg $sid" > "$d/launch.pid"',
         f'{cd} || {{ echo "clustertool: cannot cd to the working directory" >> "$d/log"; '
         'echo 1 > "$d/exit"; exit 1; }',
-        f'{{ {shlex.join(argv)}; echo $? > "$d/exit.tmp"; }} 2>&1 | tee -a "$d/log"',
+        "pane=",
+        'if [ -n "${TMUX:-}" ] && [ -f "$d/pane.py" ] && py=$(command -v python3 || command -v python); then',
+        '  "$py" "$d/pane.py" & pane=$!',
+        "fi",
+        f'if [ -n "$pane" ]; then {mpirun} >> "$d/log" 2>&1; else {mpirun} 2>&1 | tee -a "$d/log"; fi',
         'mv "$d/exit.tmp" "$d/exit"',
+        '[ -z "$pane" ] || wait "$pane"',
         "",
     ])
 
 
 def install_and_start_script(job_id: str, launch: str, hostfile: str, record_json: str,
-                             prefer_tmux: bool = True) -> str:
+                             prefer_tmux: bool = True, pane: bytes | None = None) -> str:
     """Leader: write the job's files, then start launch.sh detached (tmux, else setsid).
 
     Prints ``launcher=tmux`` or ``launcher=setsid``.
@@ -82,6 +92,7 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
         _write_file('"$d/launch.sh"', launch, "755"),
         _write_file('"$d/hostfile"', hostfile),
         _write_file('"$d/job.json"', record_json),
+        *([_write_file('"$d/pane.py"', pane.decode())] if pane else []),
         ': > "$d/log"',
         start,
         'sed -i "s/\\"launcher\\": \\"pending\\"/\\"launcher\\": \\"$l\\"/" "$d/job.json"',
@@ -159,7 +170,7 @@ def tail_script(job_id: str, lines: int | None) -> str:
 def clean_script(keep: list[str], logs: bool, records: bool) -> str:
     """Any node: remove logs and/or whole directories of jobs, except the ``keep`` ids."""
     keep_words = " ".join(check_id(k) for k in keep)
-    action = 'rm -rf "$d"' if records else 'rm -f "$d/log"'
+    action = 'rm -rf "$d"' if records else 'rm -rf "$d/log" "$d/out"'
     if not (logs or records):
         raise UsageError("nothing to clean: say --logs and/or --jobs")
     return "\n".join([

@@ -122,6 +122,12 @@ def test_workdir_tag_output_and_extra_mpi_args():
     assert av[-5:-2] == ["--mca", "btl_tcp_links", "4"]
 
 
+def test_per_rank_output_files_replace_mpiruns_forwarding_and_tagging():
+    av = argv(output_dir="/home/u/.clustertool/jobs/j1/out", tag_output=True)
+    assert pairs(av, "--output-filename") == ["/home/u/.clustertool/jobs/j1/out:nocopy"]
+    assert "--tag-output" not in av  # Open MPI would tag every fragment inside the files
+
+
 def test_job_id_exports_the_marker_and_wraps_every_rank():
     av = argv(job_id="j1122-abc123", env=["A=1"])
     assert pairs(av, "-x") == ["CLUSTERTOOL_JOB=j1122-abc123", "A=1"]
@@ -133,8 +139,8 @@ def test_the_launch_script_passes_values_with_spaces_and_quotes_through_a_real_s
     av = build_argv(HOSTS, MpiOptions(command=command, env=["MSG=hello 'world' \"x\" $y"]))
     av[0] = "echo_argv"
     script = scripts.launch_script("j1-abc", av, None)
-    line = next(ln for ln in script.splitlines() if ln.startswith("{ "))
-    joined = line[2:line.index("; echo $?")]
+    line = next(ln for ln in script.splitlines() if "; echo $?" in ln)
+    joined = line[line.index("{ ") + 2:line.index("; echo $?")]
     out = subprocess.run(["sh", "-c", 'echo_argv() { for a in "$@"; do printf "%s\\0" "$a"; done; }; ' + joined],
                          capture_output=True, text=True, check=True).stdout
     assert out.split("\0")[:-1] == av[1:]

@@ -1,0 +1,242 @@
+"""A job's output in whole lines: every rank's files on their nodes, read or followed, merged.
+
+A job started by `clustertool run` writes each rank's output to its own files on the rank's
+node (``--output-filename OUT:nocopy``, see jobs/mpirun.py); mpirun's own messages go to the
+job's ``log`` on the leader.  ``nodeprogs/ranklog.py`` runs on each node of the job and turns
+those files into tagged lines, holding a partial last line until it is complete (or the job
+ended), so lines from different ranks never run into each other.
+
+* ``read``: what is there now, in rank order (each rank's stdout, then its stderr), then
+  mpirun's own lines.
+* ``follow``: lines as they complete, from every node at once, until the job ends; then the
+  exit code.  The leader's follower knows when the job ended; the members' followers are told
+  (a stop file each), read what is left and stop.
+
+Jobs from before per-rank files (``Job.output_dir`` None) are read from the leader's log, whose
+lines carry mpirun's ``--tag-output`` prefix (``legacy_*``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import signal
+import threading
+from typing import Callable, Iterable
+
+from clustertool import nodeprogs
+from clustertool.errors import ToolError, UsageError
+from clustertool.jobs import records, scripts
+from clustertool.jobs.mpirun import JOB_ENV, JOBS_DIR
+from clustertool.model import Cluster, HostResult, Job, Node
+from clustertool.remote.group import run_on_node, run_on_nodes
+from clustertool.remote.transport import SSH, Transport
+
+TAG_RE = re.compile(r"^\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
+LineSink = Callable[[str], None]
+Warn = Callable[[str], None]
+
+
+def _ignore(_text: str) -> None:
+    pass
+
+
+def job_dir(job: Job) -> str:
+    """The job's folder (absolute, as on the leader) of a job with per-rank output."""
+    return os.path.dirname(job.output_dir.rstrip("/"))
+
+
+def node_args(job: Job, *, mode: str, ranks: Iterable[int] | None = None, with_log: bool = False,
+              tail: int | None = None, final: bool = False, end: dict | None = None,
+              keys: bool = False) -> dict:
+    """ARGS of nodeprogs/ranklog.py for one node."""
+    return {"out": job.output_dir, "log": f"{job_dir(job)}/log" if with_log else None,
+            "ranks": None if ranks is None else sorted(ranks), "tag": job.tag_output, "mode": mode,
+            "tail": tail, "final": final, "end": end or {}, "keys": keys}
+
+
+def leader_end(job: Job) -> dict:
+    return {"job_dir": job_dir(job), "marker": f"{JOB_ENV}={job.id}"}
+
+
+def pane_program(job: Job) -> bytes:
+    """pane.py: the leader's ranks and mpirun's lines, whole, in the job's tmux pane."""
+    args = node_args(job, mode="follow", with_log=True, end=leader_end(job))
+    return nodeprogs.program_text("ranklog", args)
+
+
+def _job_nodes(cluster: Cluster, job: Job, node: str | None) -> list[Node]:
+    names = [n for n in job.nodes if node is None or n == node]
+    if node is not None and not names:
+        raise UsageError(f"job {job.id} did not run on {node}", hint=f"its nodes: {', '.join(job.nodes)}")
+    return [cluster.node(n) for n in names]
+
+
+def _warn_failed(results: Iterable[HostResult], warn: Warn) -> None:
+    for r in results:
+        if not r.ok:
+            warn(f"{r.node}: could not read its ranks' output: {r.reason}")
+
+
+def read(cluster: Cluster, job: Job, on_line: LineSink, *, ranks: set[int] | None = None, node: str | None = None,
+         tail: int | None = None, warn: Warn = _ignore, transport: Transport = SSH) -> None:
+    """Every line there is now: rank by rank (stdout, then stderr), then mpirun's own lines."""
+    nodes = _job_nodes(cluster, job, node)
+    leader = cluster.node(job.leader)
+    with_log = ranks is None
+    if with_log and leader not in nodes:
+        nodes.append(leader)
+
+    def program(n: Node) -> bytes:
+        own = ranks if (node is None or n.name == node) else []
+        args = node_args(job, mode="read", ranks=own, with_log=with_log and n.name == job.leader, tail=tail,
+                         final=job.finished, keys=True)
+        return nodeprogs.program_text("ranklog", args)
+
+    result = run_on_nodes(cluster.name, nodes, nodeprogs.python_command(), stdin_data=program, timeout=120,
+                          transport=transport)
+    _warn_failed(result.results, warn)
+    keyed, found = [], False
+    for r in result.results:
+        for line in r.stdout.splitlines():
+            if line.startswith("found "):
+                found = found or line != "found 0"
+                continue
+            parts = line.split(" ", 3)
+            if len(parts) == 4 and all(p.lstrip("-").isdigit() for p in parts[:3]):
+                keyed.append(((int(parts[0]), int(parts[1]), int(parts[2])), parts[3]))
+    if not found and all(r.ok for r in result.results):
+        raise ToolError(f"no output for job {job.id}: it was removed (`clustertool clean`)")
+    for _, text in sorted(keyed, key=lambda kv: kv[0]):  # stable: each file's lines keep their order
+        on_line(text)
+
+
+class _Recording(Transport):
+    """The transport, keeping every process it starts (to end them if the client is interrupted)."""
+
+    def __init__(self, inner: Transport):
+        self.inner, self.procs = inner, []
+
+    def argv(self, cluster_name, node, command=None, *, extra=None):
+        return self.inner.argv(cluster_name, node, command, extra=extra)
+
+    def spawn(self, cluster_name, node, command, stdin, *, extra=None):
+        proc = self.inner.spawn(cluster_name, node, command, stdin, extra=extra)
+        self.procs.append(proc)
+        return proc
+
+
+def _stop_line(path: str) -> str:
+    return f"mkdir -p {shlex.quote(os.path.dirname(path))} && touch {shlex.quote(path)}"
+
+
+def follow_lines(cluster: Cluster, job: Job, on_line: LineSink, *, ranks: set[int] | None = None,
+                 node: str | None = None, tail: int | None = None, warn: Warn = _ignore,
+                 transport: Transport = SSH) -> None:
+    """Lines as they complete on every node of the job, until the job ends (Ctrl-C: stop following)."""
+    selected = _job_nodes(cluster, job, node)
+    leader = cluster.node(job.leader)
+    members = [n for n in selected if n.name != job.leader]
+    stop = f"{job_dir(job)}/follow-{secrets.token_hex(6)}.stop"
+    lock, closed = threading.Lock(), threading.Event()
+
+    def emit(_node: str, stream: str, text: str) -> None:
+        if stream == "stdout" and not closed.is_set():
+            with lock:
+                on_line(text)
+
+    def program(n: Node) -> bytes:
+        if n.name == job.leader:
+            own = ranks if leader in selected else []
+            args = node_args(job, mode="follow", ranks=own, with_log=ranks is None, tail=tail, end=leader_end(job))
+        else:
+            args = node_args(job, mode="follow", ranks=ranks, tail=tail, end={"stop": stop})
+        return nodeprogs.program_text("ranklog", args)
+
+    recording = _Recording(transport)
+    member_results: list[HostResult] = []
+
+    def follow_members() -> None:
+        member_results.extend(run_on_nodes(cluster.name, members, nodeprogs.python_command(), on_line=emit,
+                                           stdin_data=program, transport=recording).results)
+
+    thread = threading.Thread(target=follow_members, daemon=True)
+    if members:
+        thread.start()
+    try:
+        lead = run_on_node(cluster.name, leader, nodeprogs.python_command(), on_line=emit,
+                           stdin_data=program(leader), transport=transport)
+        _warn_failed([lead], warn)
+    finally:
+        if members:
+            run_on_nodes(cluster.name, members, _stop_line(stop), timeout=20, transport=transport)
+            thread.join(timeout=30)
+            for proc in recording.procs:  # a member that never saw its stop file: end its ssh
+                if proc.poll() is None:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+        closed.set()
+    _warn_failed(member_results, warn)
+
+
+def exit_code(cluster: Cluster, job: Job, transport: Transport = SSH) -> int | None:
+    """The job's exit code from the leader (None: it ended without one); refreshes ``job``'s state."""
+    code = run_on_node(cluster.name, cluster.node(job.leader), scripts.read_exit_script(job.id), timeout=20,
+                       transport=transport).stdout.strip()
+    refreshed = {j.id: j for j in records.refresh(cluster, transport=transport)}
+    if job.id in refreshed:
+        job.state, job.exit_code = refreshed[job.id].state, refreshed[job.id].exit_code
+    return int(code) if code.lstrip("-").isdigit() else None
+
+
+# --- jobs from before per-rank files: the leader's log, tagged by mpirun ---------------------
+
+def legacy_filter(ranks: set[int] | None, untagged: bool = True) -> Callable[[str], bool]:
+    """Keep lines of these ranks (None: keep all) and, with ``untagged``, mpirun's own lines."""
+    if ranks is None:
+        return lambda line: True
+
+    def keep(line: str) -> bool:
+        m = TAG_RE.match(line)
+        return untagged if m is None else int(m.group(2)) in ranks
+
+    return keep
+
+
+def legacy_ranks_on(cluster: Cluster, job: Job, node_name: str, transport: Transport = SSH) -> set[int]:
+    """Ranks of ``job`` that ran on ``node_name`` (from its rank records there)."""
+    node = cluster.node(node_name)
+    d = f'"$HOME/{JOBS_DIR}/{scripts.check_id(job.id)}/ranks"'
+    result = run_on_node(cluster.name, node, f'ls {d} 2>/dev/null | grep "^$(uname -n)\\." || true', timeout=20,
+                         transport=transport)
+    return {int(name.rsplit(".", 1)[-1]) for name in result.stdout.split() if name.rsplit(".", 1)[-1].isdigit()}
+
+
+def legacy_show(cluster: Cluster, job: Job, on_line: LineSink, *, follow: bool, keep: Callable[[str], bool],
+                lines: int | None, transport: Transport = SSH) -> None:
+    """The leader's log (or follow it)."""
+    leader = cluster.node(job.leader)
+
+    def emit(text: str) -> None:
+        if keep(text):
+            on_line(text)
+
+    if follow:
+        start = 1
+        if lines:
+            count = run_on_node(cluster.name, leader, f'wc -l < "$HOME/{JOBS_DIR}/{job.id}/log"', timeout=20,
+                                transport=transport).stdout.strip()
+            start = max(1, int(count or 0) - lines + 1) if count.isdigit() else 1
+        run_on_node(cluster.name, leader, "sh -s", on_line=lambda _n, _s, text: emit(text), transport=transport,
+                    stdin_data=scripts.follow_script(job.id, start).encode())
+        return
+    result = run_on_node(cluster.name, leader, scripts.tail_script(job.id, lines), timeout=60, transport=transport)
+    if not result.ok:  # the node answered but has no log: it was cleaned away
+        why = result.reason if result.error else "it was removed (`clustertool clean`)"
+        raise ToolError(f"no log for job {job.id} on {job.leader}: {why}")
+    for text in result.stdout.splitlines():
+        emit(text)
