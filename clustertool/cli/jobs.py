@@ -144,8 +144,9 @@ def logs(
                                                              "own lines)."),
     rank: Optional[str] = typer.Option(None, "--rank", "-r", metavar="R",
                                        help="Only these ranks' lines: 3, 0,2 or 4-7."),
-    lines: Optional[int] = typer.Option(None, "--tail", "-n", metavar="N",
-                                        help="Only the last N lines of each rank (and of mpirun's own)."),
+    lines: Optional[int] = typer.Option(
+        None, "--tail", "-n", metavar="N",
+        help="Only the last N lines of each rank's stdout and stderr (and of mpirun's own)."),
 ) -> None:
     """Show a job's output in whole lines, [job,rank]<stream>:text, from every node it ran on.
 

@@ -65,8 +65,9 @@ def local_cluster(ct_env):
         assert local_leftovers(name) == [], f"cluster {name} left things behind"
 
 
-def module_cluster(tmp_path_factory, nodes: int, prefix: str):
-    """Generator for a module-scoped fixture: one cluster shared by a module's tests.
+def module_cluster(tmp_path_factory, nodes: int, prefix: str, *flags: str):
+    """Generator for a module-scoped fixture: one cluster shared by a module's tests (``flags``: more
+    `up` flags, e.g. "--slots", "2").
 
     Yields (name, env); downs the cluster after the module and checks nothing is left.
     """
@@ -74,7 +75,7 @@ def module_cluster(tmp_path_factory, nodes: int, prefix: str):
     env = dict(os.environ, CLUSTERTOOL_HOME=str(tmp / "home"), CLUSTERTOOL_HOSTFILE_DIR=str(tmp / "hf"),
                CLUSTERTOOL_NO_SSH_INCLUDE="1")
     name = unique(prefix)
-    up = run_cli("up", "--provider", "local", "--nodes", str(nodes), "--name", name, env=env)
+    up = run_cli("up", "--provider", "local", "--nodes", str(nodes), "--name", name, *flags, env=env)
     assert up.returncode == 0, up.stderr
     yield name, env
     run_cli("down", "-c", name, "--yes", env=env)

@@ -119,7 +119,8 @@ def test_follow_prints_only_whole_tagged_lines_while_ranks_write_fragments(tmp_p
     lines = proc.stdout.read().decode().splitlines()
     assert proc.wait(timeout=10) == 0 and not stop.exists()  # the follower removes its stop file
     expected = {f"[1,{r}]<{'stderr' if r == 3 else 'stdout'}>:" +
-                ((f"{r}:{i}:" * 1500) if i % 40 == 0 else f"line {i} of rank {r}") for r in range(4) for i in range(400)}
+                ((f"{r}:{i}:" * 1500) if i % 40 == 0 else f"line {i} of rank {r}")
+                for r in range(4) for i in range(400)}
     assert set(lines) - {"[1,1]<stdout>:no newline at the end"} == expected
     assert len(lines) == 4 * 400 + 1  # each once
     assert [ln for ln in lines if ln.startswith("[1,1]")][-1] == "[1,1]<stdout>:no newline at the end"
