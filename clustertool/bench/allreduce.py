@@ -81,7 +81,16 @@ def parse_rows(output: str) -> list[Row]:
     return rows
 
 
+def size_text(n: int) -> str:
+    """A message size as people write it: 64K, 1M, 256M, 2G (bytes when not a whole K)."""
+    for shift, unit in ((30, "G"), (20, "M"), (10, "K")):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
 def table_rows(rows: Sequence[Row]) -> list[list[str]]:
+    """The all_reduce_perf table: size in bytes and count, as nccl-tests prints them."""
     return [[str(r.size), str(r.count), r.dtype, r.redop, r.algo, f"{r.time_us:.1f}", f"{r.algbw:.4f}",
              f"{r.busbw:.4f}", str(r.wrong)] for r in rows]
 
@@ -93,7 +102,7 @@ def side_by_side(rows: Sequence[Row]) -> list[list[str]]:
     out = []
     for s in sizes:
         bw = {r.algo: r.busbw for r in rows if r.size == s}
-        line = [str(s)] + [f"{bw[a]:.4f}" if a in bw else "-" for a in algos]
+        line = [size_text(s)] + [f"{bw[a]:.4f}" if a in bw else "-" for a in algos]
         best = max((bw[a] for a in ("sharded", "ring") if a in bw), default=None)
         line.append(f"{best / bw['mpi']:.2f}x" if best and bw.get("mpi") else "-")
         out.append(line)

@@ -11,6 +11,7 @@ import click
 import typer
 
 from clustertool import __version__
+from clustertool.cli import usage
 from clustertool.errors import ExitStatus, ToolError
 
 
@@ -41,7 +42,7 @@ app = typer.Typer(
         "cluster of real sshd nodes in network namespaces, or on machines you already have."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -94,6 +95,7 @@ def build() -> click.Group:
     group = typer.main.get_command(app)
     for command in extra:
         group.add_command(command)
+    usage.name_params(group)
     # `up` first in --help: it is where every session starts
     group.commands = dict(sorted(group.commands.items(), key=lambda kv: kv[0] != "up"))
     _GROUP.append(group)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -16,7 +17,8 @@ bench_app = typer.Typer(name="bench", no_args_is_help=True, add_completion=False
 @bench_app.command("scaling", context_settings={"allow_interspersed_args": False})
 def scaling(
     command: List[str] = typer.Argument(
-        ..., help="The job, after --: run by mpirun at each size. One argument is split like a shell line."),
+        ..., metavar="-- COMMAND...",
+        help="The job, after --: run by mpirun at each size. One argument is split like a shell line."),
     nodes: str = typer.Option(
         "1,2,4", "--nodes", "-N", help="Cluster sizes to run at, e.g. 1,2,4 (first N nodes, leader first)."),
     per_node: Optional[int] = typer.Option(None, "--per-node", help="Ranks per node (default: the nodes' slots)."),
@@ -28,12 +30,15 @@ def scaling(
     repeat: int = typer.Option(
         1, "--repeat", "-r", help="Runs per size, round-robin over the sizes; the median counts (for noisy, shared "
                                   "machines)."),
-    csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the table as CSV here."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the table as JSON here."),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="PATH", help="Write the table as CSV here."),
+    json_path: Optional[Path] = typer.Option(None, "--json-file", metavar="PATH",
+                                             help="Write the result as JSON here."),
     chart: Optional[Path] = typer.Option(
-        None, "--chart", help="Write a PNG chart (throughput and efficiency vs ranks) here."),
-    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Keep each size's full output here."),
+        None, "--chart", metavar="PATH", help="Write a PNG chart (throughput and efficiency vs ranks) here."),
+    log_dir: Optional[Path] = typer.Option(None, "--log-dir", metavar="DIR", help="Keep each size's full output here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not stream the job's output."),
+    json_output: bool = typer.Option(
+        False, "--json", help="Print the result as JSON on stdout (instead of the table and the job's output)."),
     plugin: bool = typer.Option(
         False, "--plugin", help="Run with the deployed NCCL plugin's environment (as `run --plugin`)."),
     cluster: Optional[str] = ClusterOpt,
@@ -53,20 +58,23 @@ def scaling(
     sizes = core.parse_sizes(nodes)
     c = state.load(cluster_name(cluster))
     _warn_shared_cpus(c, sizes, per_node)
-    on_line = None if quiet else render.live_line
+    on_line = None if (quiet or json_output) else render.live_line
     launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
     result = core.run_scaling(c, sizes, per_node, command, launch=launch, regex=metric_regex,
                               log_dir=log_dir, repeat=repeat, report=render.info)
-    render.table(core.COLUMNS, core.rows(result), title=f"scaling on {c.name}: {result.command}")
+    if json_output:
+        sys.stdout.write(core.to_json(result) + "\n")
+    else:
+        render.table(core.COLUMNS, core.rows(result), title=f"scaling on {c.name}: {result.command}")
     for path, text in ((csv_path, core.to_csv), (json_path, core.to_json)):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text(result))
-            typer.echo(f"wrote {path}")
+            render.info(f"wrote {path}")
     if chart is not None:
         from clustertool.bench.chart import write_chart
 
-        typer.echo(f"chart: {write_chart(result, chart)}")
+        render.info(f"chart: {write_chart(result, chart)}")
     raise typer.Exit(0 if result.ok else 1)
 
 

@@ -129,8 +129,9 @@ def _age(seconds: float) -> str:
 
 
 def ssh(
-    node: Optional[str] = typer.Argument(None, help="Node (default: the leader)."),
-    command: Optional[List[str]] = typer.Argument(None, help="Command to run instead of a login shell (after --)."),
+    node: Optional[str] = typer.Argument(None, metavar="[NODE]", help="Node (default: the leader)."),
+    command: Optional[List[str]] = typer.Argument(None, metavar="[-- COMMAND...]",
+                                                  help="Command to run instead of a login shell (after --)."),
     cluster: Optional[str] = ClusterOpt,
 ) -> None:
     """Open a shell on a node (or run one command), with the cluster's pinned keys."""

@@ -11,8 +11,9 @@ from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, 
 
 
 def copy_cmd(
-    src: str = typer.Argument(..., help="Source path: on the leader (--from leader) or here (--from local)."),
-    dest: str = typer.Argument(..., help="Destination directory on every selected node."),
+    src: str = typer.Argument(..., metavar="SRC",
+                              help="Source path: on the leader (--from leader) or here (--from local)."),
+    dest: str = typer.Argument(..., metavar="DEST", help="Destination directory on every selected node."),
     cluster: Optional[str] = ClusterOpt,
     nodes: Optional[str] = NodesOpt,
     source: str = typer.Option("leader", "--from", help="Where SRC is: leader (default) or local."),
@@ -51,8 +52,8 @@ def copy_cmd(
 
 
 def sync_s3_cmd(
-    url: str = typer.Argument(..., help="s3://bucket/prefix to pull."),
-    dest: str = typer.Argument(..., help="Destination directory on every selected node."),
+    url: str = typer.Argument(..., metavar="s3://BUCKET/PREFIX", help="s3://bucket/prefix to pull."),
+    dest: str = typer.Argument(..., metavar="DEST", help="Destination directory on every selected node."),
     cluster: Optional[str] = ClusterOpt,
     nodes: Optional[str] = NodesOpt,
     shard: bool = typer.Option(False, "--shard", help="Give node i of N a disjoint 1/N of the objects."),

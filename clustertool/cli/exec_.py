@@ -11,7 +11,8 @@ from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name
 
 def exec_(
     command: List[str] = typer.Argument(
-        ..., help="Command to run (after --). One argument is a shell line; several are quoted each."),
+        ..., metavar="-- COMMAND...",
+        help="Command to run (after --). One argument is a shell line; several are quoted each."),
     cluster: Optional[str] = ClusterOpt,
     nodes: Optional[str] = NodesOpt,
     timeout: Optional[float] = typer.Option(

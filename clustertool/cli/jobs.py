@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, complete_job, reporter
 
 
 def _echo_line(text: str) -> None:
@@ -38,7 +38,8 @@ def _follow(name: str, job) -> int:
 
 
 def run(
-    command: Optional[List[str]] = typer.Argument(None, help="The program and its arguments (after --)."),
+    command: Optional[List[str]] = typer.Argument(None, metavar="-- COMMAND...",
+                                                  help="The program and its arguments (after --)."),
     cluster: Optional[str] = ClusterOpt,
     nodes: Optional[str] = NodesOpt,
     np: Optional[int] = typer.Option(None, "--np", help="Number of ranks (default: all slots)."),
@@ -133,11 +134,12 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
         return
     render.plain_table(["id", "name", "state", "started", "duration", "ranks", "nodes", "command"],
                  [(j.id, j.name or "", _state_text(j), time.strftime("%m-%d %H:%M:%S", time.localtime(j.started)),
-                   _duration(j), j.np, len(j.nodes), shlex.join(j.command)[:60]) for j in all_jobs])
+                   _duration(j), j.np, len(j.nodes), render.clip(shlex.join(j.command))) for j in all_jobs])
 
 
 def logs(
-    job: str = typer.Argument(..., help="Job id (or unique prefix, or name)."),
+    job: str = typer.Argument(..., metavar="JOB", autocompletion=complete_job,
+                              help="Job id (or unique prefix, or name)."),
     cluster: Optional[str] = ClusterOpt,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
     node: Optional[str] = typer.Option(None, "--node", help="Only the ranks that ran on this node (and mpirun's "
@@ -165,7 +167,8 @@ def logs(
         raise typer.Exit(code)
 
 
-def attach(job: str = typer.Argument(..., help="Job id."), cluster: Optional[str] = ClusterOpt) -> None:
+def attach(job: str = typer.Argument(..., metavar="JOB", autocompletion=complete_job, help="Job id."),
+           cluster: Optional[str] = ClusterOpt) -> None:
     """Attach to the job's tmux session on the leader (detach again with Ctrl-b d)."""
     from clustertool.errors import UsageError
     from clustertool.jobs.logs import find_job
@@ -181,7 +184,8 @@ def attach(job: str = typer.Argument(..., help="Job id."), cluster: Optional[str
 
 
 def kill(
-    job: Optional[str] = typer.Argument(None, help="Job id (default: the one running job)."),
+    job: Optional[str] = typer.Argument(None, metavar="[JOB]", autocompletion=complete_job,
+                                        help="Job id (default: the one running job)."),
     cluster: Optional[str] = ClusterOpt,
     signal: str = typer.Option("TERM", "--signal", "-s", help="First signal: TERM (default), INT, KILL ..."),
     grace: float = typer.Option(10.0, "--grace", help="Seconds between the signal and KILL."),
@@ -244,8 +248,9 @@ def clean(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
     raise typer.Exit(result.exit_code)
 
 
-def fetch(job: str = typer.Argument(..., help="Job id."),
-          path: str = typer.Argument(..., help="File or folder on the leader (relative: to the job's workdir)."),
+def fetch(job: str = typer.Argument(..., metavar="JOB", autocompletion=complete_job, help="Job id."),
+          path: str = typer.Argument(..., metavar="PATH",
+                                     help="File or folder on the leader (relative: to the job's workdir)."),
           cluster: Optional[str] = ClusterOpt,
           to: Optional[str] = typer.Option(None, "--to", help="Local folder (default ./JOB) or s3://BUCKET/PREFIX."),
           ) -> None:

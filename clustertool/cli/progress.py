@@ -69,16 +69,12 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _short(text: str, width: int = 60) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def copy_table(result) -> None:
     """One row per node: verdict, bytes received, files sent/checked, the error if any."""
     rows = []
     for n in result.nodes:
         rows.append([n.node, n.status, human_bytes(n.bytes_received), n.files_sent,
-                     n.files_checked if result.verified else "-", n.exit_code, _short(n.error or "")])
+                     n.files_checked if result.verified else "-", n.exit_code, render.clip(n.error or "")])
     render.table(["node", "status", "received", "files sent", "verified files", "exit", "error"], rows,
                  title=f"{result.strategy}: {result.src} -> {result.dest} (from {result.source})")
 
@@ -96,7 +92,7 @@ def mismatch_lines(result, limit: int = 10) -> list[str]:
     """The files a mismatching node got wrong, for stderr."""
     lines = []
     for n in result.nodes:
-        if n.error and len(n.error) > 60:
+        if n.error and render.clip(n.error) != n.error:
             lines.append(f"{n.node}: {n.error}")
         for problem in n.problems[:limit]:
             lines.append(f"{n.node}: {problem}")
@@ -107,9 +103,9 @@ def mismatch_lines(result, limit: int = 10) -> list[str]:
 
 def sync_table(result) -> None:
     rows = [[n.node, n.status, n.objects, n.downloaded, human_bytes(n.bytes_downloaded), n.verified,
-             n.exit_code, _short(n.error or "")] for n in result.nodes]
+             n.exit_code, render.clip(n.error or "")] for n in result.nodes]
     render.table(["node", "status", "objects", "downloaded", "bytes", "verified", "exit", "error"], rows,
                  title=f"sync-s3 {result.url} -> {result.dest}" + (" (sharded)" if result.shard else ""))
     for n in result.nodes:
-        for line in ([n.error] if n.error and len(n.error) > 60 else []) + n.errors[:10]:
+        for line in ([n.error] if n.error and render.clip(n.error) != n.error else []) + n.errors[:10]:
             sys.stderr.write(f"{n.node}: {line}\n")

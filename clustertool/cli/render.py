@@ -17,10 +17,33 @@ from clustertool.model import GroupResult
 _lock = threading.Lock()
 
 
+# Where output is not a terminal (a pipe, `| tee log`, a file), tables are as wide as their
+# cells: rich would otherwise lay them out for 80 columns and cut cells with "…".
+PIPE_WIDTH = 1 << 16
+
+
+def is_terminal(stderr: bool = False) -> bool:
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    if is_terminal(stderr):
+        return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    return Console(file=sys.stderr if stderr else sys.stdout, width=PIPE_WIDTH, highlight=False, soft_wrap=False,
+                   color_system=None)
+
+
+def clip(text: str, width: int = 60) -> str:
+    """``text`` cut to ``width`` with "…" on a terminal; whole where output goes to a pipe or file."""
+    if len(text) <= width or not is_terminal():
+        return text
+    return text[: width - 1] + "…"
 
 
 def info(message: str) -> None:
@@ -47,14 +70,25 @@ def print_json(obj: Any) -> None:
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+    """A table that never cuts a cell: on a terminal too narrow, cells wrap (fold) instead of "…";
+    in a pipe or file, every column takes the width it needs, one line per row."""
     from rich.table import Table
 
+    terminal = is_terminal()
     t = Table(title=title, title_justify="left", header_style="bold")
     for col in columns:
-        t.add_column(col)
+        t.add_column(col, overflow="fold", no_wrap=not terminal)
     for row in rows:
         t.add_row(*("" if v is None else str(v) for v in row))
-    _console().print(t)
+    console = _console()
+    if terminal:
+        console.print(t)
+        return
+    with console.capture() as captured:
+        console.print(t)
+    with _lock:
+        sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+        sys.stdout.flush()
 
 
 def kv(pairs: Sequence[tuple[str, Any]]) -> None:

@@ -60,7 +60,13 @@ def test_side_by_side_shows_plugin_over_mpi():
     rows = ar.parse_rows(OUTPUT)
     assert ar.side_by_side_columns(rows) == ["size", "sharded busbw", "ring busbw", "mpi busbw", "plugin/mpi"]
     lines = ar.side_by_side(rows)
-    assert lines[1] == ["67108864", "0.0221", "0.0232", "0.0119", "1.95x"]
+    assert lines[1] == ["64M", "0.0221", "0.0232", "0.0119", "1.95x"]
+
+
+@pytest.mark.parametrize("n,text", [(65536, "64K"), (1 << 20, "1M"), (256 << 20, "256M"), (2 << 30, "2G"),
+                                    (1536, "1536"), (1000, "1000"), (3 << 20, "3M")])
+def test_sizes_read_as_people_write_them(n, text):
+    assert ar.size_text(n) == text
 
 
 def test_tuner_csv_picks_collnet_only_where_the_plugin_won():
