@@ -75,7 +75,7 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | No
     from rich.table import Table
 
     terminal = is_terminal()
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=title if terminal else None, title_justify="left", header_style="bold")
     for col in columns:
         t.add_column(col, overflow="fold", no_wrap=not terminal)
     for row in rows:
@@ -86,8 +86,9 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | No
         return
     with console.capture() as captured:
         console.print(t)
+    lines = ([title] if title else []) + captured.get().splitlines()  # a title wider than the table stays one line
     with _lock:
-        sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+        sys.stdout.write("".join(line.rstrip() + "\n" for line in lines))
         sys.stdout.flush()
 
 
