@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.cli
 
@@ -42,8 +42,10 @@ def shell_env(ct_env, tmp_path):
 def test_install_completion_for_bash_completes_commands_options_clusters_and_jobs(shell_env, tmp_path):
     home = Path(shell_env["HOME"])
     home.mkdir()
-    installed = run_cli("--install-completion", "bash", env=shell_env)
-    assert installed.returncode == 0, installed.stderr
+    # typer finds the shell to install for from the process tree: run it from bash, as a user would
+    installed = subprocess.run(["bash", "--norc", "-c", "clustertool --install-completion; exit $?"], env=shell_env,
+                               capture_output=True, text=True, timeout=60)
+    assert installed.returncode == 0 and "bash completion installed" in installed.stdout, installed.stderr
     script = home / ".bash_completions" / "clustertool.sh"
     assert f"source '{script}'" in (home / ".bashrc").read_text()
     assert bash_complete(shell_env, ["clustertool", "lo"], script) == ["logs"]
@@ -62,9 +64,11 @@ def test_install_completion_for_bash_completes_commands_options_clusters_and_job
     assert bash_complete(shell_env, ["clustertool", "kill", "-c", "band", "tr"], script) == ["train"]
 
 
-def test_show_completion_prints_the_script_for_the_shell_named(shell_env):
-    shown = run_cli("--show-completion", "bash", env=shell_env)
-    assert shown.returncode == 0 and "complete -o default -F _clustertool_completion clustertool" in shown.stdout
+def test_show_completion_prints_the_script_for_the_users_shell(shell_env):
+    shown = subprocess.run(["bash", "--norc", "-c", "clustertool --show-completion; exit $?"], env=shell_env,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "complete -o default -F _clustertool_completion clustertool" in shown.stdout
 
 
 COMMANDS = ["up", "down", "status", "ls", "hostfile", "stop", "start", "repin", "ssh", "exec", "copy", "sync-s3",
