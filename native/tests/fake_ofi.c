@@ -1,21 +1,45 @@
 /* Stand-in for libnccl-net-ofi.so: a v12 net table whose answers are easy to
- * recognise, to test that point-to-point calls are forwarded. */
+ * recognise, to test that point-to-point calls are forwarded and that CollNet
+ * device i then carries OFI device i's identity. Device i is "fake-ofi-dev<i>"
+ * on /sys/devices/fake/0000:0<i>:00.0 with guid 0xf0f0+i and speed 100000*(i+1). */
+#include <stdio.h>
 #include <string.h>
 #include "ct_nccl_abi.h"
+
+#define NDEV 7
+static char names[NDEV][32], paths[NDEV][64];
 
 static ncclResult_t f_init(void** ctx, uint64_t id, ncclNetCommConfig_v12_t* c, ncclDebugLogger_t l,
                            ncclProfilerCallback_t p) {
   (void)id; (void)c; (void)l; (void)p;
   static int token;
+  for (int i = 0; i < NDEV; i++) {
+    snprintf(names[i], sizeof names[i], "fake-ofi-dev%d", i);
+    snprintf(paths[i], sizeof paths[i], "/sys/devices/fake/0000:0%d:00.0", i);
+  }
   *ctx = &token;
   return ncclSuccess;
 }
-static ncclResult_t f_devices(int* n) { *n = 7; return ncclSuccess; }
+static ncclResult_t f_devices(int* n) { *n = NDEV; return ncclSuccess; }
 static ncclResult_t f_props(int dev, ncclNetProperties_v12_t* p) {
-  (void)dev;
+  if (dev < 0 || dev >= NDEV) return ncclInvalidArgument;
   memset(p, 0, sizeof *p);
-  p->name = "fake-ofi-dev";
-  p->speed = 400000;
+  p->name = names[dev];
+  p->pciPath = paths[dev];
+  p->guid = 0xf0f0 + (uint64_t)dev;
+  p->ptrSupport = NCCL_PTR_HOST | NCCL_PTR_CUDA;
+  p->speed = 100000 * (dev + 1);
+  p->port = 1;
+  p->latency = 2.5f;
+  p->maxComms = 1024;
+  p->maxRecvs = 8;
+  p->vProps.ndevs = 1;
+  p->vProps.devs[0] = dev;
+  p->maxP2pBytes = 1u << 30;
+  p->maxCollBytes = 1u << 30;
+  p->maxMultiRequestSize = 1;
+  p->railId = -1;
+  p->planeId = -1;
   return ncclSuccess;
 }
 static ncclResult_t f_finalize(void* ctx) { (void)ctx; return ncclSuccess; }
