@@ -275,3 +275,34 @@ def ran_collnet(logs: list[NcclLog]) -> bool:
     plugin logged its first CollNet collective."""
     return any(a.algo in COLLNET_ALGOS for log in logs for a in log.algos) or any(
         log.plugin_collnet_ops for log in logs)
+
+
+_KEY_RES = (
+    _VERSION_RE, _LOADED_NET_RE, _LOADED_COLL_RE, _USING_NETWORK_RE, *_NO_PLUGIN_RES, *_TUNER_RES,
+    re.compile(r"Plugin name set by env to"), re.compile(r"Successfully loaded external network plugin"),
+    _COLLNET_ENV_RE, _THRESHOLD_RE, _TOO_MANY_GPUS_RE, _MISMATCH_RE, _SETUP_FAILED_RE, _COLLNET_CONN_RE,
+    _CONNECTED_RE, _CT_FIRST_OP_RE, _CT_NET_RE, re.compile(r"clustertool: CollNet plugin"),
+)
+_MSG_RE = re.compile(r"NCCL (?:INFO|WARN) (.*)")
+
+
+def key_lines(text: str, limit: int = 14, algo_lines: int = 4) -> list[str]:
+    """The log lines that show which net, plugin ABI, CollNet state and algorithms NCCL used,
+    NCCL's prefix removed, each message once: the evidence a report quotes. Algorithm lines:
+    one per message size of 1 MiB or more, at most `algo_lines`."""
+    keys: list[str] = []
+    algos: dict[int, str] = {}
+    for line in text.splitlines():
+        m = _MSG_RE.search(line)
+        msg = (m.group(1) if m else line).strip()
+        if a := _ALGO_RE.search(line):
+            size = int(a.group("bytes"))
+            if size >= 1 << 20 and size not in algos and len(algos) < algo_lines:
+                algos[size] = msg
+            continue
+        if msg in keys or not any(rx.search(line) for rx in _KEY_RES):
+            continue
+        if _COLLNET_CONN_RE.search(line) and any(_COLLNET_CONN_RE.search(k) for k in keys):
+            continue   # one "via COLLNET" line is enough
+        keys.append(msg)
+    return keys[: max(limit - len(algos), 0)] + list(algos.values())
