@@ -82,11 +82,14 @@ static void try_forward_locked(void) {
   const char* lib = ct_env_str("CLUSTERTOOL_OFI_LIB", "libnccl-net-ofi.so");
   g_fwd_lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (!g_fwd_lib) return;  /* absent: plain TCP */
-  g_fwd = dlsym(g_fwd_lib, "ncclNetPlugin_v12");
+  int version = 0;
+  g_fwd = ct_fwd_table(g_fwd_lib, &version);
   if (!g_fwd) {
-    CT_INFO("%s has no ncclNetPlugin_v12; using TCP for point-to-point", lib);
+    CT_WARN("%s exports no ncclNetPlugin_v12 .. v9; using TCP for point-to-point", lib);
     dlclose(g_fwd_lib);
     g_fwd_lib = NULL;
+  } else {
+    CT_INFO("forwarding point-to-point to %s (%s, net ABI v%d)", lib, g_fwd->name, version);
   }
 }
 

@@ -20,6 +20,8 @@ ncclNet_v12_t* ct_fwd(void);
 ncclResult_t ct_fwd_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_t* cfg, ncclDebugLogger_t log,
                          ncclProfilerCallback_t prof);
 const char* ct_net_forward_name(void);
+/* The forwarded library's newest net table among v12 .. v9, as v12 (ct_fwd.c); NULL if none. */
+ncclNet_v12_t* ct_fwd_table(void* lib, int* version);
 
 /* Listening TCP socket for device dev (any index below ct_net_ndevs(): they all ride
  * the same interface) + a filled ct_handle_t; the NCCL handle buffer is zeroed. */

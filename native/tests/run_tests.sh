@@ -26,6 +26,10 @@ run test_net_forward "$B/test_net" "$B" "$B/fake/libnccl-net-ofi.so"
 run test_net_nonblocking "$B/test_net_nonblocking" "$B"
 run test_collnet_pairing "$B/test_collnet_pairing" "$B"
 run test_collnet_pairing_forward "$B/test_collnet_pairing" "$B" "$B/fake/libnccl-net-ofi.so"
+for v in 11 10 9; do   # OFI plugins exporting only an older net ABI are forwarded to as well
+  run "test_collnet_pairing_forward_ofi_v$v" "$B/test_collnet_pairing" "$B" "$B/fake/v$v/libnccl-net-ofi.so"
+  run "test_net_forward_ofi_v$v" "$B/test_net" "$B" "$B/fake/v$v/libnccl-net-ofi.so"
+done
 run test_abi_versions "$B/test_abi_versions" "$B"
 for np in 2 3 4; do
   run "test_coll_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_coll_mpi" "$B"
