@@ -30,7 +30,21 @@ $(VENV)/.installed: pyproject.toml
 	  echo "nvcc found: installing NCCL headers (nvidia-nccl-cu13)"; $(PY) -m pip install -q nvidia-nccl-cu13; fi
 	touch $@
 
-venv: $(VENV)/.installed
+# PyTorch, for the synthetic workload's CPU path (tested in `make test`) and the GPU proof
+# (bench/nccl_gpu.py). An explicit, separate step rather than a package extra: pip needs a pin
+# to take the same release everywhere, and the choice of wheel is the user's. Sizes differ a
+# lot: here pip finds a local CPU wheel (~180 MB); from PyPI on Linux x86_64 torch is the CUDA
+# build with its nvidia-* wheels (several GB). CPU-only elsewhere:
+#   make venv TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+# NO_TORCH=1 skips it (the tests that need torch then skip and say why).
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+$(VENV)/.torch: $(VENV)/.installed
+	@if [ -n "$(NO_TORCH)" ]; then echo "NO_TORCH set: not installing PyTorch"; else \
+	  echo "installing $(TORCH_SPEC) $(TORCH_PIP_ARGS) (a CPU wheel is ~180 MB; PyPI's CUDA build is several GB)"; \
+	  $(PY) -m pip install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)' && touch $@; fi
+
+venv: $(VENV)/.installed $(VENV)/.torch
 
 native:
 	$(MAKE) -C native

@@ -3,7 +3,8 @@
 // gives jobs, e.g.:
 //   mpirun -np 2 -H a,b -x NCCL_NET_PLUGIN=clustertool -x NCCL_COLLNET_ENABLE=1 \
 //     -x LD_LIBRARY_PATH -x NCCL_DEBUG=INFO build/nccl_plugin_allreduce 64M
-// and look for "Loaded net plugin clustertool (v12)" / "Loaded collnet plugin".
+// and look for "Using network clustertool" and "Connected CollNet" (bench/nccl_gpu.py
+// reads these for you: native/README.md "GPU proof").
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>

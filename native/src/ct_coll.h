@@ -53,6 +53,7 @@ typedef struct ct_coll {
   ct_op_t *head, *tail;
   uint64_t next_seq;
   int shutdown, error;
+  uint64_t nops, nbytes;       /* collectives posted and their bytes (ct_collnet.c logs them) */
 } ct_coll_t;
 
 typedef struct ct_worker {

@@ -19,22 +19,35 @@ static int env_algo(void) {
   return CT_ALGO_SHARDED;
 }
 
+static int cn_ndevs(void) { return ct_env_long("CLUSTERTOOL_COLLNET_DISABLE", 0, 0, 1) ? 0 : ct_net_ndevs(); }
+
 static ncclResult_t cn_init(void** ctx, uint64_t commId, ncclDebugLogger_t log) {
+  static int said;
   (void)commId;
   if (log) ct_logger = log;
   struct sockaddr_in a;
   if (ct_plugin_addr(&a)) return ncclSystemError;
   *ctx = calloc(1, 1);
-  return *ctx ? ncclSuccess : ncclSystemError;
+  if (!*ctx) return ncclSystemError;
+  if (!said++) {
+    ncclNetProperties_v12_t p;
+    int n = cn_ndevs();
+    const char* dev0 = n > 0 && ct_collnet_dev_props(0, &p) == ncclSuccess ? p.name : "-";
+    CT_INFO("CollNet plugin %s: %d device(s) paired with the net devices of the same index (device 0 '%s'), "
+            "reductions on the host over TCP on %s, algorithm %s", CT_VERSION, n, dev0 ? dev0 : "?",
+            ct_plugin_ifname(), ct_env_str("CLUSTERTOOL_COLLNET_ALGO", "sharded"));
+  }
+  return ncclSuccess;
 }
 
 static ncclResult_t cn_devices(int* n) {
-  *n = ct_env_long("CLUSTERTOOL_COLLNET_DISABLE", 0, 0, 1) ? 0 : 1;
+  *n = cn_ndevs();
   return ncclSuccess;
 }
 
 static ncclResult_t cn_props(int dev, ncclNetProperties_v12_t* p) {
-  return ct_plugin_props(dev, p, "clustertool-collnet");
+  if (dev < 0 || dev >= cn_ndevs()) return ncclInvalidArgument;
+  return ct_collnet_dev_props(dev, p);
 }
 
 static ncclResult_t cn_listen(void* ctx, int dev, void* handle, void** lc) {
@@ -53,13 +66,26 @@ static ncclResult_t cn_listen(void* ctx, int dev, void* handle, void** lc) {
   return ncclSuccess;
 }
 
+/* Unlike the net connect, NCCL calls CollNet connect once per group and takes a NULL
+ * comm as "CollNet setup failed" (src/transport/coll_net.cc sharedConnect, then
+ * ncclTransportCollNetCheck turns CollNet off for the communicator). So this call
+ * blocks until the mesh is up, bounded by CLUSTERTOOL_CONNECT_TIMEOUT_MS; lower
+ * ranks connect into higher ranks' listen backlogs, so no rank waits on another's
+ * accept order. */
 static ncclResult_t cn_connect(void* handles[], int nranks, int rank, void* lc, void** cc) {
   ct_clisten_t* l = lc;
+  *cc = NULL;
+  if (nranks < 1) return ncclInvalidArgument;
+  ct_handle_t* copies = malloc(sizeof(ct_handle_t) * (size_t)nranks);   /* aligned copies */
   ct_handle_t** hs = malloc(sizeof(ct_handle_t*) * (size_t)nranks);
-  if (!hs) return ncclSystemError;
-  for (int r = 0; r < nranks; r++) hs[r] = handles[r];
+  if (!hs || !copies) { free(hs); free(copies); return ncclSystemError; }
+  for (int r = 0; r < nranks; r++) {
+    memcpy(&copies[r], handles[r], sizeof copies[r]);
+    hs[r] = &copies[r];
+  }
   *cc = ct_coll_connect(hs, nranks, rank, l->fd);
   free(hs);
+  free(copies);
   return *cc ? ncclSuccess : ncclSystemError;
 }
 
@@ -91,15 +117,24 @@ static ncclResult_t wrap(ct_coll_t* c, ct_op_t* op, void** request) {
   return ncclSuccess;
 }
 
+static void count_op(ct_coll_t* c, const char* what, size_t bytes) {
+  if (c->nops++ == 0)
+    CT_INFO("CollNet rank %d/%d: first %s (%zu bytes) running, algorithm %s", c->rank, c->nranks, what, bytes,
+            c->algo == CT_ALGO_RING ? "ring" : "sharded");
+  c->nbytes += bytes;
+}
+
 static ncclResult_t cn_iallreduce(void* cc, void* send, void* recv, size_t count, ncclDataType_t t,
                                   ncclRedOp_t op, void* smh, void* rmh, void** request) {
   (void)smh; (void)rmh;
+  count_op(cc, "iallreduce", count * ct_dtype_size(t));
   return wrap(cc, ct_coll_allreduce(cc, send, recv, count, t, op), request);
 }
 
 static ncclResult_t cn_iallgather(void* cc, void* send, int nparts, ncclNetSGE_v12_t* parts, size_t bpr,
                                   size_t woff, size_t wbytes, void* smh, void** request) {
   (void)smh;
+  count_op(cc, "iallgather", wbytes);
   return wrap(cc, ct_coll_allgather(cc, send, nparts, parts, bpr, woff, wbytes), request);
 }
 
@@ -107,6 +142,7 @@ static ncclResult_t cn_ireducescatter(void* cc, int nparts, ncclNetSGE_v12_t* pa
                                       size_t woff, size_t wbytes, ncclDataType_t t, ncclRedOp_t op, void* rmh,
                                       void** request) {
   (void)rmh;
+  count_op(cc, "ireducescatter", wbytes);
   return wrap(cc, ct_coll_reducescatter(cc, nparts, parts, recv, bpr, woff, wbytes, t, op), request);
 }
 
@@ -127,7 +163,13 @@ static ncclResult_t cn_test(void* request, int* done, int* size) {
   return ncclSuccess;
 }
 
-static ncclResult_t cn_close_coll(void* cc) { ct_coll_close(cc); return ncclSuccess; }
+static ncclResult_t cn_close_coll(void* cc) {
+  ct_coll_t* c = cc;
+  if (c) CT_INFO("CollNet rank %d/%d closed after %llu collectives, %llu bytes", c->rank, c->nranks,
+                 (unsigned long long)c->nops, (unsigned long long)c->nbytes);
+  ct_coll_close(cc);
+  return ncclSuccess;
+}
 static ncclResult_t cn_close_listen(void* lc) {
   ct_clisten_t* l = lc;
   if (l) { close(l->fd); free(l); }
@@ -136,7 +178,7 @@ static ncclResult_t cn_close_listen(void* lc) {
 static ncclResult_t cn_finalize(void* ctx) { free(ctx); return ncclSuccess; }
 
 __attribute__((visibility("default"))) ncclCollNet_v12_t ncclCollNetPlugin_v12 = {
-    .name = "clustertool",
+    .name = CT_PLUGIN_NAME,
     .init = cn_init,
     .devices = cn_devices,
     .getProperties = cn_props,

@@ -23,7 +23,8 @@ void ct_log(ncclDebugLogLevel lvl, const char* file, int line, const char* fmt, 
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   if (ct_logger) {
-    ct_logger(lvl, NCCL_NET, file, line, "clustertool: %s", msg);
+    unsigned long flags = lvl == NCCL_LOG_WARN ? CT_LOG_WARN_FLAGS : (unsigned long)(CT_LOG_INFO_FLAGS);
+    ct_logger(lvl, flags, file, line, "clustertool: %s", msg);
   } else if (lvl == NCCL_LOG_WARN || getenv("CLUSTERTOOL_DEBUG")) {
     fprintf(stderr, "clustertool %s: %s\n", lvl == NCCL_LOG_WARN ? "WARN" : "INFO", msg);
   }
@@ -112,14 +113,37 @@ int ct_listen_socket(const struct sockaddr_in* addr, struct sockaddr_in* bound) 
   return fd;
 }
 
-static long now_ms(void) {
+long ct_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
 }
 
+int ct_connect_start(const struct sockaddr_in* addr) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  ct_tune_socket(fd);
+  if (connect(fd, (const struct sockaddr*)addr, sizeof *addr) == 0 || errno == EINPROGRESS) return fd;
+  int err = errno;
+  close(fd);
+  errno = err;
+  return -1;
+}
+
+int ct_connect_check(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLOUT};
+  int r = poll(&p, 1, 0);
+  if (r < 0) return errno == EINTR ? 0 : -1;
+  if (r == 0) return 0;
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len)) return -1;
+  if (err) { errno = err; return -1; }
+  return 1;
+}
+
 int ct_connect_socket(const struct sockaddr_in* addr, int timeout_ms) {
-  long deadline = now_ms() + timeout_ms;
+  long deadline = ct_now_ms() + timeout_ms;
   for (;;) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
@@ -127,7 +151,7 @@ int ct_connect_socket(const struct sockaddr_in* addr, int timeout_ms) {
     if (connect(fd, (const struct sockaddr*)addr, sizeof *addr) == 0) return fd;
     int err = errno;
     close(fd);
-    if ((err != ECONNREFUSED && err != ETIMEDOUT && err != EAGAIN) || now_ms() > deadline) {
+    if ((err != ECONNREFUSED && err != ETIMEDOUT && err != EAGAIN) || ct_now_ms() > deadline) {
       CT_WARN("connect to %s:%d failed: %s", inet_ntoa(addr->sin_addr), ntohs(addr->sin_port),
               strerror(err));
       return -1;

@@ -8,6 +8,14 @@
 
 #define CT_VERSION "0.1.0"
 
+/* NCCL prints a message only when its flags meet NCCL_DEBUG_SUBSYS (default
+ * INIT,BOOTSTRAP,ENV), WARN included (src/debug.cc). So WARN goes out with NCCL_ALL,
+ * as NCCL's own WARN does, and INFO with NCCL_INIT|NCCL_NET (the tuner library is
+ * built with CT_LOG_INFO_FLAGS=NCCL_TUNING, the subsystem NCCL's tuner uses). */
+#ifndef CT_LOG_INFO_FLAGS
+#define CT_LOG_INFO_FLAGS (NCCL_INIT | NCCL_NET)
+#endif
+#define CT_LOG_WARN_FLAGS (~0UL)
 extern ncclDebugLogger_t ct_logger;
 void ct_log(ncclDebugLogLevel lvl, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -26,6 +34,11 @@ int ct_local_addr(struct sockaddr_in* out, char* ifname_out, size_t ifname_len);
 int ct_listen_socket(const struct sockaddr_in* addr, struct sockaddr_in* bound);
 /* Blocking connect with retries for up to timeout_ms; returns fd or -1. */
 int ct_connect_socket(const struct sockaddr_in* addr, int timeout_ms);
+/* Non-blocking connect started: returns the fd (connection may be in progress) or -1. */
+int ct_connect_start(const struct sockaddr_in* addr);
+/* Progress of a started connect: 1 connected, 0 in progress, -1 failed (errno set). */
+int ct_connect_check(int fd);
+long ct_now_ms(void);
 /* TCP_NODELAY and optional buffer sizes (CLUSTERTOOL_SOCKBUF bytes, 0 = kernel autotune). */
 void ct_tune_socket(int fd);
 /* Blocking full transfers; return 0 or -1 (peer closed / error). */
@@ -44,6 +57,13 @@ typedef struct {
   uint64_t chunk_bytes;      /* collnet: pipeline chunk */
   uint64_t nonce;
   uint32_t sched;            /* collnet sharded: 0 lock-step, 1 free-running */
+  struct {                   /* net connect side's progress: NCCL keeps the handle between the */
+    int32_t state;           /* connect calls of one connection (as its own socket transport */
+    int32_t fd;              /* relies on), so a non-blocking connect resumes where it was. */
+    uint32_t sent;           /* The listener publishes zeros here. */
+    uint32_t tries;
+    int64_t t0_ms;
+  } stage;
 } ct_handle_t;
 _Static_assert(sizeof(ct_handle_t) <= NCCL_NET_HANDLE_MAXSIZE, "handle fits NCCL's");
 #define CT_HANDLE_MAGIC 0x43544e31u /* "CTN1" */

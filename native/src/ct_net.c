@@ -1,22 +1,24 @@
-/* ncclNetPlugin_v12: point-to-point over TCP sockets on host memory, or, when
- * libnccl-net-ofi.so (AWS EFA) is loadable and exports v12, forwarding to it. */
+/* ncclNetPlugin_v12 (the one implementation the older ABI versions adapt, see
+ * ct_net_compat.c): point-to-point over TCP sockets on host memory, or, when
+ * libnccl-net-ofi.so (AWS EFA) is loadable and exports v12, forwarding to it.
+ *
+ * connect and accept never block NCCL's proxy thread: they return ncclSuccess
+ * with a NULL comm until the connection is ready and NCCL calls again (the
+ * contract in NCCL's net headers; NCCL's own socket transport keeps its progress
+ * in the handle and the listen comm the same way). */
 #define _GNU_SOURCE
-#include <dlfcn.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
-#include "ct_common.h"
 #include "ct_plugin.h"
 
-static ncclNet_v12_t* g_fwd;   /* set when forwarding to the OFI plugin */
-static void* g_fwd_lib;
+static ncclNet_v12_t* g_fwd;   /* set by init when forwarding to the OFI plugin */
 
 typedef struct ct_p2p_comm ct_p2p_comm_t;
 typedef struct {
@@ -34,106 +36,62 @@ struct ct_p2p_comm {
   int qhead, qcount;
 };
 
-typedef struct { int fd; ct_handle_t h; } ct_listen_t;
+#define CT_MAX_PENDING 16
+typedef struct { int fd; uint32_t got; uint64_t nonce; } ct_pending_t;
+typedef struct {
+  int fd;
+  ct_handle_t h;
+  ct_pending_t pend[CT_MAX_PENDING];   /* accepted, nonce not read in full yet */
+  int npend;
+} ct_listen_t;
 
-/* ---------------- properties shared with CollNet ---------------- */
-static char g_ifname[64];
-static struct sockaddr_in g_addr;
-static int g_addr_ok = -1;
+enum { ST_START = 0, ST_CONNECTING = 1, ST_SENDING = 2, ST_DONE = 3 };
+#define RETRY_MS 20
 
-int ct_plugin_addr(struct sockaddr_in* out) {
-  if (g_addr_ok < 0) g_addr_ok = ct_local_addr(&g_addr, g_ifname, sizeof g_ifname) == 0;
-  if (!g_addr_ok) return -1;
-  *out = g_addr;
-  return 0;
+static long connect_timeout_ms(void) {
+  return ct_env_long("CLUSTERTOOL_CONNECT_TIMEOUT_MS", 120000, 100, 3600000);
 }
-
-ncclResult_t ct_plugin_props(int dev, ncclNetProperties_v12_t* p, const char* name) {
-  static char pci[PATH_MAX];
-  struct sockaddr_in a;
-  if (dev != 0 || ct_plugin_addr(&a)) return ncclInvalidArgument;
-  memset(p, 0, sizeof *p);
-  char path[128];
-  snprintf(path, sizeof path, "/sys/class/net/%s/device", g_ifname);
-  p->name = (char*)name;
-  p->pciPath = realpath(path, pci) ? pci : NULL;
-  p->guid = 0x6374000000000000ull;
-  p->ptrSupport = NCCL_PTR_HOST;
-  p->speed = 10000;
-  snprintf(path, sizeof path, "/sys/class/net/%s/speed", g_ifname);
-  FILE* f = fopen(path, "r");
-  if (f) {
-    int s = 0;
-    if (fscanf(f, "%d", &s) == 1 && s > 0) p->speed = s;
-    fclose(f);
-  }
-  p->latency = 0;
-  p->maxComms = 65536;
-  p->maxRecvs = 1;
-  p->netDeviceType = NCCL_NET_DEVICE_HOST;
-  p->netDeviceVersion = 0;
-  p->vProps.ndevs = 1;
-  p->vProps.devs[0] = 0;
-  p->maxP2pBytes = (size_t)NCCL_MAX_NET_SIZE_BYTES;
-  p->maxCollBytes = (size_t)NCCL_MAX_NET_SIZE_BYTES;
-  p->maxMultiRequestSize = 1;
-  p->railId = -1;
-  p->planeId = -1;
-  return ncclSuccess;
-}
-
-/* ---------------- forwarding ---------------- */
-static void try_forward(void) {
-  if (ct_env_long("CLUSTERTOOL_NET_FORWARD", 1, 0, 1) == 0) return;
-  const char* lib = ct_env_str("CLUSTERTOOL_OFI_LIB", "libnccl-net-ofi.so");
-  g_fwd_lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-  if (!g_fwd_lib) return;  /* absent: plain TCP */
-  g_fwd = dlsym(g_fwd_lib, "ncclNetPlugin_v12");
-  if (!g_fwd) {
-    CT_INFO("%s has no ncclNetPlugin_v12; using TCP for point-to-point", lib);
-    dlclose(g_fwd_lib);
-    g_fwd_lib = NULL;
-  }
-}
-
-const char* ct_net_forward_name(void) { return g_fwd ? g_fwd->name : NULL; }
 
 static ncclResult_t net_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_t* cfg, ncclDebugLogger_t log,
                              ncclProfilerCallback_t prof) {
+  static int said;
   if (log) ct_logger = log;
-  if (!g_fwd && !g_fwd_lib) try_forward();
-  if (g_fwd) {
-    ncclResult_t r = g_fwd->init(ctx, commId, cfg, log, prof);
+  if (ct_fwd()) {
+    ncclResult_t r = ct_fwd_init(ctx, commId, cfg, log, prof);
     if (r == ncclSuccess) {
-      CT_INFO("point-to-point forwarded to %s", g_fwd->name);
+      g_fwd = ct_fwd();
+      if (!said++) CT_INFO("net plugin %s: point-to-point forwarded to %s (%d devices)", CT_VERSION, g_fwd->name,
+                           ct_net_ndevs());
       return r;
     }
-    CT_WARN("%s init failed (%d); using TCP", g_fwd->name, (int)r);
-    g_fwd = NULL;
+    CT_WARN("%s init failed (%d); using TCP for point-to-point", ct_fwd() ? ct_fwd()->name : "OFI plugin", (int)r);
   }
+  g_fwd = NULL;
   struct sockaddr_in a;
   if (ct_plugin_addr(&a)) return ncclSystemError;
   *ctx = calloc(1, 1);
+  if (!said++) CT_INFO("net plugin %s: TCP on %s, device %s", CT_VERSION, ct_plugin_ifname(), CT_TCP_DEV_NAME);
   return *ctx ? ncclSuccess : ncclSystemError;
 }
 
 #define FWD(call) \
   do { if (g_fwd) return g_fwd->call; } while (0)
 
-static ncclResult_t net_devices(int* n) { FWD(devices(n)); *n = 1; return ncclSuccess; }
+static ncclResult_t net_devices(int* n) { FWD(devices(n)); *n = ct_net_ndevs(); return ncclSuccess; }
 
 static ncclResult_t net_props(int dev, ncclNetProperties_v12_t* p) {
   FWD(getProperties(dev, p));
-  return ct_plugin_props(dev, p, "clustertool-tcp");
+  return ct_net_dev_props(dev, p);
 }
 
 ncclResult_t ct_plugin_listen(int dev, void* handle, int* fd_out, ct_handle_t* h) {
   struct sockaddr_in a;
-  if (dev != 0 || ct_plugin_addr(&a)) return ncclInvalidArgument;
+  if (dev < 0 || dev >= ct_net_ndevs() || ct_plugin_addr(&a)) return ncclInvalidArgument;
   memset(h, 0, sizeof *h);
   int fd = ct_listen_socket(&a, &h->addr);
   if (fd < 0) return ncclSystemError;
   h->magic = CT_HANDLE_MAGIC;
+  h->stage.fd = -1;
   struct timeval tv;
   gettimeofday(&tv, NULL);
   h->nonce = ((uint64_t)tv.tv_sec << 32) ^ (uint64_t)tv.tv_usec ^ ((uint64_t)getpid() << 16) ^ (uint64_t)fd;
@@ -148,6 +106,7 @@ static ncclResult_t net_listen(void* ctx, int dev, void* handle, void** lc) {
   if (!l) return ncclSystemError;
   ncclResult_t r = ct_plugin_listen(dev, handle, &l->fd, &l->h);
   if (r != ncclSuccess) { free(l); return r; }
+  fcntl(l->fd, F_SETFL, fcntl(l->fd, F_GETFL) | O_NONBLOCK);
   memcpy(handle, &l->h, sizeof l->h);
   *lc = l;
   return ncclSuccess;
@@ -163,16 +122,73 @@ static ct_p2p_comm_t* new_comm(int fd, int is_send) {
   return c;
 }
 
+static int retryable(int err) {
+  return err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNRESET || err == EAGAIN || err == ENETUNREACH ||
+         err == EHOSTUNREACH;
+}
+
+/* One non-blocking step of the connect state machine kept in h->stage. */
+static ncclResult_t connect_step(ct_handle_t* h, void** sc) {
+  long now = ct_now_ms(), tmo = connect_timeout_ms();
+  if (h->stage.state == ST_START) {
+    if (now < h->stage.t0_ms + (long)h->stage.tries * RETRY_MS) return ncclSuccess;   /* pace retries */
+    int fd = ct_connect_start(&h->addr);
+    if (fd < 0) goto failed;
+    h->stage.fd = fd;
+    h->stage.state = ST_CONNECTING;
+  }
+  if (h->stage.state == ST_CONNECTING) {
+    int c = ct_connect_check(h->stage.fd);
+    if (c == 0) {
+      if (now - h->stage.t0_ms <= tmo) return ncclSuccess;
+      errno = ETIMEDOUT;
+    }
+    if (c <= 0) {
+      close(h->stage.fd);
+      h->stage.fd = -1;
+      h->stage.state = ST_START;
+      goto failed;
+    }
+    h->stage.state = ST_SENDING;
+    h->stage.sent = 0;
+  }
+  if (h->stage.state == ST_SENDING) {
+    ssize_t n = send(h->stage.fd, (char*)&h->nonce + h->stage.sent, sizeof h->nonce - h->stage.sent,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return ncclSuccess;
+    if (n <= 0) { close(h->stage.fd); h->stage.fd = -1; h->stage.state = ST_START; goto failed; }
+    h->stage.sent += (uint32_t)n;
+    if (h->stage.sent < sizeof h->nonce) return ncclSuccess;
+    *sc = new_comm(h->stage.fd, 1);
+    if (!*sc) return ncclSystemError;
+    h->stage.state = ST_DONE;
+  }
+  return ncclSuccess;
+failed:
+  h->stage.tries++;
+  if (retryable(errno) && ct_now_ms() - h->stage.t0_ms <= tmo) return ncclSuccess;   /* try again later */
+  CT_WARN("connect to %s:%d failed after %u tries: %s", inet_ntoa(h->addr.sin_addr), ntohs(h->addr.sin_port),
+          h->stage.tries, strerror(errno));
+  return ncclSystemError;
+}
+
 static ncclResult_t net_connect(void* ctx, int dev, void* handle, void** sc, ncclNetDeviceHandle_v12_t** dc) {
   FWD(connect(ctx, dev, handle, sc, dc));
-  ct_handle_t h;
-  memcpy(&h, handle, sizeof h);
-  if (h.magic != CT_HANDLE_MAGIC) return ncclInvalidArgument;
-  int fd = ct_connect_socket(&h.addr, (int)ct_env_long("CLUSTERTOOL_CONNECT_TIMEOUT_MS", 120000, 100, 3600000));
-  if (fd < 0 || ct_send_all(fd, &h.nonce, sizeof h.nonce)) { if (fd >= 0) close(fd); return ncclSystemError; }
-  *sc = new_comm(fd, 1);
+  *sc = NULL;
   if (dc) *dc = NULL;
-  return *sc ? ncclSuccess : ncclSystemError;
+  ct_handle_t h;   /* NCCL's handle buffer carries no alignment promise: work on a copy */
+  memcpy(&h, handle, sizeof h);
+  if (h.magic != CT_HANDLE_MAGIC || dev < 0 || dev >= ct_net_ndevs()) return ncclInvalidArgument;
+  if (h.stage.state == ST_DONE) return ncclInvalidUsage;
+  if (h.stage.state == ST_START && h.stage.tries == 0) { h.stage.t0_ms = ct_now_ms(); h.stage.fd = -1; }
+  ncclResult_t r = connect_step(&h, sc);
+  memcpy(handle, &h, sizeof h);
+  return r;
+}
+
+static void drop_pending(ct_listen_t* l, int i) {
+  close(l->pend[i].fd);
+  l->pend[i] = l->pend[--l->npend];
 }
 
 static ncclResult_t net_accept(void* lc, void** rc, ncclNetDeviceHandle_v12_t** dc) {
@@ -180,12 +196,26 @@ static ncclResult_t net_accept(void* lc, void** rc, ncclNetDeviceHandle_v12_t** 
   ct_listen_t* l = lc;
   *rc = NULL;
   if (dc) *dc = NULL;
-  int fd = ct_accept_timeout(l->fd, 0);   /* must not block: NCCL calls again */
-  if (fd < 0) return ncclSuccess;
-  uint64_t nonce = 0;
-  if (ct_recv_all(fd, &nonce, sizeof nonce) || nonce != l->h.nonce) { close(fd); return ncclSuccess; }
-  *rc = new_comm(fd, 0);
-  return *rc ? ncclSuccess : ncclSystemError;
+  while (l->npend < CT_MAX_PENDING) {   /* take what the kernel has queued, never wait */
+    int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) break;
+    ct_tune_socket(fd);
+    l->pend[l->npend++] = (ct_pending_t){fd, 0, 0};
+  }
+  for (int i = 0; i < l->npend; i++) {
+    ct_pending_t* p = &l->pend[i];
+    ssize_t n = recv(p->fd, (char*)&p->nonce + p->got, sizeof p->nonce - p->got, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) { drop_pending(l, i--); continue; }   /* closed or failed: a stray */
+    p->got += (uint32_t)n;
+    if (p->got < sizeof p->nonce) continue;
+    if (p->nonce != l->h.nonce) { drop_pending(l, i--); continue; }
+    int fd = p->fd;
+    l->pend[i] = l->pend[--l->npend];
+    *rc = new_comm(fd, 0);
+    return *rc ? ncclSuccess : ncclSystemError;
+  }
+  return ncclSuccess;
 }
 
 static int g_mr_token;
@@ -290,7 +320,10 @@ static ncclResult_t net_close_recv(void* c) { FWD(closeRecv(c)); return close_co
 static ncclResult_t net_close_listen(void* lc) {
   FWD(closeListen(lc));
   ct_listen_t* l = lc;
-  if (l) { close(l->fd); free(l); }
+  if (!l) return ncclSuccess;
+  while (l->npend) drop_pending(l, 0);
+  close(l->fd);
+  free(l);
   return ncclSuccess;
 }
 static ncclResult_t net_finalize(void* ctx) { FWD(finalize(ctx)); free(ctx); return ncclSuccess; }
@@ -300,7 +333,7 @@ static ncclResult_t net_set_attr(void* ctx, ncclNetAttr_v12_t* a) {
 }
 
 __attribute__((visibility("default"))) ncclNet_v12_t ncclNetPlugin_v12 = {
-    .name = "clustertool",
+    .name = CT_PLUGIN_NAME,
     .init = net_init,
     .devices = net_devices,
     .getProperties = net_props,

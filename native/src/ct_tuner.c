@@ -1,8 +1,16 @@
-/* ncclTunerPlugin_v6 / _v5: picks algorithm/protocol/channels from the CSV table at
- * $CLUSTERTOOL_TUNER_CONFIG. No table, or no matching rule: NCCL's own choice. */
+/* ncclTunerPlugin_v6 .. _v1: picks algorithm/protocol/channels from the CSV table at
+ * $CLUSTERTOOL_TUNER_CONFIG. No table, or no matching rule: NCCL's own choice.
+ * NCCL looks for (src/misc/tuner.cc up to 2.25, src/plugin/tuner.cc after):
+ *   2.19-2.20 v1; 2.21 v2; 2.22-2.23 v3, v2; 2.24-2.27 v4..v2; 2.28-2.29 v5..v2; 2.30 v6..v2.
+ * v3 on share the cost-table interface; v1/v2 return one algorithm and protocol,
+ * so their adapter runs the same rule against a table marking what NCCL said is
+ * unavailable (CollNet without collNetSupport, NVLS without nvlsSupport, and PAT,
+ * which those releases do not have). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "ct_common.h"
+#include "ct_nccl_abi_compat.h"
 #include "ct_tuner.h"
 
 typedef struct { ct_tune_table_t t; size_t nodes, ranks; } ct_tuner_ctx_t;
@@ -43,6 +51,79 @@ static ncclResult_t tn_finalize(void* ctx) {
   if (c) { ct_tune_free(&c->t); free(c); }
   return ncclSuccess;
 }
+
+/* ---- v4, v3: the cost table without (v3) or with (v4) regBuff ---- */
+static ncclResult_t tn_init_v4(size_t nRanks, size_t nNodes, ncclDebugLogger_t log, void** ctx) {
+  return tn_init(ctx, 0, nRanks, nNodes, log, NULL, NULL);
+}
+static ncclResult_t tn_get_v4(void* ctx, ncclFunc_t coll, size_t nBytes, int numPipeOps, float** table, int numAlgo,
+                              int numProto, int regBuff, int* nChannels) {
+  return tn_get(ctx, coll, nBytes, numPipeOps, table, numAlgo, numProto, regBuff, nChannels);
+}
+static ncclResult_t tn_get_v3(void* ctx, ncclFunc_t coll, size_t nBytes, int numPipeOps, float** table, int numAlgo,
+                              int numProto, int* nChannels) {
+  return tn_get(ctx, coll, nBytes, numPipeOps, table, numAlgo, numProto, 0, nChannels);
+}
+
+/* ---- v2, v1: one answer instead of a cost table ---- */
+static ncclResult_t tn_get_v2(void* ctx, ncclFunc_t coll, size_t nBytes, int collNetSupport, int nvlsSupport,
+                              int numPipeOps, int* algorithm, int* protocol, int* nChannels) {
+  enum { NA = NCCL_NUM_ALGORITHMS_V5, NP = NCCL_NUM_PROTOCOLS_V5 };
+  float cost[NA][NP];
+  for (int a = 0; a < NA; a++)
+    for (int p = 0; p < NP; p++) {
+      int off = ((a == NCCL_ALGO_COLLNET_DIRECT || a == NCCL_ALGO_COLLNET_CHAIN) && !collNetSupport) ||
+                ((a == NCCL_ALGO_NVLS || a == NCCL_ALGO_NVLS_TREE) && !nvlsSupport) || a == NCCL_ALGO_PAT;
+      cost[a][p] = off ? (float)NCCL_ALGO_PROTO_IGNORE : 1.0f;
+    }
+  int ch = nChannels ? *nChannels : 0;
+  ncclResult_t r = tn_get(ctx, coll, nBytes, numPipeOps, (float**)cost, NA, NP, 0, &ch);
+  for (int a = 0; a < NA; a++)
+    for (int p = 0; p < NP; p++)
+      if (cost[a][p] == 0.0f) { *algorithm = a; *protocol = p; if (nChannels) *nChannels = ch; }
+  return r;
+}
+static ncclResult_t tn_destroy(void* ctx) { return tn_finalize(ctx); }
+
+static void* g_v1_ctx;   /* v1 keeps no context: the last init's table serves */
+static pthread_mutex_t g_v1_mu = PTHREAD_MUTEX_INITIALIZER;
+static ncclResult_t tn_init_v1(size_t nRanks, size_t nNodes, ncclDebugLogger_t log) {
+  void* ctx = NULL;
+  ncclResult_t r = tn_init_v4(nRanks, nNodes, log, &ctx);
+  if (r != ncclSuccess) return r;
+  pthread_mutex_lock(&g_v1_mu);
+  void* old = g_v1_ctx;
+  g_v1_ctx = ctx;
+  pthread_mutex_unlock(&g_v1_mu);
+  if (old) tn_finalize(old);
+  return ncclSuccess;
+}
+static ncclResult_t tn_get_v1(ncclFunc_t coll, size_t nBytes, int collNetSupport, int nvlsSupport, int numPipeOps,
+                              int* algorithm, int* protocol, int* nChannels) {
+  pthread_mutex_lock(&g_v1_mu);
+  ncclResult_t r = g_v1_ctx ? tn_get_v2(g_v1_ctx, coll, nBytes, collNetSupport, nvlsSupport, numPipeOps, algorithm,
+                                        protocol, nChannels)
+                            : ncclSuccess;
+  pthread_mutex_unlock(&g_v1_mu);
+  return r;
+}
+static ncclResult_t tn_destroy_v1(void) {
+  pthread_mutex_lock(&g_v1_mu);
+  void* old = g_v1_ctx;
+  g_v1_ctx = NULL;
+  pthread_mutex_unlock(&g_v1_mu);
+  return old ? tn_finalize(old) : ncclSuccess;
+}
+
+#define EXPORT __attribute__((visibility("default")))
+EXPORT ncclTuner_v4_t ncclTunerPlugin_v4 = {
+    .name = "clustertool", .init = tn_init_v4, .getCollInfo = tn_get_v4, .destroy = tn_destroy};
+EXPORT ncclTuner_v3_t ncclTunerPlugin_v3 = {
+    .name = "clustertool", .init = tn_init_v4, .getCollInfo = tn_get_v3, .destroy = tn_destroy};
+EXPORT ncclTuner_v2_t ncclTunerPlugin_v2 = {
+    .name = "clustertool", .init = tn_init_v4, .getCollInfo = tn_get_v2, .destroy = tn_destroy};
+EXPORT ncclTuner_v1_t ncclTunerPlugin_v1 = {
+    .name = "clustertool", .init = tn_init_v1, .getCollInfo = tn_get_v1, .destroy = tn_destroy_v1};
 
 __attribute__((visibility("default"))) ncclTuner_v6_t ncclTunerPlugin_v6 = {
     .name = "clustertool", .init = tn_init, .getCollInfo = tn_get, .finalize = tn_finalize, .getChunkSize = NULL};

@@ -23,8 +23,20 @@ run test_reduce "$B/test_reduce"
 run test_tuner "$B/test_tuner" "$B"
 run test_net "$B/test_net" "$B"
 run test_net_forward "$B/test_net" "$B" "$B/fake/libnccl-net-ofi.so"
+run test_net_nonblocking "$B/test_net_nonblocking" "$B"
+run test_collnet_pairing "$B/test_collnet_pairing" "$B"
+run test_collnet_pairing_forward "$B/test_collnet_pairing" "$B" "$B/fake/libnccl-net-ofi.so"
+for v in 11 10 9; do   # OFI plugins exporting only an older net ABI are forwarded to as well
+  run "test_collnet_pairing_forward_ofi_v$v" "$B/test_collnet_pairing" "$B" "$B/fake/v$v/libnccl-net-ofi.so"
+  run "test_net_forward_ofi_v$v" "$B/test_net" "$B" "$B/fake/v$v/libnccl-net-ofi.so"
+done
+run test_abi_versions "$B/test_abi_versions" "$B"
 for np in 2 3 4; do
   run "test_coll_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_coll_mpi" "$B"
+done
+for np in 2 3; do
+  run "test_coll_versions_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np \
+    "$B/test_coll_versions_mpi" "$B"
 done
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -5,7 +5,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
-#include "ct_nccl_abi.h"
+#include "ct_nccl_abi_compat.h"
 #include "ct_test.h"
 
 static char* path(const char* dir, const char* name) {
@@ -39,8 +39,19 @@ static void test_net_symbols(const char* dir) {
   ncclCollNet_v12_t* cn = dlsym(lib, "ncclCollNetPlugin_v12");
   CHECK(net != NULL, "exports ncclNetPlugin_v12");
   CHECK(cn != NULL, "exports ncclCollNetPlugin_v12");
-  CHECK(dlsym(lib, "ncclNetPlugin_v11") == NULL, "does not claim older versions");
-  CHECK(dlsym(lib, "ct_reduce") == NULL, "internal symbols stay hidden");
+  /* every version NCCL 2.19 .. 2.30 asks for (2.19 looks for v7..v5, 2.30 for v12..v6) */
+  for (int v = 5; v <= 12; v++) {
+    char sym[64];
+    snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", v);
+    CHECK(dlsym(lib, sym) != NULL, "exports %s", sym);
+    snprintf(sym, sizeof sym, "ncclCollNetPlugin_v%d", v);
+    CHECK(dlsym(lib, sym) != NULL, "exports %s", sym);
+  }
+  CHECK(dlsym(lib, "ncclNetPlugin_v4") == NULL && dlsym(lib, "ncclNetPlugin_v13") == NULL,
+        "no version NCCL 2.19 .. 2.30 does not know");
+  CHECK(dlsym(lib, "ncclTunerPlugin_v6") == NULL && dlsym(lib, "ncclTunerPlugin_v2") == NULL,
+        "no tuner symbols in the net library (NCCL >= 2.21 would take them as the tuner)");
+  CHECK(dlsym(lib, "ct_reduce") == NULL && dlsym(lib, "ct_props_v9") == NULL, "internal symbols stay hidden");
   if (net) {
     CHECK(net->name && !strcmp(net->name, "clustertool"), "net name");
     CHECK(net->init && net->devices && net->getProperties && net->listen && net->connect && net->accept &&
@@ -57,7 +68,7 @@ static void test_net_symbols(const char* dir) {
     int n = -1;
     setenv("CLUSTERTOOL_SOCKET_ADDR", "127.0.0.1", 1);
     CHECK(cn->init(&ctx, 1, NULL) == ncclSuccess, "collnet init");
-    CHECK(cn->devices(&n) == ncclSuccess && n == 1, "collnet has one device");
+    CHECK(cn->devices(&n) == ncclSuccess && n == 1, "collnet has one device (the TCP net device)");
     ncclNetProperties_v12_t p;
     memset(&p, 0xee, sizeof p);
     CHECK(cn->getProperties(0, &p) == ncclSuccess, "collnet properties");
@@ -88,6 +99,12 @@ static void test_tuner_symbols(const char* dir) {
   ncclTuner_v5_t* t5 = dlsym(lib, "ncclTunerPlugin_v5");
   CHECK(t6 && t6->init && t6->getCollInfo && t6->finalize, "exports ncclTunerPlugin_v6");
   CHECK(t5 && t5->init && t5->getCollInfo && t5->finalize, "exports ncclTunerPlugin_v5");
+  for (int v = 1; v <= 4; v++) {   /* v1 for NCCL 2.19/2.20, v2 for 2.21, v3 from 2.22, v4 from 2.24 */
+    char sym[64];
+    snprintf(sym, sizeof sym, "ncclTunerPlugin_v%d", v);
+    const ncclTuner_v4_t* t = dlsym(lib, sym);   /* v1..v4 all have name, init, getCollInfo, destroy */
+    CHECK(t && t->name && t->init && t->getCollInfo && t->destroy, "exports %s", sym);
+  }
   CHECK(t6 && t6->getChunkSize == NULL, "v6 getChunkSize left to NCCL");
   dlclose(lib);
 }

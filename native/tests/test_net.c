@@ -109,7 +109,7 @@ static void test_forward(ncclNet_v12_t* n) {
   CHECK(nd == 7, "devices answered by the OFI plugin (got %d)", nd);
   ncclNetProperties_v12_t p;
   n->getProperties(0, &p);
-  CHECK(p.name && !strcmp(p.name, "fake-ofi-dev"), "properties answered by the OFI plugin");
+  CHECK(p.name && !strcmp(p.name, "fake-ofi-dev0"), "properties answered by the OFI plugin");
   n->finalize(ctx);
 }
 

@@ -44,6 +44,10 @@ def test_make_test_passes_with_multi_rank_collnet():
     assert proc.returncode == 0 and failed == 0 and passed > 1000, proc.stdout[-3000:] + proc.stderr[-2000:]
     for np in (2, 3, 4):
         assert f"test_coll_mpi np={np}: " in proc.stdout
+    # every ABI version at 2 and 3 ranks, CollNet/net pairing, logger flags, non-blocking connect
+    for name in ("test_coll_versions_mpi np=2", "test_coll_versions_mpi np=3", "test_abi_versions",
+                 "test_collnet_pairing", "test_collnet_pairing_forward", "test_net_nonblocking"):
+        assert f"== {name}: " in proc.stdout and f"== {name}: 0 passed" not in proc.stdout, name
 
 
 def test_sanitizer_build_passes():

@@ -61,3 +61,39 @@ def test_node_python_avoids_an_interpreter_hidden_under_home(monkeypatch, tmp_pa
         assert result[0] == "env" and result[1].startswith("PYTHONPATH=") and result[2] == system[0]
     else:
         assert result == [str(exe)]
+
+
+def _synthetic():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("synthetic_benchmark", workloads.DIR / "synthetic_benchmark.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_synthetic_benchmark_takes_gpu_or_cpu_defaults_by_device():
+    sb = _synthetic()
+    gpu = sb._resolve(sb._args([]), cuda_available=True)
+    assert (gpu.device, gpu.model, gpu.batch_size, gpu.image_size) == ("cuda", "resnet50", 64, 224)
+    cpu = sb._resolve(sb._args([]), cuda_available=False)
+    assert (cpu.device, cpu.model, cpu.batch_size, cpu.image_size, cpu.iters) == ("cpu", "tiny", 16, 32, 3)
+    mine = sb._resolve(sb._args(["--device", "cpu", "--batch-size", "4", "--model", "resnet18"]), cuda_available=True)
+    assert (mine.device, mine.batch_size, mine.model) == ("cpu", 4, "resnet18"), "explicit flags win"
+
+
+def test_synthetic_benchmark_refuses_what_cannot_run():
+    sb = _synthetic()
+    with pytest.raises(SystemExit, match="torch sees no GPU"):
+        sb._resolve(sb._args(["--device", "cuda"]), cuda_available=False)
+    with pytest.raises(SystemExit, match="horovod needs GPUs"):
+        sb._resolve(sb._args(["--device", "cpu", "--backend", "horovod"]), cuda_available=False)
+
+
+def test_synthetic_benchmark_help_and_arguments_need_no_torch():
+    code = ("import sys, importlib.util; sys.modules['torch'] = None; "   # any torch import now fails
+            f"spec = importlib.util.spec_from_file_location('sb', {str(workloads.DIR / 'synthetic_benchmark.py')!r}); "
+            "sb = importlib.util.module_from_spec(spec); spec.loader.exec_module(sb); "
+            "print(sb._resolve(sb._args([]), cuda_available=False).model)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "tiny", proc.stderr
