@@ -42,7 +42,8 @@ import nccl_gpu_plan as plan  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="nccl_gpu.py", description="NCCL loads the plugin and runs CollNet: proof on a GPU")
+    p = argparse.ArgumentParser(prog="nccl_gpu.py",
+                                description="NCCL loads the plugin and runs CollNet: proof on a GPU")
     p.add_argument("--ranks", type=int, default=4, help="processes, each a different host to NCCL (2-8; default 4)")
     p.add_argument("--sizes", default="1M:256M", help="A:B doubling, or a list A,B,C (default 1M:256M)")
     p.add_argument("--iters", type=int, default=5, help="timed allreduces per size (default 5)")
@@ -53,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rate", default="10gbit", help="link shaping, e.g. 10gbit, 400mbit, none (default 10gbit)")
     p.add_argument("--shape-lo", action="store_true", help="hostid mode: shape lo with tc (affects the whole machine)")
     p.add_argument("--buffsize", type=plan.parse_size, default=None, help="NCCL_BUFFSIZE for every variant")
-    p.add_argument("--no-tuner", action="store_true", help="collnet variants: let NCCL choose instead of asking for CollNet")
+    p.add_argument("--no-tuner", action="store_true",
+                   help="collnet variants: let NCCL choose instead of asking for CollNet")
     p.add_argument("--timeout", type=int, default=900, help="seconds per variant (default 900)")
     p.add_argument("--python", default=sys.executable, help="interpreter with torch for the ranks")
     p.add_argument("--keep-logs", type=Path, default=None, help="copy every rank's log and results here")

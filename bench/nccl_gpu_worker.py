@@ -59,7 +59,8 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             if i >= args.warmup:
                 times.append(start.elapsed_time(end) * 1e3)   # microseconds
-        ref = torch.arange(n, dtype=torch.int64).remainder_(17).to(torch.float32).mul_(world).add_(world * (world - 1) / 2)
+        ref = torch.arange(n, dtype=torch.int64).remainder_(17).to(torch.float32)
+        ref.mul_(world).add_(world * (world - 1) / 2)
         wrong = int((buf.cpu() != ref).sum())
         t = sum(times) / len(times)
         algbw = size / (t * 1e-6) / 1e9

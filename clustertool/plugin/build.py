@@ -25,7 +25,8 @@ from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
 
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
-NET_LIB = "libnccl-net-clustertool.so"
+NET_NAME = "clustertool"  # NCCL_NET_PLUGIN=<name> loads libnccl-net-<name>.so
+NET_LIB = f"libnccl-net-{NET_NAME}.so"
 TUNER_LIB = "libnccl-tuner-clustertool.so"
 BENCH = "collnet_bench"
 ARTEFACTS = (NET_LIB, TUNER_LIB, BENCH)

@@ -19,6 +19,7 @@ from clustertool.model import Cluster, GroupResult, HostResult, Reporter, silent
 from clustertool.plugin.build import (
     ARTEFACTS,
     NET_LIB,
+    NET_NAME,
     TUNER_LIB,
     TUNER_TABLE,
     Build,
@@ -141,9 +142,10 @@ def status(cluster: Cluster, build: Build | None, dest: str | None = None,
 def plugin_env(cluster: Cluster) -> dict[str, str]:
     """The environment a job needs to run NCCL with the deployed plugin (for `run --plugin`).
 
-    NCCL takes the plugins by absolute path, so they load whatever LD_LIBRARY_PATH holds;
-    LD_LIBRARY_PATH still gets the plugin folder in front of the nodes' own value (seen at
-    deploy) so the OFI plugin and CUDA stay reachable.
+    The net plugin goes by name: NCCL 2.19 and 2.20 only try ``libnccl-net-<NCCL_NET_PLUGIN>.so``
+    (an absolute path there silently gives NCCL's own net), which LD_LIBRARY_PATH finds with the
+    plugin folder in front of the nodes' own value (seen at deploy), so the OFI plugin and CUDA
+    stay reachable. The tuner goes by absolute path, which every release with a tuner accepts.
     """
     deployed = load_record(cluster.name).get("deployed")
     if not deployed:
@@ -152,7 +154,7 @@ def plugin_env(cluster: Cluster) -> dict[str, str]:
     dest = deployed["dest"].rstrip("/")
     ld = ":".join(p for p in (dest, deployed.get("ld_library_path") or "") if p)
     env = {
-        "NCCL_NET_PLUGIN": f"{dest}/{NET_LIB}",
+        "NCCL_NET_PLUGIN": NET_NAME,
         "NCCL_COLLNET_ENABLE": "1",
         "NCCL_TUNER_PLUGIN": f"{dest}/{TUNER_LIB}",
         "LD_LIBRARY_PATH": ld,

@@ -25,7 +25,8 @@ import sys
 import time
 
 # GPU defaults, then the CPU ones (a small model and images, a few steps)
-_DEFAULTS = {"cuda": dict(model="resnet50", batch_size=64, image_size=224, warmup_steps=10, steps_per_iter=10, iters=10),
+_DEFAULTS = {"cuda": dict(model="resnet50", batch_size=64, image_size=224, warmup_steps=10, steps_per_iter=10,
+                          iters=10),
              "cpu": dict(model="tiny", batch_size=16, image_size=32, warmup_steps=1, steps_per_iter=3, iters=3)}
 
 
@@ -140,7 +141,7 @@ def _backend(name: str, device: str):
 def _model(name: str):
     if name == "tiny":
         return tiny_model()
-    from torchvision import models   # only the GPU models need torchvision
+    from torchvision import models  # only the GPU models need torchvision
 
     return getattr(models, name)()
 

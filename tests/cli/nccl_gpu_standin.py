@@ -53,7 +53,8 @@ def main() -> int:
     if name and not found:
         out.append(p + f"NET/Plugin: Could not find: {name} libnccl-net-{name}.so")
     if found and env.get("NCCL_NET", "") != "Socket":
-        out += [p + f"NET/Plugin: Loaded net plugin {name} (v10)", p + f"NET/Plugin: Loaded collnet plugin {name} (v10)",
+        out += [p + f"NET/Plugin: Loaded net plugin {name} (v10)",
+                p + f"NET/Plugin: Loaded collnet plugin {name} (v10)",
                 p + f"Using network {name}"]
         nodes = len(set(hosts))
         if env.get("NCCL_COLLNET_ENABLE") == "1":

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from clustertool import scaling, workloads
+from clustertool import workloads
+from clustertool.bench import scaling
 
 pytestmark = pytest.mark.cli
 torch = pytest.importorskip("torch", reason="the workload needs PyTorch (make venv installs it; NO_TORCH=1 skips)")

@@ -132,7 +132,7 @@ def test_plugin_env_points_nccl_at_the_deployed_files(ct_env):
     native.save_record("pl", {"deployed": {"dest": "/opt/ct/lib/", "sha256": SUM_A, "tuner_table": True,
                                            "ld_library_path": "/usr/local/cuda/lib64"}})
     env = deploy.plugin_env(_cluster())
-    assert env["NCCL_NET_PLUGIN"] == "/opt/ct/lib/libnccl-net-clustertool.so"
+    assert env["NCCL_NET_PLUGIN"] == "clustertool"  # by name: NCCL 2.19/2.20 take no path
     assert env["NCCL_TUNER_PLUGIN"] == "/opt/ct/lib/libnccl-tuner-clustertool.so"
     assert env["NCCL_COLLNET_ENABLE"] == "1"
     assert env["LD_LIBRARY_PATH"] == "/opt/ct/lib:/usr/local/cuda/lib64"

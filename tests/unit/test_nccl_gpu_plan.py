@@ -143,7 +143,8 @@ def _run(name, lines, results=None, error=None):
                            logs=[nl.parse_log(text)], texts=[text], error=error)
 
 
-GOOD_NET = ["NCCL version 2.26.6+cuda12.8", "NET/Plugin: Loaded net plugin clustertool (v10)", "Using network clustertool"]
+GOOD_NET = ["NCCL version 2.26.6+cuda12.8", "NET/Plugin: Loaded net plugin clustertool (v10)",
+            "Using network clustertool"]
 GOOD_COLL = GOOD_NET + ["NET/Plugin: Loaded collnet plugin clustertool (v10)", "rank 0 Connected CollNet",
                         "AllReduce: 1048576 Bytes -> Algo COLLNET_CHAIN proto SIMPLE channel{Lo..Hi}={0..0}"]
 
@@ -170,8 +171,8 @@ def test_verdict_fails_when_collnet_was_asked_for_but_did_not_run():
     runs = good_runs()
     runs[2] = _run("collnet-sharded", GOOD_NET + [
         "Communicator has 1 nodes which is less than CollNet node threshold 2, disabling CollNet"])
-    runs[3] = _run("collnet-ring", GOOD_NET + ["rank 0 Connected CollNet",
-                                               "AllReduce: 1048576 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..0}"])
+    ring_algo = "AllReduce: 1048576 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..0}"
+    runs[3] = _run("collnet-ring", GOOD_NET + ["rank 0 Connected CollNet", ring_algo])
     code, problems = plan.verdict(runs, nl)
     assert code == 1
     assert problems[0].startswith("collnet-sharded: NCCL did not run CollNet: 1 node(s), below NCCL_COLLNET_NODE")

@@ -168,11 +168,13 @@ def test_loaded_but_never_connected_points_at_device_pairing():
 
 
 def test_collnet_setup_failure_and_disabled_env_are_reasons():
-    failed = nl.parse_log("\n".join([info("Using network clustertool"), info("NCCL_COLLNET_ENABLE set by environment to 1."),
+    failed = nl.parse_log("\n".join([info("Using network clustertool"),
+                                      info("NCCL_COLLNET_ENABLE set by environment to 1."),
                                      warn("Cannot initialize CollNet, using point-to-point network instead",
                                           "transport.cc:464")]))
     assert nl.collnet_state(failed) == (False, "CollNet setup failed on some rank (see the plugin's WARN lines)")
-    off = nl.parse_log("\n".join([info("Using network clustertool"), info("NCCL_COLLNET_ENABLE set by environment to 0.")]))
+    off = nl.parse_log("\n".join([info("Using network clustertool"),
+                                   info("NCCL_COLLNET_ENABLE set by environment to 0.")]))
     assert nl.collnet_state(off) == (False, "NCCL_COLLNET_ENABLE=0")
 
 
