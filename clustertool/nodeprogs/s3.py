@@ -376,4 +376,7 @@ def main(args):
 
 
 if __name__ == "__main__" and "ARGS" in globals():
-    sys.exit(main(ARGS))  # noqa: F821
+    code = main(ARGS)  # noqa: F821
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # not sys.exit: interpreter shutdown waits ~1 s on the stdin reader thread's lock
