@@ -55,8 +55,11 @@ OUT = threading.Lock()
 
 def send(msg):
     with OUT:
-        sys.stdout.write(json.dumps(msg) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps(msg) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # the control machine went away; read_stdin sees it too and stops the downloads
 
 
 class ObjectError(Exception):
@@ -137,6 +140,9 @@ class Job:
         with self.cond:
             self.stdin_open = False
             self.cond.notify_all()
+        # stdin closes before this program ends only when the control machine is gone (Ctrl-C, lost
+        # connection): stop, keeping partial files for the next run to resume
+        self._halt("the control machine went away")
 
     def renewed(self, i, seen):
         """A fresh URL for object i after its URL (generation ``seen``) was rejected as expired.

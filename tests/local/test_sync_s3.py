@@ -182,3 +182,32 @@ def test_a_changed_object_is_downloaded_again_and_the_table_names_each_node(s3_c
     assert "note: --pass-credentials does nothing now" in table.stderr
     assert "node-2" in table.stdout and "sync-s3 s3://train-data/ds/sub/" in table.stdout
 
+
+
+def test_ctrl_c_stops_every_node_program_and_the_next_run_resumes_their_partial_files(s3_cluster):
+    name, endpoint, env, client = s3_cluster
+    body = bytes(range(256)) * 4096  # 1 MiB
+    for i in range(4):
+        client.put_object(Bucket="train-data", Key=f"slow/{i}.bin", Body=body)
+    with S3Proxy(endpoint.split("//")[1].split(":")[0], endpoint) as proxy:
+        proxy.rules.rate = 256 << 10  # 4 s per object: still downloading at Ctrl-C
+        proc = subprocess.Popen([sys.executable, "-m", "clustertool", "sync-s3", "-c", name, "s3://train-data/slow",
+                                 "/scratch/cc", "--endpoint-url", proxy.url, "--threads", "2"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                cwd=Path(__file__).resolve().parents[2])
+        deadline = time.monotonic() + 30
+        while len(proxy.rules.gets) < 8 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)
+        proc.send_signal(2)  # SIGINT, as Ctrl-C
+        assert proc.wait(timeout=30) == 130
+        deadline = time.monotonic() + 10
+        while any(BOOT_MARK in cmd for _, cmd in _node_processes(name).values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(BOOT_MARK in cmd for _, cmd in _node_processes(name).values()), "a node program runs on"
+    code, data, err = _sync(env, name, "s3://train-data/slow", "/scratch/cc", "--endpoint-url", endpoint)
+    assert code == 0, err
+    for n in data["nodes"]:
+        assert n["downloaded"] == 4 and n["verified"] == 4 and n["bytes_resumed"] > 0, n
+        assert n["bytes_downloaded"] + n["bytes_resumed"] == 4 << 20
+    assert _files(env, name, "node-4", "/scratch/cc") == [f"{i}.bin {1 << 20}" for i in range(4)]
