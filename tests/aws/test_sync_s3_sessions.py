@@ -136,17 +136,17 @@ def test_a_corrupt_partial_file_is_caught_by_the_etag_removed_and_fetched_whole_
 
 
 def test_urls_that_expire_mid_run_are_renewed_and_the_nodes_go_on(s3):
-    """Real expiry (the proxy checks X-Amz-Date + X-Amz-Expires as S3 does): URLs live 3 s, each
+    """Real expiry (the proxy checks X-Amz-Date + X-Amz-Expires as S3 does): URLs live 4 s, each
     object takes ~1 s through a 1 MiB/s link, one at a time, so later URLs expire before use."""
-    for i in range(6):
+    for i in range(8):
         s3.client.put_object(Bucket="data", Key=f"slow/{i}.bin", Body=bytes([i]) * MiB)
     s3.proxy.rules.rate = MiB
-    result = s3.run("s3://data/slow", "slow", selection="node-[1-2]", threads=1, url_expiry=3)
+    result = s3.run("s3://data/slow", "slow", selection="node-[1-2]", threads=1, url_expiry=4)
     assert result.exit_code == 0, [n.error for n in result.nodes]
-    assert all(n.renewals >= 1 and n.downloaded == 6 and n.verified == 6 for n in result.nodes)
+    assert all(n.renewals >= 1 and n.downloaded == 8 and n.verified == 8 for n in result.nodes)
     assert any(status == 403 for _, _, status in s3.proxy.rules.gets)
     for n in result.nodes:
-        assert _tree(s3.home(n.node) / "slow") == {f"{i}.bin": bytes([i]) * MiB for i in range(6)}
+        assert _tree(s3.home(n.node) / "slow") == {f"{i}.bin": bytes([i]) * MiB for i in range(8)}
 
 
 def test_a_url_rejected_again_right_after_its_renewal_fails_that_object_only(s3):

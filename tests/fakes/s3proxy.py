@@ -104,11 +104,10 @@ class S3Proxy:
             return self._answer(req, 403, EXPIRED)
         if key in rules.denied:
             return self._answer(req, 403, DENIED)
-        with self._lock:
-            delete = key in rules.delete_on_get
-            rules.delete_on_get.discard(key)
-        if delete:
-            self.client.delete_object(Bucket=bucket, Key=key)
+        with self._lock:  # held through the deletion: no GET of that key overtakes it
+            if key in rules.delete_on_get:
+                self.client.delete_object(Bucket=bucket, Key=key)
+                rules.delete_on_get.discard(key)
         return None
 
     @staticmethod

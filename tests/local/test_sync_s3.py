@@ -150,9 +150,9 @@ def test_bad_objects_expired_urls_and_an_unreachable_endpoint_are_one_line_per_n
     with S3Proxy(second_address, endpoint, client) as proxy:
         proxy.rules.denied.add(KEYS[0])
         proxy.rules.delete_on_get.add(KEYS[1])
-        proxy.rules.rate = 20_000  # bytes/s: one object at a time takes ~5 s, URLs live 3 s
+        proxy.rules.rate = 10_000  # bytes/s: one object at a time takes ~9 s, URLs live 6 s
         code, data, err = _sync(env, name, "s3://train-data/ds", "/scratch/bad", "--endpoint-url", proxy.url,
-                                "--threads", "1", "--url-expiry", "3")
+                                "--threads", "1", "--url-expiry", "6")
         statuses = [s for _, _, s in proxy.rules.gets]
     assert code == 1
     by = {n["node"]: n for n in data["nodes"]}
