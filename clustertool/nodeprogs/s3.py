@@ -195,18 +195,19 @@ class Job:
             if status in (200, 206):
                 if status == 200 and have:  # the range was not honoured: start over
                     self.progress(-have)
+                    self.add("resumed", -have)
                     have, digest = 0, Digest(check) if digest is not None else None
                 enc = (resp.headers.get("x-amz-server-side-encryption") or "").lower()
                 if enc.startswith("aws:kms") or resp.headers.get("x-amz-server-side-encryption-customer-algorithm"):
                     size_only = True  # such an ETag is not an MD5 of the content
                 before = have
                 have = self._stream(resp, part, have, digest, url)
-                if have == before:
-                    failures += 1
-                    if failures > RETRIES:
-                        raise ObjectError(f"the endpoint sent no data ({have} of {size} bytes)")
+                failures = 0 if have > before else failures + 1  # a dropped transfer goes on where it was
+                if failures > RETRIES:
+                    raise ObjectError(f"the endpoint sent no data ({have} of {size} bytes)")
                 continue
             code, message = s3_error(resp)
+            self.http.drop(url)  # an error's body may not be all read: no reuse of that connection
             if status == 403 and is_expired(code, message):
                 fresh = self.renewed(i, gen)
                 if fresh is None:

@@ -121,6 +121,16 @@ def test_an_interrupted_download_resumes_from_its_partial_file_by_range(s3):
     assert (s3.home("node-1") / "ds" / "big.bin").read_bytes() == OBJECTS["ds/big.bin"] and not part.exists()
 
 
+def test_a_transfer_dropped_halfway_goes_on_by_range_in_the_same_run(s3):
+    s3.proxy.rules.cut_once.add("ds/big.bin")
+    node = s3.run(selection="node-1").nodes[0]
+    assert node.status == "ok" and node.verified == 5
+    assert node.bytes_downloaded == sum(len(v) for v in _expected().values())  # no byte twice
+    half = len(OBJECTS["ds/big.bin"]) // 2
+    assert [r for k, r in s3.proxy.rules.ranges if k == "ds/big.bin"] == [None, f"bytes={half}-"]
+    assert (s3.home("node-1") / "ds" / "big.bin").read_bytes() == OBJECTS["ds/big.bin"]
+
+
 def test_a_corrupt_partial_file_is_caught_by_the_etag_removed_and_fetched_whole_next_time(s3):
     etag = s3.client.head_object(Bucket="data", Key="ds/big.bin")["ETag"].strip('"')
     part = s3.home("node-2") / "ds" / partial_name("big.bin", etag)

@@ -10,6 +10,8 @@ the query), answers as S3 would where the test asks it to:
 * ``denied`` keys: ``403 AccessDenied: Access Denied`` (a bucket policy that refuses them);
 * ``delete_on_get`` keys: the proxy deletes the object in moto (boto3) before forwarding the first
   GET, so moto itself answers ``404 NoSuchKey`` (an object deleted between listing and download);
+* ``cut_once`` keys: the first GET's body stops halfway and the connection closes (a dropped
+  transfer, to be resumed by Range);
 * ``rate``: bytes per second per response body (a slow link, so URLs can expire mid-run).
 
 It records every presigned GET (client address, key, status).  Listening address and port are
@@ -37,6 +39,8 @@ class Rules:
     denied: set[str] = field(default_factory=set)
     always_expired: set[str] = field(default_factory=set)
     delete_on_get: set[str] = field(default_factory=set)
+    cut_once: set[str] = field(default_factory=set)
+    ranges: list[tuple[str, str | None]] = field(default_factory=list)  # (key, Range header) of presigned GETs
     rate: float | None = None           # bytes per second per response
     gets: list[tuple[str, str, int]] = field(default_factory=list)  # (client, key, status)
 
@@ -94,8 +98,13 @@ class S3Proxy:
             status = self._refusal(req, bucket, key, until)
             with self._lock:
                 self.rules.gets.append((req.client_address[0], key, status or 0))
+                self.rules.ranges.append((key, req.headers.get("Range")))
+                cut = not status and key in self.rules.cut_once
+                self.rules.cut_once.discard(key)
             if status:
                 return
+            self._forward(req, cut)
+            return
         self._forward(req)
 
     def _refusal(self, req, bucket: str, key: str, until: float) -> int | None:
@@ -120,7 +129,7 @@ class S3Proxy:
         req.wfile.write(data)
         return status
 
-    def _forward(self, req) -> None:
+    def _forward(self, req, cut: bool = False) -> None:
         length = int(req.headers.get("Content-Length") or 0)
         body = req.rfile.read(length) if length else None
         headers = {k: v for k, v in req.headers.items() if k.lower() not in ("connection", "keep-alive")}
@@ -137,7 +146,11 @@ class S3Proxy:
             length = resp.getheader("Content-Length") if req.command == "HEAD" else None
             req.send_header("Content-Length", length or str(len(data)))
             req.end_headers()
-            if req.command != "HEAD":
+            if cut:
+                req.wfile.write(data[: len(data) // 2])
+                req.wfile.flush()
+                req.close_connection = True
+            elif req.command != "HEAD":
                 self._send_body(req, data)
         finally:
             conn.close()
