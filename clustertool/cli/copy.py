@@ -52,33 +52,51 @@ def copy_cmd(
 
 
 def sync_s3_cmd(
-    url: str = typer.Argument(..., metavar="s3://BUCKET/PREFIX", help="s3://bucket/prefix to pull."),
+    url: str = typer.Argument(..., metavar="s3://BUCKET/PREFIX",
+                              help="s3://bucket/prefix to pull (a prefix is a folder, as with aws s3 sync)."),
     dest: str = typer.Argument(..., metavar="DEST", help="Destination directory on every selected node."),
     cluster: Optional[str] = ClusterOpt,
     nodes: Optional[str] = NodesOpt,
     shard: bool = typer.Option(False, "--shard", help="Give node i of N a disjoint 1/N of the objects."),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", envvar="AWS_ENDPOINT_URL",
                                                help="S3-compatible endpoint (default: AWS_ENDPOINT_URL, else AWS)."),
-    pass_credentials: bool = typer.Option(False, "--pass-credentials",
-                                          help="Send this machine's AWS credentials to the nodes (over ssh stdin, "
-                                               "never argv)."),
+    region: Optional[str] = typer.Option(None, "--region", help="Region to sign for (default: the bucket's)."),
+    threads: int = typer.Option(8, "--threads", min=1, max=64, help="Downloads at once on each node."),
+    url_expiry: str = typer.Option("15m", "--url-expiry", metavar="DURATION",
+                                   help="Life of each presigned URL (e.g. 900, 15m, 2h; at most 7d). "
+                                        "A node whose URL expires gets a fresh one and goes on."),
+    recheck: bool = typer.Option(False, "--recheck", help="Re-hash files that look up to date against the "
+                                                          "ETag; fetch again those that differ."),
+    pass_credentials: bool = typer.Option(False, "--pass-credentials", hidden=True,
+                                          help="Does nothing now: nodes get presigned URLs, never credentials."),
     json_output: bool = JsonOpt,
 ) -> None:
-    """Every node pulls s3://bucket/prefix into DEST at once, incremental, checked per node.
+    """Every node pulls s3://bucket/prefix into DEST at once, incremental, verified per node.
 
-    Nodes use their own credentials (instance role, ~/.aws, environment) unless
-    --pass-credentials. Exit code as for exec: the highest per node; 255 unreachable.
+    This machine lists the prefix (boto3, your usual AWS credentials) and gives each node
+    short-lived presigned GET URLs: no credentials ever reach a node. Nodes download with their
+    own python3, --threads at a time, resumable, each file checked against its ETag while written.
+    A re-run fetches only what is missing or changed. Exit code: 0 when every node has every
+    object; 1 when a node failed (named, with its objects); 255 when one was unreachable.
     """
     from clustertool.cli import progress, render
     from clustertool.transfer.s3 import sync_s3
+    from clustertool.transfer.s3bucket import parse_duration
 
-    result = sync_s3(cluster_name(cluster), url, dest, selection=nodes, shard=shard,
-                     endpoint_url=endpoint_url, pass_credentials=pass_credentials,
-                     report=reporter(json_output))
+    if pass_credentials:
+        sys.stderr.write("note: --pass-credentials does nothing now: nodes get presigned URLs, never credentials\n")
+    expiry = parse_duration(url_expiry)
+    name = cluster_name(cluster)
+    bars = progress.NodeProgress([], enabled=not json_output)
+    with bars:
+        result = sync_s3(name, url, dest, selection=nodes, shard=shard, endpoint_url=endpoint_url, region=region,
+                         threads=threads, url_expiry=expiry, recheck=recheck, on_progress=bars.update,
+                         report=reporter(json_output))
     if json_output:
         render.print_json({"exit_code": result.exit_code, **render.to_jsonable(result)})
     else:
         progress.sync_table(result)
+        render.info(progress.sync_summary(result))
     raise typer.Exit(result.exit_code)
 
 

@@ -102,10 +102,26 @@ def mismatch_lines(result, limit: int = 10) -> list[str]:
 
 
 def sync_table(result) -> None:
-    rows = [[n.node, n.status, n.objects, n.downloaded, human_bytes(n.bytes_downloaded), n.verified,
-             n.exit_code, render.clip(n.error or "")] for n in result.nodes]
-    render.table(["node", "status", "objects", "downloaded", "bytes", "verified", "exit", "error"], rows,
+    """One row per node: its objects, what was fetched and verified, the error if any (details on stderr)."""
+    rows = [[n.node, n.status, n.objects, n.up_to_date, n.downloaded, human_bytes(n.bytes_downloaded),
+             f"{n.verified}" + (f" +{n.size_only} by size" if n.size_only else ""), render.clip(n.error or "", 40)]
+            for n in result.nodes]
+    render.table(["node", "status", "objects", "up to date", "fetched", "bytes", "verified", "error"], rows,
                  title=f"sync-s3 {result.url} -> {result.dest}" + (" (sharded)" if result.shard else ""))
     for n in result.nodes:
-        for line in ([n.error] if n.error and render.clip(n.error) != n.error else []) + n.errors[:10]:
+        for line in ([n.error] if n.error and render.clip(n.error, 40) != n.error else []) + n.errors[:10]:
             sys.stderr.write(f"{n.node}: {line}\n")
+        if len(n.errors) > 10:
+            sys.stderr.write(f"{n.node}: ... and {len(n.errors) - 10} more\n")
+    for key in result.skipped_keys[:10]:
+        sys.stderr.write(f"skipped (no safe local name): {key!r}\n")
+
+
+def sync_summary(result) -> str:
+    ok = sum(1 for n in result.nodes if n.status == "ok")
+    rate = result.bytes_downloaded / result.duration if result.duration > 0 else 0.0
+    renewals = sum(n.renewals for n in result.nodes)
+    return (f"{ok}/{len(result.nodes)} ok; {result.objects} object(s), {human_bytes(result.total_bytes)} listed; "
+            f"{human_bytes(result.bytes_downloaded)} downloaded in {result.duration:.1f}s "
+            f"({human_bytes(int(rate))}/s over all nodes)"
+            + (f"; expired URLs renewed {renewals} time(s)" if renewals else ""))

@@ -2,7 +2,8 @@
 
 The Python programs must not import clustertool: a node runs them with whatever python3 it
 has.  ``program_text`` prepends their arguments; ``python_command`` is the remote line that
-runs them.  A shell program gets its inputs from a header of assignments that ``shell_script``
+runs them (``program_stream`` + ``stream_command`` when the program keeps reading stdin).
+A shell program gets its inputs from a header of assignments that ``shell_script``
 puts right after its ``#!`` line, every value through ``shlex.quote`` (a list becomes a bash
 array, or with ``args`` the positional parameters), so the files themselves are plain shell
 that shellcheck reads (tests/unit/test_shellcheck.py).
@@ -20,9 +21,11 @@ DIR = Path(__file__).resolve().parent
 _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
-def program_text(name: str, args: dict) -> bytes:
-    """Source of the node program ``name`` with its arguments prepended (for ssh stdin)."""
-    source = (DIR / f"{name}.py").read_text()
+def program_text(name: str, args: dict, lib: Sequence[str] = ()) -> bytes:
+    """Source of the node program ``name`` with its arguments prepended (for ssh stdin).
+
+    ``lib``: helper programs whose source goes first, in the same namespace (a node imports nothing)."""
+    source = "".join((DIR / f"{part}.py").read_text() + "\n" for part in (*lib, name))
     prefix = f"import json\nARGS = json.loads({json.dumps(json.dumps(args))})\n"
     return (prefix + source).encode()
 
@@ -30,6 +33,23 @@ def program_text(name: str, args: dict) -> bytes:
 def python_command() -> str:
     """Remote command that runs a program given on stdin (python3, else python)."""
     return "exec $(command -v python3 || command -v python) -"
+
+
+def program_stream(name: str, args: dict, lib: Sequence[str] = ()) -> bytes:
+    """``program_text`` with its length in front, for ``stream_command`` (stdin stays open after it)."""
+    text = program_text(name, args, lib)
+    return f"{len(text)}\n".encode() + text
+
+
+# Reads exactly one length-prefixed program from stdin and runs it as __main__; the rest of stdin
+# stays the program's own (for a conversation with the control machine, remote/session.py).
+_BOOT = ('import sys;i=sys.stdin.buffer;n=int(i.readline());'
+         'exec(compile(i.read(n),"<clustertool>","exec"))')
+
+
+def stream_command() -> str:
+    """Remote command that runs a ``program_stream`` and leaves the rest of stdin to it."""
+    return f"exec $(command -v python3 || command -v python) -c {shlex.quote(_BOOT)}"
 
 
 def _assignment(name: str, value: str | int | Sequence[str], bash: bool) -> str:

@@ -1,241 +1,389 @@
-"""Standalone program run on a node (``python3 -``, source on ssh stdin): pull an S3 prefix.
+"""Standalone program (stdlib only) run on a node by `sync-s3`: fetch S3 objects by presigned URL.
 
-Uses boto3 when the node has it, else a small stdlib S3 client (SigV4, ListObjectsV2,
-GetObject), so a bare node with python3 works too.  ``ARGS`` (prepended by the sender):
-bucket, prefix, dest, shard [i, n] or null, endpoint, region, creds (optional dict).
-Incremental: an object whose file has the same size and mtime (= LastModified) is skipped.
-Every file is then checked: size, and MD5 against the ETag for single-part uploads.
-Prints one JSON line with counts and errors.  Credentials never appear in output.
+No credentials ever reach the node.  The control machine lists the bucket and presigns one GET
+URL per object (short-lived); this program only downloads them.  clustertool starts it with
+``nodeprogs.stream_command()`` (its source, ``ARGS`` prepended, arrives on stdin) and then both
+sides talk JSON lines, stdin from the control machine and stdout to it:
+
+  control -> node   {"objects": [[rel, size, etag, mtime, check], ...]}   this node's share of the listing
+  node -> control   {"need": [i, ...], "bytes": N}                        what is missing or changed here
+  control -> node   {"urls": {"i": [url, check], ...}}                    presigned GET URLs (also after "renew")
+  node -> control   {"p": bytes}                                          progress, a few times a second
+  node -> control   {"renew": [i, ...]}                                   a URL was rejected as expired
+  node -> control   {"result": {...}}                                     the last line
+
+``check`` says how an object is verified: 0 = the ETag is the MD5 of the content; N > 0 = a
+multipart ETag with parts of N bytes (MD5 of the parts' MD5s); -1 = size only; null = not known
+yet (comes with the URL).  ARGS: dest, threads, expiry (seconds), recheck (re-hash files that
+look up to date).  Downloads run on ``threads`` threads with keep-alive connections, each into a
+partial file beside its target (``.ct-<hash>.part``: resumed by HTTP Range, If-Match the ETag)
+hashed while it is written, renamed into place when complete and verified.  What is in place is
+recorded (size, ETag, mtime) in ``~/.clustertool/s3-manifests/``, so a re-run fetches nothing.
+URLs never touch the disk.
 """
 
-import datetime
-import hashlib
-import hmac
+import errno
+import http.client
 import json
 import os
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
-import xml.etree.ElementTree as ET
+import threading
+import time
 
-CHUNK = 1 << 20
+try:  # on a node, s3lib.py's source comes first in the same program
+    Digest  # noqa: B018
+except NameError:  # imported as a module (tests): from the file beside this one
+    from clustertool.nodeprogs.s3lib import (
+        CHUNK,
+        Digest,
+        Http,
+        Manifest,
+        hash_file,
+        is_expired,
+        partial_name,
+        remove,
+        s3_error,
+        status_of,
+        where,
+        why,
+    )
 
-
-def _creds_from_env_or_file(args):
-    c = args.get("creds")
-    if c:
-        return c
-    if os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"):
-        return {"key": os.environ["AWS_ACCESS_KEY_ID"], "secret": os.environ["AWS_SECRET_ACCESS_KEY"],
-                "token": os.environ.get("AWS_SESSION_TOKEN")}
-    import configparser
-
-    cp = configparser.ConfigParser()
-    cp.read(os.path.expanduser(os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")))
-    profile = os.environ.get("AWS_PROFILE", "default")
-    if cp.has_section(profile) and cp.has_option(profile, "aws_access_key_id"):
-        return {"key": cp.get(profile, "aws_access_key_id"), "secret": cp.get(profile, "aws_secret_access_key"),
-                "token": cp.get(profile, "aws_session_token", fallback=None)}
-    if args.get("no_imds") or os.environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true":
-        raise RuntimeError("no AWS credentials on this node (environment, ~/.aws/credentials; "
-                           "instance metadata disabled)")
-    try:
-        return _creds_from_instance_role()
-    except OSError as exc:
-        raise RuntimeError(f"no AWS credentials on this node and no instance role ({exc})") from None
+RETRIES = 4           # per object, for connection errors and 5xx; backoff 0.5, 1, 2, 4 s
+FATAL_ERRNO = (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+OUT = threading.Lock()
 
 
-def _creds_from_instance_role():
-    """EC2 instance role via IMDSv2 (only reached on nodes with no other credentials)."""
-    base = "http://169.254.169.254/latest"
-    req = urllib.request.Request(base + "/api/token", method="PUT",
-                                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
-    token = urllib.request.urlopen(req, timeout=2).read().decode()
-    hdr = {"X-aws-ec2-metadata-token": token}
-    path = base + "/meta-data/iam/security-credentials/"
-    role = urllib.request.urlopen(urllib.request.Request(path, headers=hdr), timeout=2).read().decode().split()[0]
-    data = json.loads(urllib.request.urlopen(urllib.request.Request(path + role, headers=hdr), timeout=2).read())
-    return {"key": data["AccessKeyId"], "secret": data["SecretAccessKey"], "token": data.get("Token")}
-
-
-def _sign(key, msg):
-    return hmac.new(key, msg.encode(), hashlib.sha256).digest()
-
-
-class StdlibS3:
-    """Just enough S3: signed GETs (SigV4, path-style for custom endpoints)."""
-
-    name = "stdlib"
-
-    def __init__(self, args):
-        self.region = args.get("region") or "us-east-1"
-        self.endpoint = (args.get("endpoint") or f"https://s3.{self.region}.amazonaws.com").rstrip("/")
-        self.creds = _creds_from_env_or_file(args)
-
-    def _request(self, bucket, key="", query=None):
-        q = sorted((query or {}).items())
-        uri = "/" + urllib.parse.quote(bucket, safe="") + "/" + urllib.parse.quote(key, safe="/-_.~")
-        if not key:
-            uri = uri.rstrip("/") if query else uri
-        qs = "&".join(f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}" for k, v in q)
-        host = urllib.parse.urlsplit(self.endpoint).netloc
-        now = datetime.datetime.now(datetime.timezone.utc)
-        amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-        headers = {"host": host, "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "x-amz-date": amz_date}
-        if self.creds.get("token"):
-            headers["x-amz-security-token"] = self.creds["token"]
-        signed = ";".join(sorted(headers))
-        canonical = "\n".join(["GET", uri, qs, "".join(f"{k}:{headers[k]}\n" for k in sorted(headers)),
-                               signed, "UNSIGNED-PAYLOAD"])
-        scope = f"{day}/{self.region}/s3/aws4_request"
-        to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-        k = _sign(("AWS4" + self.creds["secret"]).encode(), day)
-        for part in (self.region, "s3", "aws4_request"):
-            k = _sign(k, part)
-        sig = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
-        headers["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={self.creds['key']}/{scope}, "
-                                    f"SignedHeaders={signed}, Signature={sig}")
-        del headers["host"]
-        url = self.endpoint + uri + ("?" + qs if qs else "")
+def send(msg):
+    with OUT:
         try:
-            return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60)
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode("utf-8", "replace")
-            code = body.split("<Code>")[1].split("</Code>")[0] if "<Code>" in body else ""
-            raise RuntimeError(f"S3 {exc.code} {code or exc.reason} for s3://{bucket}/{key}") from None
-
-    def list(self, bucket, prefix):
-        out, token = [], None
-        ns = "{http://s3.amazonaws.com/doc/2006-03-01/}"
-        while True:
-            query = {"list-type": "2", "prefix": prefix}
-            if token:
-                query["continuation-token"] = token
-            root = ET.fromstring(self._request(bucket, "", query).read())
-            for c in root.iter(ns + "Contents"):
-                modified = datetime.datetime.strptime(c.find(ns + "LastModified").text[:19], "%Y-%m-%dT%H:%M:%S")
-                out.append({"key": c.find(ns + "Key").text, "size": int(c.find(ns + "Size").text),
-                            "etag": (c.find(ns + "ETag").text or "").strip('"'),
-                            "mtime": int(modified.replace(tzinfo=datetime.timezone.utc).timestamp())})
-            if (root.findtext(ns + "IsTruncated") or "false") != "true":
-                return out
-            token = root.findtext(ns + "NextContinuationToken")
-
-    def get(self, bucket, key, path):
-        with self._request(bucket, key) as resp, open(path, "wb") as fh:
-            while True:
-                block = resp.read(CHUNK)
-                if not block:
-                    break
-                fh.write(block)
+            sys.stdout.write(json.dumps(msg) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # the control machine went away; read_stdin sees it too and stops the downloads
 
 
-class Boto3S3:
-    name = "boto3"
-
-    def __init__(self, args):
-        import boto3
-
-        c = args.get("creds") or {}
-        self.client = boto3.client("s3", endpoint_url=args.get("endpoint"), region_name=args.get("region") or None,
-                                   aws_access_key_id=c.get("key"), aws_secret_access_key=c.get("secret"),
-                                   aws_session_token=c.get("token"))
-
-    def list(self, bucket, prefix):
-        out = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for c in page.get("Contents", []):
-                out.append({"key": c["Key"], "size": c["Size"], "etag": c["ETag"].strip('"'),
-                            "mtime": int(c["LastModified"].timestamp())})
-        return out
-
-    def get(self, bucket, key, path):
-        self.client.download_file(bucket, key, path)
+class ObjectError(Exception):
+    """One object failed; the others go on."""
 
 
-def make_client(args):
-    try:
-        import boto3  # noqa: F401
-    except ImportError:
-        return StdlibS3(args)
-    return Boto3S3(args)
+class Fatal(Exception):
+    """The node cannot go on (endpoint unreachable, disk full)."""
 
 
-def local_name(key, prefix):
-    """Path of an object under DEST: the key minus the prefix; None when unsafe."""
-    rel = key[len(prefix):] if key.startswith(prefix) else key
-    rel = rel.lstrip("/")
-    parts = rel.split("/")
-    if not rel or any(p in ("..", ".") for p in parts if p) or "\0" in rel:
-        return None
-    return rel
+class Job:
+    def __init__(self, args, objects):
+        self.dest = os.path.expanduser(args["dest"])
+        self.threads = max(1, int(args.get("threads") or 8))
+        self.expiry = float(args.get("expiry") or 900)
+        self.recheck = bool(args.get("recheck"))
+        self.objects = objects
+        self.http = Http()
+        self.cond = threading.Condition()
+        self.urls = {}            # i -> [url, check, generation, received (monotonic)]
+        self.generation = -1
+        self.renewing = False
+        self.stdin_open = True
+        self.stop = None          # the fatal reason, once there is one
+        self.finished = set()
+        self.errors = []
+        self.done = 0             # bytes of needed objects now on disk (progress)
+        self.counts = {"downloaded": 0, "bytes": 0, "resumed": 0, "verified": 0, "size_only": 0,
+                       "renewals": 0, "rechecked": 0, "up_to_date": 0}
+        self.queue = []
 
+    def add(self, name, n=1):
+        with self.cond:
+            self.counts[name] += n
 
-def shard_of(objects, shard):
-    """Node i of n gets every n-th object of the key-sorted listing: disjoint, complete."""
-    objects = sorted(objects, key=lambda o: o["key"])
-    if not shard:
-        return objects
-    i, n = shard
-    return objects[i::n]
+    def progress(self, n):
+        with self.cond:
+            self.done += n
 
-
-def md5_of(path):
-    h = hashlib.md5()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def check(obj, path):
-    st = os.stat(path)
-    if st.st_size != obj["size"]:
-        return f"size {st.st_size} != {obj['size']}"
-    if obj["etag"] and "-" not in obj["etag"] and md5_of(path) != obj["etag"]:
-        return "MD5 differs from the ETag"
-    return None
-
-
-def sync(args):
-    dest = os.path.expanduser(args["dest"])
-    out = {"objects": 0, "downloaded": 0, "bytes": 0, "verified": 0, "errors": [], "client": None}
-    s3 = make_client(args)
-    out["client"] = s3.name
-    objects = [o for o in shard_of(s3.list(args["bucket"], args["prefix"]), args.get("shard"))
-               if not o["key"].endswith("/")]
-    out["objects"] = len(objects)
-    for obj in objects:
-        rel = local_name(obj["key"], args["prefix"])
-        if rel is None:
-            out["errors"].append(f"unsafe key skipped: {obj['key']!r}")
-            continue
-        path = os.path.join(dest, rel)
-        try:
-            st = os.stat(path) if os.path.exists(path) else None
-            if st is None or st.st_size != obj["size"] or int(st.st_mtime) != obj["mtime"]:
-                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-                tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".ctpart")
-                s3.get(args["bucket"], obj["key"], tmp)
-                os.utime(tmp, (obj["mtime"], obj["mtime"]))
-                os.replace(tmp, path)
-                out["downloaded"] += 1
-                out["bytes"] += obj["size"]
-            problem = check(obj, path)
-            if problem:
-                out["errors"].append(f"{rel}: {problem}")
+    # ---- planning ------------------------------------------------------------------------
+    def plan(self, manifest):
+        need = []
+        for i, (rel, size, etag, mtime, check) in enumerate(self.objects):
+            if manifest.up_to_date(rel, size, etag, mtime) and not self._differs(rel, etag, check):
+                self.counts["up_to_date"] += 1
             else:
-                out["verified"] += 1
-        except Exception as exc:  # one object's failure is reported, the rest go on
-            out["errors"].append(f"{rel}: {type(exc).__name__}: {exc}")
-    return out
+                need.append(i)
+        return need
+
+    def _differs(self, rel, etag, check):
+        """With recheck: whether a file that looks up to date no longer matches its ETag."""
+        if not self.recheck or check is None or check < 0 or not self.manifest.hashable(rel):
+            return False
+        self.counts["rechecked"] += 1
+        try:
+            return hash_file(os.path.join(self.dest, rel), check) != etag.lower()
+        except OSError:
+            return True
+
+    # ---- URLs ----------------------------------------------------------------------------
+    def take_urls(self, urls):
+        with self.cond:
+            self.generation += 1
+            now = time.monotonic()
+            for i, (url, check) in urls.items():
+                self.urls[int(i)] = [url, check, self.generation, now]
+            self.renewing = False
+            self.cond.notify_all()
+
+    def read_stdin(self):
+        for line in sys.stdin.buffer:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "urls" in msg:
+                self.take_urls(msg["urls"])
+        with self.cond:
+            self.stdin_open = False
+            self.cond.notify_all()
+        # stdin closes before this program ends only when the control machine is gone (Ctrl-C, lost
+        # connection): stop, keeping partial files for the next run to resume
+        self._halt("the control machine went away")
+
+    def renewed(self, i, seen):
+        """A fresh URL for object i after its URL (generation ``seen``) was rejected as expired.
+
+        Asks the control machine once per generation for every unfinished object.  None when a URL
+        that came from a renewal is rejected while it should still be valid (renewed once, not in
+        a loop), or when nobody answers."""
+        with self.cond:
+            url, check, gen, received = self.urls[i]
+            if gen == seen:
+                if gen > 0 and time.monotonic() - received < self.expiry / 2:
+                    return None
+                if not self.renewing:
+                    self.renewing = True
+                    self.counts["renewals"] += 1
+                    send({"renew": [j for j in self.urls if j not in self.finished]})
+                while self.urls[i][2] == seen and self.stdin_open and self.stop is None:
+                    self.cond.wait(1)
+            return self.urls[i] if self.urls[i][2] != seen else None
+
+    # ---- one object ----------------------------------------------------------------------
+    def fetch(self, i):
+        rel, size, etag, mtime, _ = self.objects[i]
+        url, check, gen, _ = self.urls[i]
+        path = os.path.join(self.dest, rel)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        part = os.path.join(self.dest, partial_name(rel, etag))
+        digest = Digest(check) if check is not None and check >= 0 else None
+        have = self._seed(part, size, digest)
+        self.add("resumed", have)
+        self.progress(have)
+        size_only, failures = digest is None, 0
+        if size == 0:
+            open(part, "wb").close()
+        while have < size:
+            if self.stop is not None:
+                raise ObjectError("stopped")
+            headers = {"If-Match": f'"{etag}"'} if etag else {}
+            if have:
+                headers["Range"] = f"bytes={have}-"
+            try:
+                resp = self.http.get(url, headers)
+            except (OSError, http.client.HTTPException) as exc:
+                failures += 1
+                if failures > RETRIES:
+                    raise Fatal(f"cannot reach {where(url)}: {why(exc)}") from None
+                time.sleep(0.5 * 2 ** (failures - 1))
+                continue
+            status = status_of(resp)
+            if status in (200, 206):
+                if status == 200 and have:  # the range was not honoured: start over
+                    self.progress(-have)
+                    self.add("resumed", -have)
+                    have, digest = 0, Digest(check) if digest is not None else None
+                enc = (resp.headers.get("x-amz-server-side-encryption") or "").lower()
+                if enc.startswith("aws:kms") or resp.headers.get("x-amz-server-side-encryption-customer-algorithm"):
+                    size_only = True  # such an ETag is not an MD5 of the content
+                before = have
+                have = self._stream(resp, part, have, digest, url)
+                failures = 0 if have > before else failures + 1  # a dropped transfer goes on where it was
+                if failures > RETRIES:
+                    raise ObjectError(f"the endpoint sent no data ({have} of {size} bytes)")
+                continue
+            code, message = s3_error(resp)
+            self.http.drop(url)  # an error's body may not be all read: no reuse of that connection
+            if status == 403 and is_expired(code, message):
+                fresh = self.renewed(i, gen)
+                if fresh is None:
+                    raise ObjectError("presigned URL rejected as expired again right after its renewal "
+                                      "(is the control machine's clock right?)")
+                url, check, gen, _ = fresh
+                continue
+            if status in (500, 502, 503, 504) and failures < RETRIES:
+                failures += 1
+                time.sleep(0.5 * 2 ** (failures - 1))
+                continue
+            raise ObjectError(self._wording(status, code, message, part))
+        return self._finish(i, part, path, have, digest, size_only)
+
+    def _wording(self, status, code, message, part):
+        if status == 404:
+            return f"gone since the listing (404 {code or 'Not Found'})"
+        if status == 412:
+            remove(part)
+            return "changed since the listing (ETag differs); run sync-s3 again"
+        if status == 416:
+            remove(part)
+            return "partial download longer than the object; removed, run sync-s3 again"
+        if status == 403 and code == "InvalidObjectState":
+            return "archived (403 InvalidObjectState): restore it from Glacier first"
+        if status == 403:
+            return f"denied (403 {code}{': ' + message if message else ''})"
+        return f"HTTP {status} {code}{': ' + message if message else ''}"
+
+    def _seed(self, part, size, digest):
+        try:
+            have = os.path.getsize(part)
+        except OSError:
+            return 0
+        if have > size:
+            remove(part)
+            return 0
+        if digest is not None and have:
+            with open(part, "rb") as fh:
+                for block in iter(lambda: fh.read(CHUNK), b""):
+                    digest.update(block)
+        return have
+
+    def _stream(self, resp, part, have, digest, url):
+        """Append the body to the partial file; returns the bytes now there (a drop keeps them)."""
+        with open(part, "ab" if have else "wb") as fh:
+            while True:
+                if self.stop is not None:
+                    self.http.drop(url)
+                    raise ObjectError("stopped")
+                try:
+                    block = resp.read(CHUNK)
+                except (OSError, http.client.HTTPException):
+                    self.http.drop(url)
+                    return have
+                if not block:
+                    return have
+                fh.write(block)
+                if digest is not None:
+                    digest.update(block)
+                have += len(block)
+                self.add("bytes", len(block))
+                self.progress(len(block))
+
+    def _finish(self, i, part, path, have, digest, size_only):
+        rel, size, etag, mtime, _ = self.objects[i]
+        if have != size:
+            raise ObjectError(f"size {have} != {size}")
+        if not size_only:
+            got = digest.etag()
+            if got != etag.lower():
+                remove(part)
+                raise ObjectError(f"content differs from the bucket's ETag ({got} != {etag}); removed")
+        os.utime(part, (mtime, mtime))
+        os.replace(part, path)
+        self.manifest.record(rel, size, etag, mtime, "size" if size_only else "etag")
+        self.add("downloaded")
+        self.add("size_only" if size_only else "verified")
+
+    # ---- the run -------------------------------------------------------------------------
+    def worker(self):
+        while self.stop is None:
+            with self.cond:
+                if not self.queue:
+                    return
+                i = self.queue.pop()
+            try:
+                self.fetch(i)
+            except ObjectError as exc:
+                if self.stop is None:
+                    self._error(i, str(exc))
+            except Fatal as exc:
+                self._halt(str(exc))
+            except OSError as exc:
+                if exc.errno in FATAL_ERRNO:
+                    self._halt(f"cannot write under {self.dest}: {why(exc)}")
+                else:
+                    self._error(i, f"{type(exc).__name__}: {why(exc)}")
+            except Exception as exc:  # one object's failure is reported, the rest go on
+                self._error(i, f"{type(exc).__name__}: {exc}")
+            finally:
+                with self.cond:
+                    self.finished.add(i)
+
+    def _error(self, i, text):
+        with self.cond:
+            self.errors.append(f"{self.objects[i][0]}: {text}")
+
+    def _halt(self, reason):
+        with self.cond:
+            if self.stop is None:
+                self.stop = reason
+            self.cond.notify_all()
+
+    def reporter(self, running):
+        last = None
+        while True:
+            done = running.wait(0.25)
+            if self.done != last:
+                last = self.done
+                send({"p": last})
+            if done:
+                return
+
+    def run(self, need):
+        with self.cond:
+            while self.generation < 0 and self.stdin_open:
+                self.cond.wait(1)
+        if self.generation < 0:
+            raise Fatal("the control machine sent no URLs")
+        self.queue = sorted((i for i in need if i in self.urls), key=lambda i: self.objects[i][1])
+        finished = threading.Event()
+        rep = threading.Thread(target=self.reporter, args=(finished,), daemon=True)
+        rep.start()
+        workers = [threading.Thread(target=self.worker, daemon=True)
+                   for _ in range(min(self.threads, len(self.queue)))]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        finished.set()
+        rep.join()
+
+
+def main(args):
+    first = sys.stdin.buffer.readline()
+    objects = json.loads(first)["objects"]
+    job = Job(args, objects)
+    result = {"objects": len(objects), "errors": job.errors, "fatal": None}
+    try:
+        os.makedirs(job.dest, exist_ok=True)
+        if not os.access(job.dest, os.W_OK):
+            raise Fatal(f"cannot write to {job.dest}")
+        job.manifest = Manifest(job.dest)
+        need = job.plan(job.manifest)
+        send({"need": need, "bytes": sum(objects[i][1] for i in need)})
+        threading.Thread(target=job.read_stdin, daemon=True).start()
+        job.run(need)
+        result["fatal"] = job.stop
+    except Fatal as exc:
+        result["fatal"] = str(exc)
+    except OSError as exc:
+        result["fatal"] = f"{exc.filename or job.dest}: {why(exc)}"
+    finally:
+        if getattr(job, "manifest", None) is not None:
+            try:
+                job.manifest.save()
+            except OSError:
+                pass
+    result.update(job.counts)
+    send({"result": result})
+    return 0 if not result["fatal"] and not result["errors"] else 1
 
 
 if __name__ == "__main__" and "ARGS" in globals():
-    try:
-        result = sync(ARGS)  # noqa: F821
-    except Exception as exc:
-        result = {"fatal": str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(result))
-    sys.exit(0 if not result.get("fatal") and not result.get("errors") else 1)
+    code = main(ARGS)  # noqa: F821
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # not sys.exit: interpreter shutdown waits ~1 s on the stdin reader thread's lock

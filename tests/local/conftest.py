@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -52,9 +53,9 @@ def local_cluster(ct_env):
     """Factory: make(nodes=3, *flags) brings a local cluster up via the CLI; down at teardown."""
     made: list[str] = []
 
-    def make(nodes: int = 3, *flags: str, name: str | None = None) -> str:
+    def make(nodes: int = 3, *flags: str, name: str | None = None, env: dict | None = None) -> str:
         name = name or unique("lc")
-        proc = run_cli("up", "--provider", "local", "--nodes", str(nodes), "--name", name, *flags, env=ct_env)
+        proc = run_cli("up", "--provider", "local", "--nodes", str(nodes), "--name", name, *flags, env=env or ct_env)
         assert proc.returncode == 0, f"up failed: {proc.stderr}"
         made.append(name)
         return name
@@ -82,14 +83,20 @@ def module_cluster(tmp_path_factory, nodes: int, prefix: str, *flags: str):
     assert local_leftovers(name) == [], f"cluster {name} left things behind"
 
 
-# sync-s3 and the dataset-from-s3 playbook: a moto S3 server on the cluster bridge
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+# sync-s3 and the dataset-from-s3 playbook: a moto S3 server on the cluster bridge.  The credentials
+# are this run's own (moto takes any), so a test can look for them on the nodes and be sure.
+CREDS = {"AWS_ACCESS_KEY_ID": "AKIA" + secrets.token_hex(8).upper(),
+         "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30), "AWS_DEFAULT_REGION": "us-east-1"}
 KEYS = [f"ds/part {i:02d} ü.bin" for i in range(9)] + ["ds/sub/deep 'q'.txt", "ds/sub/more/x.bin"]
 
 
-def _bridge_address(ct_env, name):
+def provider_state(ct_env, name) -> dict:
     path = os.path.join(ct_env["CLUSTERTOOL_HOME"], "clusters", f"{name}.json")
-    bridge = json.load(open(path))["provider_state"]["bridge"]
+    return json.load(open(path))["provider_state"]
+
+
+def _bridge_address(ct_env, name):
+    bridge = provider_state(ct_env, name)["bridge"]
     out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", bridge], capture_output=True, text=True).stdout
     return out.split()[3].split("/")[0]
 
@@ -102,11 +109,13 @@ def _free_port(host):
 
 @pytest.fixture
 def s3_cluster(ct_env, local_cluster):
-    """A 4-node cluster and a moto S3 server the nodes reach on the bridge; both gone after."""
+    """A 4-node cluster and a moto S3 server the nodes reach on the bridge; both gone after.
+
+    Yields (name, endpoint, env with this run's AWS keys, boto3 client)."""
     pytest.importorskip("moto.server", reason="needs moto[server] (the test extra)")
     import boto3
 
-    name = local_cluster(4)
+    name = local_cluster(4, env=dict(ct_env, **CREDS))  # as a user with AWS keys in the environment would
     host = _bridge_address(ct_env, name)
     port = _free_port(host)
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
@@ -122,8 +131,8 @@ def s3_cluster(ct_env, local_cluster):
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError("moto server did not start")
                 time.sleep(0.2)
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
         client.create_bucket(Bucket="train-data")
         for i, key in enumerate(KEYS):
             client.put_object(Bucket="train-data", Key=key, Body=bytes([i]) * (5000 + 1000 * i))

@@ -117,7 +117,7 @@ def test_dataset_from_s3_playbook_against_moto(s3_cluster):
     """Every node pulls the bucket prefix through the playbook (moto on the cluster bridge)."""
     name, endpoint, env, _client = s3_cluster
     proc = run_cli("play", "playbooks/dataset-from-s3.yaml", "--var", f"cluster={name}",
-                   "--var", "url=s3://train-data/ds", "--var", "dest=/scratch/ds", "--var", "pass_credentials=true",
+                   "--var", "url=s3://train-data/ds", "--var", "dest=/scratch/ds",
                    env=dict(env, AWS_ENDPOINT_URL=endpoint), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     listing = run_cli("exec", "-c", name, "--json", "--", "find /scratch/ds -type f | wc -l", env=env)

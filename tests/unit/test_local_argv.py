@@ -277,3 +277,10 @@ def test_a_private_dir_itself_is_never_shared_back():
     from clustertool.providers.local.net import shared_software
 
     assert shared_software(["/root", "/tmp", "/scratch/"]) == []
+
+
+def test_nodes_start_with_a_fresh_machines_environment_not_the_callers_credentials():
+    host = {"PATH": "/p", "LANG": "C.UTF-8", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ACCESS_KEY_ID": "k",
+            "AWS_SESSION_TOKEN": "t", "GITHUB_TOKEN": "g", "HOME": "/root", "CLUSTERTOOL_HOME": "/x"}
+    assert net.node_environment(host) == {"PATH": "/p", "LANG": "C.UTF-8"}
+    assert "PATH" in net.node_environment({})

@@ -1,4 +1,4 @@
-"""Command builders of the relay, the fan-out and sync-s3 (pure), and their parsers."""
+"""Command builders of the relay and the fan-out (pure), and their parsers."""
 
 import os
 import shlex
@@ -7,9 +7,8 @@ import subprocess
 import pytest
 
 from clustertool.errors import UsageError
-from clustertool.nodeprogs import s3 as prog
 from clustertool.nodeprogs import shell_script
-from clustertool.transfer import chain, fanout, s3
+from clustertool.transfer import chain, fanout
 from clustertool.transfer import copy as copies
 from clustertool.transfer.model import relative_remote
 
@@ -148,32 +147,6 @@ def test_remote_paths_and_strategy_choice():
     assert copies.choose_strategy("auto", 8, 1000) == "fanout"
     with pytest.raises(UsageError):
         copies.choose_strategy("bogus", 1, 1)
-
-
-def test_s3_url_parsing_and_credentials_stay_off_argv():
-    assert s3.parse_url("s3://b/p/q") == ("b", "p/q") and s3.parse_url("s3://b") == ("b", "")
-    for bad in ("b/p", "s3:///p"):
-        with pytest.raises(UsageError):
-            s3.parse_url(bad)
-    args = s3.node_args("b", "p", "d", [0, 2], None, None, {"key": "AK", "secret": "SECRET"})
-    assert args["creds"]["secret"] == "SECRET"
-    assert "SECRET" not in shlex.join(["python3", "-"])
-    assert "creds" not in s3.node_args("b", "p", "d", None, None, None, None)
-
-
-def test_shards_are_disjoint_and_cover_everything():
-    objs = [{"key": f"k{i:03d}"} for i in range(23)]
-    shards = [prog.shard_of(objs, [i, 4]) for i in range(4)]
-    keys = [o["key"] for sh in shards for o in sh]
-    assert sorted(keys) == sorted(o["key"] for o in objs) and len(set(keys)) == 23
-    assert max(map(len, shards)) - min(map(len, shards)) <= 1
-
-
-def test_object_keys_map_under_dest_and_unsafe_keys_are_refused():
-    assert prog.local_name("ds/a/b.bin", "ds/") == "a/b.bin"
-    assert prog.local_name("ds/a", "ds") == "a"
-    assert prog.local_name("ds/../../etc/passwd", "ds/") is None
-    assert prog.local_name("ds/", "ds/") is None
 
 
 def test_abort_stops_only_this_runs_process_groups_and_is_valid_bash():

@@ -254,7 +254,7 @@ class LocalProvider:
                                    INIT_SCRIPT, node_dir / "init.json")
         with open(node_dir / "node.log", "ab") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True)
+                                    start_new_session=True, close_fds=True, env=net.node_environment(os.environ))
         _LAUNCHED[proc.pid] = proc
         return proc.pid
 

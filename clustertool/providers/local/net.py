@@ -237,6 +237,17 @@ def node_start_argv(netns: str, python: str, init_script: Path, config_path: Pat
     ]
 
 
+
+# What a node's processes inherit from the machine that starts them: a fresh machine's little, not
+# the caller's environment (which may hold AWS keys or tokens that a node must never carry).
+NODE_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+
+
+def node_environment(host_env: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in host_env.items() if k in NODE_ENV_KEEP}
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return env
+
 # ---- files --------------------------------------------------------------------------
 
 NODE_ETC_SSH = Path("/etc/ssh")  # each node sees its own /etc/ssh (host key, sshd_config)
