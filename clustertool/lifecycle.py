@@ -67,11 +67,16 @@ def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = 
     with state.locked(cluster.name, purpose="up"):
         if state.exists(cluster.name):  # under the lock: a second `up` of the name makes nothing
             raise _already(cluster.name)
-        provider.check(request)
-        keys.ensure_keypair(cluster.name)
-        request.public_key = paths.pubkey.read_text().strip()
-        state.save(cluster)
-        state.write_marker(cluster.name, cluster.id)
+        try:
+            provider.check(request)
+            keys.ensure_keypair(cluster.name)
+            request.public_key = paths.pubkey.read_text().strip()
+            state.save(cluster)
+            state.write_marker(cluster.name, cluster.id)
+        except interrupts.Terminated as exc:  # nothing made yet: nothing to remember
+            state.delete(cluster.name)
+            raise interrupts.Terminated(exc.signum, f"up stopped by {interrupts.signal_name(exc.signum)} before "
+                                                    "it made anything") from None
         return _provision(cluster, provider, request, no_ssh, report)
 
 
@@ -221,12 +226,12 @@ def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = Fals
     with state.locked(name, purpose="down"):
         cluster = state.load(name)
         provider = get_provider(cluster.provider, report=report)
-        _confirm_owner(provider, cluster, force_owner, "down")
         lines: list[str] = []
         if terminate_adopted:
             cluster.options["terminate_adopted"] = True
         try:
             with interrupts.deferred():
+                _confirm_owner(provider, cluster, force_owner, "down")
                 if not _owns(provider, cluster) and cluster.nodes and cluster.status == "ready":
                     lines += unwire(cluster)
                 close_masters(cluster)

@@ -142,7 +142,8 @@ def ls(json_output: bool = JsonOpt) -> None:
 
     clusters = lifecycle.list_all()
     if json_output:
-        render.print_json([{"name": c.name, "provider": c.provider, "status": c.status, "nodes": len(c.nodes),
+        render.print_json([{"name": c.name, "id": c.id, "provider": c.provider, "status": c.status,
+                            "nodes": len(c.nodes),
                             "slots": c.total_slots, "created": c.created} for c in clusters])
         return
     if not clusters:

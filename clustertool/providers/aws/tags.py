@@ -61,10 +61,6 @@ class Stamp:
         return values.get(ID) == self.id if self.id else ID not in values
 
 
-def spec(resource_type: str, cluster: str, name: str | None = None, **extra: str) -> dict:
-    return Stamp(cluster).spec(resource_type, name, **extra)
-
-
 def id_filter(cluster_id: str) -> list[dict]:
     return [{"Name": f"tag:{ID}", "Values": [cluster_id]}]
 

@@ -113,7 +113,7 @@ def remove(aws: Aws, what: Owned, report: Reporter) -> list[str]:
     went (``report`` gets the progress in between)."""
     lines: list[str] = []
     done = lines.append
-
+    interrupts.checkpoint()  # a signal that came while the cluster was looked up: nothing deleted yet
     if what.instances:
         terminate_and_wait(aws, what.instances, report)
         done(f"terminated {len(what.instances)} instance(s): {', '.join(what.instances)}")
