@@ -59,9 +59,9 @@ def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = 
     request = ProvisionRequest(cluster=cluster, count=spec.nodes, slots=spec.slots,
                                public_key="", key_path=paths.key, files_dir=paths.root,
                                save=lambda: state.save(cluster), report=report, dry_run=dry_run)
+    if state.exists(cluster.name):  # refused without touching the home; checked again under the lock
+        raise _already(cluster.name)
     if dry_run:
-        if state.exists(cluster.name):
-            raise _already(cluster.name)
         provider.check(request)
         return UpResult(None, plan=provider.plan(request))
     with state.locked(cluster.name, purpose="up"):
