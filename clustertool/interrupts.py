@@ -3,7 +3,8 @@ cleanup sees (``up`` rolls back, ``down`` stops after its current step).
 
 They are what ``timeout``, CI cancellation, ``docker stop`` and a dropped SSH session send, so
 dying on them without cleanup would leave paid resources behind.  The CLI installs the handler
-(:func:`install`) for the length of one command; core code only raises, defers and checks.
+(:func:`install`) for the length of one command (not for a signal the caller ignores, as
+``nohup`` ignores SIGHUP); core code only raises, defers and checks.
 
 Inside :func:`deferred` (``down``), a signal is remembered instead of raised, and
 :func:`checkpoint` raises it at the next safe point (between two deletes), so a delete already
@@ -63,7 +64,8 @@ def install() -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     _STATE.update(deferring=0, pending=None, fired=False)
-    old = {sig: signal.signal(sig, _handler) for sig in HANDLED}
+    # a signal the caller chose to ignore (`nohup` ignores SIGHUP) stays ignored
+    old = {sig: signal.signal(sig, _handler) for sig in HANDLED if signal.getsignal(sig) is not signal.SIG_IGN}
 
     def restore() -> None:
         for sig, handler in old.items():

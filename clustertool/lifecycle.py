@@ -47,7 +47,10 @@ def _new_cluster(spec, report: Reporter = silent) -> tuple[Cluster, object]:
     return cluster, provider
 
 
-def _already(name: str) -> UsageError:
+def _already(name: str) -> ToolError:
+    held = state.holder(name)
+    if held and held[1] == "up":  # the state exists because that `up` is making it
+        return state.being_created(name, held[0])
     return UsageError(f"cluster {name!r} already exists", hint=f"use it, or `clustertool down -c {name}` first")
 
 

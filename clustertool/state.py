@@ -106,7 +106,7 @@ def load(name: str) -> Cluster:
     except FileNotFoundError:
         held = holder(name)
         if held and held[1] == "up":
-            raise _being_created(name, held[0]) from None
+            raise being_created(name, held[0]) from None
         known = ", ".join(list_clusters()) or "none"
         raise StateError(f"no cluster named {name!r}", hint=f"known clusters: {known}") from None
     except (OSError, ValueError) as exc:
@@ -238,12 +238,12 @@ def locked(name: str, timeout: float = 30.0, purpose: str = ""):
 
     def refuse(held: tuple[int, str] | None) -> Exception | None:
         if held and held[1] == "up" and _alive(held[0]):
-            return _being_created(name, held[0])
+            return being_created(name, held[0])
         return None
     return flocked(lock_path(name), timeout, busy, purpose=purpose, refuse=refuse)
 
 
-def _being_created(name: str, pid: int) -> StateError:
+def being_created(name: str, pid: int) -> StateError:
     return StateError(f"cluster {name!r} is being created by pid {pid}",
                       hint=f"wait for that `up` to finish, or stop it (kill -TERM {pid} rolls it back)")
 

@@ -155,3 +155,15 @@ def test_a_lock_file_removed_while_waited_on_is_not_trusted(ct_env):
 def test_the_home_id_is_made_once(ct_env):
     first = state.home_id()
     assert len(first) == 12 and state.home_id() == first
+
+
+def test_a_signal_the_caller_ignores_stays_ignored():
+    """`nohup clustertool up ...`: a hangup must not roll the cluster back."""
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        restore = interrupts.install()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is interrupts._handler
+        restore()
+    finally:
+        signal.signal(signal.SIGHUP, old)

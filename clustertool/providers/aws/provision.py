@@ -52,6 +52,9 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     request.save()
     ordered = launch.tag_nodes(aws, cluster.name, launched)
     report(f"launched {len(ordered)} x {info.name} in {az}; hourly: {_hourly(aws, cluster, len(ordered))}")
+    if cluster.options.get("efa") and info.efa_interfaces > 1:
+        report(f"{info.efa_interfaces} EFA interfaces per node: AWS gives such nodes no public IP, so they are "
+               "reached by private address (from inside the VPC)")
     return inst_mod.nodes_from_tags(ordered, ps["slots"])
 
 
