@@ -352,17 +352,20 @@ def _ready(fx: Harness, prefix: str) -> tuple[str, str]:
     return name, state.state_path(name).read_text()
 
 
-def test_a_refusing_endpoint_gives_one_error_line_fast_and_keeps_the_state(fx):
+@pytest.mark.parametrize("budget", ["4", pytest.param(None, marks=pytest.mark.slow)])
+def test_a_refusing_endpoint_gives_one_error_line_fast_and_keeps_the_state(fx, budget):
+    """A 4 s budget in the default run (fewer retries, a faster suite); the default 60 s in the slow one."""
     from clustertool import state
 
     name, saved = _ready(fx, "refuse")
-    env = fx.env(refusing_url())
+    env = fx.env(refusing_url(), **({"CLUSTERTOOL_AWS_API_TIMEOUT": budget} if budget else {}))
     for args in (("status", "-c", name, "--no-check"), ("down", "-c", name, "--yes"), (*UP, "--name", unique("r"))):
         result = fx.run(*args, env=env)
         assert result.code != 0 and len(result.errors) == 1, result.err
         assert result.errors[0].startswith("error: cannot reach AWS at http://127.0.0.1:")
-        assert "retrying" in result.err and "(2/5)" in result.err and result.seconds < 60
-        record(f"refusing endpoint: {args[0]}", result.code, "-", 0)
+        assert "retrying" in result.err and "(2/5)" in result.err and result.seconds < float(budget or 60)
+        record(f"refusing endpoint ({budget or 'default 60'} s budget): {args[0]} in {result.seconds:.0f}s",
+               result.code, "-", 0)
     assert state.state_path(name).read_text() == saved
     assert fx.recover(name) == "down" and fx.leaked(name) == 0
 
@@ -381,7 +384,7 @@ def test_a_hanging_endpoint_fails_status_and_down_within_the_budget(fx, budget):
         assert result.code != 0 and len(result.errors) == 1, result.err
         assert "no answer (read timeout)" in result.errors[0] and "retrying" in result.err
         assert result.seconds < limit + 5  # + the process's own start
-        record(f"hanging endpoint ({budget or 'default'} s budget): {args[0]} in {result.seconds:.0f}s",
+        record(f"hanging endpoint ({budget or 'default 60'} s budget): {args[0]} in {result.seconds:.0f}s",
                result.code, "-", 0)
     assert state.state_path(name).read_text() == saved
     assert fx.recover(name) == "down" and fx.leaked(name) == 0
