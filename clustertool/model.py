@@ -65,6 +65,7 @@ class Cluster:
     name: str
     provider: str
     user: str = "root"
+    id: str = ""  # unique per `up`: the name + a random suffix; what teardown and sweeps go by
     nodes: list[Node] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)  # provider options from spec/flags
     provider_state: dict[str, Any] = field(default_factory=dict)  # what the provider made

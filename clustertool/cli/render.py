@@ -49,8 +49,11 @@ def clip(text: str, width: int = 60) -> str:
 def info(message: str) -> None:
     """A progress line for the user, on stderr (stdout stays clean for data)."""
     with _lock:
-        sys.stderr.write(f"» {message}\n")
-        sys.stderr.flush()
+        try:
+            sys.stderr.write(f"» {message}\n")
+            sys.stderr.flush()
+        except OSError:  # the terminal went away (SIGHUP): the cleanup that follows must not stop
+            pass
 
 
 def to_jsonable(obj: Any) -> Any:
