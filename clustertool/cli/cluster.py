@@ -60,10 +60,11 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
     if provider == "local":
         from clustertool.providers.local import sweep
 
-        orphans = sweep.find_orphans()
-        title = "resources tagged by clustertool that belong to no known cluster"
-        rows = [(o.kind, o.id, o.cluster, o.region) for o in orphans]
-        columns, to_delete = ["resource", "id", "cluster", "region"], orphans
+        orphans = sweep.find_orphans(force_owner=force_owner)
+        title = "local clusters no state of this clustertool home knows"
+        rows = [(o.cluster, o.cluster_id or "-", o.id, o.home or "?", f"{o.action}: {o.why}") for o in orphans]
+        columns = ["cluster", "id", "bridge", "home", "action"]
+        to_delete = [o for o in orphans if o.action == sweep.DELETE]
     elif provider == "aws":
         from clustertool import lifecycle
         from clustertool.providers.aws import sweep
@@ -100,11 +101,13 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
 
 
 def _delete_orphans(provider: str, sweep, orphans, report) -> tuple[list, list[str]]:
-    """Delete; for AWS clusters of this home, also their key, lock and hostfile on this machine."""
+    """Delete; for clusters of this home, also their key, lock and hostfile on this machine."""
     from clustertool import lifecycle
 
     if provider != "aws":
-        return sweep.delete_orphans(orphans, report=report), []
+        removed = sweep.delete_orphans(orphans, report=report)
+        lines = [line for o in orphans if o.ours for line in lifecycle.forget_leftovers(o.cluster, o.cluster_id)]
+        return removed, lines
     removed = sweep.delete(orphans, report=report)
     lines = [line for o in removed if o.ours for line in lifecycle.forget_leftovers(o.name, o.id)]
     return [f"{o.name} ({o.id or 'no id'}): {o.count()} resource(s)" for o in removed], lines

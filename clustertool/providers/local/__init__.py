@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from clustertool import state
 from clustertool.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.model import LEADER, MEMBER, Cluster, Node
 from clustertool.providers.base import OptionSpec, ProvisionRequest
@@ -162,7 +163,8 @@ class LocalProvider:
                                     hint="bring some local clusters down")
             ps["slot"], ps["bridge"] = slot, net.bridge_name(slot)
             request.save()
-            sysops.run_batch(net.ip_batch_argv(), net.bridge_lines(slot, tag))
+            alias = net.bridge_alias(tag, state.home_id(), request.cluster.id)
+            sysops.run_batch(net.ip_batch_argv(), net.bridge_lines(slot, alias))
             sysops.run(net.route_add_argv())
             ps["route"] = True
             sysops.ensure_scratch()

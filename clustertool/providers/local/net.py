@@ -131,11 +131,22 @@ def link_tag(cluster: str, token: str) -> str:
     return f"clustertool:{cluster}:{token}"
 
 
-def bridge_lines(slot: int, tag: str) -> list[str]:
+def bridge_alias(tag: str, home: str, cluster_id: str) -> str:
+    """The bridge's alias: the cluster's link tag plus who made it (home id) and the cluster id,
+    so a sweep removes only its own home's lost clusters."""
+    return f"{tag}:{home}:{cluster_id or '-'}"
+
+
+def carries(alias: str, tag: str) -> bool:
+    """Whether a link's alias is ``tag`` (veths) or ``tag`` with an owner after it (the bridge)."""
+    return alias == tag or alias.startswith(tag + ":")
+
+
+def bridge_lines(slot: int, alias: str) -> list[str]:
     br = bridge_name(slot)
     return [
         f"link add {br} type bridge",
-        f"link set {br} alias {tag}",
+        f"link set {br} alias {alias}",
         f"addr add {bridge_address(slot)}/24 dev {br}",
         f"link set {br} up",
     ]
