@@ -40,16 +40,16 @@ demo: setup
 
 # House rules (pyproject's [tool.ruff]: line length 120, pyflakes, pycodestyle, import order)
 lint: venv
-	$(VENV)/bin/ruff check clustertool tests bench
+	$(VENV)/bin/ruff check clustertool tests bench examples
 
 test: setup
 	$(MAKE) -C native test
 	$(MAKE) -C native gpu
-	$(VENV)/bin/ruff check clustertool tests bench
+	$(VENV)/bin/ruff check clustertool tests bench examples
 	$(VENV)/bin/pytest -q
 
 test-fast: venv
-	$(VENV)/bin/ruff check clustertool tests bench
+	$(VENV)/bin/ruff check clustertool tests bench examples
 	$(VENV)/bin/pytest -q -m "unit or cli"
 
 clean:

@@ -16,7 +16,7 @@ from pathlib import Path
 from clustertool import hostfile as hostfiles
 from clustertool import state
 from clustertool.errors import RemoteError, ToolError, UsageError
-from clustertool.model import Cluster, GroupResult, Reporter, silent
+from clustertool.model import Cluster, GroupResult, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
 from clustertool.remote import keys, mesh
 from clustertool.remote.group import run_on_nodes
@@ -29,6 +29,12 @@ class UpResult:
     hostfile: Path | None = None
     plan: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """What `up --json` prints: the plan (a dry run), else the cluster, its hostfile and timings."""
+        if self.cluster is None:
+            return {"plan": self.plan}
+        return {"cluster": self.cluster.to_dict(), "hostfile": jsonable(self.hostfile), "timings": self.timings}
 
 
 def hostfile_dir() -> Path:
@@ -242,8 +248,25 @@ class NodeStatus:
     detail: str = ""
 
 
+@dataclass
+class ClusterStatus:
+    cluster: Cluster
+    nodes: list[NodeStatus]
+    extra: dict = field(default_factory=dict)  # what the provider adds (instance type, price, cost so far)
+
+    @property
+    def unreachable(self) -> list[str]:
+        return [r.node for r in self.nodes if r.reachable is False]
+
+    def to_dict(self) -> dict:
+        """What `status --json` prints."""
+        c = self.cluster
+        return {"cluster": c.name, "provider": c.provider, "status": c.status, "hostfile": c.hostfile_path,
+                "nodes": jsonable(self.nodes), **jsonable(self.extra)}
+
+
 def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0,
-           transport: Transport = SSH) -> tuple[Cluster, list[NodeStatus], dict]:
+           transport: Transport = SSH) -> ClusterStatus:
     cluster = state.load(name)
     provider = get_provider(cluster.provider)
     try:
@@ -261,7 +284,7 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0,
     ]
     describe = getattr(provider, "describe", None)
     extra = describe(cluster) if describe else {}
-    return cluster, rows, extra
+    return ClusterStatus(cluster, rows, extra)
 
 
 def list_all() -> list[Cluster]:
