@@ -18,7 +18,7 @@ from clustertool.errors import RemoteError, ToolError, UsageError
 from clustertool.jobs import logs, output, records, scripts
 from clustertool.jobs import sync as jobsync
 from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile, split_command
-from clustertool.model import Cluster, Job, Node, Reporter, jsonable, silent
+from clustertool.model import Cluster, Job, Node, Reporter, silent
 from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.remote.transport import SSH, Transport
@@ -43,7 +43,7 @@ class Launch:
             return out
         out = self.job.to_dict()
         if self.synced is not None:
-            out["sync"] = jsonable(self.synced)
+            out["sync"] = self.synced.to_dict()
         return out
 
 

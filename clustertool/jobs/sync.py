@@ -45,7 +45,10 @@ def sync(cluster_name: str, directory: str, dest: str, nodes: list[Node], *, rep
                   strategy="auto", keep=matcher.keep, on_progress=on_progress, report=report, transport=transport)
     bad = [n for n in result.nodes if n.status != "ok"]
     if bad:
-        detail = "; ".join(f"{n.node}: {n.error or n.status}" for n in bad)
+        by_reason: dict[str, list[str]] = {}
+        for n in bad:
+            by_reason.setdefault(n.error or n.status, []).append(n.node)
+        detail = "; ".join(f"{nodeset.fold(nodes)}: {why}" for why, nodes in by_reason.items())
         raise ToolError(f"--sync: {directory} did not reach {nodeset.fold(n.node for n in bad)} intact: {detail}",
                         hint="no job was started; --sync-to PATH picks another folder on the nodes",
                         exit_code=max(n.exit_code for n in bad) or 1)
