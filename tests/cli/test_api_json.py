@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -163,3 +164,17 @@ def test_import_clustertool_is_cheap_and_help_loads_no_fabric():
                           env=dict(os.environ, COLUMNS="100"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == repr((["clustertool"], [], "clustertool.api", False))
+
+
+def test_the_readmes_api_section_compiles_and_names_only_real_methods():
+    """Every `.name(` the README's API section shows exists on Cluster, Job or the results."""
+    from clustertool.api import Cluster as ApiCluster
+    from clustertool.api import Job as ApiJob
+
+    section = (REPO / "README.md").read_text().split("## Python API", 1)[1].split("\n## ", 1)[0]
+    script = section.split("```python\n", 1)[1].split("```", 1)[0]
+    compile(script, "README.md", "exec")
+    named = set(re.findall(r"[`,] ?`?(?:Cluster|Job)?\.(\w+)\(", section))
+    owners = (ApiCluster, ApiJob, GroupResult, lifecycle.ClusterStatus)
+    assert named >= {"up", "load", "status", "exec", "copy", "run", "wait", "logs", "kill", "fabric", "down"}
+    assert sorted(m for m in named if not any(hasattr(o, m) for o in owners)) == []
