@@ -225,7 +225,7 @@ def kill(
     result = (jobkill.kill_all_python(name, nodes) if all_python
               else jobkill.kill(name, job, signal=signal, grace=grace))
     if json_output:
-        render.print_json({"job": result.job, "clean": result.clean, "nodes": result.nodes})
+        render.print_json(result.to_dict())
     else:
         if result.job:
             sys.stderr.write(f"job {result.job.id}: {_state_text(result.job)}\n")

@@ -74,6 +74,17 @@ def test_run_json_is_the_launchs_to_dict_with_what_sync_sent(monkeypatch, capsys
     assert (seen["sync"], seen["sync_to"], seen["command"]) == (".", None, ["python", "t.py"])
 
 
+def test_kill_json_is_the_kill_results_to_dict(monkeypatch, capsys):
+    from clustertool.jobs.kill import KillResult, NodeKill
+
+    result = KillResult(Job("j1", "x", ["sleep", "9"], state="killed"),
+                        [NodeKill("node-1", signaled=[10, 11]), NodeKill("node-2", remaining=["12:python"])])
+    monkeypatch.setattr("clustertool.jobs.kill.kill", lambda *a, **k: result)
+    code, data = printed(capsys, "kill", "-c", "x", "--json", "j1")
+    assert code == 1 and data == result.to_dict() and data["clean"] is False
+    assert data["nodes"][1]["remaining"] == ["12:python"] and data["job"]["state"] == "killed"
+
+
 def test_up_json_is_the_up_results_to_dict(monkeypatch, capsys):
     result = lifecycle.UpResult(Cluster("x", "local", status="ready"), hostfile=REPO / "hostfiles" / "x",
                                 timings={"total": 1.0})
