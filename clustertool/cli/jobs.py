@@ -102,7 +102,7 @@ def run(
                       horovod_autotune=autotune, nccl_debug=nccl_debug, workdir=workdir,
                       oversubscribe=oversubscribe, tag_output=tag_output)
     name_ = cluster_name(cluster)
-    with progress.NodeProgress([], enabled=not json_output) as bars:
+    with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
         started = launch.run(name_, opts, selection=nodes, name=name, dry_run=dry_run,
                              allow_concurrent=allow_concurrent, use_plugin=plugin, sync=sync, sync_to=sync_to,
                              on_progress=bars.update, report=reporter(json_output))
