@@ -54,12 +54,12 @@ demo: setup
 
 # House rules (pyproject's [tool.ruff]: line length 120, pyflakes, pycodestyle, import order)
 lint: venv
-	$(VENV)/bin/ruff check clustertool tests bench
+	$(VENV)/bin/ruff check clustertool tests bench examples
 
 test: setup
 	$(MAKE) -C native test
 	$(MAKE) -C native gpu
-	$(VENV)/bin/ruff check clustertool tests bench
+	$(VENV)/bin/ruff check clustertool tests bench examples
 	$(VENV)/bin/pytest -q
 
 # The whole AWS fault matrix (every signal after every AWS call of up and down, the default
@@ -69,7 +69,7 @@ test-faults: venv
 	CLUSTERTOOL_FAULT_TABLE=$(FAULT_TABLE) $(VENV)/bin/pytest -q -m aws tests/aws/test_fault_matrix.py
 
 test-fast: venv
-	$(VENV)/bin/ruff check clustertool tests bench
+	$(VENV)/bin/ruff check clustertool tests bench examples
 	$(VENV)/bin/pytest -q -m "unit or cli"
 
 clean:

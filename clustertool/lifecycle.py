@@ -19,7 +19,7 @@ from pathlib import Path
 from clustertool import hostfile as hostfiles
 from clustertool import interrupts, state
 from clustertool.errors import RemoteError, ToolError, UsageError
-from clustertool.model import Cluster, GroupResult, Reporter, silent
+from clustertool.model import Cluster, GroupResult, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
 from clustertool.remote import keys, mesh
 from clustertool.remote.group import run_on_nodes
@@ -32,6 +32,12 @@ class UpResult:
     hostfile: Path | None = None
     plan: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """What `up --json` prints: the plan (a dry run), else the cluster, its hostfile and timings."""
+        if self.cluster is None:
+            return {"plan": self.plan}
+        return {"cluster": self.cluster.to_dict(), "hostfile": jsonable(self.hostfile), "timings": self.timings}
 
 
 def hostfile_dir() -> Path:
@@ -305,8 +311,25 @@ class NodeStatus:
     detail: str = ""
 
 
+@dataclass
+class ClusterStatus:
+    cluster: Cluster
+    nodes: list[NodeStatus]
+    extra: dict = field(default_factory=dict)  # what the provider adds (instance type, price, cost so far)
+
+    @property
+    def unreachable(self) -> list[str]:
+        return [r.node for r in self.nodes if r.reachable is False]
+
+    def to_dict(self) -> dict:
+        """What `status --json` prints."""
+        c = self.cluster
+        return {"cluster": c.name, "provider": c.provider, "status": c.status, "hostfile": c.hostfile_path,
+                "nodes": jsonable(self.nodes), **jsonable(self.extra)}
+
+
 def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transport: Transport = SSH,
-           report: Reporter = silent) -> tuple[Cluster, list[NodeStatus], dict]:
+           report: Reporter = silent) -> ClusterStatus:
     """Nodes as the provider sees them now; a provider that cannot be reached is an error.
 
     Of a cluster whose `up` did not finish (killed, or its rollback failed) the nodes are what
@@ -331,7 +354,7 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transpor
     extra = describe(cluster) if describe else {}
     if unfinished:
         extra["up"] = _unfinished(cluster)
-    return cluster, rows, extra
+    return ClusterStatus(cluster, rows, extra)
 
 
 def _unfinished(cluster: Cluster) -> str:

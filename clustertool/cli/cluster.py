@@ -122,10 +122,10 @@ def status(
     from clustertool import lifecycle
     from clustertool.cli import render
 
-    c, rows, extra = lifecycle.status(cluster_name(cluster), check_ssh=not no_check, report=reporter(json_output))
+    report = lifecycle.status(cluster_name(cluster), check_ssh=not no_check, report=reporter(json_output))
+    c, rows, extra = report.cluster, report.nodes, report.extra
     if json_output:
-        render.print_json({"cluster": c.name, "provider": c.provider, "status": c.status,
-                           "hostfile": c.hostfile_path, "nodes": rows, **extra})
+        render.print_json(report.to_dict())
         return
     reach = {True: "yes", False: "NO", None: "-"}
     render.table(["node", "role", "address", "slots", "state", "reachable"],

@@ -42,7 +42,7 @@ def copy_cmd(
                       verify_after=verify, delete=delete, cipher=cipher or None,
                       on_progress=bars.update, report=reporter(json_output))
     if json_output:
-        render.print_json({"exit_code": result.exit_code, **render.to_jsonable(result)})
+        render.print_json(result.to_dict())
     else:
         progress.copy_table(result)
         for line in progress.mismatch_lines(result):

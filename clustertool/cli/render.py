@@ -6,13 +6,12 @@ paths (``exec``) do not pay for it unless a table is drawn.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import threading
 from typing import Any, Iterable, Sequence
 
-from clustertool.model import GroupResult
+from clustertool.model import GroupResult, jsonable
 
 _lock = threading.Lock()
 
@@ -57,15 +56,7 @@ def info(message: str) -> None:
 
 
 def to_jsonable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {k: to_jsonable(v) for k, v in dataclasses.asdict(obj).items()}
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if hasattr(obj, "__fspath__"):
-        return str(obj)
-    return obj
+    return jsonable(obj)
 
 
 def print_json(obj: Any) -> None:

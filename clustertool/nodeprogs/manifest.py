@@ -49,11 +49,13 @@ def _entry(rel, st, full, want_hash):
     return e
 
 
-def walk(root, want_hash=False):
+def walk(root, want_hash=False, keep=None):
     """Entries of the tree under root (root itself excluded), sorted by path.
 
     ``want_hash``: True (every file), False, or a set of relative paths to hash.
     A root that is a single file yields one entry named after the file.
+    ``keep(rel, is_dir)`` (local sources only): entries it refuses are left out, and a refused
+    directory is not entered.
     """
     root = os.fsdecode(root)
     out = []
@@ -63,19 +65,25 @@ def walk(root, want_hash=False):
         return [_entry(name, st, root, True if want_hash else False)]
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
+        refused = set()
         for name in dirnames + filenames:
             full = os.path.join(dirpath, name)
             rel = name if rel_dir == "." else rel_dir + "/" + name
             try:
-                out.append(_entry(rel, os.lstat(full), full, want_hash))
+                st = os.lstat(full)
+                if keep is not None and not keep(rel, stat.S_ISDIR(st.st_mode)):
+                    refused.add(name)
+                    continue
+                out.append(_entry(rel, st, full, want_hash))
             except OSError as exc:
                 out.append({"p": rel, "t": "?", "err": str(exc)})
+        dirnames[:] = [d for d in dirnames if d not in refused]
         # os.walk does not follow symlinked dirs by default; listed above as "l"
     out.sort(key=lambda e: e["p"])
     return out
 
 
-def run(args, write=sys.stdout.write):
+def run(args, write=sys.stdout.write, keep=None):
     root = os.path.expanduser(args["root"])
     want = args.get("hash", False)
     if isinstance(want, list):
@@ -83,7 +91,7 @@ def run(args, write=sys.stdout.write):
     head = {"root": root, "exists": os.path.lexists(root), "dir": os.path.isdir(root),
             "algo": "blake2b-128"}
     try:
-        entries = walk(root, want) if head["exists"] else []
+        entries = walk(root, want, keep) if head["exists"] else []
     except OSError as exc:
         head["error"] = str(exc)
         entries = []

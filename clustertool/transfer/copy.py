@@ -39,7 +39,7 @@ def _targets(cluster: Cluster, selection: str | None, from_local: bool) -> list[
 def _source_manifest(run: CopyRun) -> mf.Manifest:
     where = "here" if run.from_local else f"on the leader ({run.cluster.leader.name})"
     if run.from_local:
-        man = mf.local(run.src)
+        man = mf.local(run.src, keep=run.keep)
     else:
         got = mf.remote(run.cluster.name, [run.cluster.leader], run.src, timeout=600, transport=run.transport)
         man = got[run.cluster.leader.name]
@@ -101,27 +101,37 @@ def _apply_ops(run: CopyRun, node_plans: dict[str, plans.NodePlan]) -> None:
         run.fail(r.node, r.reason)
 
 
-def choose_strategy(strategy: str, n_nodes: int, payload: int) -> str:
-    if strategy in ("chain", "fanout"):
-        return strategy
-    if strategy != "auto":
+def choose_strategy(strategy: str, n_nodes: int, payload: int, filtered: bool = False) -> str:
+    """chain or fanout; a filtered source (``keep``) always goes by chain, which sends exactly the
+    listed entries (rsync would send the whole tree)."""
+    if strategy not in ("auto", "chain", "fanout"):
         raise UsageError(f"unknown strategy {strategy!r}", hint="auto, chain or fanout")
+    if filtered:
+        if strategy == "fanout":
+            raise UsageError("--strategy fanout cannot leave out ignored files", hint="use auto or chain")
+        return "chain"
+    if strategy != "auto":
+        return strategy
     return "chain" if n_nodes >= AUTO_CHAIN_MIN_NODES and payload >= AUTO_CHAIN_MIN_BYTES else "fanout"
 
 
 def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", selection: str | None = None,
          strategy: str = "auto", verify_after: bool = True, delete: bool = False,
          cipher: str | None = chains.DEFAULT_CIPHER, on_progress: ProgressCb | None = None,
-         report: Reporter = silent, transport: Transport = SSH) -> CopyResult:
+         report: Reporter = silent, transport: Transport = SSH, keep: mf.Keep | None = None) -> CopyResult:
+    """Copy SRC to DEST on the selected nodes; ``keep(rel, is_dir)`` (a local SRC only) picks the
+    entries that are part of the source: the rest is neither sent nor verified (nor deletable)."""
     started = time.monotonic()
     if source not in ("leader", "local"):
         raise UsageError(f"--from must be leader or local, not {source!r}")
-    choose_strategy(strategy, 0, 0)  # reject an unknown strategy before touching any node
+    if keep is not None and (source != "local" or delete):
+        raise UsageError("a file filter works on a local SRC only (--from local), without --delete")
+    choose_strategy(strategy, 0, 0, keep is not None)  # reject a bad strategy before touching any node
     cluster = state.ready_cluster(cluster_name)
     from_local = source == "local"
     src = os.path.abspath(os.path.expanduser(src)) if from_local else relative_remote(src)
     run = CopyRun(cluster, src, relative_remote(dest), from_local, _targets(cluster, selection, from_local),
-                  delete, cipher, on_progress, report, transport)
+                  delete, cipher, on_progress, report, transport, keep)
     if not from_local and src == run.dest and any(n.is_leader for n in run.targets):
         raise UsageError("SRC and DEST are the same path on the leader", hint="use --nodes members")
     timings: dict[str, float] = {}
@@ -133,7 +143,7 @@ def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", sele
     live = [n for n in run.targets if n.name not in run.results]
     union = plans.union_send([node_plans[n.name] for n in live], run.source)
     payload = plans.payload_bytes(union, run.source)
-    chosen = choose_strategy(strategy, len(live), payload)
+    chosen = choose_strategy(strategy, len(live), payload, keep is not None)
     report(f"{len(run.source.entries)} entries, {run.source.total_bytes} bytes at the source; "
            f"{payload} bytes to send ({chosen}, {len(live)} node(s))")
     result = CopyResult(run.src, run.dest, "local" if from_local else cluster.leader.name, chosen, [],

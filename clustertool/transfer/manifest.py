@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from clustertool.model import Node
 from clustertool.nodeprogs import manifest as nodeprog_manifest
@@ -18,6 +18,7 @@ from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
 
 MAX_LISTED = 10  # files named per node in a mismatch message
+Keep = Callable[[str, bool], bool]  # (relative path, is a directory) -> part of the source?
 
 
 @dataclass
@@ -50,10 +51,11 @@ def parse(text: str) -> Manifest:
                     head.get("dir", True))
 
 
-def local(root: str, want_hash: bool | Iterable[str] = False) -> Manifest:
+def local(root: str, want_hash: bool | Iterable[str] = False, keep: Keep | None = None) -> Manifest:
+    """Manifest of ``root`` on this machine; ``keep(rel, is_dir)`` filters it (see copy's ``keep``)."""
     out: list[str] = []
     want = want_hash if isinstance(want_hash, bool) else list(want_hash)
-    nodeprog_manifest.run({"root": root, "hash": want}, out.append)
+    nodeprog_manifest.run({"root": root, "hash": want}, out.append, keep=keep)
     return parse("".join(out))
 
 

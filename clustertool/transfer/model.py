@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from clustertool.errors import UsageError
-from clustertool.model import Cluster, Node, Reporter
+from clustertool.model import Cluster, Node, Reporter, jsonable
 from clustertool.remote.transport import SSH, Transport
-from clustertool.transfer.manifest import Manifest, is_unreachable
+from clustertool.transfer.manifest import Keep, Manifest, is_unreachable
 
 ProgressCb = Callable[[str, int, int], None]  # (node, bytes done, bytes expected)
 
@@ -46,6 +46,10 @@ class CopyResult:
     def exit_code(self) -> int:
         return max((n.exit_code for n in self.nodes), default=0)
 
+    def to_dict(self) -> dict:
+        """What `copy --json` prints."""
+        return {"exit_code": self.exit_code, **jsonable(self)}
+
 
 def relative_remote(path: str) -> str:
     """A remote path as the node's shell would see it: '~/x' -> 'x' (ssh starts in $HOME)."""
@@ -72,6 +76,7 @@ class CopyRun:
     on_progress: ProgressCb | None
     report: Reporter
     transport: Transport = SSH
+    keep: Keep | None = None  # a filter on a local SRC's entries (run --sync's ignore rules)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
     source: Manifest | None = None
     results: dict[str, NodeCopy] = field(default_factory=dict)

@@ -11,7 +11,7 @@ from clustertool.transfer.model import CopyResult, CopyRun
 def source_manifest(run: CopyRun, want_hash) -> mf.Manifest:
     """The source tree's manifest, hashing ``want_hash`` (True or a list of paths)."""
     if run.from_local:
-        return mf.local(run.src, want_hash)
+        return mf.local(run.src, want_hash, keep=run.keep)
     leader = run.cluster.leader
     got = mf.remote(run.cluster.name, [leader], run.src, want_hash=want_hash, transport=run.transport)[leader.name]
     if isinstance(got, str):
