@@ -14,10 +14,10 @@ import time
 
 from clustertool import state
 from clustertool.doctor import analyze, network
-from clustertool.doctor.facts import NodeFacts, facts_script, parse_facts
 from clustertool.doctor.fixes import apply_fixes
 from clustertool.doctor.model import CheckResult, Diagnosis, Finding
 from clustertool.errors import UsageError
+from clustertool.facts import NodeFacts, facts_script, parse_facts
 from clustertool.jobs.records import running_job_ids
 from clustertool.model import Cluster, Node, Reporter, silent
 from clustertool.plugin.build import NET_LIB, load_record

@@ -6,8 +6,8 @@ import statistics
 from collections import Counter
 from typing import Iterable
 
-from clustertool.doctor.facts import NodeFacts
 from clustertool.doctor.model import Finding
+from clustertool.facts import NodeFacts
 
 DISK_ERROR_PCT, DISK_ERROR_KB = 5.0, 512 * 1024
 DISK_WARN_PCT, DISK_WARN_KB = 15.0, 5 * 1024 * 1024
