@@ -130,10 +130,13 @@ def _plugin_nccl(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts]
         return CheckResult("plugin-nccl", skipped="plugin not deployed")
     if len(reachable) < len(cluster.nodes):
         return CheckResult("plugin-nccl", skipped="a node is unreachable")
+    running = running_job_ids(cluster, transport)
+    if running:   # the GPUs are busy: not the moment to start NCCL on them
+        return CheckResult("plugin-nccl", skipped=f"job {sorted(running)[0]} is running")
     try:
         result = plugin_check.check(cluster, gpus=gpus, report=report, transport=transport)
-    except ToolError as exc:
-        return CheckResult("plugin-nccl", [Finding("plugin-nccl", None, "error", f"plugin check could not run: "
+    except ToolError as exc:   # e.g. files that differ from the deploy (sameness names those too)
+        return CheckResult("plugin-nccl", [Finding("plugin-nccl", None, "warning", f"plugin check could not run: "
                                                    f"{exc.message}", fix=exc.hint or "")])
     return CheckResult("plugin-nccl", analyze.nccl_findings(result))
 

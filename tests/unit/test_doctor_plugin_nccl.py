@@ -30,6 +30,7 @@ def fake(tmp_path, ct_env):
     saved_cluster("dn", 2)
     fake = ScriptedTransport(tmp_path / "nodes")
     fake.on(lambda c: c.command == "true", Reply())
+    fake.on(lambda c: 'echo "J $j' in (c.stdin or ""), Reply(""))  # the leader knows no running job
     fake.on(lambda c: "sha256sum" in c.command and DEST in c.command, Reply(sums_text(SUMS)))
     fake.on("nccl_gpu_worker.py", Reply("python=/usr/bin/python3\n"))
     return fake
@@ -83,3 +84,12 @@ def test_plugin_loaded_with_collnet_is_clean_and_names_the_algorithm(fake, monke
     assert result.clean and plugin_nccl(result).status == "ok"
     assert plugin_nccl(result).findings[0].message == (
         "NCCL 2.26.6 on clustertool (plugin ABI v10); CollNet on; allreduce 1M COLLNET_CHAIN/SIMPLE; #wrong 0")
+
+
+def test_a_running_job_skips_the_check_instead_of_competing_for_its_gpus(fake, monkeypatch):
+    deployed("dn")
+    fake.on("nproc=", facts("1"))
+    monkeypatch.setattr(doctor, "running_job_ids", lambda cluster, transport: {"j0712-abcdef"})
+    monkeypatch.setattr(check, "_default_launch", lambda *a: pytest.fail("the check must not start a job"))
+    c = plugin_nccl(doctor.run("dn", checks=("plugin-nccl",), transport=fake))
+    assert c.skipped == "job j0712-abcdef is running"
