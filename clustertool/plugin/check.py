@@ -72,8 +72,6 @@ def size_list(text: str) -> list[int]:
 
 def worker_argv(python: str, sizes: list[int], iters: int, warmup: int) -> list[str]:
     """What every rank runs (after the jobs' own rank wrapper)."""
-    if iters < 1 or warmup < 0:
-        raise UsageError("--iters must be >= 1 and --warmup >= 0")
     return ["sh", "-c", RANK_SCRIPT, "ct-nccl-check", python, "--sizes", ",".join(map(str, sizes)),
             "--iters", str(iters), "--warmup", str(warmup)]
 
@@ -183,12 +181,14 @@ def check(cluster: Cluster, *, sizes: str = "1M:64M", iters: int = 5, warmup: in
           transport: Transport = SSH, launch: Launch | None = None) -> CheckReport:
     """Run the check on ``cluster`` (``gpus``: per node, when the caller knows them already)."""
     size_values = size_list(sizes)
+    if iters < 1 or warmup < 0:
+        raise UsageError("--iters must be >= 1 and --warmup >= 0")
     deployed = deployed_record(cluster)
     plugin = {k: deployed.get(k) for k in ("dest", "version", "sha256")}
     names = [n.name for n in cluster.ordered_nodes()]
     report(f"comparing the plugin on {nodeset.fold(names)} with the deploy")
     verify_deployed(cluster, deployed, transport)
-    gpus = gpus if gpus is not None else probe_gpus(cluster, deployed['dest'], transport)
+    gpus = gpus if gpus is not None else probe_gpus(cluster, deployed["dest"], transport)
     launch = launch or _default_launch(cluster, timeout, None)
     if not any(gpus.get(n, 0) for n in names):
         note = f"no GPU on {nodeset.fold(names)}: running the collnet_bench stand-in (not NCCL)"

@@ -60,9 +60,10 @@ def test_plugin_check_before_deploy_says_how(known):
     _one_error(run_cli("plugin", "check", "-c", "plug", env=known), "not deployed", "plugin deploy")
 
 
-@pytest.mark.parametrize("sizes,words", [("64M:1M", "MIN:MAX"), ("6:6", "multiple of 4"), ("lots", "not a size")])
-def test_plugin_check_rejects_bad_sizes_before_touching_a_node(known, sizes, words):
-    proc = run_cli("plugin", "check", "-c", "plug", "--sizes", sizes, env=known)
+@pytest.mark.parametrize("args,words", [(["--sizes", "64M:1M"], "MIN:MAX"), (["--sizes", "6:6"], "multiple of 4"),
+                                        (["--sizes", "lots"], "not a size"), (["-n", "0"], "--iters")])
+def test_plugin_check_rejects_bad_input_before_touching_a_node(known, args, words):
+    proc = run_cli("plugin", "check", "-c", "plug", *args, env=known)
     _one_error(proc, words)
     assert proc.returncode == 2
 
