@@ -18,14 +18,15 @@ def doctor(
                              "check again."),
     check: List[str] = typer.Option(
         [], "--check", help="Run only these checks (repeat): reach, ssh-mesh, disk, sameness, strays, clock, "
-                            "mpi-smoke, links."),
+                            "mpi-smoke, links, plugin-nccl (NCCL with the plugin; GPU clusters only)."),
     skip: List[str] = typer.Option([], "--skip", help="Skip these checks (repeat), e.g. --skip links."),
     plugin_path: Optional[str] = typer.Option(
         None, "--plugin-path", help="Where the NCCL plugin is deployed on the nodes (for its checksum)."),
     disk_path: List[str] = typer.Option(
         [], "--disk-path", help="Folders whose free space to check besides home and the job logs (default /scratch)."),
 ) -> None:
-    """Check SSH mesh, disks, sameness, stray processes, clocks, an MPI smoke test and links."""
+    """Check SSH mesh, disks, sameness, stray processes, clocks, an MPI smoke test, links and, on GPU
+    clusters with the plugin deployed, whether NCCL uses it (`plugin check`)."""
     from clustertool import doctor as doc
     from clustertool.cli import render
 

@@ -3,7 +3,9 @@
 Checks: reach (SSH from here), ssh-mesh (every node to every node, pinned keys), disk,
 sameness (CPU/GPU counts, driver/CUDA/NCCL/MPI versions, plugin checksum, instance type
 and AZ), strays (python/MPI processes outside running jobs), clock, mpi-smoke
-(`mpirun hostname` over all slots) and links (pairwise iperf3 bandwidth vs the median).
+(`mpirun hostname` over all slots), links (pairwise iperf3 bandwidth vs the median) and
+plugin-nccl (`plugin check`: does NCCL load the deployed plugin and run CollNet; only on GPU
+clusters with the plugin deployed, skipped elsewhere).
 ``fix=True`` applies the safe fixes (kill strays, clear finished jobs' logs on a full disk,
 push keys/known_hosts again) and runs the checks once more.
 """
@@ -14,19 +16,20 @@ import time
 
 from clustertool import state
 from clustertool.doctor import analyze, network
-from clustertool.doctor.facts import NodeFacts, facts_script, parse_facts
 from clustertool.doctor.fixes import apply_fixes
 from clustertool.doctor.model import CheckResult, Diagnosis, Finding
-from clustertool.errors import UsageError
+from clustertool.errors import ToolError, UsageError
+from clustertool.facts import NodeFacts, facts_script, gpu_count, parse_facts
 from clustertool.jobs.records import running_job_ids
 from clustertool.model import Cluster, Node, Reporter, silent
+from clustertool.plugin import check as plugin_check
 from clustertool.plugin.build import NET_LIB, load_record
 from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.mesh import mesh_script
 from clustertool.remote.transport import SSH, Transport
 
-ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links")
+ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links", "plugin-nccl")
 
 
 def plugin_path(cluster: Cluster) -> str:
@@ -117,6 +120,27 @@ def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], tran
     return CheckResult("links", analyze.link_findings(pairs, failed), data=data)
 
 
+def _plugin_nccl(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], report: Reporter,
+                 transport: Transport) -> CheckResult:
+    """`plugin check` on GPU clusters with the plugin deployed: NCCL's own word on the plugin."""
+    gpus = {f.node: gpu_count(f) for f in facts}
+    if not any(gpus.values()):
+        return CheckResult("plugin-nccl", skipped="no GPU")
+    if not load_record(cluster.name).get("deployed"):
+        return CheckResult("plugin-nccl", skipped="plugin not deployed")
+    if len(reachable) < len(cluster.nodes):
+        return CheckResult("plugin-nccl", skipped="a node is unreachable")
+    running = running_job_ids(cluster, transport)
+    if running:   # the GPUs are busy: not the moment to start NCCL on them
+        return CheckResult("plugin-nccl", skipped=f"job {sorted(running)[0]} is running")
+    try:
+        result = plugin_check.check(cluster, gpus=gpus, report=report, transport=transport)
+    except ToolError as exc:   # e.g. files that differ from the deploy (sameness names those too)
+        return CheckResult("plugin-nccl", [Finding("plugin-nccl", None, "warning", f"plugin check could not run: "
+                                                   f"{exc.message}", fix=exc.hint or "")])
+    return CheckResult("plugin-nccl", analyze.nccl_findings(result))
+
+
 def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: str | None = None,
              disk_paths: list[str] | None = None, report: Reporter = silent,
              transport: Transport = SSH) -> Diagnosis:
@@ -141,6 +165,7 @@ def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: 
         "mpi-smoke": lambda: (network.smoke_test(cluster, transport=transport) if len(reachable) == len(cluster.nodes)
                               else CheckResult("mpi-smoke", skipped="a node is unreachable")),
         "links": lambda: _links(cluster, reachable, facts, transport),
+        "plugin-nccl": lambda: _plugin_nccl(cluster, reachable, facts, report, transport),
     }
     for name, fn in steps.items():
         if name in checks:

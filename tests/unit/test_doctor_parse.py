@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from clustertool.doctor import fixes, network
-from clustertool.doctor.facts import facts_script, parse_facts
+from clustertool.facts import facts_script, parse_facts
 from clustertool.model import Cluster, Node
 from clustertool.remote.mesh import mesh_script
 

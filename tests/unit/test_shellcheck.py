@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.doctor.facts import facts_script
+from clustertool.facts import facts_script
 from clustertool.jobs import scripts
 from clustertool.model import Cluster, Node
 from clustertool.remote import keys
