@@ -20,9 +20,13 @@ DIR = Path(__file__).resolve().parent
 _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
+# Programs made of several files (each importable here on its own), sent as one, in this order.
+PARTS = {"relay": ("stream", "extract", "relay"), "manifest": ("stream", "manifest")}
+
+
 def program_text(name: str, args: dict) -> bytes:
     """Source of the node program ``name`` with its arguments prepended (for ssh stdin)."""
-    source = (DIR / f"{name}.py").read_text()
+    source = "\n".join((DIR / f"{part}.py").read_text() for part in PARTS.get(name, (name,)))
     prefix = f"import json\nARGS = json.loads({json.dumps(json.dumps(args))})\n"
     return (prefix + source).encode()
 

@@ -10,20 +10,29 @@ Output: one JSON object per line (stable order, sorted by path)::
      "h": hash (files, when asked), "l": link target (symlinks)}
 
 plus a first line ``{"root": ..., "exists": bool, "algo": ..., "error": ...}``.
-Hashes are blake2b-128 (hashlib, everywhere) so a source and a node always agree.
+Hashes come from hashlib (on every node): ARGS ``algo`` names one (stream.py's ``new_hash``;
+default blake2b-128) so a source and its nodes always agree; ``pick_hash`` adds ``fastest``,
+the quickest candidate on this CPU, to the first line.  ``status``: a copy station's folder
+(relative to $HOME) whose outcome goes into the first line (``status``), after which the
+folder is removed; ``skip_walk`` leaves the listing out.  Sent after stream.py (``PARTS``).
 """
 
-import hashlib
 import json
 import os
+import shutil
+import signal
 import stat
 import sys
 
+if "new_hash" not in globals():  # imported here; on a node stream.py comes first
+    from clustertool.nodeprogs.stream import fastest_hash, new_hash
+
 CHUNK = 1 << 20
+DEFAULT_ALGO = "blake2b-128"
 
 
-def file_hash(path):
-    h = hashlib.blake2b(digest_size=16)
+def file_hash(path, algo=DEFAULT_ALGO):
+    h = new_hash(algo)
     with open(path, "rb") as fh:
         while True:
             block = fh.read(CHUNK)
@@ -33,7 +42,7 @@ def file_hash(path):
     return h.hexdigest()
 
 
-def _entry(rel, st, full, want_hash):
+def _entry(rel, st, full, want_hash, algo=DEFAULT_ALGO):
     mode = st.st_mode
     e = {"p": rel, "x": stat.S_IMODE(mode), "m": int(st.st_mtime)}
     if stat.S_ISLNK(mode):
@@ -43,13 +52,13 @@ def _entry(rel, st, full, want_hash):
     elif stat.S_ISREG(mode):
         e["t"], e["s"] = "f", st.st_size
         if want_hash is True or (want_hash and rel in want_hash):
-            e["h"] = file_hash(full)
+            e["h"] = file_hash(full, algo)
     else:
         e["t"] = "o"
     return e
 
 
-def walk(root, want_hash=False):
+def walk(root, want_hash=False, algo=DEFAULT_ALGO):
     """Entries of the tree under root (root itself excluded), sorted by path.
 
     ``want_hash``: True (every file), False, or a set of relative paths to hash.
@@ -60,14 +69,14 @@ def walk(root, want_hash=False):
     st = os.lstat(root)
     if not stat.S_ISDIR(st.st_mode):
         name = os.path.basename(root.rstrip("/"))
-        return [_entry(name, st, root, True if want_hash else False)]
+        return [_entry(name, st, root, True if want_hash else False, algo)]
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         for name in dirnames + filenames:
             full = os.path.join(dirpath, name)
             rel = name if rel_dir == "." else rel_dir + "/" + name
             try:
-                out.append(_entry(rel, os.lstat(full), full, want_hash))
+                out.append(_entry(rel, os.lstat(full), full, want_hash, algo))
             except OSError as exc:
                 out.append({"p": rel, "t": "?", "err": str(exc)})
         # os.walk does not follow symlinked dirs by default; listed above as "l"
@@ -75,15 +84,50 @@ def walk(root, want_hash=False):
     return out
 
 
+def _stop_leftovers(sdir):
+    """A station that never finished (its chain was cut): stop it before DEST is looked at."""
+    for name in ("pgid", "pgid.dial"):
+        try:
+            with open(os.path.join(sdir, name)) as fh:
+                os.killpg(int(fh.read().strip()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+
+
+def station_status(sdir):
+    """A copy station's outcome (its status.json, or rc "missing"), then its folder is removed."""
+    try:
+        with open(os.path.join(sdir, "status.json")) as fh:
+            status = json.load(fh)
+    except (OSError, ValueError):
+        status = {"rc": "missing"}
+        _stop_leftovers(sdir)
+        try:
+            with open(os.path.join(sdir, "dial.log"), errors="replace") as fh:
+                status["err"] = "; ".join(ln.strip() for ln in fh.read()[-2000:].splitlines() if ln.strip())[-300:]
+        except OSError:
+            pass
+    shutil.rmtree(sdir, ignore_errors=True)
+    for folder in (".cache/clustertool", ".cache"):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            break
+    return status
+
+
 def run(args, write=sys.stdout.write):
     root = os.path.expanduser(args["root"])
-    want = args.get("hash", False)
+    want, algo = args.get("hash", False), args.get("algo") or DEFAULT_ALGO
     if isinstance(want, list):
         want = set(want)
-    head = {"root": root, "exists": os.path.lexists(root), "dir": os.path.isdir(root),
-            "algo": "blake2b-128"}
+    head = {"root": root, "exists": os.path.lexists(root), "dir": os.path.isdir(root), "algo": algo}
+    if args.get("status"):
+        head["status"] = station_status(args["status"])
+    if args.get("pick_hash"):
+        head["fastest"] = fastest_hash()
     try:
-        entries = walk(root, want) if head["exists"] else []
+        entries = walk(root, want, algo) if head["exists"] and not args.get("skip_walk") else []
     except OSError as exc:
         head["error"] = str(exc)
         entries = []

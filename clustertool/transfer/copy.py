@@ -1,9 +1,10 @@
 """`copy`: SRC (on the leader, or here) to DEST on the selected nodes, incremental and verified.
 
 Steps: manifests of source and nodes -> per-node plans (what each lacks) -> small fixes
-(deletes, metadata) -> transfer (pipelined chain or parallel rsync fan-out) -> hop statuses ->
-repair chains for nodes cut off behind a failed hop -> verification (source manifest with
-hashes against every node's) -> one result per node.  Everything comes back as data.
+(deletes, metadata) -> transfer (pipelined chain or parallel rsync fan-out; both hash what they
+write while writing it) -> hop statuses -> repair chains for nodes cut off behind a failed hop ->
+verification (what the stream checked, plus a re-read of what it did not carry; verify.py) ->
+one result per node.  Everything comes back as data.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ def _targets(cluster: Cluster, selection: str | None, from_local: bool) -> list[
 def _source_manifest(run: CopyRun) -> mf.Manifest:
     where = "here" if run.from_local else f"on the leader ({run.cluster.leader.name})"
     if run.from_local:
-        man = mf.local(run.src)
+        man = mf.local(run.src, pick_hash=True)
     else:
-        got = mf.remote(run.cluster.name, [run.cluster.leader], run.src, timeout=600, transport=run.transport)
+        got = mf.remote(run.cluster.name, [run.cluster.leader], run.src, timeout=600, transport=run.transport,
+                        pick_hash=True)
         man = got[run.cluster.leader.name]
         if isinstance(man, str):
             raise UsageError(f"cannot read SRC {run.src!r} {where}: {man}")
@@ -53,6 +55,7 @@ def _source_manifest(run: CopyRun) -> mf.Manifest:
     if bad:
         raise UsageError(f"SRC holds entries that cannot be copied (unreadable or special files): "
                          f"{mf.summarize(bad, 5)}")
+    run.algo = man.fastest
     return man
 
 
@@ -80,7 +83,8 @@ def _settle_hashes(run: CopyRun, node_plans: dict[str, plans.NodePlan]) -> None:
     every = sorted({path for paths in need.values() for path in paths})
     src_hashes = verify.source_hashes(run, every)
     nodes = [run.cluster.node(name) for name in need]
-    got = mf.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport)
+    got = mf.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport,
+                    algo=run.algo)
     for name, paths in need.items():
         man = got[name]
         dest_hashes = {} if isinstance(man, str) else {p: man.entries.get(p, {}).get("h") for p in paths}
@@ -112,21 +116,26 @@ def choose_strategy(strategy: str, n_nodes: int, payload: int) -> str:
 def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", selection: str | None = None,
          strategy: str = "auto", verify_after: bool = True, delete: bool = False,
          cipher: str | None = chains.DEFAULT_CIPHER, on_progress: ProgressCb | None = None,
-         report: Reporter = silent, transport: Transport = SSH) -> CopyResult:
+         report: Reporter = silent, transport: Transport = SSH, verify_only: bool = False) -> CopyResult:
+    """Copy, or with ``verify_only`` only compare every node's DEST with SRC (re-reading both)."""
     started = time.monotonic()
     if source not in ("leader", "local"):
         raise UsageError(f"--from must be leader or local, not {source!r}")
+    if verify_only and not verify_after:
+        raise UsageError("--verify-only and --no-verify contradict each other")
     choose_strategy(strategy, 0, 0)  # reject an unknown strategy before touching any node
     cluster = state.ready_cluster(cluster_name)
     from_local = source == "local"
     src = os.path.abspath(os.path.expanduser(src)) if from_local else relative_remote(src)
     run = CopyRun(cluster, src, relative_remote(dest), from_local, _targets(cluster, selection, from_local),
-                  delete, cipher, on_progress, report, transport)
+                  delete, cipher, on_progress, report, transport, verify=verify_after)
     if not from_local and src == run.dest and any(n.is_leader for n in run.targets):
         raise UsageError("SRC and DEST are the same path on the leader", hint="use --nodes members")
     timings: dict[str, float] = {}
     run.source = _source_manifest(run)
     timings["source_manifest"] = time.monotonic() - started
+    if verify_only:
+        return _verify_only(run, started, timings)
     node_plans = replan(run, run.targets)
     _apply_ops(run, node_plans)
     timings["plan"] = time.monotonic() - started
@@ -137,7 +146,8 @@ def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", sele
     report(f"{len(run.source.entries)} entries, {run.source.total_bytes} bytes at the source; "
            f"{payload} bytes to send ({chosen}, {len(live)} node(s))")
     result = CopyResult(run.src, run.dest, "local" if from_local else cluster.leader.name, chosen, [],
-                        run.source.total_bytes, run.source.file_count)
+                        run.source.total_bytes, run.source.file_count,
+                        verify="stream" if verify_after else "off", hash=run.algo if verify_after else None)
     if chosen == "chain":
         drive.chain_transfer(run, node_plans, live, result, replan=lambda nodes: replan(run, nodes))
     else:
@@ -152,6 +162,24 @@ def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", sele
         base.files_sent = base.files_sent or len([p for p in node_plans.get(node.name, plans.NodePlan("")).send
                                                   if run.source.entries[p]["t"] == "f"])
         result.nodes.append(base)
+    return _finish(run, result, started, timings)
+
+
+def _finish(run: CopyRun, result: CopyResult, started: float, timings: dict[str, float]) -> CopyResult:
+    result.source_errors = list(run.source_errors)
     result.timings = timings
     result.duration = time.monotonic() - started
     return result
+
+
+def _verify_only(run: CopyRun, started: float, timings: dict[str, float]) -> CopyResult:
+    """No transfer: hash every file on every node and at the source, compare, one verdict each."""
+    result = CopyResult(run.src, run.dest, "local" if run.from_local else run.cluster.leader.name, "none", [],
+                        run.source.total_bytes, run.source.file_count, verify="reread", hash=run.algo)
+    run.report(f"re-reading {run.source.file_count} files ({run.source.total_bytes} bytes) at the source and "
+               f"on {len(run.targets)} node(s), hash {run.algo}")
+    verify.verify(run, run.targets, result)
+    result.verified = True
+    timings["verify"] = time.monotonic() - started
+    result.nodes = [run.results.get(n.name) or NodeCopy(n.name) for n in run.targets]
+    return _finish(run, result, started, timings)

@@ -8,17 +8,21 @@ own disks (``replan``, handed in by copy) and get a repair chain that skips the 
 from __future__ import annotations
 
 import hashlib
+import sys
 from typing import Callable
 
+from clustertool.errors import RemoteError
 from clustertool.model import Node
+from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.state import ClusterPaths
 from clustertool.transfer import chain as chains
 from clustertool.transfer import fanout
+from clustertool.transfer import manifest as mf
 from clustertool.transfer import plan as plans
 from clustertool.transfer.model import CopyResult, CopyRun
 
-TRUNCATED_MARKERS = ("unexpected eof", "unexpected end", "record size")
+TRUNCATED_MARKERS = ("unexpected end of stream", "stream cut")
 REPAIR_PASSES = 2
 
 Replan = Callable[[list[Node]], dict[str, plans.NodePlan]]  # nodes -> what each lacks now
@@ -34,19 +38,42 @@ def _hops(run: CopyRun, pending: list[Node]) -> list[tuple[Node, bool]]:
     return hops
 
 
-def _prepare(run: CopyRun, hops: list[tuple[Node, bool]]) -> list[tuple[Node, bool]]:
-    """Write every hop's script; drop hops that cannot be reached and rewire around them."""
+def _stations(run: CopyRun, hops: list[tuple[Node, bool]], union: list[str], pass_no: int) -> dict[str, list[dict]]:
+    """Every node's relay ARGS for this pass (the leader may be both the source and a hop)."""
+    def sdir(name: str) -> str:
+        return chains.status_dir(run.run_id, name, pass_no)
+
+    per: dict[str, list[dict]] = {}
+    for i, (node, extract) in enumerate(hops):
+        nxt = hops[i + 1][0] if i + 1 < len(hops) else None
+        per.setdefault(node.name, []).append(chains.hop_args(
+            node.name, sdir(node.name), run.dest, extract, run.stream_algo,
+            (nxt.address, sdir(nxt.name)) if nxt else None, run.cipher))
+    if not run.from_local:
+        first = hops[0][0]
+        per.setdefault(run.cluster.leader.name, []).append(chains.source_args(
+            run.src_dir, union, run.stream_algo, sdir=sdir("source"), next_hop=(first.address, sdir(first.name)),
+            cipher=run.cipher))
+    return per
+
+
+def _prepare(run: CopyRun, hops: list[tuple[Node, bool]], union: list[str],
+             pass_no: int) -> list[tuple[Node, bool]]:
+    """Store every station's relay and start its dialer (all links connect at once); drop hops
+    that cannot be reached and rewire around them."""
+    leader = run.cluster.leader
     while hops:
-        scripts = {}
-        for i, (node, extract) in enumerate(hops):
-            nxt = hops[i + 1][0] if i + 1 < len(hops) else None
-            next_hop = (nxt.address, chains.status_dir(run.run_id, nxt.name)) if nxt else None
-            scripts[node.name] = chains.hop_script(run.dest, chains.status_dir(run.run_id, node.name),
-                                                   node.name, extract, next_hop, run.cipher)
-        group = run_on_nodes(run.cluster.name, [n for n, _ in hops],
-                             lambda n: chains.prepare_command(chains.status_dir(run.run_id, n.name)),
-                             stdin_data=lambda n: scripts[n.name].encode(), timeout=60, transport=run.transport)
+        stations = _stations(run, hops, union, pass_no)
+        nodes = [n for n, _ in hops]
+        if leader.name in stations and all(n.name != leader.name for n in nodes):
+            nodes.append(leader)
+        group = run_on_nodes(run.cluster.name, nodes, python_command(),
+                             stdin_data=lambda n: chains.prepare_program(stations[n.name]), timeout=60,
+                             transport=run.transport)
         bad = {r.node: r for r in group.failed()}
+        if not run.from_local and leader.name in bad:
+            abort(run, nodes)
+            raise RemoteError(f"cannot start the copy on the leader ({leader.name}): {bad[leader.name].reason}")
         if not bad:
             return hops
         for name, r in bad.items():
@@ -55,42 +82,55 @@ def _prepare(run: CopyRun, hops: list[tuple[Node, bool]]) -> list[tuple[Node, bo
     return hops
 
 
-def _head(run: CopyRun, first: Node) -> tuple[list[str], list[str] | None]:
-    first_hop = (first.address, chains.status_dir(run.run_id, first.name))
+def _head(run: CopyRun, first: Node, union: list[str], pass_no: int) -> tuple[list[str], bytes | None]:
+    """The chain's head: ssh to the leader's prepared source, or the source relay run here."""
     if run.from_local:
-        cmd = f"bash {chains.status_dir(run.run_id, first.name)}/hop.sh"
-        return run.transport.argv(run.cluster.name, first, cmd), chains.tar_create_argv(run.src_dir)
-    cmd = chains.leader_source_command(run.src_dir, first_hop, run.cipher,
-                                       chains.status_dir(run.run_id, "source"))
+        forward = run.transport.argv(run.cluster.name, first,
+                                     chains.relay_command(chains.status_dir(run.run_id, first.name, pass_no)))
+        args = chains.source_args(run.src_dir, union, run.stream_algo, forward=forward)
+        return [sys.executable, "-"], program_text("relay", args)
+    cmd = chains.relay_command(chains.status_dir(run.run_id, "source", pass_no))
     return run.transport.argv(run.cluster.name, run.cluster.leader, cmd), None
 
 
-def _one_pass(run: CopyRun, pending: list[Node], union: list[str]) -> dict[str, chains.HopStatus | str]:
-    hops = _prepare(run, _hops(run, pending))
+def _one_pass(run: CopyRun, pending: list[Node], union: list[str],
+              pass_no: int) -> dict[str, chains.HopStatus | str]:
+    hops = _prepare(run, _hops(run, pending), union, pass_no)
     if not hops:
         return {}
-    total = plans.archive_bytes(union, run.source)
+    total = plans.payload_bytes(union, run.source)
     progress = None
     if run.on_progress is not None:
         progress = lambda node, done: run.on_progress(node, min(done, total), total)  # noqa: E731
-    argv, local_tar = _head(run, hops[0][0])
+    argv, stdin = _head(run, hops[0][0], union, pass_no)
     try:
-        streamed = chains.stream(argv, union, local_tar=local_tar, on_progress=progress)
+        streamed = chains.stream(argv, stdin, on_progress=progress)
     except BaseException:  # Ctrl-C: the hops would go on without us; stop them
         abort(run, [run.cluster.leader] + [n for n, _ in hops])
         raise
-    group = run_on_nodes(run.cluster.name, [n for n, _ in hops],
-                         lambda n: chains.collect_command(chains.status_dir(run.run_id, n.name)), timeout=60,
-                         transport=run.transport)
+    _source_outcome(run, streamed)
+    got = mf.remote(run.cluster.name, [n for n, _ in hops], run.dest, timeout=120, transport=run.transport,
+                    status_dir=lambda n: chains.status_dir(run.run_id, n.name, pass_no), walk=run.verify)
     out: dict[str, chains.HopStatus | str] = {}
-    for r in group.results:
-        out[r.node] = chains.parse_status(r.node, r.stdout) if r.ok else r.reason
-        if progress is not None and not isinstance(out[r.node], str) and out[r.node].extracted_ok:
-            progress(r.node, total)  # checkpoints stop short of the end
+    for name, man in got.items():
+        if isinstance(man, str):
+            out[name] = man
+            continue
+        out[name] = chains.hop_status(name, man.status)
+        if run.verify and out[name].extracted_ok:
+            run.after[name] = man
+        if progress is not None and out[name].extracted_ok:
+            progress(name, total)
     first = hops[0][0].name
     if streamed.returncode != 0 and streamed.stderr and first in out and not isinstance(out[first], str):
         out[first].stderr = (out[first].stderr + "; " + streamed.stderr[-300:]).strip("; ")
     return out
+
+
+def _source_outcome(run: CopyRun, streamed: chains.ChainRun) -> None:
+    """Files the source could not send whole: said once for the run (each node names them too)."""
+    errors = (streamed.source or {}).get("errors") or []
+    run.source_errors += [e for e in errors if e not in run.source_errors]
 
 
 def abort(run: CopyRun, nodes: list[Node]) -> None:
@@ -111,7 +151,7 @@ def truncated(st: chains.HopStatus) -> bool:
 
 
 def write_error(st: chains.HopStatus) -> str:
-    detail = st.stderr or f"tar exit {st.rc}"
+    detail = st.stderr or f"relay exit {st.rc}"
     if "no space left on device" in detail.lower():
         return f"disk full writing DEST (No space left on device): {detail}"
     return f"writing DEST failed: {detail}"
@@ -130,10 +170,10 @@ def chain_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: li
         payload = plans.payload_bytes(union, run.source)
         run.report(f"chain pass {attempt + 1}: {len(union)} entries, {payload} bytes through "
                    f"{' -> '.join(n.name for n in pending)}")
-        statuses = _one_pass(run, pending, union)
+        statuses = _one_pass(run, pending, union, attempt + 1)
         result.passes += 1
         result.bytes_sent += payload
-        retry = _classify(run, pending, statuses, payload)
+        retry = _classify(run, pending, statuses, payload, union)
         if not retry:
             return
         run.report(f"re-routing around failed node(s): {len(retry)} node(s) cut off get a repair chain")
@@ -143,7 +183,7 @@ def chain_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: li
 
 
 def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, chains.HopStatus | str],
-              payload: int) -> list[Node]:
+              payload: int, union: list[str]) -> list[Node]:
     retry = []
     for node in pending:
         entry = run.entry(node.name)
@@ -155,12 +195,27 @@ def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, chains.HopS
             run.fail(node.name, st or "not reached by the chain")
         elif st.extracted_ok:
             entry.status, entry.exit_code, entry.error = "ok", 0, None
+            _record_stream(run, node.name, st, union)
         elif truncated(st):
             retry.append(node)
             run.fail(node.name, f"stream cut off ({st.stderr or 'no data'})")
         else:
             run.fail(node.name, write_error(st))
     return retry
+
+
+def _record_stream(run: CopyRun, name: str, st: chains.HopStatus, union: list[str]) -> None:
+    """What the node checked in the stream: those files need no re-read; the ones it got wrong
+    are its problems.  Counts that do not add up trust nothing (verification re-reads)."""
+    files = [p for p in union if run.source.entries[p]["t"] == "f"]
+    bad = {path: reason for reason, path in st.bad}
+    run.stream_problems[name] = [f"{reason}: {path}" for path, reason in bad.items()]
+    if st.bad_count > len(bad):
+        run.stream_problems[name].append(f"... and {st.bad_count - len(bad)} more the stream got wrong")
+    if run.stream_algo is None or st.files != len(files) or st.verified + st.bad_count != len(files):
+        return
+    if st.bad_count == len(bad):
+        run.streamed.setdefault(name, set()).update(p for p in files if p not in bad)
 
 
 def fanout_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: list[Node],
@@ -194,6 +249,15 @@ def fanout_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: l
         result.bytes_sent += r.bytes_sent
         if r.error:
             run.fail(name, r.error)
+        else:
+            _rsync_checked(run, name, r)
+
+
+def _rsync_checked(run: CopyRun, name: str, r: fanout.RsyncResult) -> None:
+    """Files rsync received were checked by rsync as written (its whole-file checksum)."""
+    if run.verify:
+        files = run.source.entries
+        run.streamed.setdefault(name, set()).update(p for p in r.names if files.get(p, {}).get("t") == "f")
 
 
 def _stage_on_leader(run: CopyRun, targets, progress, result: CopyResult):
@@ -207,6 +271,8 @@ def _stage_on_leader(run: CopyRun, targets, progress, result: CopyResult):
     result.bytes_sent += r.bytes_sent
     if on_leader:
         run.entry(leader.name).bytes_received += r.bytes_sent
+        if not r.error:
+            _rsync_checked(run, leader.name, r)
     if r.error:
         for node in targets:
             run.fail(node.name, f"staging on the leader failed: {r.error}")
