@@ -41,8 +41,8 @@ class _File:
 class Extractor:
     """The sink that writes entries under ``root`` and checks each file's hash as it is written."""
 
-    def __init__(self, root, algo, tally):
-        self.root, self.algo, self.tally = root, algo, tally
+    def __init__(self, root, tally):
+        self.root, self.algo, self.tally = root, None, tally
         self.root_uid = hasattr(os, "geteuid") and os.geteuid() == 0
         self.dirs, self.made, self.end_rec, self._ids = [], set(), None, {}
 
@@ -64,6 +64,9 @@ class Extractor:
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "Is a directory")
         os.unlink(full)
+
+    def start(self, rec):
+        self.algo = rec["algo"]  # the source's choice: every node checks with the same hash
 
     def begin_file(self, rec):
         full = self._path(rec["p"])
@@ -186,6 +189,9 @@ class Extractor:
 
 class Skipper:
     """The sink of a hop that only relays (it parses, to know the stream ended well)."""
+
+    def start(self, rec):
+        pass
 
     def begin_file(self, rec):
         return None

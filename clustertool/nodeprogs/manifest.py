@@ -12,9 +12,10 @@ Output: one JSON object per line (stable order, sorted by path)::
 plus a first line ``{"root": ..., "exists": bool, "algo": ..., "error": ...}``.
 Hashes come from hashlib (on every node): ARGS ``algo`` names one (stream.py's ``new_hash``;
 default blake2b-128) so a source and its nodes always agree; ``pick_hash`` adds ``fastest``,
-the quickest candidate on this CPU, to the first line.  ``status``: a copy station's folder
-(relative to $HOME) whose outcome goes into the first line (``status``), after which the
-folder is removed; ``skip_walk`` leaves the listing out.  Sent after stream.py (``PARTS``).
+the quickest candidate on this CPU, to the first line.  ``cleanup``: copy station folders
+(relative to $HOME) to stop and remove first.  Sent
+after stream.py (``PARTS``); in a copy's first round (``survey``) after relay.py too, which
+has prepared this node's stations by then.
 """
 
 import json
@@ -85,7 +86,7 @@ def walk(root, want_hash=False, algo=DEFAULT_ALGO):
 
 
 def _stop_leftovers(sdir):
-    """A station that never finished (its chain was cut): stop it before DEST is looked at."""
+    """A station still running (its chain was cut, or never used): stop it, relay and dialer."""
     for name in ("pgid", "pgid.dial"):
         try:
             with open(os.path.join(sdir, name)) as fh:
@@ -94,26 +95,21 @@ def _stop_leftovers(sdir):
             pass
 
 
-def station_status(sdir):
-    """A copy station's outcome (its status.json, or rc "missing"), then its folder is removed."""
-    try:
-        with open(os.path.join(sdir, "status.json")) as fh:
-            status = json.load(fh)
-    except (OSError, ValueError):
-        status = {"rc": "missing"}
-        _stop_leftovers(sdir)
-        try:
-            with open(os.path.join(sdir, "dial.log"), errors="replace") as fh:
-                status["err"] = "; ".join(ln.strip() for ln in fh.read()[-2000:].splitlines() if ln.strip())[-300:]
-        except OSError:
-            pass
-    shutil.rmtree(sdir, ignore_errors=True)
+def clean_stations(sdirs):
+    """Stop and remove copy stations that will not be used (a chain prepared ahead that the plan
+    did not need, or one cut short); the count removed."""
+    gone = 0
+    for sdir in sdirs:
+        if os.path.isdir(sdir):
+            _stop_leftovers(sdir)
+            shutil.rmtree(sdir, ignore_errors=True)
+            gone += 1
     for folder in (".cache/clustertool", ".cache"):
         try:
             os.rmdir(folder)
         except OSError:
             break
-    return status
+    return gone
 
 
 def run(args, write=sys.stdout.write):
@@ -122,12 +118,12 @@ def run(args, write=sys.stdout.write):
     if isinstance(want, list):
         want = set(want)
     head = {"root": root, "exists": os.path.lexists(root), "dir": os.path.isdir(root), "algo": algo}
-    if args.get("status"):
-        head["status"] = station_status(args["status"])
+    if args.get("cleanup"):
+        head["cleaned"] = clean_stations(args["cleanup"])
     if args.get("pick_hash"):
         head["fastest"] = fastest_hash()
     try:
-        entries = walk(root, want, algo) if head["exists"] and not args.get("skip_walk") else []
+        entries = walk(root, want, algo) if head["exists"] else []
     except OSError as exc:
         head["error"] = str(exc)
         entries = []

@@ -8,13 +8,16 @@ it runs on nodes, and here for ``copy --from local``.  ``ARGS`` is prepended.  T
   JSON status line on stdout when done.
 * hop: reads the stream on stdin, forwards every byte to the next hop at once, and writes
   the entries under DEST, hashing each file's bytes as it writes them; at a file's end it
-  compares its hash with the source's.  Leaves ``status.json`` in its status folder.
-* prepare (ARGS ``prepare``: the stations of this node): stores each station's own relay
-  program in its status folder and starts its dialer; removes folders older than a day.
-* dial (``relay.py dial``, started ahead of the stream by prepare): opens
-  the ssh session to the next hop, which starts that hop's relay, and hands the session's
-  stdin and stderr to this node's relay over a unix socket (SCM_RIGHTS).  So every link of
-  the chain connects at once, in parallel, instead of one after another while data waits.
+  compares its hash with the source's.  When the hops after it are done, it says its
+  outcome (a ``CTDONE`` line) on stderr, which flows back up the chain to the head like the
+  progress lines, and removes its status folder: no round trip is needed to collect it.
+* prepare (ARGS ``prepare``: the stations of this node): stores each hop's relay in its
+  status folder and forks its dialer; removes folders older than a day.  In a survey
+  (the copy's first round) manifest.py follows and lists DEST.
+* dial (forked by prepare, ahead of the stream): opens the ssh session to the next hop,
+  which starts that hop's relay, and hands the session's stdin and stderr to this node's
+  relay over a unix socket (SCM_RIGHTS).  So every link of the chain connects at once, in
+  parallel, while the copy is still planning, instead of one after another while data waits.
 """
 
 import array
@@ -35,6 +38,7 @@ if "Unpacker" not in globals():  # imported (tests, --from local); on a node the
 PIPE_SIZE = 1 << 20
 PROGRESS_EVERY = 8 << 20
 PROGRESS_MARK = "CTPROG"
+DONE_MARK = "CTDONE"  # a hop's outcome, one JSON line, up the chain's stderr like progress
 F_SETPIPE_SZ = 1031
 CONNECT_TIMEOUT = 60.0
 ACCEPT_TIMEOUT = 180.0
@@ -99,7 +103,7 @@ def say(text):
     """A whole line on stderr (which flows back up the chain); never fails the relay."""
     with _ERR:
         try:
-            os.write(2, text)
+            write_all(2, text)
         except OSError:
             pass  # upstream is gone: nobody to tell
 
@@ -154,15 +158,11 @@ def connect_forward(sdir):
     return Forward(fds[0], fds[1], sock=sock)
 
 
-def dial(args):
+def dial(station):
     """Open the session to the next hop now; hand it to this node's relay when it asks."""
-    sdir = args["sdir"]
-    try:
-        os.setsid()
-    except OSError:
-        pass
+    sdir = station["sdir"]
     _record_pgid(sdir, "pgid.dial")
-    proc, w, er = spawn_forward(args["forward"])
+    proc, w, er = spawn_forward(station["forward"])
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(os.path.join(sdir, "fwd.sock"))
     srv.listen(1)
@@ -177,14 +177,28 @@ def dial(args):
         os.close(w)
         os.close(er)
     rc = proc.wait()
-    with open(os.path.join(sdir, "next_rc"), "w") as fh:
-        fh.write(f"{rc}\n")
     if conn is not None:
         try:
             conn.sendall(f"{rc}\n".encode())
         except OSError:
             pass
         conn.close()
+
+
+def start_dialer(station):
+    """Fork the dialer (no second interpreter to start): its own session, its output in dial.log."""
+    if os.fork():
+        return
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        log = os.open(os.path.join(station["sdir"], "dial.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        for fd in (0, 1, 2):
+            os.dup2(log if fd else null, fd)
+        os.closerange(3, 1 << 16)
+        dial(station)
+    finally:
+        os._exit(0)
 
 
 def _record_pgid(sdir, name):
@@ -208,6 +222,11 @@ class _Gone(Exception):
     pass
 
 
+def _remove(sdir):
+    import shutil
+    shutil.rmtree(sdir, ignore_errors=True)
+
+
 def run_source(args):
     src = args["source"]
     if args.get("sdir"):
@@ -226,8 +245,7 @@ def run_source(args):
     status["next_rc"] = fwd.wait()
     status["next_error"] = fwd.error
     if args.get("sdir"):
-        import shutil
-        shutil.rmtree(args["sdir"], ignore_errors=True)
+        _remove(args["sdir"])
     sys.stdout.write(json.dumps(status) + "\n")
     return 0 if status["next_rc"] == 0 and not fwd.error else 1
 
@@ -248,26 +266,28 @@ def run_hop(args):
     if args.get("extract"):
         try:
             os.makedirs(args["dest"], exist_ok=True)
-            sink = Extractor(args["dest"], args.get("algo"), tally)
+            sink = Extractor(args["dest"], tally)
         except OSError as exc:
             err = f"cannot create DEST {args['dest']!r}: {exc.strerror or exc}"
     parser, marked = Unpacker(sink), 0
     widen_pipe(0)
+    buf = bytearray(CHUNK)  # one buffer, read into again and again: no allocation per block
+    view = memoryview(buf)
     while True:
-        block = os.read(0, CHUNK)
-        if not block:
+        got = os.readv(0, [buf])
+        if not got:
             break
         if fwd is not None:
-            fwd.send(block)
+            fwd.send(view[:got])
         if parser is not None:
             try:
-                parser.feed(block)
+                parser.feed(buf, got)
             except StreamError as exc:
                 err, parser = str(exc), None
         if parser is not None and parser.payload - marked >= PROGRESS_EVERY:
             marked = parser.payload
             _progress(args["node"], marked)
-        if len(block) < CHUNK // 4:
+        if got < CHUNK // 4:
             time.sleep(0.003)  # let the pipe fill: fewer, larger reads (and fewer wake-ups upstream)
     if parser is not None:
         try:
@@ -275,19 +295,15 @@ def run_hop(args):
         except StreamError as exc:
             err = str(exc)
     sink.finish()
-    next_rc = None
-    if fwd is not None:
-        next_rc = fwd.wait()
+    if parser is not None and args.get("extract"):
+        _progress(args["node"], parser.payload)
+    next_rc = fwd.wait() if fwd is not None else None  # the hops after this one have reported
     errors = ([err] if err else []) + tally.errors
     status = {"rc": 2 if errors else 0, "err": "; ".join(errors[:3]), "files": tally.files,
               "verified": tally.verified, "bytes": tally.bytes, "bad": tally.bad, "bad_count": tally.bad_count,
               "next_rc": next_rc, "next_error": fwd.error if fwd is not None else None}
-    if parser is not None and args.get("extract"):
-        _progress(args["node"], parser.payload)
-    tmp = os.path.join(sdir, "status.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(status, fh)
-    os.replace(tmp, os.path.join(sdir, "status.json"))
+    say(f"{DONE_MARK} {args['node']} {json.dumps(status)}\n".encode())
+    _remove(sdir)
     return status["rc"]
 
 
@@ -295,38 +311,37 @@ STALE_S = 86400
 
 
 def prepare(args):
-    import shutil
+    """Store each station's relay (a hop's is started by the previous hop's dialer) and fork
+    its dialer; remove station folders an interrupted copy left more than a day ago."""
     try:
         for name in os.listdir(".cache/clustertool"):
             path = os.path.join(".cache/clustertool", name)
             if name.startswith("copy-") and time.time() - os.lstat(path).st_mtime > STALE_S:
-                shutil.rmtree(path, ignore_errors=True)
+                _remove(path)
     except OSError:
         pass
     for station in args["prepare"]:
         sdir = station["sdir"]
-        shutil.rmtree(sdir, ignore_errors=True)
+        _remove(sdir)
         os.makedirs(sdir)
-        with open(os.path.join(sdir, "relay.py"), "w") as fh:
-            fh.write(station["program"])
-        if station.get("dial"):
-            with open(os.path.join(sdir, "dial.log"), "ab") as log:
-                subprocess.Popen([sys.executable, os.path.join(sdir, "relay.py"), "dial"], stdin=subprocess.DEVNULL,
-                                 stdout=log, stderr=log, start_new_session=True, close_fds=True)
+        if station.get("program"):
+            with open(os.path.join(sdir, "relay.py"), "w") as fh:
+                fh.write(station["program"])
+        if station.get("forward"):
+            start_dialer(station)
     return 0
 
 
-def main(args, argv):
+def main(args):
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if "prepare" in args:
         return prepare(args)
-    if len(argv) > 1 and argv[1] == "dial":
-        dial(args)
-        return 0
     if "source" in args:
         return run_source(args)
     return run_hop(args)
 
 
 if __name__ == "__main__" and "ARGS" in globals():
-    sys.exit(main(ARGS, sys.argv))  # noqa: F821  (prepended by program_text)
+    _rc = main(ARGS)  # noqa: F821  (prepended by program_text)
+    if "root" not in ARGS:  # noqa: F821  (a survey: manifest.py follows and lists DEST)
+        sys.exit(_rc)

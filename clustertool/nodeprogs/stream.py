@@ -3,7 +3,8 @@
 Part of the node program ``relay`` (``program_text`` sends stream.py, extract.py and relay.py as
 one file); also imported here by ``copy --from local`` and the tests.
 
-The stream: ``CTSTREAM1\\n``, then per entry a JSON header line (``p`` path, ``t`` f|d|l, ``s``
+The stream: ``CTSTREAM1\\n``, a JSON line ``{"algo": <the hash every file is checked with, or
+null>}`` (so the hops learn it from the source), then per entry a JSON header line (``p`` path, ``t`` f|d|l, ``s``
 size, ``m`` mtime in ns, ``x`` permission bits, ``l`` link target, owner ids ``u``/``g`` and
 names ``un``/``gn``); a file's header is followed by exactly ``s`` bytes of data and a JSON
 trailer line: ``h``, the source's hash of the bytes it read and sent (absent without
@@ -99,6 +100,7 @@ def pack(root, names, algo, write):
     """Send ``names`` (relative to ``root``) as a stream through ``write``; the source's status."""
     done = {"files": 0, "bytes": 0, "errors": []}
     write(MAGIC)
+    write(line({"algo": algo}))
     for rel in names:
         full = os.path.join(root, rel)
         try:
@@ -142,16 +144,19 @@ def pack(root, names, algo, write):
 class Unpacker:
     """Push parser: ``feed`` it chunks as they come; it calls the sink per entry.
 
-    sink.begin_file(rec) -> handle, sink.data(handle, memoryview), sink.end_file(handle, trailer),
-    sink.entry(rec) for directories and links, sink.end(rec) at the end record.
+    sink.start(rec) with the stream's first record (its hash), sink.begin_file(rec) -> handle,
+    sink.data(handle, memoryview), sink.end_file(handle, trailer), sink.entry(rec) for
+    directories and links, sink.end(rec) at the end record.
     """
 
     def __init__(self, sink):
         self.sink, self.state, self.pending = sink, "magic", bytearray()
         self.left, self.handle, self.done, self.payload = 0, None, False, 0
 
-    def feed(self, data):
-        view, i, n = memoryview(data), 0, len(data)
+    def feed(self, data, n=None):
+        """Parse ``data[:n]`` (bytes or a reused bytearray: the sink gets views into it)."""
+        n = len(data) if n is None else n
+        view, i = memoryview(data), 0
         while i < n:
             if self.state == "data":
                 take = min(self.left, n - i)
@@ -160,9 +165,9 @@ class Unpacker:
                 if not self.left:
                     self.state = "trailer"
                 continue
-            j = data.find(b"\n", i)
+            j = data.find(b"\n", i, n)
             if j < 0:
-                self.pending += view[i:]
+                self.pending += view[i:n]
                 if len(self.pending) > MAX_LINE:
                     raise StreamError("corrupt stream: a header line is too long")
                 return
@@ -175,7 +180,7 @@ class Unpacker:
         if self.state == "magic":
             if text + b"\n" != MAGIC:
                 raise StreamError("not a clustertool copy stream")
-            self.state = "header"
+            self.state = "start"
             return
         if self.done:
             raise StreamError("corrupt stream: data after its end")
@@ -183,7 +188,12 @@ class Unpacker:
             rec = json.loads(text)
         except ValueError:
             raise StreamError("corrupt stream: a header is not JSON") from None
-        if self.state == "trailer":
+        if self.state == "start":
+            if not isinstance(rec, dict) or "algo" not in rec:
+                raise StreamError("corrupt stream: no hash named at its start")
+            self.sink.start(rec)
+            self.state = "header"
+        elif self.state == "trailer":
             self.sink.end_file(self.handle, rec)
             self.handle, self.state = None, "header"
         elif "end" in rec:

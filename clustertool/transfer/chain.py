@@ -5,14 +5,15 @@ is about S/B whatever the number of nodes.
 Every station runs the node program ``relay`` (``nodeprogs/stream.py``, ``extract.py``,
 ``relay.py``): the source hashes each file as it reads it and sends the hash after the data;
 each hop hashes each file's bytes as it writes them and compares at the file's end, so a
-verified copy costs no second read (see relay.py).  Before the stream starts, one parallel
-round (``prepare``) stores each station's program in its status folder and starts its
-``dial``: the ssh session to the next hop, opened ahead, so all links connect at once.
+verified copy costs no second read (see relay.py).  Before the stream starts, every node's
+stations are prepared (in the copy's first round, ahead of the plan, or in a round of their
+own): each hop's relay is stored in its status folder and its dialer forked, which opens
+the ssh session to the next hop at once, so all links connect in parallel.
 
 A relay keeps forwarding when its own writing fails (disk full, read-only) and keeps writing
-when the next hop dies; it leaves its outcome in ``status.json``.  Nodes after a dead hop get
-a truncated stream; ``copy`` re-plans them and runs a repair chain that skips the dead node
-(drive.py).
+when the next hop dies; its outcome comes back up the chain as a ``CTDONE`` line.  Nodes
+after a dead hop get a truncated stream (and say nothing); ``copy`` re-plans them and runs a
+repair chain that skips the dead node (drive.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from clustertool.nodeprogs import program_text
 
 DEFAULT_CIPHER = "aes128-gcm@openssh.com"
 PROGRESS_MARK = "CTPROG"
+DONE_MARK = "CTDONE"
 
 Progress = Callable[[str, int], None]  # (node name, bytes written so far)
 
@@ -58,47 +60,58 @@ def hop_ssh_argv(address: str, cipher: str | None) -> list[str]:
 
 
 def relay_command(sdir: str) -> str:
-    """Remote command that runs the relay stored in a station's folder (stdin: the stream)."""
+    """Remote command that runs the relay stored in a hop's folder (stdin: the stream)."""
     return f"exec $(command -v python3 || command -v python) {shlex.quote(sdir)}/relay.py"
 
 
-def hop_args(node_name: str, sdir: str, dest: str, extract: bool, algo: str | None,
+def source_command(sdir: str) -> str:
+    """Remote command for the source on the leader: the relay arrives on stdin; its folder is
+    named too, so ``ps`` on the leader says which run and pass it belongs to."""
+    return f"exec $(command -v python3 || command -v python) - {shlex.quote(sdir)}"
+
+
+def hop_args(node_name: str, sdir: str, dest: str, extract: bool,
              next_hop: tuple[str, str] | None, cipher: str | None) -> dict:
-    """ARGS of one hop's relay; ``next_hop`` is (address, the next hop's folder) or None (last)."""
+    """ARGS of one hop's relay; ``next_hop`` is (address, the next hop's folder) or None (last).
+
+    The hash to check with comes in the stream (the source's choice)."""
     forward = None
     if next_hop is not None:
         address, next_sdir = next_hop
         forward = hop_ssh_argv(address, cipher) + [relay_command(next_sdir)]
-    return {"node": node_name, "sdir": sdir, "dest": dest, "extract": extract, "algo": algo,
-            "forward": forward, "dial": forward is not None}
+    return {"node": node_name, "sdir": sdir, "dest": dest, "extract": extract, "forward": forward,
+            "dial": forward is not None}
 
 
 def source_args(src_dir: str, names: list[str], algo: str | None, *, sdir: str | None = None,
-                next_hop: tuple[str, str] | None = None, cipher: str | None = None,
                 forward: list[str] | None = None) -> dict:
-    """ARGS of the source: on a node it dials ``next_hop`` ahead (prepare); here it runs ``forward``."""
-    args = {"node": "source", "sdir": sdir, "algo": algo, "source": {"root": src_dir, "names": names}}
-    if next_hop is not None:
-        args.update(hop_args("source", sdir, "", False, algo, next_hop, cipher))
-        args["source"] = {"root": src_dir, "names": names}
-    else:
-        args.update({"forward": forward, "dial": False})
-    return args
+    """ARGS of the source: on the leader (``sdir``) it takes the link its dialer opened ahead;
+    here it runs ``forward`` itself."""
+    return {"node": "source", "sdir": sdir, "algo": algo, "source": {"root": src_dir, "names": names},
+            "forward": forward, "dial": sdir is not None}
+
+
+def hop_station(args: dict) -> dict:
+    """What prepare does for a hop: store its relay (the previous dialer starts it), fork its dialer."""
+    return {"sdir": args["sdir"], "program": program_text("relay", args).decode(), "forward": args["forward"]}
+
+
+def source_station(sdir: str, next_hop: tuple[str, str], cipher: str | None) -> dict:
+    """What prepare does for the source on the leader: only its dialer (the head sends the rest)."""
+    address, next_sdir = next_hop
+    return {"sdir": sdir, "forward": hop_ssh_argv(address, cipher) + [relay_command(next_sdir)]}
 
 
 def prepare_program(stations: list[dict]) -> bytes:
-    """The program (for ``python3 -``) that stores each station's relay and starts its dialer."""
-    return program_text("relay", {"prepare": [
-        {"sdir": st["sdir"], "dial": bool(st.get("dial")), "program": program_text("relay", st).decode()}
-        for st in stations]})
+    """The program (for ``python3 -``) that prepares a node's stations."""
+    return program_text("relay", {"prepare": stations})
 
 
-def abort_command(run_id: str) -> str:
-    """Remote command that stops every station of a run on a node and removes its folders.
-
-    Each relay and dialer recorded its own process group; killing it stops its ssh too.
+def abort_command(run_id: str, pass_no: int | None = None) -> str:
+    """Remote command that stops every station of a run (or of one pass) on a node and removes
+    its folders.  Each relay and dialer recorded its own process group; killing it stops its ssh.
     """
-    pattern = f".cache/clustertool/copy-{run_id}-*"
+    pattern = f".cache/clustertool/copy-{run_id}-" + ("*" if pass_no is None else f"p{pass_no}-*")
     return (f"for f in {pattern}/pgid*; do [ -s \"$f\" ] && kill -TERM -- -\"$(cat \"$f\")\" 2>/dev/null; "
             f"done; rm -rf {pattern}; true")
 
@@ -121,7 +134,7 @@ class HopStatus:
 
 
 def hop_status(node: str, status: dict | None) -> HopStatus:
-    """A relay's status.json (as collected with the node's manifest) as a HopStatus."""
+    """A relay's outcome (its CTDONE line; None: it never said, so its stream was cut)."""
     status = status or {}
     next_rc = status.get("next_rc")
     err = status.get("err") or ""
@@ -139,6 +152,18 @@ def parse_progress(line: str) -> tuple[str, int] | None:
     return None
 
 
+def parse_done(line: str) -> tuple[str, dict] | None:
+    """A hop's ``CTDONE <node> <json>`` line."""
+    parts = line.split(" ", 2)
+    if len(parts) == 3 and parts[0] == DONE_MARK:
+        try:
+            status = json.loads(parts[2])
+        except ValueError:
+            return None
+        return (parts[1], status) if isinstance(status, dict) else None
+    return None
+
+
 @dataclass
 class ChainRun:
     returncode: int
@@ -146,6 +171,7 @@ class ChainRun:
     duration: float
     other_lines: list[str] = field(default_factory=list)
     source: dict | None = None      # the source's status line (files, bytes, errors, next_rc)
+    done: dict[str, dict] = field(default_factory=dict)  # node -> its relay's outcome (CTDONE)
 
 
 def stream(argv: list[str], stdin: bytes | None = None, *, on_progress: Progress | None = None,
@@ -159,7 +185,8 @@ def stream(argv: list[str], stdin: bytes | None = None, *, on_progress: Progress
         threading.Thread(target=_feed, args=(head.stdin, stdin), daemon=True).start()
     other: list[str] = []
     out: list[bytes] = []
-    reader = threading.Thread(target=_read_progress, args=(head.stderr, on_progress, other), daemon=True)
+    done: dict[str, dict] = {}
+    reader = threading.Thread(target=_read_progress, args=(head.stderr, on_progress, other, done), daemon=True)
     reader.start()
     collector = threading.Thread(target=lambda: out.append(head.stdout.read()), daemon=True)
     collector.start()
@@ -175,7 +202,7 @@ def stream(argv: list[str], stdin: bytes | None = None, *, on_progress: Progress
     reader.join(timeout=5)
     collector.join(timeout=5)
     return ChainRun(head.returncode, "\n".join(other), time.monotonic() - started, other,
-                    _source_status(b"".join(out)))
+                    _source_status(b"".join(out)), done)
 
 
 def _source_status(text: bytes) -> dict | None:
@@ -196,12 +223,14 @@ def _feed(pipe, blob: bytes) -> None:
         pass
 
 
-def _read_progress(stream_, on_progress: Progress | None, other: list[str]) -> None:
+def _read_progress(stream_, on_progress: Progress | None, other: list[str], done: dict[str, dict]) -> None:
     for raw in iter(stream_.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\n")
-        parsed = parse_progress(line)
-        if parsed is None:
-            if line.strip():
-                other.append(line)
-        elif on_progress is not None:
-            on_progress(*parsed)
+        parsed, finished = parse_progress(line), parse_done(line)
+        if finished is not None:
+            done[finished[0]] = finished[1]
+        elif parsed is not None:
+            if on_progress is not None:
+                on_progress(*parsed)
+        elif line.strip():
+            other.append(line)

@@ -10,6 +10,7 @@ one result per node.  Everything comes back as data.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from clustertool import nodeset, state
@@ -19,7 +20,7 @@ from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer import chain as chains
-from clustertool.transfer import drive, verify
+from clustertool.transfer import drive, stations, verify
 from clustertool.transfer import manifest as mf
 from clustertool.transfer import plan as plans
 from clustertool.transfer.model import CopyResult, CopyRun, NodeCopy, ProgressCb, relative_remote
@@ -37,13 +38,13 @@ def _targets(cluster: Cluster, selection: str | None, from_local: bool) -> list[
     return sorted(nodes, key=lambda n: n.index)
 
 
-def _source_manifest(run: CopyRun) -> mf.Manifest:
+def _source_manifest(run: CopyRun, prepare: list[dict] | None = None) -> mf.Manifest:
     where = "here" if run.from_local else f"on the leader ({run.cluster.leader.name})"
     if run.from_local:
         man = mf.local(run.src, pick_hash=True)
     else:
         got = mf.remote(run.cluster.name, [run.cluster.leader], run.src, timeout=600, transport=run.transport,
-                        pick_hash=True)
+                        pick_hash=True, prepare=(lambda n: prepare) if prepare else None)
         man = got[run.cluster.leader.name]
         if isinstance(man, str):
             raise UsageError(f"cannot read SRC {run.src!r} {where}: {man}")
@@ -59,9 +60,42 @@ def _source_manifest(run: CopyRun) -> mf.Manifest:
     return man
 
 
+def _chain_likely(run: CopyRun, strategy: str) -> bool:
+    return strategy == "chain" or (strategy == "auto" and len(run.targets) >= AUTO_CHAIN_MIN_NODES)
+
+
+def survey(run: CopyRun, strategy: str) -> dict[str, plans.NodePlan]:
+    """The first round, all at once: SRC's manifest (and the fastest hash) at the source, every
+    target's DEST, and where a chain is likely, its stations prepared ahead (stations.py)."""
+    hop_st, src_st = stations.ahead(run) if _chain_likely(run, strategy) else ({}, [])
+    got: dict[str, object] = {}
+
+    def at_source() -> None:
+        try:
+            got["source"] = _source_manifest(run, src_st)
+        except BaseException as exc:  # raised in the caller's thread below
+            got["error"] = exc
+
+    worker = threading.Thread(target=at_source, daemon=True)
+    worker.start()
+    nodes = list(run.targets)
+    if hop_st.get(run.cluster.leader.name) and all(not n.is_leader for n in nodes):
+        nodes.append(run.cluster.leader)  # from local: the leader relays for the members
+    dests = mf.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport,
+                      prepare=lambda n: hop_st.get(n.name))
+    worker.join()
+    if "error" in got:
+        raise got["error"]
+    run.source = got["source"]
+    return _plans(run, run.targets, dests)
+
+
 def replan(run: CopyRun, nodes: list[Node]) -> dict[str, plans.NodePlan]:
-    """What each of ``nodes`` lacks, from its own disk (first plan, and repairs after a cut chain)."""
-    dests = mf.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport)
+    """What each of ``nodes`` lacks, from its own disk (repairs after a cut chain)."""
+    return _plans(run, nodes, mf.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport))
+
+
+def _plans(run: CopyRun, nodes: list[Node], dests: dict[str, mf.Manifest | str]) -> dict[str, plans.NodePlan]:
     out: dict[str, plans.NodePlan] = {}
     for node in nodes:
         dest = dests[node.name]
@@ -132,28 +166,39 @@ def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", sele
     if not from_local and src == run.dest and any(n.is_leader for n in run.targets):
         raise UsageError("SRC and DEST are the same path on the leader", hint="use --nodes members")
     timings: dict[str, float] = {}
-    run.source = _source_manifest(run)
-    timings["source_manifest"] = time.monotonic() - started
     if verify_only:
+        run.source = _source_manifest(run)
         return _verify_only(run, started, timings)
-    node_plans = replan(run, run.targets)
+    try:
+        return _copy(run, strategy, started, timings)
+    except BaseException:  # a stop of any kind: no station of this run stays on a node
+        stations.abort(run, [cluster.leader] + run.targets)
+        raise
+    finally:
+        stations.finish(run)
+
+
+def _copy(run: CopyRun, strategy: str, started: float, timings: dict[str, float]) -> CopyResult:
+    node_plans = survey(run, strategy)
+    timings["survey"] = time.monotonic() - started
     _apply_ops(run, node_plans)
     timings["plan"] = time.monotonic() - started
     live = [n for n in run.targets if n.name not in run.results]
     union = plans.union_send([node_plans[n.name] for n in live], run.source)
     payload = plans.payload_bytes(union, run.source)
     chosen = choose_strategy(strategy, len(live), payload)
-    report(f"{len(run.source.entries)} entries, {run.source.total_bytes} bytes at the source; "
-           f"{payload} bytes to send ({chosen}, {len(live)} node(s))")
-    result = CopyResult(run.src, run.dest, "local" if from_local else cluster.leader.name, chosen, [],
+    run.report(f"{len(run.source.entries)} entries, {run.source.total_bytes} bytes at the source; "
+               f"{payload} bytes to send ({chosen}, {len(live)} node(s))")
+    result = CopyResult(run.src, run.dest, "local" if run.from_local else run.cluster.leader.name, chosen, [],
                         run.source.total_bytes, run.source.file_count,
-                        verify="stream" if verify_after else "off", hash=run.algo if verify_after else None)
+                        verify="stream" if run.verify else "off", hash=run.algo if run.verify else None)
     if chosen == "chain":
         drive.chain_transfer(run, node_plans, live, result, replan=lambda nodes: replan(run, nodes))
     else:
         drive.fanout_transfer(run, node_plans, live, result)
+    stations.discard_ahead(run)  # prepared ahead for a chain that was not needed
     timings["transfer"] = time.monotonic() - started
-    if verify_after:
+    if run.verify:
         verify.verify(run, run.targets, result)
         result.verified = True
     timings["verify"] = time.monotonic() - started

@@ -8,17 +8,12 @@ own disks (``replan``, handed in by copy) and get a repair chain that skips the 
 from __future__ import annotations
 
 import hashlib
-import sys
 from typing import Callable
 
-from clustertool.errors import RemoteError
 from clustertool.model import Node
-from clustertool.nodeprogs import program_text, python_command
-from clustertool.remote.group import run_on_nodes
 from clustertool.state import ClusterPaths
 from clustertool.transfer import chain as chains
-from clustertool.transfer import fanout
-from clustertool.transfer import manifest as mf
+from clustertool.transfer import fanout, stations
 from clustertool.transfer import plan as plans
 from clustertool.transfer.model import CopyResult, CopyRun
 
@@ -28,119 +23,39 @@ REPAIR_PASSES = 2
 Replan = Callable[[list[Node]], dict[str, plans.NodePlan]]  # nodes -> what each lacks now
 
 
-def _hops(run: CopyRun, pending: list[Node]) -> list[tuple[Node, bool]]:
-    """(node, extracts?) in chain order; from local the leader is always the first hop."""
-    hops = [(n, True) for n in pending]
-    if run.from_local:
-        leader = run.cluster.leader
-        hops = [(leader, any(n.name == leader.name for n in pending))] + \
-               [(n, True) for n in pending if n.name != leader.name]
-    return hops
-
-
-def _stations(run: CopyRun, hops: list[tuple[Node, bool]], union: list[str], pass_no: int) -> dict[str, list[dict]]:
-    """Every node's relay ARGS for this pass (the leader may be both the source and a hop)."""
-    def sdir(name: str) -> str:
-        return chains.status_dir(run.run_id, name, pass_no)
-
-    per: dict[str, list[dict]] = {}
-    for i, (node, extract) in enumerate(hops):
-        nxt = hops[i + 1][0] if i + 1 < len(hops) else None
-        per.setdefault(node.name, []).append(chains.hop_args(
-            node.name, sdir(node.name), run.dest, extract, run.stream_algo,
-            (nxt.address, sdir(nxt.name)) if nxt else None, run.cipher))
-    if not run.from_local:
-        first = hops[0][0]
-        per.setdefault(run.cluster.leader.name, []).append(chains.source_args(
-            run.src_dir, union, run.stream_algo, sdir=sdir("source"), next_hop=(first.address, sdir(first.name)),
-            cipher=run.cipher))
-    return per
-
-
-def _prepare(run: CopyRun, hops: list[tuple[Node, bool]], union: list[str],
-             pass_no: int) -> list[tuple[Node, bool]]:
-    """Store every station's relay and start its dialer (all links connect at once); drop hops
-    that cannot be reached and rewire around them."""
-    leader = run.cluster.leader
-    while hops:
-        stations = _stations(run, hops, union, pass_no)
-        nodes = [n for n, _ in hops]
-        if leader.name in stations and all(n.name != leader.name for n in nodes):
-            nodes.append(leader)
-        group = run_on_nodes(run.cluster.name, nodes, python_command(),
-                             stdin_data=lambda n: chains.prepare_program(stations[n.name]), timeout=60,
-                             transport=run.transport)
-        bad = {r.node: r for r in group.failed()}
-        if not run.from_local and leader.name in bad:
-            abort(run, nodes)
-            raise RemoteError(f"cannot start the copy on the leader ({leader.name}): {bad[leader.name].reason}")
-        if not bad:
-            return hops
-        for name, r in bad.items():
-            run.fail(name, r.reason)
-        hops = [(n, e) for n, e in hops if n.name not in bad]
-    return hops
-
-
-def _head(run: CopyRun, first: Node, union: list[str], pass_no: int) -> tuple[list[str], bytes | None]:
-    """The chain's head: ssh to the leader's prepared source, or the source relay run here."""
-    if run.from_local:
-        forward = run.transport.argv(run.cluster.name, first,
-                                     chains.relay_command(chains.status_dir(run.run_id, first.name, pass_no)))
-        args = chains.source_args(run.src_dir, union, run.stream_algo, forward=forward)
-        return [sys.executable, "-"], program_text("relay", args)
-    cmd = chains.relay_command(chains.status_dir(run.run_id, "source", pass_no))
-    return run.transport.argv(run.cluster.name, run.cluster.leader, cmd), None
-
-
 def _one_pass(run: CopyRun, pending: list[Node], union: list[str],
               pass_no: int) -> dict[str, chains.HopStatus | str]:
-    hops = _prepare(run, _hops(run, pending), union, pass_no)
-    if not hops:
+    chain = stations.hops(run, pending)
+    if pass_no == 1 and stations.use_ahead(run, chain):
+        pass_no = stations.AHEAD  # its links are up already
+    else:
+        chain = stations.prepare(run, chain, pass_no)
+    if not chain:
         return {}
     total = plans.payload_bytes(union, run.source)
     progress = None
     if run.on_progress is not None:
         progress = lambda node, done: run.on_progress(node, min(done, total), total)  # noqa: E731
-    argv, stdin = _head(run, hops[0][0], union, pass_no)
+    argv, stdin = stations.head(run, chain[0][0], union, pass_no)
     try:
         streamed = chains.stream(argv, stdin, on_progress=progress)
     except BaseException:  # Ctrl-C: the hops would go on without us; stop them
-        abort(run, [run.cluster.leader] + [n for n, _ in hops])
+        stations.abort(run, [run.cluster.leader] + run.targets)
         raise
-    _source_outcome(run, streamed)
-    got = mf.remote(run.cluster.name, [n for n, _ in hops], run.dest, timeout=120, transport=run.transport,
-                    status_dir=lambda n: chains.status_dir(run.run_id, n.name, pass_no), walk=run.verify)
+    errors = (streamed.source or {}).get("errors") or []
+    run.source_errors += [e for e in errors if e not in run.source_errors]
     out: dict[str, chains.HopStatus | str] = {}
-    for name, man in got.items():
-        if isinstance(man, str):
-            out[name] = man
-            continue
-        out[name] = chains.hop_status(name, man.status)
-        if run.verify and out[name].extracted_ok:
-            run.after[name] = man
-        if progress is not None and out[name].extracted_ok:
-            progress(name, total)
-    first = hops[0][0].name
-    if streamed.returncode != 0 and streamed.stderr and first in out and not isinstance(out[first], str):
+    for node, _ in chain:
+        out[node.name] = chains.hop_status(node.name, streamed.done.get(node.name))
+    first = chain[0][0].name
+    if streamed.returncode != 0 and streamed.stderr:
         out[first].stderr = (out[first].stderr + "; " + streamed.stderr[-300:]).strip("; ")
     return out
 
 
-def _source_outcome(run: CopyRun, streamed: chains.ChainRun) -> None:
-    """Files the source could not send whole: said once for the run (each node names them too)."""
-    errors = (streamed.source or {}).get("errors") or []
-    run.source_errors += [e for e in errors if e not in run.source_errors]
-
-
 def abort(run: CopyRun, nodes: list[Node]) -> None:
     """Stop this run's pipelines on the nodes (best effort: an interrupt is under way)."""
-    unique = list({n.name: n for n in nodes}.values())
-    try:
-        run_on_nodes(run.cluster.name, unique, chains.abort_command(run.run_id), timeout=20,
-                     transport=run.transport)
-    except Exception:
-        pass
+    stations.abort(run, nodes)
 
 
 def truncated(st: chains.HopStatus) -> bool:
@@ -207,6 +122,7 @@ def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, chains.HopS
 def _record_stream(run: CopyRun, name: str, st: chains.HopStatus, union: list[str]) -> None:
     """What the node checked in the stream: those files need no re-read; the ones it got wrong
     are its problems.  Counts that do not add up trust nothing (verification re-reads)."""
+    run.covered.setdefault(name, set()).update(union)
     files = [p for p in union if run.source.entries[p]["t"] == "f"]
     bad = {path: reason for reason, path in st.bad}
     run.stream_problems[name] = [f"{reason}: {path}" for path, reason in bad.items()]

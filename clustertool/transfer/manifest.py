@@ -28,7 +28,6 @@ class Manifest:
     entries: dict[str, dict] = field(default_factory=dict)
     error: str | None = None
     is_dir: bool = True
-    status: dict | None = None      # a copy station's outcome, when one was collected with it
     fastest: str | None = None      # the quickest hash on that machine, when asked
 
     @property
@@ -50,7 +49,7 @@ def parse(text: str) -> Manifest:
         e = json.loads(line)
         entries[e["p"]] = e
     return Manifest(head["root"], head.get("exists", True), entries, head.get("error"),
-                    head.get("dir", True), head.get("status"), head.get("fastest"))
+                    head.get("dir", True), head.get("fastest"))
 
 
 def _args(root: str, want_hash, algo: str | None, **more) -> dict:
@@ -67,23 +66,25 @@ def local(root: str, want_hash: bool | Iterable[str] = False, algo: str | None =
     return parse("".join(out))
 
 
-def remote_args(root: str, want_hash: bool | Iterable[str] = False, algo: str | None = None, **more) -> bytes:
-    return program_text("manifest", _args(root, want_hash, algo, **more))
+def remote_args(root: str, want_hash: bool | Iterable[str] = False, algo: str | None = None, *,
+                program: str = "manifest", **more) -> bytes:
+    return program_text(program, _args(root, want_hash, algo, **more))
 
 
 def remote(cluster_name: str, nodes: list[Node], root: str, want_hash=False,
            timeout: float | None = None, transport: Transport = SSH, *, algo: str | None = None,
-           pick_hash: bool = False, status_dir=None, walk: bool = True) -> dict[str, Manifest | str]:
+           pick_hash: bool = False, cleanup=None, prepare=None) -> dict[str, Manifest | str]:
     """Manifest of ``root`` on every node, in parallel; a node that failed maps to its error.
 
-    ``want_hash`` may be a function of the node name (per-node hash lists); ``status_dir`` a
-    function of the node giving the copy station folder to collect (and remove) first.
+    ``want_hash`` may be a function of the node name (per-node hash lists).  Functions of the
+    node: ``cleanup`` gives copy station folders to stop and remove first; ``prepare`` the
+    stations to prepare first (the copy's survey: relay.py's prepare, then the listing).
     """
     def data(node: Node) -> bytes:
         want = want_hash(node.name) if callable(want_hash) else want_hash
-        sdir = status_dir(node) if status_dir is not None else None
-        return remote_args(root, want, algo, pick_hash=pick_hash, status=sdir,
-                           skip_walk=not walk)
+        stations = prepare(node) if prepare is not None else None
+        return remote_args(root, want, algo, pick_hash=pick_hash, program="survey" if stations else "manifest",
+                           cleanup=cleanup(node) if cleanup is not None else None, prepare=stations)
 
     group = run_on_nodes(cluster_name, nodes, python_command(), stdin_data=data, timeout=timeout,
                          transport=transport)

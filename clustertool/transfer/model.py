@@ -83,7 +83,9 @@ class CopyRun:
     algo: str | None = None         # the hash for this run (the source's fastest)
     streamed: dict[str, set[str]] = field(default_factory=dict)          # node -> files verified in the stream
     stream_problems: dict[str, list[str]] = field(default_factory=dict)  # node -> files the stream got wrong
-    after: dict[str, Manifest] = field(default_factory=dict)             # node -> its DEST right after its pass
+    covered: dict[str, set[str]] = field(default_factory=dict)           # node -> entries it wrote from the stream
+    ahead: list[str] | None = None   # the chain prepared in the survey (pass 0), in order, until used or discarded
+    cleanups: list = field(default_factory=list)                         # background take-downs to wait for
     source_errors: list[str] = field(default_factory=list)               # files the source could not send whole
 
     @property

@@ -2,9 +2,10 @@
 
 Files the copy streamed to a node were hashed there as they were written and compared with
 the source's hash of the bytes it sent (the relay; rsync's own checksum for the fan-out):
-they are not read again.  Every other file (present before, so not sent) is hashed from the
-node's disk and from the source's.  Types, sizes, permissions and link targets come from a
-listing of every node.  ``--verify-only`` re-reads everything.
+they are not read again.  A node whose relay wrote every entry of the source (a fresh copy)
+is judged by what its relay said: content by hash, and types, permissions and link targets
+as it set them.  Any other node gets one round: a listing of DEST, with every file the stream
+did not check hashed from its disk and from the source's.  ``--verify-only`` re-reads all.
 """
 
 from __future__ import annotations
@@ -71,24 +72,25 @@ def verify(run: CopyRun, nodes: list[Node], result: CopyResult) -> None:
     for node in nodes:
         trusted = run.streamed.get(node.name, set())
         missing = [p for p in files if p not in trusted]
-        if missing or node.name not in run.after:
+        if missing or run.delete or not run.covered.get(node.name, set()) >= run.source.entries.keys():
             need[node.name] = missing
     hashes, fresh = _reread(run, need)
     source = _with_hashes(run.source, hashes)
     for node in nodes:
-        man = fresh.get(node.name, run.after.get(node.name))
-        _judge(run, node.name, man, source, len(files))
+        _judge(run, node.name, fresh.get(node.name), source, len(files))
 
 
 def _judge(run: CopyRun, name: str, man: mf.Manifest | str | None, source: mf.Manifest, n_files: int) -> None:
+    """The node's verdict: what its stream said, plus (when it was re-read) its listing compared."""
     entry = run.entry(name)
-    if isinstance(man, str) or man is None:
-        man = man or "no listing of DEST"
+    if isinstance(man, str):
         entry.status, entry.exit_code = ("unreachable", 255) if mf.is_unreachable(man) else ("failed", 1)
         entry.error = entry.error or man
         return
     trusted = run.streamed.get(name, set())
-    problems = run.stream_problems.get(name, []) + mf.compare(source, man, extras=run.delete, verified=trusted)
+    problems = list(run.stream_problems.get(name, []))
+    if man is not None:
+        problems += mf.compare(source, man, extras=run.delete, verified=trusted)
     entry.files_checked = n_files
     entry.files_verified_in_stream = len(trusted)
     entry.problems = problems

@@ -10,6 +10,7 @@ and tests/local/test_copy.py (over sshd).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import shutil
 
 import pytest
 
+from clustertool.nodeprogs import manifest as nodeprog_manifest
 from clustertool.transfer import chain as chains
 from clustertool.transfer.copy import copy
 from tests.fakes.cluster import saved_cluster
@@ -36,54 +38,77 @@ def fake(tmp_path, ct_env):
     return fake
 
 
-HEAD = "-source/relay.py"  # the chain's head: ssh to the leader's prepared source
+def heads(call: Call) -> bool:
+    """The chain's head: the source relay run on the leader (its program comes on stdin)."""
+    return re.search(r"copy-[0-9a-f]+-p\d+-source", call.command) is not None
+
+
+def _args(call: Call) -> dict:
+    """The ARGS a node program got (its second line: ``ARGS = json.loads("...")``)."""
+    line = call.stdin.split("\n")[1]
+    return json.loads(ast.literal_eval(line[len("ARGS = json.loads("):-1]))
 
 
 def prepares(call: Call) -> bool:
+    """A round that prepares stations: a pass's own, or the survey's (prepared ahead)."""
     return call.stdin is not None and "def prepare(args)" in call.stdin
 
 
-def collects(call: Call) -> bool:
-    """The round after a pass: a manifest that first collects a station's status."""
-    return call.stdin is not None and "def station_status(" in call.stdin and "copy-" in call.stdin.split("\n")[1]
+def surveys(call: Call) -> bool:
+    """The copy's first round on a node: its listing, with stations prepared ahead."""
+    return prepares(call) and "root" in _args(call)
 
 
-def _run_pass(call: Call) -> tuple[str, int]:
-    m = re.search(r"copy-([0-9a-f]+)-p(\d+)-source", call.command)
-    return m.group(1), int(m.group(2))
+def surveyed(fake: ScriptedTransport):
+    """The survey's reply: the node's listing, for real, in its folder; its stations (which would
+    dial out over ssh) are left to the scripted stream."""
+    def reply(call: Call) -> Reply:
+        args = _args(call)
+        if "root" not in args:
+            return Reply()  # a pass's prepare round
+        out: list[str] = []
+        listing = dict(args, root=str(fake.home(call.node) / args["root"]))
+        listing.pop("prepare", None)
+        nodeprog_manifest.run(listing, out.append)
+        return Reply("".join(out))
+
+    return reply
 
 
 def delivers(fake: ScriptedTransport, *passes: dict[str, str]):
-    """The chain's stream, one dict per pass: node -> "ok" (written and verified; status.json
-    left), "corrupt" (written, one file's bytes did not hash as sent) or "cut" (a partial file
-    landed, no status: the stream ended early)."""
+    """The chain's stream, one dict per pass: node -> "ok" (written and verified: its relay says
+    so), "corrupt" (written, one file's bytes did not hash as sent), "full" (its disk filled)
+    or "cut" (a partial file landed, and its relay never reported: the stream ended early)."""
     left = list(passes)
 
-    def effect(call: Call) -> None:
-        run_id, pass_no = _run_pass(call)
+    def reply(call: Call) -> Reply:
+        done = []
         for node, outcome in left.pop(0).items():
             dest = fake.home(node) / "data"
-            if outcome in ("ok", "corrupt"):
+            if outcome == "full":
+                status = {"rc": 2, "err": "a.bin: No space left on device", "files": 2,
+                          "bad": [["not written", "a.bin"]]}
+                done.append(f"{chains.DONE_MARK} {node} {json.dumps(status)}\n")
+            elif outcome in ("ok", "corrupt"):
                 shutil.copytree(fake.home("node-1") / "data", dest, symlinks=True, dirs_exist_ok=True)
                 bad = [["content differs (written bytes do not hash as sent)", "a.bin"]] if outcome == "corrupt" else []
                 status = {"rc": 0, "files": 2, "verified": 2 - len(bad), "bad": bad, "bad_count": len(bad)}
-                sdir = fake.home(node) / chains.status_dir(run_id, node, pass_no)
-                sdir.mkdir(parents=True, exist_ok=True)
-                (sdir / "status.json").write_text(json.dumps(status))
-            else:
+                done.append(f"{chains.DONE_MARK} {node} {json.dumps(status)}\n")
+            else:  # cut: a partial file landed, and the relay never said it was done
                 dest.mkdir(parents=True, exist_ok=True)
                 (dest / "a.bin").write_bytes(b"\0" * 100)
+        return Reply(stdout=json.dumps({"files": 2, "errors": [], "next_rc": 0}) + "\n", stderr="".join(done))
 
-    return effect
+    return reply
 
 
 def chain_of(fake: ScriptedTransport, *passes: dict[str, str]) -> ScriptedTransport:
-    fake.on(prepares, Reply())
-    return fake.on(HEAD, Reply(effect=delivers(fake, *passes)))
+    fake.on(prepares, surveyed(fake))
+    return fake.on(heads, delivers(fake, *passes))
 
 
 def test_a_hop_that_dies_mid_chain_is_routed_around_and_the_nodes_behind_it_are_repaired(fake):
-    fake.on(collects, Reply.unreachable("10.0.0.3"), node="node-3")  # its sshd died with it
+    fake.on(lambda c: not surveys(c), Reply.unreachable("10.0.0.3"), node="node-3")  # died after the survey
     chain_of(fake, {"node-2": "ok", "node-4": "cut"}, {"node-4": "ok", "node-5": "ok"})
     lines = []
     result = copy("cp", "data", "data", strategy="chain", transport=fake, report=lines.append)
@@ -106,9 +131,7 @@ def test_a_hop_that_dies_mid_chain_is_routed_around_and_the_nodes_behind_it_are_
 
 
 def test_a_hop_whose_disk_fills_fails_alone_and_is_not_retried(fake):
-    chain_of(fake, {"node-2": "ok", "node-4": "ok", "node-5": "ok"})
-    full = {"root": "data", "exists": True, "status": {"rc": 2, "err": "a.bin: No space left on device", "files": 2}}
-    fake.on(collects, Reply(json.dumps(full) + "\n"), node="node-3")
+    chain_of(fake, {"node-2": "ok", "node-3": "full", "node-4": "ok", "node-5": "ok"})
     result = copy("cp", "data", "data", strategy="chain", transport=fake)
 
     node3 = next(n for n in result.nodes if n.node == "node-3")
@@ -124,13 +147,12 @@ def test_a_second_copy_sends_nothing_and_verifies(fake):
     again = copy("cp", "data", "data", strategy="chain", transport=fake)
     assert first.exit_code == 0 and first.passes == 1
     assert again.exit_code == 0 and again.passes == 0 and again.bytes_sent == 0 and again.verified
-    assert len([c for c in fake.calls if HEAD in c.command]) == 1
+    assert len([c for c in fake.calls if heads(c)]) == 1
 
 
 def _hashing_reads(fake: ScriptedTransport) -> list[Call]:
     """Manifest rounds that hash files (the re-reads verification does)."""
-    return [c for c in fake.calls if c.stdin and "def station_status(" in c.stdin
-            and '\\"hash\\": [\\"' in c.stdin.split("\n")[1]]
+    return [c for c in fake.calls if c.stdin and "def clean_stations(" in c.stdin and _args(c).get("hash")]
 
 
 def test_a_verified_copy_reads_nothing_twice_and_a_rerun_rereads_everything(fake):
@@ -165,4 +187,4 @@ def test_verify_only_rereads_every_node_and_names_a_byte_changed_on_disk(fake):
     assert result.exit_code == 1 and result.verify == "reread" and result.strategy == "none"
     assert by["node-4"].problems == ["content differs: a.bin"] and by["node-4"].status == "mismatch"
     assert [by[n].status for n in ("node-2", "node-3", "node-5")] == ["ok"] * 3
-    assert not [c for c in fake.calls[-10:] if HEAD in c.command]  # nothing was copied
+    assert len([c for c in fake.calls if heads(c)]) == 1  # --verify-only copied nothing

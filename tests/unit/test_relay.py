@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from clustertool.nodeprogs import extract, program_text, stream
+from clustertool.nodeprogs import relay as relay_prog
 from clustertool.transfer import chain
 from clustertool.transfer import manifest as mf
 
@@ -47,9 +48,9 @@ def packed(root, names, algo="sha256"):
     return buf.getvalue(), status
 
 
-def unpack(data, dest, algo="sha256", chunk=65536):
+def unpack(data, dest, chunk=65536):
     tally = extract.Tally()
-    sink = extract.Extractor(str(dest), algo, tally)
+    sink = extract.Extractor(str(dest), tally)
     parser = stream.Unpacker(sink)
     for i in range(0, len(data), chunk):
         parser.feed(data[i:i + chunk])
@@ -89,7 +90,7 @@ def test_the_hash_is_the_one_named_and_source_and_hop_agree(tmp_path, algo):
     h = stream.new_hash(algo)
     h.update(b"abc" * 1000)
     assert trailer["h"] == h.hexdigest()
-    assert unpack(data, tmp_path / "d", algo).verified == 1
+    assert unpack(data, tmp_path / "d").verified == 1
 
 
 def test_a_byte_changed_in_transit_is_named_and_the_rest_still_verifies(tmp_path):
@@ -114,7 +115,7 @@ def test_without_verification_nothing_is_hashed_but_everything_is_written(tmp_pa
 
     stream.Unpacker(Recorder()).feed(data)
     assert trailers == [{}] * 6
-    tally = unpack(data, tmp_path / "dst", algo=None)
+    tally = unpack(data, tmp_path / "dst")
     assert (tally.files, tally.verified, tally.bad) == (6, 0, [])
     assert same_tree(tmp_path / "src", tmp_path / "dst") == []
 
@@ -133,7 +134,7 @@ def test_a_stream_cut_anywhere_is_told_from_a_whole_one(tmp_path):
 
 @pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "a/../../b", ""])
 def test_paths_that_leave_dest_are_refused(tmp_path, path):
-    data = stream.MAGIC + stream.line({"p": path, "t": "d", "m": 0, "x": 0o755})
+    data = stream.MAGIC + stream.line({"algo": None}) + stream.line({"p": path, "t": "d", "m": 0, "x": 0o755})
     with pytest.raises(stream.StreamError, match="unsafe path"):
         stream.Unpacker(extract.Skipper()).feed(data)
 
@@ -205,20 +206,18 @@ def _chain(tmp_path, names, *, blocked=False, dead_third=False, on_progress=None
     """source (here) -> node-2 (dials node-3 ahead) -> node-3; returns (source run, homes)."""
     h2, h3 = tmp_path / "node-2", tmp_path / "node-3"
     s2, s3 = chain.status_dir("r1", "node-2"), chain.status_dir("r1", "node-3")
-    args2 = chain.hop_args("node-2", s2, "blocked/d" if blocked else "data", True, "sha256", ("x", s3), None)
+    args2 = chain.hop_args("node-2", s2, "blocked/d" if blocked else "data", True, ("x", s3), None)
     args2["forward"] = ["sh", "-c", "exit 255"] if dead_third else _python_at(h3, s3)
-    _prepare(h3, [chain.hop_args("node-3", s3, "data", True, "sha256", None, None)])
+    _prepare(h3, [chain.hop_station(chain.hop_args("node-3", s3, "data", True, None, None))])
     if blocked:
         h2.mkdir()
         (h2 / "blocked").write_text("a file, not a folder")
-    _prepare(h2, [args2])
+    _prepare(h2, [chain.hop_station(args2)])
     src = chain.source_args(str(tmp_path / "src"), names, "sha256", forward=_python_at(h2, s2))
     run = chain.stream([sys.executable, "-"], program_text("relay", src), timeout=60, on_progress=on_progress)
-    statuses = {}
     for home, sdir in ((h2, s2), (h3, s3)):
-        path = home / sdir / "status.json"
-        statuses[home.name] = json.loads(path.read_text()) if path.exists() else None
-    return run, statuses
+        assert not (home / sdir).exists() or sdir == s3 and dead_third  # a relay removes its folder when done
+    return run, {node: run.done.get(node) for node in ("node-2", "node-3")}
 
 
 def test_the_relay_writes_and_forwards_at_once_and_every_hop_verifies(tmp_path):
@@ -230,7 +229,6 @@ def test_the_relay_writes_and_forwards_at_once_and_every_hop_verifies(tmp_path):
         assert same_tree(tmp_path / "src", tmp_path / node / "data") == [], node
         assert (st[node]["rc"], st[node]["files"], st[node]["verified"], st[node]["bad"]) == (0, 6, 6, [])
     assert st["node-2"]["next_rc"] == 0 and st["node-3"]["next_rc"] is None
-    assert (tmp_path / "node-2" / chain.status_dir("r1", "node-2") / "next_rc").read_text().strip() == "0"
     assert not run.other_lines  # progress lines were parsed, nothing else was said
 
 
@@ -259,18 +257,44 @@ def test_a_hop_whose_next_hop_is_gone_still_writes_its_own_copy(tmp_path):
     assert st["node-3"] is None or st["node-3"]["rc"] != 0
 
 
-def test_collecting_a_station_reads_its_status_and_removes_its_folder(tmp_path):
-    sdir = tmp_path / chain.status_dir("r9", "node-2")
+def test_stations_left_running_are_stopped_and_removed_by_the_next_listing(tmp_path):
+    """A chain prepared ahead but not used: its relay and dialer stop, its folder goes."""
+    sdir = tmp_path / chain.status_dir("r9", "node-2", 0)
     sdir.mkdir(parents=True)
-    (sdir / "status.json").write_text(json.dumps({"rc": 0, "files": 3, "verified": 3}))
+    relay = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    dialer = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    (sdir / "pgid").write_text(f"{relay.pid}\n")
+    (sdir / "pgid.dial").write_text(f"{dialer.pid}\n")
     (tmp_path / "data").mkdir()
-    out = subprocess.run([sys.executable, "-"], input=mf.remote_args("data", status=chain.status_dir("r9", "node-2")),
-                         cwd=tmp_path, capture_output=True, check=True).stdout.decode()
-    man = mf.parse(out)
-    assert man.status == {"rc": 0, "files": 3, "verified": 3} and not sdir.exists()
-    st = chain.hop_status("node-2", man.status)
-    assert st.extracted_ok and st.verified == 3
-    assert chain.hop_status("node-3", None).rc == "missing"
+    out = subprocess.run([sys.executable, "-"], cwd=tmp_path, capture_output=True, check=True,
+                         input=mf.remote_args("data", cleanup=[chain.status_dir("r9", "node-2", 0)])).stdout.decode()
+    assert json.loads(out.splitlines()[0])["cleaned"] == 1
+    assert relay.wait(timeout=5) != 0 and dialer.wait(timeout=5) != 0 and not sdir.exists()
+
+
+def test_a_survey_prepares_the_stations_and_lists_dest(tmp_path, monkeypatch):
+    """The copy's first round on a node: its hop station stored, its dialer forked, DEST listed."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "old").write_text("x")
+    sdir = chain.status_dir("r8", "node-2", 0)
+    station = chain.hop_station(chain.hop_args("node-2", sdir, "data", True, ("x", "next"), None))
+    station["forward"] = ["sh", "-c", "cat > got"]
+    out = subprocess.run([sys.executable, "-"], cwd=tmp_path, capture_output=True, check=True, timeout=30,
+                         input=mf.remote_args("data", program="survey", prepare=[station])).stdout.decode()
+    assert [e["p"] for e in mf.parse(out).entries.values()] == ["old"]
+    assert "def run_hop(" in (tmp_path / sdir / "relay.py").read_text()
+    monkeypatch.chdir(tmp_path)  # a node's home, where its stations live (a unix socket path is short)
+    fwd = relay_prog.connect_forward(sdir)  # what the hop's relay does when it starts
+    relay_prog.write_all(fwd.fd, b"through the link opened ahead")
+    assert fwd.wait() == 0 and (tmp_path / "got").read_bytes() == b"through the link opened ahead"
+
+
+def test_done_lines_parse():
+    assert chain.parse_done('CTDONE node-4 {"rc": 0, "files": 2}') == ("node-4", {"rc": 0, "files": 2})
+    assert chain.parse_done("CTDONE node-4 {cut") is None
+    st = chain.hop_status("node-4", {"rc": 2, "err": "x: No space left on device", "next_error": "next hop: gone"})
+    assert not st.extracted_ok and "No space" in st.stderr and "next hop: gone" in st.stderr
+    assert chain.hop_status("node-5", None).rc == "missing"
 
 
 def test_progress_lines_parse():
