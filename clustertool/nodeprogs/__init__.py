@@ -21,8 +21,8 @@ _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
 # Programs made of several files (each importable here on its own), sent as one, in this order.
-PARTS = {"relay": ("stream", "extract", "relay"), "manifest": ("stream", "manifest"),
-         "survey": ("stream", "extract", "relay", "manifest")}
+PARTS = {"relay": ("stream", "extract", "link", "relay"), "manifest": ("stream", "manifest"),
+         "survey": ("stream", "link", "manifest")}
 
 
 def program_text(name: str, args: dict) -> bytes:

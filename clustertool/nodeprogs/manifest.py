@@ -132,5 +132,5 @@ def run(args, write=sys.stdout.write):
         write(json.dumps(e) + "\n")
 
 
-if __name__ == "__main__" and "ARGS" in globals():
-    run(ARGS)  # noqa: F821  (prepended by program_text)
+if __name__ == "__main__" and "ARGS" in globals() and "root" in ARGS:  # noqa: F821  (prepended)
+    run(ARGS)  # noqa: F821

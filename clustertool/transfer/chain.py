@@ -103,8 +103,8 @@ def source_station(sdir: str, next_hop: tuple[str, str], cipher: str | None) -> 
 
 
 def prepare_program(stations: list[dict]) -> bytes:
-    """The program (for ``python3 -``) that prepares a node's stations."""
-    return program_text("relay", {"prepare": stations})
+    """The program (for ``python3 -``) that prepares a node's stations (nodeprogs/link.py)."""
+    return program_text("link", {"prepare": stations})
 
 
 def abort_command(run_id: str, pass_no: int | None = None) -> str:

@@ -16,8 +16,7 @@ import sys
 
 import pytest
 
-from clustertool.nodeprogs import extract, program_text, stream
-from clustertool.nodeprogs import relay as relay_prog
+from clustertool.nodeprogs import extract, link, program_text, stream
 from clustertool.transfer import chain
 from clustertool.transfer import manifest as mf
 
@@ -284,8 +283,8 @@ def test_a_survey_prepares_the_stations_and_lists_dest(tmp_path, monkeypatch):
     assert [e["p"] for e in mf.parse(out).entries.values()] == ["old"]
     assert "def run_hop(" in (tmp_path / sdir / "relay.py").read_text()
     monkeypatch.chdir(tmp_path)  # a node's home, where its stations live (a unix socket path is short)
-    fwd = relay_prog.connect_forward(sdir)  # what the hop's relay does when it starts
-    relay_prog.write_all(fwd.fd, b"through the link opened ahead")
+    fwd = link.connect_forward(sdir)  # what the hop's relay does when it starts
+    link.write_all(fwd.fd, b"through the link opened ahead")
     assert fwd.wait() == 0 and (tmp_path / "got").read_bytes() == b"through the link opened ahead"
 
 
