@@ -23,10 +23,26 @@ from clustertool.model import Cluster, Node, Reporter, silent
 from clustertool.plugin.build import NET_LIB, load_record
 from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.mesh import mesh_script
+from clustertool.remote.mesh import FULL_MESH_MAX, mesh_peers, mesh_script
 from clustertool.remote.transport import SSH, Transport
 
 ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links")
+ALIASES = {"mesh": "ssh-mesh", "ssh": "reach", "mpi": "mpi-smoke", "link": "links"}
+NEEDS_FACTS = ("disk", "sameness", "strays", "links")
+
+
+def choose_checks(check: list[str], skip: list[str]) -> tuple[str, ...]:
+    """The checks to run from --check/--skip values (repeated or comma-separated; short aliases
+    like ``mesh``); an unknown name is a usage error."""
+    def names(values: list[str]) -> list[str]:
+        out = [ALIASES.get(v.strip(), v.strip()) for value in values for v in value.split(",") if v.strip()]
+        unknown = [c for c in out if c not in ALL_CHECKS]
+        if unknown:
+            raise UsageError(f"unknown check {unknown[0]!r}", hint=f"checks: {', '.join(ALL_CHECKS)}")
+        return out
+
+    wanted, skipped = names(check) or list(ALL_CHECKS), set(names(skip))
+    return tuple(c for c in ALL_CHECKS if c in wanted and c not in skipped)
 
 
 def plugin_path(cluster: Cluster) -> str:
@@ -88,15 +104,15 @@ def _clock(cluster: Cluster, nodes: list[Node], transport: Transport) -> CheckRe
 
 
 def _mesh(cluster: Cluster, reachable: list[Node], transport: Transport) -> CheckResult:
-    outputs = {}
-    def others(node: Node) -> str:
-        return mesh_script([t for t in cluster.nodes if t.name != node.name])
-
-    result = run_on_nodes(cluster.name, reachable, others, timeout=60, transport=transport)
-    for r in result.results:
-        outputs[r.node] = r.stdout
+    """From every node to its peers (all others, or a ring sample on large clusters: mesh.py)."""
+    peers = mesh_peers(cluster.nodes)
+    result = run_on_nodes(cluster.name, reachable, lambda node: mesh_script(peers[node.name]), timeout=60,
+                          transport=transport)
+    outputs = {r.node: r.stdout for r in result.results}
     unreachable = {n.name for n in cluster.nodes} - {n.name for n in reachable}
-    return CheckResult("ssh-mesh", network.mesh_findings(cluster, reachable, outputs, unreachable))
+    pairs = sum(len(peers[n.name]) for n in reachable)
+    data = {"pairs_tried": pairs, "sampled": len(cluster.nodes) > FULL_MESH_MAX}
+    return CheckResult("ssh-mesh", network.mesh_findings(cluster, reachable, outputs, unreachable, peers), data=data)
 
 
 def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], transport: Transport) -> CheckResult:
@@ -129,7 +145,9 @@ def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: 
     out.checks.append(reach)
     if not reachable:
         return out
-    facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"], transport)
+    facts: list[NodeFacts] = []
+    if any(c in checks for c in NEEDS_FACTS):  # one round on every node, only when a check reads it
+        facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"], transport)
     slots = {n.name: n.slots for n in cluster.nodes}
     steps = {
         "ssh-mesh": lambda: _mesh(cluster, reachable, transport),

@@ -4,8 +4,10 @@ Nothing here touches the system; every function returns data (argv lists, ``ip -
 / ``tc -batch`` lines, config text) so it can be unit-tested.
 
 Addressing: cluster slot ``k`` (0..250, chosen system-wide) owns ``10.213.k.0/24``; node
-``i`` is ``10.213.k.i`` and the bridge ``ctbr<k>`` is ``10.213.k.254``.  Nothing is ever
-routed outside ``10.213.0.0/16``: nodes have no default route and the host keeps an
+``i`` is ``10.213.k.i`` for i = 1..254, every usable address of the /24.  The bridge
+``ctbr<k>`` (this machine's side) sits outside it, at ``10.213.255.<k+1>/32``, with a route
+to the slot's /24 through the bridge; each node has the matching /32 route back.  Nothing
+is ever routed outside ``10.213.0.0/16``: nodes have no default route and the host keeps an
 ``unreachable`` route for the whole range while any local cluster exists.
 """
 
@@ -18,7 +20,8 @@ from pathlib import Path
 NET_PREFIX = "10.213"
 NET_RANGE = f"{NET_PREFIX}.0.0/16"
 MAX_SLOT = 250
-MAX_NODES = 253  # .1 .. .253; .254 is the bridge
+MAX_NODES = 254  # .1 .. .254: the whole /24 (the bridge's address is in 10.213.255.0/24)
+BRIDGE_NET = 255  # the third octet of the bridges' addresses (slots stop at MAX_SLOT = 250)
 BRIDGE_RE = re.compile(r"^ctbr(\d{1,3})$")
 NODE_IFACE = "eth0"
 SSHD = "/usr/sbin/sshd"
@@ -61,7 +64,8 @@ def node_address(slot: int, index: int) -> str:
 
 
 def bridge_address(slot: int) -> str:
-    return f"{NET_PREFIX}.{slot}.254"
+    """This machine's address on a slot's bridge: outside the slot's /24, so all 254 are nodes'."""
+    return f"{NET_PREFIX}.{BRIDGE_NET}.{slot + 1}"
 
 
 def subnet(slot: int) -> str:
@@ -136,8 +140,9 @@ def bridge_lines(slot: int, tag: str) -> list[str]:
     return [
         f"link add {br} type bridge",
         f"link set {br} alias {tag}",
-        f"addr add {bridge_address(slot)}/24 dev {br}",
+        f"addr add {bridge_address(slot)}/32 dev {br}",
         f"link set {br} up",
+        f"route add {subnet(slot)} dev {br} src {bridge_address(slot)}",
     ]
 
 
@@ -154,11 +159,13 @@ def host_node_lines(cluster: str, slot: int, index: int, tag: str) -> list[str]:
 
 
 def node_lines(slot: int, index: int) -> list[str]:
-    """Lines run inside the node's namespace (``ip -n NS -batch -``)."""
+    """Lines run inside the node's namespace (``ip -n NS -batch -``): its address in the slot's
+    /24 and a /32 route to the bridge (this machine); no default route."""
     return [
         "link set lo up",
         f"addr add {node_address(slot, index)}/24 dev {NODE_IFACE}",
         f"link set {NODE_IFACE} up",
+        f"route add {bridge_address(slot)}/32 dev {NODE_IFACE}",
     ]
 
 
