@@ -1,7 +1,7 @@
 """Shared by the benchmark scripts (not tests): a throw-away clustertool home, whole-process
 timing, and the CPU time the nodes of a local cluster use (a cpuacct cgroup).
 
-Scripts put this folder on sys.path themselves (it is their own folder when run as scripts).
+Scripts put this folder at the END of sys.path (bench/copy.py must not shadow the stdlib's copy).
 """
 
 from __future__ import annotations

@@ -32,7 +32,9 @@ import sys
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]  # bench/copy.py would shadow `copy`
+sys.path.append(HERE)
 from benchlib import REPO, Home, NodeCpu, median, parse_list, parse_size  # noqa: E402
 
 DEFAULT_METHODS = "chain,chain-noverify"

@@ -23,7 +23,7 @@ from clustertool.model import Cluster, Node, Reporter, silent
 from clustertool.plugin.build import NET_LIB, load_record
 from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.mesh import FULL_MESH_MAX, mesh_peers, mesh_script
+from clustertool.remote.mesh import FULL_MESH_MAX, failed_targets, mesh_peers, mesh_script
 from clustertool.remote.transport import SSH, Transport
 
 ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links")
@@ -106,13 +106,28 @@ def _clock(cluster: Cluster, nodes: list[Node], transport: Transport) -> CheckRe
 def _mesh(cluster: Cluster, reachable: list[Node], transport: Transport) -> CheckResult:
     """From every node to its peers (all others, or a ring sample on large clusters: mesh.py)."""
     peers = mesh_peers(cluster.nodes)
-    result = run_on_nodes(cluster.name, reachable, lambda node: mesh_script(peers[node.name]), timeout=60,
-                          transport=transport)
+    parallel = cluster.provider != "local"  # local nodes share this machine's CPUs: one peer at a time each
+    result = run_on_nodes(cluster.name, reachable, lambda node: mesh_script(peers[node.name], parallel),
+                          timeout=180, transport=transport)
     outputs = {r.node: r.stdout for r in result.results}
+    outputs = _mesh_again(cluster, reachable, outputs, transport)
     unreachable = {n.name for n in cluster.nodes} - {n.name for n in reachable}
     pairs = sum(len(peers[n.name]) for n in reachable)
     data = {"pairs_tried": pairs, "sampled": len(cluster.nodes) > FULL_MESH_MAX}
     return CheckResult("ssh-mesh", network.mesh_findings(cluster, reachable, outputs, unreachable, peers), data=data)
+
+
+def _mesh_again(cluster: Cluster, reachable: list[Node], outputs: dict[str, str],
+                transport: Transport) -> dict[str, str]:
+    """Try each failed pair once more, one at a time from its source: only what fails twice stays."""
+    by_addr = {n.address: n for n in cluster.nodes}
+    failed = {name: [by_addr[a] for a in failed_targets(out) if a in by_addr] for name, out in outputs.items()}
+    sources = [n for n in reachable if failed.get(n.name)]
+    if not sources:
+        return outputs
+    again = run_on_nodes(cluster.name, sources, lambda node: mesh_script(failed[node.name], parallel=False),
+                         timeout=180, transport=transport)
+    return {**outputs, **{r.node: r.stdout for r in again.results if r.ok}}
 
 
 def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], transport: Transport) -> CheckResult:

@@ -97,7 +97,7 @@ def test_mesh_host_key_failures_are_fixable():
 
 def test_mesh_script_reaches_every_target_by_address():
     script = mesh_script(nodes(3)[1:])
-    assert "ssh -o ConnectTimeout=5 -o BatchMode=yes 10.0.0.2 true" in script
+    assert "ssh -o ConnectTimeout=10 -o BatchMode=yes 10.0.0.2 true" in script
     assert "10.0.0.3" in script and "10.0.0.1" not in script
 
 
@@ -114,8 +114,8 @@ def test_fix_kills_only_pids_whose_command_is_unchanged():
 
 
 def test_the_mesh_is_every_pair_on_small_clusters_and_a_ring_sample_on_large_ones():
-    small = mesh_peers(nodes(32))
-    assert all(len(peers) == 31 for peers in small.values())
+    small = mesh_peers(nodes(16))
+    assert all(len(peers) == 15 for peers in small.values())
     big = nodes(254)
     peers = mesh_peers(big)
     assert all(len(p) == 4 and name not in {q.name for q in p} for name, p in peers.items())
@@ -136,6 +136,7 @@ def test_the_mesh_is_every_pair_on_small_clusters_and_a_ring_sample_on_large_one
 
 def test_a_sampled_mesh_says_no_node_can_reach_a_target_when_all_that_tried_it_failed():
     cluster = Cluster("c", "local", nodes=nodes(40))
+    assert mesh_script(nodes(3), parallel=False).count(" &") == 0
     peers = mesh_peers(cluster.nodes)
     target = cluster.nodes[20]
     sources = [n for n in cluster.nodes if target in peers[n.name]]

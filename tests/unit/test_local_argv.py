@@ -84,8 +84,9 @@ def test_batch_argv_reads_stdin_optionally_inside_a_namespace():
 
 def test_bridge_lines_create_tag_address_and_raise_the_bridge():
     assert net.bridge_lines(3, "clustertool:a:ff") == [
-        "link add ctbr3 type bridge",
+        "link add ctbr3 address 02:c7:03:00:01:00 type bridge",
         "link set ctbr3 alias clustertool:a:ff",
+        "link set ctbr3 addrgenmode none",
         "addr add 10.213.255.4/32 dev ctbr3",
         "link set ctbr3 up",
         "route add 10.213.3.0/24 dev ctbr3 src 10.213.255.4",
@@ -95,18 +96,31 @@ def test_bridge_lines_create_tag_address_and_raise_the_bridge():
 def test_host_node_lines_make_namespace_and_veth_with_eth0_inside():
     assert net.host_node_lines("a", 3, 2, "clustertool:a:ff") == [
         "netns add ct-a-2",
-        "link add ct3n2 type veth peer name eth0 netns ct-a-2",
+        "link add ct3n2 type veth peer name eth0 address 02:c7:03:00:00:02 netns ct-a-2",
         "link set ct3n2 alias clustertool:a:ff",
+        "link set ct3n2 addrgenmode none",
         "link set ct3n2 master ctbr3",
         "link set ct3n2 up",
+        "neigh replace 10.213.3.2 lladdr 02:c7:03:00:00:02 dev ctbr3 nud permanent",
     ]
 
 
 def test_node_lines_raise_lo_and_address_eth0_without_a_default_route():
-    lines = net.node_lines(3, 2)
-    assert lines == ["link set lo up", "addr add 10.213.3.2/24 dev eth0", "link set eth0 up",
-                     "route add 10.213.255.4/32 dev eth0"]
+    lines = net.node_lines(3, 2, 3)
+    assert lines[:5] == ["link set lo up", "link set eth0 addrgenmode none", "addr add 10.213.3.2/24 dev eth0",
+                         "link set eth0 up", "route add 10.213.255.4/32 dev eth0"]
     assert not any("default" in line for line in lines)
+
+
+def test_every_node_knows_its_peers_and_the_bridge_by_mac_so_nothing_is_broadcast():
+    lines = net.node_lines(3, 2, 254)
+    neigh = [ln for ln in lines if ln.startswith("neigh replace")]
+    assert len(neigh) == 254  # 253 peers and the bridge, none for itself
+    assert "neigh replace 10.213.255.4 lladdr 02:c7:03:00:01:00 dev eth0 nud permanent" in neigh
+    assert "neigh replace 10.213.3.254 lladdr 02:c7:03:00:00:fe dev eth0 nud permanent" in neigh
+    assert not any(" 10.213.3.2 " in ln for ln in neigh)
+    macs = {net.node_mac(s, i) for s in (0, 250) for i in range(1, 255)} | {net.bridge_mac(0), net.bridge_mac(250)}
+    assert len(macs) == 2 * 254 + 2 and all(m.startswith("02:") for m in macs)
 
 
 def test_teardown_lines_delete_namespaces_then_links_then_bridge():

@@ -219,7 +219,7 @@ class LocalProvider:
         jobs = []
         for i in indices:
             ns = net.netns_name(cluster.name, i)
-            jobs.append((net.ip_batch_argv(ns), "\n".join(net.node_lines(slot, i)) + "\n"))
+            jobs.append((net.ip_batch_argv(ns), "\n".join(net.node_lines(slot, i, max(indices))) + "\n"))
             node_tc = net.shaping_lines(net.NODE_IFACE, rate, delay)
             if node_tc:
                 jobs.append((net.tc_batch_argv(ns), "\n".join(node_tc) + "\n"))
