@@ -18,9 +18,9 @@ from clustertool import state
 from clustertool.errors import RemoteError, ToolError, UsageError
 from clustertool.model import Cluster, GroupResult, Reporter, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
-from clustertool.remote import keys, mesh
+from clustertool.remote import keys, mesh, mux
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport, control_exit_argv, write_ssh_config
+from clustertool.remote.transport import SSH, Transport, control_exit_argv, master_socket, write_ssh_config
 
 
 @dataclass
@@ -166,12 +166,18 @@ def _raise_on_failures(result: GroupResult, what: str) -> None:
 
 
 def close_masters(cluster: Cluster) -> None:
-    """Close this machine's ControlMaster connections to the cluster's nodes."""
+    """Close this machine's ControlMaster connections to the cluster's nodes: each is asked over
+    its socket (remote/mux.py, no process per node); ``ssh -O exit`` where that does not answer."""
     paths = state.ClusterPaths(cluster.name)
     if not paths.ssh_config.exists() or not paths.control_dir.exists():
         return
+    left = []
+    for node in cluster.nodes:
+        path = master_socket(cluster.name, node)
+        if path is None or (path.exists() and not mux.terminate(path)):
+            left.append(node)
     procs = [subprocess.Popen(control_exit_argv(cluster.name, n), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for n in cluster.nodes]
+                              stderr=subprocess.DEVNULL) for n in left]
     for proc in procs:
         try:
             proc.wait(timeout=10)
