@@ -132,12 +132,14 @@ def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
     write_ssh_config(cluster)
     paths = state.ClusterPaths(cluster.name)
     private, public = paths.key.read_text(), paths.pubkey.read_text()
-    leader_hostfile = hostfiles.render_cluster(cluster, "openmpi")
     leader = cluster.leader.name
+    # the same program for every member (and one for the leader, with its hostfile): made once,
+    # not once per node, since each holds every node's host keys (O(n) each, O(n^2) if repeated)
+    member_script = keys.wire_script(cluster, private, public, None).encode()
+    leader_script = keys.wire_script(cluster, private, public, hostfiles.render_cluster(cluster, "openmpi")).encode()
 
     def script(node) -> bytes:
-        hf = leader_hostfile if node.name == leader else None
-        return keys.wire_script(cluster, private, public, hf).encode()
+        return leader_script if node.name == leader else member_script
 
     result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=60, transport=transport)
     _raise_on_failures(result, "wiring SSH")
