@@ -26,10 +26,26 @@ from clustertool.plugin import check as plugin_check
 from clustertool.plugin.build import NET_LIB, load_record
 from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.mesh import mesh_script
+from clustertool.remote.mesh import FULL_MESH_MAX, failed_targets, mesh_peers, mesh_script
 from clustertool.remote.transport import SSH, Transport
 
 ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links", "plugin-nccl")
+ALIASES = {"mesh": "ssh-mesh", "ssh": "reach", "mpi": "mpi-smoke", "link": "links"}
+NEEDS_FACTS = ("disk", "sameness", "strays", "links", "plugin-nccl")
+
+
+def choose_checks(check: list[str], skip: list[str]) -> tuple[str, ...]:
+    """The checks to run from --check/--skip values (repeated or comma-separated; short aliases
+    like ``mesh``); an unknown name is a usage error."""
+    def names(values: list[str]) -> list[str]:
+        out = [ALIASES.get(v.strip(), v.strip()) for value in values for v in value.split(",") if v.strip()]
+        unknown = [c for c in out if c not in ALL_CHECKS]
+        if unknown:
+            raise UsageError(f"unknown check {unknown[0]!r}", hint=f"checks: {', '.join(ALL_CHECKS)}")
+        return out
+
+    wanted, skipped = names(check) or list(ALL_CHECKS), set(names(skip))
+    return tuple(c for c in ALL_CHECKS if c in wanted and c not in skipped)
 
 
 def plugin_path(cluster: Cluster) -> str:
@@ -91,15 +107,30 @@ def _clock(cluster: Cluster, nodes: list[Node], transport: Transport) -> CheckRe
 
 
 def _mesh(cluster: Cluster, reachable: list[Node], transport: Transport) -> CheckResult:
-    outputs = {}
-    def others(node: Node) -> str:
-        return mesh_script([t for t in cluster.nodes if t.name != node.name])
-
-    result = run_on_nodes(cluster.name, reachable, others, timeout=60, transport=transport)
-    for r in result.results:
-        outputs[r.node] = r.stdout
+    """From every node to its peers (all others, or a ring sample on large clusters: mesh.py)."""
+    peers = mesh_peers(cluster.nodes)
+    parallel = cluster.provider != "local"  # local nodes share this machine's CPUs: one peer at a time each
+    result = run_on_nodes(cluster.name, reachable, lambda node: mesh_script(peers[node.name], parallel),
+                          timeout=180, transport=transport)
+    outputs = {r.node: r.stdout for r in result.results}
+    outputs = _mesh_again(cluster, reachable, outputs, transport)
     unreachable = {n.name for n in cluster.nodes} - {n.name for n in reachable}
-    return CheckResult("ssh-mesh", network.mesh_findings(cluster, reachable, outputs, unreachable))
+    pairs = sum(len(peers[n.name]) for n in reachable)
+    data = {"pairs_tried": pairs, "sampled": len(cluster.nodes) > FULL_MESH_MAX}
+    return CheckResult("ssh-mesh", network.mesh_findings(cluster, reachable, outputs, unreachable, peers), data=data)
+
+
+def _mesh_again(cluster: Cluster, reachable: list[Node], outputs: dict[str, str],
+                transport: Transport) -> dict[str, str]:
+    """Try each failed pair once more, one at a time from its source: only what fails twice stays."""
+    by_addr = {n.address: n for n in cluster.nodes}
+    failed = {name: [by_addr[a] for a in failed_targets(out) if a in by_addr] for name, out in outputs.items()}
+    sources = [n for n in reachable if failed.get(n.name)]
+    if not sources:
+        return outputs
+    again = run_on_nodes(cluster.name, sources, lambda node: mesh_script(failed[node.name], parallel=False),
+                         timeout=180, transport=transport)
+    return {**outputs, **{r.node: r.stdout for r in again.results if r.ok}}
 
 
 def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], transport: Transport) -> CheckResult:
@@ -153,7 +184,9 @@ def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: 
     out.checks.append(reach)
     if not reachable:
         return out
-    facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"], transport)
+    facts: list[NodeFacts] = []
+    if any(c in checks for c in NEEDS_FACTS):  # one round on every node, only when a check reads it
+        facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"], transport)
     slots = {n.name: n.slots for n in cluster.nodes}
     steps = {
         "ssh-mesh": lambda: _mesh(cluster, reachable, transport),
