@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import shlex
-import signal
 import threading
 from typing import Callable, Iterable
 
@@ -32,7 +31,7 @@ from clustertool.jobs import records, scripts
 from clustertool.jobs.mpirun import JOB_ENV, JOBS_DIR
 from clustertool.model import Cluster, HostResult, Job, Node
 from clustertool.remote.group import run_on_node, run_on_nodes
-from clustertool.remote.transport import SSH, Transport
+from clustertool.remote.transport import SSH, Transport, stop_process
 
 TAG_RE = re.compile(r"^\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 LineSink = Callable[[str], None]
@@ -175,10 +174,7 @@ def follow_lines(cluster: Cluster, job: Job, on_line: LineSink, *, ranks: set[in
             thread.join(timeout=30)
             for proc in recording.procs:  # a member that never saw its stop file: end its ssh
                 if proc.poll() is None:
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                    stop_process(proc)
         closed.set()
     _warn_failed(member_results, warn)
 

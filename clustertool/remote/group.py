@@ -7,8 +7,6 @@ reported, never holding the others up.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -16,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from clustertool.model import GroupResult, HostResult, Node
-from clustertool.remote.transport import SSH, Transport, classify_ssh_failure
+from clustertool.remote.transport import SSH, Transport, classify_ssh_failure, stop_process
 
 LineCallback = Callable[[str, str, str], None]  # (node name, "stdout"|"stderr", line)
 CommandFor = Callable[[Node], str]
@@ -39,17 +37,6 @@ def _pump(stream, sink: list[str], node: str, kind: str, on_line: LineCallback |
         if on_line is not None:
             on_line(node, kind, line.rstrip("\n"))
     stream.close()
-
-
-def _kill(proc) -> None:
-    """Stop a node's command: its ssh's process group, or a session on a master (remote/mux.py)."""
-    if not isinstance(proc, subprocess.Popen):
-        proc.kill()
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _result(run: _Running) -> HostResult:
@@ -98,7 +85,7 @@ def run_on_nodes(
             t.join(timeout=5)
     except BaseException:
         for run in runs:
-            _kill(run.proc)
+            stop_process(run.proc)
         raise
     return GroupResult([_result(r) for r in runs])
 
@@ -119,7 +106,7 @@ def _wait_all(runs: list[_Running], timeout: float | None) -> None:
             run.proc.wait(timeout=remaining)
         except subprocess.TimeoutExpired:
             run.timed_out = True
-            _kill(run.proc)
+            stop_process(run.proc)
             run.proc.wait()
 
 

@@ -11,15 +11,13 @@ is a ``HostResult``, as with ``run_on_nodes``; a node that hangs is killed at ``
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import threading
 import time
 from typing import Callable, Iterable
 
 from clustertool.model import GroupResult, HostResult, Node
-from clustertool.remote.transport import SSH, Transport, classify_ssh_failure
+from clustertool.remote.transport import SSH, Transport, classify_ssh_failure, stop_process
 
 Reply = Callable[[dict], None]
 OnMessage = Callable[[str, dict, Reply], None]
@@ -98,11 +96,8 @@ def _message(line: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def kill(proc) -> None:
+    stop_process(proc)
 
 
 def run_sessions(cluster_name: str, nodes: Iterable[Node], command: str, *, opening: Callable[[Node], bytes],

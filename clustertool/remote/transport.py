@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -209,3 +210,15 @@ def classify_ssh_failure(stderr: str) -> str | None:
         if marker in text:
             return reason
     return None
+
+
+def stop_process(proc) -> None:
+    """Stop a node's command: its ssh's process group, or a session on a master (remote/mux.py,
+    no local process: ending the control connection closes the channel)."""
+    if not isinstance(proc, subprocess.Popen):
+        proc.kill()
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

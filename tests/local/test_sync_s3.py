@@ -131,13 +131,20 @@ def test_shard_gives_each_node_a_disjoint_part_that_covers_the_prefix(s3_cluster
 
 @pytest.fixture
 def second_address(s3_cluster):
-    """A second address on the cluster bridge (x.y.z.253) that node-3 has no route to."""
+    """A second address of this machine on the cluster bridge that nodes 1, 2 and 4 reach (a /32
+    route and the bridge's MAC, as they reach the bridge's own address) and node-3 has no route to."""
     name, _, env, _ = s3_cluster
     bridge = provider_state(env, name)["bridge"]
     out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", bridge], capture_output=True, text=True).stdout
     address = out.split()[3].split("/")[0].rsplit(".", 1)[0] + ".253"
+    mac = subprocess.run(["cat", f"/sys/class/net/{bridge}/address"], capture_output=True, text=True).stdout.strip()
     subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", bridge], check=True)
     try:
+        for index in (1, 2, 4):
+            ns = ["ip", "netns", "exec", f"ct-{name}-{index}", "ip"]
+            subprocess.run(ns + ["route", "add", f"{address}/32", "dev", "eth0"], check=True)
+            subprocess.run(ns + ["neigh", "replace", address, "lladdr", mac, "dev", "eth0", "nud", "permanent"],
+                           check=True)
         subprocess.run(["ip", "netns", "exec", f"ct-{name}-3", "ip", "route", "add", "unreachable",
                         f"{address}/32"], check=True)
         yield address
@@ -200,7 +207,7 @@ def test_ctrl_c_stops_every_node_program_and_the_next_run_resumes_their_partial_
             time.sleep(0.1)
         time.sleep(1)
         proc.send_signal(2)  # SIGINT, as Ctrl-C
-        assert proc.wait(timeout=30) == 130
+        assert proc.wait(timeout=30) == 130, proc.communicate()[1].decode()[-6000:]
         deadline = time.monotonic() + 10
         while any(BOOT_MARK in cmd for _, cmd in _node_processes(name).values()) and time.monotonic() < deadline:
             time.sleep(0.2)
