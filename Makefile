@@ -8,7 +8,7 @@ APT_PACKAGES := python3 python3-venv python3-pip python3-dev build-essential mak
 	openssh-server openssh-client iproute2 procps psmisc util-linux \
 	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck
 
-.PHONY: setup apt venv native demo lint test test-fast bench clean
+.PHONY: setup apt venv native demo lint test test-fast test-faults bench clean
 
 setup: apt venv
 
@@ -54,16 +54,22 @@ demo: setup
 
 # House rules (pyproject's [tool.ruff]: line length 120, pyflakes, pycodestyle, import order)
 lint: venv
-	$(VENV)/bin/ruff check clustertool tests bench
+	$(VENV)/bin/ruff check clustertool tests bench examples
 
 test: setup
 	$(MAKE) -C native test
 	$(MAKE) -C native gpu
-	$(VENV)/bin/ruff check clustertool tests bench
+	$(VENV)/bin/ruff check clustertool tests bench examples
 	$(VENV)/bin/pytest -q
 
+# The whole AWS fault matrix (every signal after every AWS call of up and down, the default
+# 60 s budget against a hanging endpoint, racing ups): slow, so `make test` runs a subset.
+# FAULT_TABLE=path also writes the table of case -> leaked resources there.
+test-faults: venv
+	CLUSTERTOOL_FAULT_TABLE=$(FAULT_TABLE) $(VENV)/bin/pytest -q -m aws tests/aws/test_fault_matrix.py
+
 test-fast: venv
-	$(VENV)/bin/ruff check clustertool tests bench
+	$(VENV)/bin/ruff check clustertool tests bench examples
 	$(VENV)/bin/pytest -q -m "unit or cli"
 
 clean:

@@ -1,26 +1,29 @@
 """Bring clusters up and down: provider verbs, then keys, known_hosts, hostfiles.
 
-`up` is all or nothing: any failure (or Ctrl-C) after the provider made something runs
-the provider's teardown before the error reaches the user, and the state is kept only
-when that teardown itself failed (so `down` can finish the job).
+`up` is all or nothing: any failure (or Ctrl-C, SIGTERM, SIGHUP) after the provider made
+something runs the provider's teardown before the error reaches the user, and the state is
+kept only when that teardown itself failed (so `down` can finish the job).  One `up` per name
+per home: the lock is taken first and the name checked under it.  Every cluster gets an id
+(name + random suffix) that teardown goes by.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from clustertool import hostfile as hostfiles
-from clustertool import state
+from clustertool import interrupts, state
 from clustertool.errors import RemoteError, ToolError, UsageError
-from clustertool.model import Cluster, GroupResult, Reporter, silent
+from clustertool.model import Cluster, GroupResult, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
-from clustertool.remote import keys, mesh
+from clustertool.remote import keys, mesh, mux
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport, control_exit_argv, write_ssh_config
+from clustertool.remote.transport import SSH, Transport, control_exit_argv, master_socket, write_ssh_config
 
 
 @dataclass
@@ -30,38 +33,59 @@ class UpResult:
     plan: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
+    def to_dict(self) -> dict:
+        """What `up --json` prints: the plan (a dry run), else the cluster, its hostfile and timings."""
+        if self.cluster is None:
+            return {"plan": self.plan}
+        return {"cluster": self.cluster.to_dict(), "hostfile": jsonable(self.hostfile), "timings": self.timings}
+
 
 def hostfile_dir() -> Path:
     return Path(os.environ.get("CLUSTERTOOL_HOSTFILE_DIR") or Path.cwd() / "hostfiles")
 
 
-def _new_cluster(spec) -> tuple[Cluster, object]:
-    provider = get_provider(spec.provider)
+def _new_cluster(spec, report: Reporter = silent) -> tuple[Cluster, object]:
+    provider = get_provider(spec.provider, report=report)
     cluster = Cluster(
         name=spec.name, provider=spec.provider, user=spec.user or provider.default_user,
-        options=dict(spec.options), created=time.time(),
+        options=dict(spec.options), created=time.time(), id=f"{spec.name}-{secrets.token_hex(3)}",
     )
     return cluster, provider
 
 
+def _already(name: str) -> ToolError:
+    held = state.holder(name)
+    if held and held[1] == "up":  # the state exists because that `up` is making it
+        return state.being_created(name, held[0])
+    return UsageError(f"cluster {name!r} already exists", hint=f"use it, or `clustertool down -c {name}` first")
+
+
 def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = silent) -> UpResult:
-    cluster, provider = _new_cluster(spec)
+    cluster, provider = _new_cluster(spec, report)
     if no_ssh:
         cluster.options["no_ssh"] = True  # providers wait for "running", not for SSH
-    if state.exists(cluster.name):
-        raise UsageError(f"cluster {cluster.name!r} already exists",
-                         hint=f"use it, or `clustertool down -c {cluster.name}` first")
     paths = state.ClusterPaths(cluster.name)
     request = ProvisionRequest(cluster=cluster, count=spec.nodes, slots=spec.slots,
                                public_key="", key_path=paths.key, files_dir=paths.root,
                                save=lambda: state.save(cluster), report=report, dry_run=dry_run)
-    provider.check(request)
+    if state.exists(cluster.name):  # refused without touching the home; checked again under the lock
+        raise _already(cluster.name)
     if dry_run:
+        provider.check(request)
         return UpResult(None, plan=provider.plan(request))
-    with state.locked(cluster.name):
-        keys.ensure_keypair(cluster.name)
-        request.public_key = paths.pubkey.read_text().strip()
-        state.save(cluster)
+    with state.locked(cluster.name, purpose="up"):
+        if state.exists(cluster.name):  # under the lock: a second `up` of the name makes nothing
+            raise _already(cluster.name)
+        try:
+            provider.check(request)
+            keys.ensure_keypair(cluster.name)
+            request.public_key = paths.pubkey.read_text().strip()
+            state.save(cluster)
+            state.write_marker(cluster.name, cluster.id)
+        except interrupts.Terminated as exc:  # nothing made yet: nothing to remember
+            state.delete(cluster.name)
+            raise interrupts.Terminated(exc.signum, f"up stopped by {interrupts.signal_name(exc.signum)} before "
+                                                    "it made anything") from None
         return _provision(cluster, provider, request, no_ssh, report)
 
 
@@ -69,7 +93,7 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     try:
-        report(f"provisioning {request.count or ''} node(s) with the {cluster.provider} provider")
+        report(f"provisioning {request.count or ''} node(s) with the {cluster.provider} provider (id {cluster.id})")
         cluster.nodes = provider.run_instances(request)
         state.save(cluster)
         timings["provision"] = time.monotonic() - t0
@@ -78,15 +102,22 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
         state.save(cluster)
         timings["wait"] = time.monotonic() - t0 - timings["provision"]
         path = write_hostfile(cluster)
+        state.write_marker(cluster.name, cluster.id, str(path.resolve()))
         if not no_ssh:
             t1 = time.monotonic()
             report("pinning host keys and wiring cluster SSH")
             wire(cluster)
             timings["wire"] = time.monotonic() - t1
+        finish = getattr(provider, "finish", None)
+        if finish:
+            finish(cluster)
         cluster.status = "ready" if not no_ssh else "provisioned"
         state.save(cluster)
     except BaseException as exc:
         _rollback(cluster, provider, report, exc)
+        if isinstance(exc, interrupts.Terminated):
+            raise interrupts.Terminated(exc.signum, f"up stopped by {interrupts.signal_name(exc.signum)}; "
+                                                    "everything it had made was removed") from None
         raise
     install_user_ssh_include()
     timings["total"] = time.monotonic() - t0
@@ -94,7 +125,8 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
 
 
 def _rollback(cluster, provider, report: Reporter, exc: BaseException) -> None:
-    report(f"up failed ({type(exc).__name__}: {exc}); removing what was made")
+    why = exc.message if isinstance(exc, (ToolError, interrupts.Terminated)) else f"{type(exc).__name__}: {exc}"
+    report(f"up failed ({why}); removing what was made")
     try:
         for line in provider.terminate_instances(cluster):
             report(line)
@@ -102,7 +134,7 @@ def _rollback(cluster, provider, report: Reporter, exc: BaseException) -> None:
         cluster.status = "failed"
         state.save(cluster)
         raise ToolError(
-            f"up failed and the cleanup failed too: {cleanup_exc}",
+            f"up failed ({why}) and the cleanup failed too: {cleanup_exc}",
             hint=f"run `clustertool down -c {cluster.name} --yes` to finish removing resources",
         ) from exc
     _forget(cluster)
@@ -132,12 +164,14 @@ def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
     write_ssh_config(cluster)
     paths = state.ClusterPaths(cluster.name)
     private, public = paths.key.read_text(), paths.pubkey.read_text()
-    leader_hostfile = hostfiles.render_cluster(cluster, "openmpi")
     leader = cluster.leader.name
+    # the same program for every member (and one for the leader, with its hostfile): made once,
+    # not once per node, since each holds every node's host keys (O(n) each, O(n^2) if repeated)
+    member_script = keys.wire_script(cluster, private, public, None).encode()
+    leader_script = keys.wire_script(cluster, private, public, hostfiles.render_cluster(cluster, "openmpi")).encode()
 
     def script(node) -> bytes:
-        hf = leader_hostfile if node.name == leader else None
-        return keys.wire_script(cluster, private, public, hf).encode()
+        return leader_script if node.name == leader else member_script
 
     result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=60, transport=transport)
     _raise_on_failures(result, "wiring SSH")
@@ -166,12 +200,18 @@ def _raise_on_failures(result: GroupResult, what: str) -> None:
 
 
 def close_masters(cluster: Cluster) -> None:
-    """Close this machine's ControlMaster connections to the cluster's nodes."""
+    """Close this machine's ControlMaster connections to the cluster's nodes: each is asked over
+    its socket (remote/mux.py, no process per node); ``ssh -O exit`` where that does not answer."""
     paths = state.ClusterPaths(cluster.name)
     if not paths.ssh_config.exists() or not paths.control_dir.exists():
         return
+    left = []
+    for node in cluster.nodes:
+        path = master_socket(cluster.name, node)
+        if path is None or (path.exists() and not mux.terminate(path)):
+            left.append(node)
     procs = [subprocess.Popen(control_exit_argv(cluster.name, n), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for n in cluster.nodes]
+                              stderr=subprocess.DEVNULL) for n in left]
     for proc in procs:
         try:
             proc.wait(timeout=10)
@@ -194,23 +234,60 @@ def install_user_ssh_include() -> Path | None:
     return config
 
 
-def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = False) -> list[str]:
-    """Remove everything the cluster made; forget machines it adopted. Idempotent."""
-    with state.locked(name):
+def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = False,
+         force_owner: bool = False) -> list[str]:
+    """Remove everything the cluster made (by its id); forget machines it adopted. Idempotent.
+
+    A SIGTERM/SIGHUP lets the delete in progress finish, then stops with the state kept, so a
+    second `down` completes the job."""
+    with state.locked(name, purpose="down"):
         cluster = state.load(name)
-        provider = get_provider(cluster.provider)
+        provider = get_provider(cluster.provider, report=report)
         lines: list[str] = []
         if terminate_adopted:
             cluster.options["terminate_adopted"] = True
-        if not _owns(provider, cluster) and cluster.nodes and cluster.status == "ready":
-            lines += unwire(cluster)
-        close_masters(cluster)
-        for line in provider.terminate_instances(cluster):
-            report(line)
-            lines.append(line)
+        try:
+            with interrupts.deferred():
+                _confirm_owner(provider, cluster, force_owner, "down")
+                if not _owns(provider, cluster) and cluster.nodes and cluster.status == "ready":
+                    lines += unwire(cluster)
+                close_masters(cluster)
+                for line in provider.terminate_instances(cluster):
+                    report(line)
+                    lines.append(line)
+        except interrupts.Terminated as exc:
+            raise interrupts.Terminated(exc.signum, f"down stopped by {interrupts.signal_name(exc.signum)} after "
+                                                    "its current step; the state is kept",
+                                        hint=f"run `clustertool down -c {name} --yes` again to finish") from None
         _forget(cluster)
         lines.append(f"cluster {name!r} forgotten")
         return lines
+
+
+def _confirm_owner(provider, cluster: Cluster, force: bool, verb: str) -> None:
+    confirm = getattr(provider, "confirm_owner", None)
+    if confirm:
+        confirm(cluster, force, verb)
+
+
+def forget_leftovers(name: str, cluster_id: str) -> list[str]:
+    """After a sweep removed cluster ``cluster_id``: its key, lock and hostfile on this machine, when
+    no state of this home names the cluster and its marker says they are that cluster's."""
+    if not cluster_id or state.exists(name) or state.read_marker(name).get("id") != cluster_id:
+        return []
+    hostfile = state.read_marker(name).get("hostfile")
+    lines = [f"{name}: removed the local key, lock and files of {cluster_id}"]
+    if hostfile and Path(hostfile).exists():
+        Path(hostfile).unlink()
+        lines.append(f"{name}: removed hostfile {hostfile}")
+    state.delete(name)
+    return lines
+
+
+def known() -> tuple[set[str], set[str]]:
+    """(ids, names) of the clusters this home has state for; names count for states without an id."""
+    clusters = list_all()
+    return {c.id for c in clusters if c.id}, {c.name for c in clusters}
 
 
 def _owns(provider, cluster: Cluster) -> bool:
@@ -242,14 +319,36 @@ class NodeStatus:
     detail: str = ""
 
 
-def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0,
-           transport: Transport = SSH) -> tuple[Cluster, list[NodeStatus], dict]:
+@dataclass
+class ClusterStatus:
+    cluster: Cluster
+    nodes: list[NodeStatus]
+    extra: dict = field(default_factory=dict)  # what the provider adds (instance type, price, cost so far)
+
+    @property
+    def unreachable(self) -> list[str]:
+        return [r.node for r in self.nodes if r.reachable is False]
+
+    def to_dict(self) -> dict:
+        """What `status --json` prints."""
+        c = self.cluster
+        return {"cluster": c.name, "provider": c.provider, "status": c.status, "hostfile": c.hostfile_path,
+                "nodes": jsonable(self.nodes), **jsonable(self.extra)}
+
+
+def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transport: Transport = SSH,
+           report: Reporter = silent) -> ClusterStatus:
+    """Nodes as the provider sees them now; a provider that cannot be reached is an error.
+
+    Of a cluster whose `up` did not finish (killed, or its rollback failed) the nodes are what
+    the provider finds by the cluster's id, not the (possibly empty) list the state recorded."""
     cluster = state.load(name)
-    provider = get_provider(cluster.provider)
-    try:
-        states = {n.name: n.state for n in provider.query_instances(cluster)}
-    except ToolError as exc:
-        states = {n.name: f"unknown ({exc.message})" for n in cluster.nodes}
+    provider = get_provider(cluster.provider, report=report)
+    queried = provider.query_instances(cluster)
+    unfinished = cluster.status in ("provisioning", "failed")
+    if unfinished:
+        cluster.nodes = queried  # shown, not saved
+    states = {n.name: n.state for n in queried}
     reach: dict[str, tuple[bool, str]] = {}
     if check_ssh and cluster.status == "ready":
         for r in run_on_nodes(cluster.name, cluster.nodes, "true", timeout=timeout, transport=transport).results:
@@ -261,7 +360,19 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0,
     ]
     describe = getattr(provider, "describe", None)
     extra = describe(cluster) if describe else {}
-    return cluster, rows, extra
+    if unfinished:
+        extra["up"] = _unfinished(cluster)
+    return ClusterStatus(cluster, rows, extra)
+
+
+def _unfinished(cluster: Cluster) -> str:
+    held = state.holder(cluster.name)
+    if held and held[1] == "up":
+        return f"in progress (pid {held[0]})"
+    live = [n for n in cluster.nodes if n.state not in ("terminated", "missing")]
+    what = "did not finish (its process is gone)" if cluster.status == "provisioning" else "and its cleanup failed"
+    return (f"{what}: {len(live)} node(s) still exist; `clustertool down -c {cluster.name} --yes` removes them "
+            "and everything else it made")
 
 
 def list_all() -> list[Cluster]:
@@ -274,22 +385,25 @@ def list_all() -> list[Cluster]:
     return out
 
 
-def stop(name: str) -> None:
-    with state.locked(name):
+def stop(name: str, *, report: Reporter = silent, force_owner: bool = False) -> None:
+    with state.locked(name, purpose="stop"):
         cluster = state.load(name)
+        provider = get_provider(cluster.provider, report=report)
+        _confirm_owner(provider, cluster, force_owner, "stop")
         close_masters(cluster)
-        get_provider(cluster.provider).stop_instances(cluster)
+        provider.stop_instances(cluster)
         cluster.status = "stopped"
         for node in cluster.nodes:
             node.state = "stopped"
         state.save(cluster)
 
 
-def start(name: str, *, report: Reporter = silent) -> Cluster:
+def start(name: str, *, report: Reporter = silent, force_owner: bool = False) -> Cluster:
     """Start stopped nodes; addresses may change, so hostfile, config and keys are refreshed."""
-    with state.locked(name):
+    with state.locked(name, purpose="start"):
         cluster = state.load(name)
-        provider = get_provider(cluster.provider)
+        provider = get_provider(cluster.provider, report=report)
+        _confirm_owner(provider, cluster, force_owner, "start")
         cluster.nodes = provider.start_instances(cluster)
         cluster.nodes = provider.wait_instances(cluster)
         write_hostfile(cluster)
@@ -304,7 +418,7 @@ def start(name: str, *, report: Reporter = silent) -> Cluster:
 
 def repin(name: str, node_names: list[str] | None = None) -> list[str]:
     """Forget and re-collect host keys (after a node was legitimately rebuilt)."""
-    with state.locked(name):
+    with state.locked(name, purpose="repin"):
         cluster = state.load(name)
         changed = []
         for node in cluster.nodes:

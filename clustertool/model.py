@@ -19,6 +19,19 @@ def silent(message: str) -> None:
     """The Reporter that says nothing (the default of every core function that reports)."""
 
 
+def jsonable(obj: Any) -> Any:
+    """Plain JSON data (dicts, lists, str, numbers) of results: dataclasses, paths, tuples and all."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "__fspath__"):
+        return str(obj)
+    return obj
+
+
 @dataclass
 class Node:
     """One machine of a cluster.
@@ -65,6 +78,7 @@ class Cluster:
     name: str
     provider: str
     user: str = "root"
+    id: str = ""  # unique per `up`: the name + a random suffix; what teardown and sweeps go by
     nodes: list[Node] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)  # provider options from spec/flags
     provider_state: dict[str, Any] = field(default_factory=dict)  # what the provider made
@@ -151,6 +165,10 @@ class HostResult:
         code = "no exit code" if self.exit_code is None else f"exit {self.exit_code}"
         return f"{code}: {last}" if last else code
 
+    def to_dict(self) -> dict[str, Any]:
+        """One node's entry of `exec --json`'s "results"."""
+        return jsonable(self)
+
 
 @dataclass
 class GroupResult:
@@ -171,6 +189,10 @@ class GroupResult:
 
     def by_node(self) -> dict[str, HostResult]:
         return {r.node: r for r in self.results}
+
+    def to_dict(self) -> dict[str, Any]:
+        """What `clustertool exec --json` prints: the exit code and every node's result."""
+        return {"exit_code": self.exit_code, "results": [r.to_dict() for r in self.results]}
 
 
 @dataclass

@@ -3,8 +3,9 @@
 Layout::
 
     clusters/<name>.json    the state file (one per cluster), written atomically
-    clusters/<name>.lock    flock taken by any command that changes the cluster
-    clusters/<name>/        key pair (0600), known_hosts, ssh_config, provider files
+    clusters/<name>.lock    flock taken by any command that changes the cluster; holds "<pid> <command>"
+    clusters/<name>/        key pair (0600), known_hosts, ssh_config, provider files, marker.json
+    home-id                 this home's random id (a cluster's owner is the AWS identity + this)
 
 Writes go to a temp file in the same directory, are fsynced, then renamed over the old
 file, so a crash never leaves half a state file.
@@ -18,11 +19,12 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from clustertool.errors import StateError, UsageError
 from clustertool.model import Cluster
@@ -102,6 +104,9 @@ def load(name: str) -> Cluster:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
+        held = holder(name)
+        if held and held[1] == "up":
+            raise being_created(name, held[0]) from None
         known = ", ".join(list_clusters()) or "none"
         raise StateError(f"no cluster named {name!r}", hint=f"known clusters: {known}") from None
     except (OSError, ValueError) as exc:
@@ -133,32 +138,146 @@ def delete(name: str) -> None:
     shutil.rmtree(cluster_dir(name), ignore_errors=True)
     shutil.rmtree(ClusterPaths(name).control_dir, ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
-        (clusters_dir() / f"{name}.lock").unlink()
+        lock_path(name).unlink()
 
 
 @contextlib.contextmanager
-def flocked(path: Path, timeout: float, busy: Exception, poll: float = 0.05) -> Iterator[None]:
-    """Hold an exclusive flock on ``path``; raise ``busy`` if it is not free within ``timeout``."""
+def flocked(path: Path, timeout: float, busy: Exception, poll: float = 0.05,
+            purpose: str = "", refuse: Callable[[tuple[int, str] | None], Exception | None] | None = None,
+            ) -> Iterator[None]:
+    """Hold an exclusive flock on ``path``; raise ``busy`` if it is not free within ``timeout``.
+
+    The holder writes ``<pid> <purpose>`` into the file, so a waiter can say who holds it;
+    ``refuse(holder)`` may return an error to raise at once instead of waiting.  A lock file
+    that is unlinked (a forgotten cluster) while someone waits on it is not trusted: the
+    waiter opens the path again, so two processes never both hold "the" lock."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    deadline = time.monotonic() + timeout
+    while True:
+        fh = open(path, "a+")
+        try:
+            if _acquire(fh, path, deadline, busy, poll, refuse):
                 break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise busy from None
-                time.sleep(poll)
+        except BaseException:
+            fh.close()
+            raise
+        fh.close()  # the file was replaced while we waited: lock the new one
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()} {purpose}\n")
+        fh.flush()
         yield
+    finally:
+        fh.close()
 
 
-def locked(name: str, timeout: float = 30.0):
-    """Hold the cluster's lock so two commands cannot change its state at once."""
-    lock_path = clusters_dir() / f"{validate_name(name)}.lock"
+def _acquire(fh, path: Path, deadline: float, busy: Exception, poll: float, refuse) -> bool:
+    """True once ``fh`` is locked and still is ``path``; False when ``path`` changed meanwhile."""
+    while True:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            why = refuse(_read_holder(path)) if refuse else None
+            if why is not None:
+                raise why from None
+            if time.monotonic() >= deadline:
+                raise busy from None
+            time.sleep(poll)
+    try:
+        same = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+    except FileNotFoundError:
+        same = False
+    return same
+
+
+def _read_holder(path: Path) -> tuple[int, str] | None:
+    try:
+        pid, _, purpose = path.read_text().strip().partition(" ")
+        return int(pid), purpose
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_path(name: str) -> Path:
+    return clusters_dir() / f"{validate_name(name)}.lock"
+
+
+def holder(name: str) -> tuple[int, str] | None:
+    """(pid, purpose) of the process holding the cluster's lock now, or None when it is free."""
+    path = lock_path(name)
+    if not path.exists():
+        return None
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_holder(path) or (0, "")
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    return None
+
+
+def locked(name: str, timeout: float = 30.0, purpose: str = ""):
+    """Hold the cluster's lock so two commands cannot change its state at once.
+
+    A cluster being created (an ``up`` holds the lock) is refused at once, naming the pid:
+    waiting for an ``up`` could take many minutes."""
     busy = StateError(f"cluster {name!r} is busy: another clustertool command holds its lock",
                       hint="wait for it to finish, then retry")
-    return flocked(lock_path, timeout, busy)
+
+    def refuse(held: tuple[int, str] | None) -> Exception | None:
+        if held and held[1] == "up" and _alive(held[0]):
+            return being_created(name, held[0])
+        return None
+    return flocked(lock_path(name), timeout, busy, purpose=purpose, refuse=refuse)
+
+
+def being_created(name: str, pid: int) -> StateError:
+    return StateError(f"cluster {name!r} is being created by pid {pid}",
+                      hint=f"wait for that `up` to finish, or stop it (kill -TERM {pid} rolls it back)")
+
+
+def home_id() -> str:
+    """This clustertool home's own random id (made once): half of a cluster's owner."""
+    path = home() / "home-id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:  # another command made it a moment ago
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(6) + "\n")
+    return path.read_text().strip()
+
+
+def write_marker(name: str, cluster_id: str, hostfile: str | None = None) -> None:
+    """The cluster's id (and hostfile) beside its key, so that a sweep after a lost state file
+    can tell which local leftovers belong to the cluster it removed."""
+    root = cluster_dir(name)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "marker.json").write_text(json.dumps({"id": cluster_id, "hostfile": hostfile}))
+
+
+def read_marker(name: str) -> dict:
+    try:
+        return json.loads((cluster_dir(name) / "marker.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def ready_cluster(name: str) -> Cluster:

@@ -55,13 +55,13 @@ def _netns_cluster(netns: str) -> str:
 
 
 def _bridge_cluster(bridge: str) -> str:
-    """The cluster a local-provider bridge belongs to, from its alias ``clustertool:<cluster>:<token>``."""
+    """The cluster a local-provider bridge belongs to, from its alias ``clustertool:<cluster>:<token>[:…]``."""
     try:
         alias = Path("/sys/class/net", bridge, "ifalias").read_text().strip()
     except OSError:
         return ""
     parts = alias.split(":")
-    return parts[1] if len(parts) == 3 and parts[0] == "clustertool" else ""
+    return parts[1] if len(parts) >= 3 and parts[0] == "clustertool" else ""
 
 
 def our_footprint() -> list[str]:

@@ -10,7 +10,7 @@ import traceback
 import click
 import typer
 
-from clustertool import __version__
+from clustertool import __version__, interrupts
 from clustertool.cli import usage
 from clustertool.errors import ExitStatus, ToolError
 
@@ -75,8 +75,14 @@ def root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks (never with local variables)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
+    api_timeout: float = typer.Option(
+        None, "--api-timeout", metavar="SECONDS", min=1,
+        help="Longest time one cloud API call keeps retrying an endpoint that refuses or does not answer "
+             "(default 60; env CLUSTERTOOL_AWS_API_TIMEOUT)."),
 ) -> None:
     _DEBUG["on"] = debug or bool(os.environ.get("CLUSTERTOOL_DEBUG"))
+    if api_timeout:
+        os.environ["CLUSTERTOOL_AWS_API_TIMEOUT"] = str(api_timeout)
 
 
 _GROUP: list[click.Group] = []
@@ -103,17 +109,36 @@ def build() -> click.Group:
 
 
 def _fail(message: str, hint: str | None, code: int) -> int:
-    sys.stderr.write(f"error: {message}\n")
-    if hint:
-        sys.stderr.write(f"hint: {hint}\n")
+    try:
+        sys.stderr.write(f"error: {message}\n")
+        if hint:
+            sys.stderr.write(f"hint: {hint}\n")
+        sys.stderr.flush()
+    except OSError:  # the terminal is gone (SIGHUP): the exit code still tells
+        pass
     return code
 
 
 def run(argv: list[str] | None = None) -> int:
-    """Run the CLI and return the exit code (no sys.exit), for tests and main()."""
+    """Run the CLI and return the exit code (no sys.exit), for tests and main().
+
+    SIGTERM and SIGHUP are handled like Ctrl-C for the length of the command (interrupts):
+    the command's cleanup runs, and the exit code is 128 + the signal's number."""
+    restore = interrupts.install()
+    try:
+        return _run(argv)
+    finally:
+        restore()
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         result = build().main(args=argv, prog_name="clustertool", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
+    except interrupts.Terminated as exc:
+        if _DEBUG["on"]:
+            traceback.print_exc()
+        return _fail(exc.message, exc.hint, exc.exit_code)
     except ToolError as exc:
         if _DEBUG["on"]:
             traceback.print_exc()

@@ -12,27 +12,32 @@ import typer
 from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, reporter
 from clustertool.errors import UsageError
 
+ForceOwnerOpt = typer.Option(False, "--force-owner",
+                             help="Act even on a cluster whose tags say another owner (AWS identity + "
+                                  "clustertool home) made it.")
+
 
 def down(
     cluster: Optional[str] = ClusterOpt,
     sweep: bool = typer.Option(
-        False, "--sweep", help="Find resources tagged by clustertool that belong to no known cluster (AWS, or "
-                               "--provider local: namespaces and bridges whose state is gone), and offer to delete "
-                               "them."),
+        False, "--sweep", help="Find clusters no state of this home knows (AWS: tagged resources, listed with "
+                               "owner and age; --provider local: namespaces and bridges whose state is gone), and "
+                               "offer to delete them. A cluster whose `up` is in flight is never deleted."),
     sweep_provider: str = typer.Option("aws", "--provider", help="Where --sweep looks: aws | local."),
     region: Optional[str] = typer.Option(None, "--region", help="AWS region for --sweep."),
     profile: Optional[str] = typer.Option(None, "--profile", help="AWS profile for --sweep."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     terminate_adopted: bool = typer.Option(
         False, "--terminate-adopted", help="Also terminate machines the cluster adopted (never by default)."),
+    force_owner: bool = ForceOwnerOpt,
     json_output: bool = JsonOpt,
 ) -> None:
-    """Tear a cluster down, leaving nothing that costs money; forget adopted machines."""
+    """Tear a cluster down (by its id), leaving nothing that costs money; forget adopted machines."""
     from clustertool import lifecycle, state
     from clustertool.cli import render
 
     if sweep:
-        _sweep(sweep_provider, region, profile, yes, json_output)
+        _sweep(sweep_provider, region, profile, yes, json_output, force_owner)
         return
     name = cluster_name(cluster)
     c = state.load(name)
@@ -40,43 +45,72 @@ def down(
         if not sys.stdin.isatty():
             raise UsageError(f"refusing to tear down {name!r} without --yes (no terminal to ask on)")
         typer.confirm(f"Tear down cluster {name!r} ({len(c.nodes)} {c.provider} node(s))?", abort=True)
-    lines = lifecycle.down(name, report=reporter(json_output), terminate_adopted=terminate_adopted)
+    lines = lifecycle.down(name, report=reporter(json_output), terminate_adopted=terminate_adopted,
+                           force_owner=force_owner)
     if json_output:
         render.print_json({"cluster": name, "removed": lines})
     else:
         typer.echo(f"cluster {name} is down")
 
 
-def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bool, json_output: bool) -> None:
-    from clustertool import state
+def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bool, json_output: bool,
+           force_owner: bool) -> None:
     from clustertool.cli import render
 
     if provider == "local":
         from clustertool.providers.local import sweep
 
-        orphans = sweep.find_orphans()
+        orphans = sweep.find_orphans(force_owner=force_owner)
+        title = "local clusters no state of this clustertool home knows"
+        rows = [(o.cluster, o.cluster_id or "-", o.id, o.home or "?", f"{o.action}: {o.why}") for o in orphans]
+        columns = ["cluster", "id", "bridge", "home", "action"]
+        to_delete = [o for o in orphans if o.action == sweep.DELETE]
     elif provider == "aws":
+        from clustertool import lifecycle
         from clustertool.providers.aws import sweep
 
-        orphans = sweep.find_orphans(region=region, profile=profile, known=state.list_clusters())
+        ids, names = lifecycle.known()
+        orphans = sweep.find(region=region, profile=profile, known_ids=ids, known_names=names,
+                             force_owner=force_owner, report=reporter(json_output))
+        title = "clusters no state of this clustertool home knows"
+        columns = ["cluster", "id", "owner", "age", "resources", "action"]
+        rows = [(o.name, o.id or "-", o.owner, _age(o.age_s) if o.age_s is not None else "?", o.summary(),
+                 f"{o.action}: {o.why}") for o in orphans]
+        to_delete = [o for o in orphans if o.action == sweep.DELETE]
     else:
         raise UsageError(f"--sweep works for aws and local, not {provider!r}")
     if not orphans:
         render.print_json({"orphans": []}) if json_output else typer.echo("no orphaned clustertool resources")
         return
     if not json_output:
-        render.table(["resource", "id", "cluster", "region"],
-                     [(o.kind, o.id, o.cluster, o.region) for o in orphans],
-                     title="resources tagged by clustertool that belong to no known cluster")
+        render.table(columns, rows, title=title)
+    if not to_delete:
+        render.print_json({"orphans": orphans, "removed": []}) if json_output else typer.echo("nothing to delete")
+        return
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError("refusing to delete orphaned resources without --yes")
-        typer.confirm(f"Delete these {len(orphans)} resource(s)?", abort=True)
-    removed = sweep.delete_orphans(orphans, report=reporter(json_output))
+        typer.confirm(f"Delete the {len(to_delete)} marked for deletion?", abort=True)
+    removed, lines = _delete_orphans(provider, sweep, to_delete, reporter(json_output))
     if json_output:
-        render.print_json({"orphans": orphans, "removed": removed})
+        render.print_json({"orphans": orphans, "removed": removed, "local": lines})
     else:
-        typer.echo(f"removed {len(removed)} resource(s)")
+        for line in lines:
+            typer.echo(line)
+        typer.echo(f"removed {len(removed)} {'cluster(s)' if provider == 'aws' else 'resource(s)'}")
+
+
+def _delete_orphans(provider: str, sweep, orphans, report) -> tuple[list, list[str]]:
+    """Delete; for clusters of this home, also their key, lock and hostfile on this machine."""
+    from clustertool import lifecycle
+
+    if provider != "aws":
+        removed = sweep.delete_orphans(orphans, report=report)
+        lines = [line for o in orphans if o.ours for line in lifecycle.forget_leftovers(o.cluster, o.cluster_id)]
+        return removed, lines
+    removed = sweep.delete(orphans, report=report)
+    lines = [line for o in removed if o.ours for line in lifecycle.forget_leftovers(o.name, o.id)]
+    return [f"{o.name} ({o.id or 'no id'}): {o.count()} resource(s)" for o in removed], lines
 
 
 def status(
@@ -88,10 +122,10 @@ def status(
     from clustertool import lifecycle
     from clustertool.cli import render
 
-    c, rows, extra = lifecycle.status(cluster_name(cluster), check_ssh=not no_check)
+    report = lifecycle.status(cluster_name(cluster), check_ssh=not no_check, report=reporter(json_output))
+    c, rows, extra = report.cluster, report.nodes, report.extra
     if json_output:
-        render.print_json({"cluster": c.name, "provider": c.provider, "status": c.status,
-                           "hostfile": c.hostfile_path, "nodes": rows, **extra})
+        render.print_json(report.to_dict())
         return
     reach = {True: "yes", False: "NO", None: "-"}
     render.table(["node", "role", "address", "slots", "state", "reachable"],
@@ -111,7 +145,8 @@ def ls(json_output: bool = JsonOpt) -> None:
 
     clusters = lifecycle.list_all()
     if json_output:
-        render.print_json([{"name": c.name, "provider": c.provider, "status": c.status, "nodes": len(c.nodes),
+        render.print_json([{"name": c.name, "id": c.id, "provider": c.provider, "status": c.status,
+                            "nodes": len(c.nodes),
                             "slots": c.total_slots, "created": c.created} for c in clusters])
         return
     if not clusters:
@@ -177,21 +212,22 @@ def hostfile(
         sys.stdout.write(text)
 
 
-def stop(cluster: Optional[str] = ClusterOpt) -> None:
+def stop(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt) -> None:
     """Stop the nodes, keeping their disks (the prepared dataset survives)."""
     from clustertool import lifecycle
+    from clustertool.cli import render
 
     name = cluster_name(cluster)
-    lifecycle.stop(name)
+    lifecycle.stop(name, report=render.info, force_owner=force_owner)
     typer.echo(f"cluster {name} stopped (disks kept; `clustertool start -c {name}` resumes)")
 
 
-def start(cluster: Optional[str] = ClusterOpt) -> None:
+def start(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt) -> None:
     """Start stopped nodes; refreshes hostfiles and known_hosts, as addresses may change."""
     from clustertool import lifecycle
     from clustertool.cli import render
 
-    c = lifecycle.start(cluster_name(cluster), report=render.info)
+    c = lifecycle.start(cluster_name(cluster), report=render.info, force_owner=force_owner)
     typer.echo(f"cluster {c.name} started; hostfile {c.hostfile_path}")
 
 

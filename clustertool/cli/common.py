@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from typer.core import TyperCommand
 
 from clustertool import state
 from clustertool.model import Reporter, silent
@@ -33,6 +34,53 @@ ClusterOpt = typer.Option(None, "-c", "--cluster", metavar="NAME", autocompletio
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON on stdout.")
 NodesOpt = typer.Option(None, "--nodes", "-n", metavar="SEL",
                         help="Node selection: all (default), leader, members, node-[2-5], comma lists.")
+
+
+def fill_bare_values(args: list[str], bare: dict[str, str], takes_value: set[str]) -> list[str]:
+    """An option of ``bare`` given without a value (last, or before another option or ``--``) reads as
+    ``--opt=<its bare value>``: ``run --sync -- CMD`` is ``run --sync=. -- CMD``.
+
+    Only the options before the command are looked at (``takes_value``: the options whose next word
+    is their value); the command's own words after ``--`` or the first positional stay as they are.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--" or not word.startswith("-") or word == "-":
+            return out + args[i:]
+        if word in bare and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append(f"{word}={bare[word]}")
+        elif word in takes_value and i + 1 < len(args):
+            out += [word, args[i + 1]]
+            i += 1
+        else:
+            out.append(word)
+        i += 1
+    return out
+
+
+class BareValueCommand(TyperCommand):
+    """A command whose options named in ``bare_values`` may be given without their value.
+
+    typer's click has no optional option values; this fills the value in before parsing, and marks
+    the parameter (``bare_value``) so a playbook's ``key: true`` becomes the bare option.
+    """
+
+    bare_values: dict[str, str] = {}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            for opt in getattr(param, "opts", ()):
+                if opt in self.bare_values:
+                    param.bare_value = self.bare_values[opt]
+
+    def parse_args(self, ctx, args):
+        takes = {o for p in self.params if getattr(p, "param_type_name", "") == "option"
+                 and not getattr(p, "is_flag", False) and not getattr(p, "count", False)
+                 for o in list(p.opts) + list(p.secondary_opts)}
+        return super().parse_args(ctx, fill_bare_values(list(args), self.bare_values, takes))
 
 
 def cluster_name(name: Optional[str]) -> str:

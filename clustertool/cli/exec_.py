@@ -34,7 +34,7 @@ def exec_(
         on_line = render.live_line
     result = execute(cluster_name(cluster), nodes, command, timeout=timeout, on_line=on_line)
     if json_output:
-        render.print_json({"exit_code": result.exit_code, "results": result.results})
+        render.print_json(result.to_dict())
     else:
         render.folded_output(result, nodeset.fold, only_if_folds=on_line is not None)
         render.group_summary(result, nodeset.fold)

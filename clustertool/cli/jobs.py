@@ -10,7 +10,19 @@ from typing import List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, complete_job, reporter
+from clustertool.cli.common import (
+    BareValueCommand,
+    ClusterOpt,
+    JsonOpt,
+    NodesOpt,
+    cluster_name,
+    complete_job,
+    reporter,
+)
+
+
+class RunCommand(BareValueCommand):
+    bare_values = {"--sync": "."}  # `run --sync -- CMD`: this folder
 
 
 def _echo_line(text: str) -> None:
@@ -53,6 +65,12 @@ def run(
     autotune: bool = typer.Option(False, "--horovod-autotune", help="HOROVOD_AUTOTUNE=1."),
     nccl_debug: Optional[str] = typer.Option(None, "--nccl-debug", help="NCCL_DEBUG level, e.g. INFO."),
     workdir: Optional[str] = typer.Option(None, "--workdir", help="Working directory of every rank."),
+    sync: Optional[str] = typer.Option(
+        None, "--sync", metavar="[DIR]",
+        help="First send DIR (default: this folder; .gitignore/.clustertoolignore honoured) to the same path "
+             "on the job's nodes, incremental and verified; the job runs there."),
+    sync_to: Optional[str] = typer.Option(None, "--sync-to", metavar="PATH",
+                                          help="With --sync: the folder on the nodes (default: DIR's own path)."),
     name: Optional[str] = typer.Option(None, "--name", help="A name for the job."),
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Stream the log; exit with the job's code. Ctrl-C detaches."),
@@ -71,9 +89,9 @@ def run(
     CLUSTERTOOL_JOB=<id> and PYTHONUNBUFFERED=1 (live logs). Each rank's output goes to its own
     files on its node; `logs` and --follow show them as whole lines, tagged [job,rank]<stream>:.
     One quoted argument is split like a shell line. Prints the job id; `logs -f ID` follows it,
-    `kill ID` stops it everywhere.
+    `kill ID` stops it everywhere. `--sync [DIR]` sends your local code first (only what changed).
     """
-    from clustertool.cli import render
+    from clustertool.cli import progress, render
     from clustertool.jobs import launch
     from clustertool.jobs.mpirun import MpiOptions
 
@@ -84,18 +102,24 @@ def run(
                       horovod_autotune=autotune, nccl_debug=nccl_debug, workdir=workdir,
                       oversubscribe=oversubscribe, tag_output=tag_output)
     name_ = cluster_name(cluster)
-    started = launch.run(name_, opts, selection=nodes, name=name, dry_run=dry_run,
-                         allow_concurrent=allow_concurrent, use_plugin=plugin, report=reporter(json_output))
+    with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
+        started = launch.run(name_, opts, selection=nodes, name=name, dry_run=dry_run,
+                             allow_concurrent=allow_concurrent, use_plugin=plugin, sync=sync, sync_to=sync_to,
+                             on_progress=bars.update, report=reporter(json_output))
     if dry_run:
         if json_output:
-            render.print_json({"argv": started.argv, "nodes": started.job.nodes, "np": started.job.np})
+            render.print_json(started.to_dict())
         else:
+            if started.sync is not None:
+                render.info(f"would sync {started.sync[0]} to {started.sync[1]} on {len(started.job.nodes)} node(s)")
             typer.echo(shlex.join(started.argv))
         return
     job = started.job
     if json_output and not follow:
-        render.print_json(job)
+        render.print_json(started.to_dict())
         return
+    if started.synced is not None:
+        render.info(f"synced {sync or '.'} -> {started.synced.dest}: {progress.copy_summary(started.synced)}")
     sys.stderr.write(f"job {job.id} started on {job.leader} ({job.np} ranks, {job.launcher}); "
                      f"`clustertool logs -f {job.id}`\n")
     if follow:
@@ -201,7 +225,7 @@ def kill(
     result = (jobkill.kill_all_python(name, nodes) if all_python
               else jobkill.kill(name, job, signal=signal, grace=grace))
     if json_output:
-        render.print_json({"job": result.job, "clean": result.clean, "nodes": result.nodes})
+        render.print_json(result.to_dict())
     else:
         if result.job:
             sys.stderr.write(f"job {result.job.id}: {_state_text(result.job)}\n")
@@ -261,7 +285,7 @@ def fetch(job: str = typer.Argument(..., metavar="JOB", autocompletion=complete_
 
 
 def register(app: typer.Typer) -> None:
-    app.command("run", context_settings={"allow_interspersed_args": False})(run)
+    app.command("run", cls=RunCommand, context_settings={"allow_interspersed_args": False})(run)
     app.command("jobs")(jobs)
     app.command("logs")(logs)
     app.command("attach")(attach)

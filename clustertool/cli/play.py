@@ -52,7 +52,8 @@ def _param_spec(param) -> ParamSpec | None:
         off = [o for o in param.secondary_opts if o.startswith("--")]
         return ParamSpec(param.name, "flag", flag=longs[0], off_flag=off[0] if off else None, aliases=aliases)
     return ParamSpec(param.name, "option", flag=longs[0], type=ptype, choices=choices,
-                     multiple=bool(param.multiple), required=param.required, aliases=aliases)
+                     multiple=bool(param.multiple), required=param.required, aliases=aliases,
+                     bare_value=getattr(param, "bare_value", None))
 
 
 def resolver(path: tuple[str, ...]) -> CommandSpec:

@@ -68,14 +68,14 @@ def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_out
     result = lifecycle.up(cluster_spec, dry_run=dry_run, no_ssh=no_ssh, report=report)
     if dry_run:
         if json_output:
-            render.print_json({"plan": result.plan})
+            render.print_json(result.to_dict())
         else:
             for line in result.plan:
                 click.echo(line)
         return 0
     cluster = result.cluster
     if json_output:
-        render.print_json({"cluster": cluster.to_dict(), "hostfile": result.hostfile, "timings": result.timings})
+        render.print_json(result.to_dict())
         return 0
     render.table(["node", "role", "address", "slots"],
                  [(n.name, n.role, n.address, n.slots) for n in cluster.ordered_nodes()],

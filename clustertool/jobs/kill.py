@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from clustertool import nodeset, state
 from clustertool.errors import ToolError, UsageError
 from clustertool.jobs import records, scripts
-from clustertool.model import Cluster, GroupResult, Job
+from clustertool.model import Cluster, GroupResult, Job, jsonable
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
 
@@ -40,6 +40,10 @@ class KillResult:
     @property
     def clean(self) -> bool:
         return all(n.clean for n in self.nodes)
+
+    def to_dict(self) -> dict:
+        """What `kill --json` prints."""
+        return {"job": jsonable(self.job), "clean": self.clean, "nodes": jsonable(self.nodes)}
 
 
 def parse_kill_output(node: str, text: str) -> NodeKill:

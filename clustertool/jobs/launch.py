@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from clustertool import nodeset, state
-from clustertool.errors import RemoteError, UsageError
+from clustertool.errors import RemoteError, ToolError, UsageError
 from clustertool.jobs import logs, output, records, scripts
+from clustertool.jobs import sync as jobsync
 from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile, split_command
 from clustertool.model import Cluster, Job, Node, Reporter, silent
 from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.remote.transport import SSH, Transport
+from clustertool.transfer.model import CopyResult, ProgressCb
 
 
 @dataclass
@@ -28,6 +30,21 @@ class Launch:
     job: Job
     argv: list[str]
     dry_run: bool = False
+    sync: tuple[str, str] | None = None  # --sync: (the local folder, its path on the nodes)
+    synced: CopyResult | None = None  # what --sync sent (None without --sync, or on a dry run)
+
+    def to_dict(self) -> dict:
+        """What `run --json` prints: the job's record, plus "sync" (what was sent) with --sync.
+        A dry run: the mpirun argv, nodes, ranks (and where --sync would send what)."""
+        if self.dry_run:
+            out = {"argv": self.argv, "nodes": self.job.nodes, "np": self.job.np}
+            if self.sync is not None:
+                out["sync"] = {"dir": self.sync[0], "dest": self.sync[1]}
+            return out
+        out = self.job.to_dict()
+        if self.synced is not None:
+            out["sync"] = self.synced.to_dict()
+        return out
 
 
 def declared_subnet(cluster: Cluster) -> str | None:
@@ -81,9 +98,26 @@ def preflight(cluster: Cluster, nodes: list[Node], allow_concurrent: bool, trans
     raise RemoteError("preflight: the leader did not say its home directory")
 
 
+def _sync_target(opts: MpiOptions, sync: str | None, sync_to: str | None) -> tuple[str, str] | None:
+    """(local folder, folder on the nodes) for --sync, which becomes the job's working directory."""
+    if sync is None:
+        if sync_to is not None:
+            raise UsageError("--sync-to goes with --sync", hint="clustertool run --sync [DIR] --sync-to PATH -- CMD")
+        return None
+    local, dest = jobsync.resolve(sync, sync_to)
+    if opts.workdir is not None and opts.workdir != dest:
+        raise UsageError("--sync sets the working directory (the synced folder on the nodes): leave out --workdir",
+                         hint="--sync-to PATH puts the folder elsewhere on the nodes")
+    opts.workdir = dest
+    return local, dest
+
+
 def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, name: str | None = None,
         dry_run: bool = False, allow_concurrent: bool = False, use_plugin: bool = False,
+        sync: str | None = None, sync_to: str | None = None, on_progress: ProgressCb | None = None,
         report: Reporter = silent, transport: Transport = SSH) -> Launch:
+    """Start the job (after sending ``sync``, a local folder, to ``sync_to`` or its own path on the nodes)."""
+    synced_dir = _sync_target(opts, sync, sync_to)
     cluster = state.ready_cluster(cluster_name)
     nodes = nodeset.select(cluster, selection)
     opts.command = split_command(opts.command)
@@ -97,9 +131,14 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
               leader=cluster.leader.name, workdir=opts.workdir, started=time.time(), output_dir=opts.output_dir,
               tag_output=opts.tag_output)
     if dry_run:
-        return Launch(job, argv, dry_run=True)
+        return Launch(job, argv, dry_run=True, sync=synced_dir)
     report(f"preflight on {nodeset.fold(job.nodes)}")
     home = preflight(cluster, ordered, allow_concurrent, transport)
+    synced = None
+    if synced_dir is not None:
+        report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(job.nodes)}")
+        synced = jobsync.sync(cluster.name, *synced_dir, ordered, report=report, on_progress=on_progress,
+                              transport=transport)
     job.argv = argv = _finalize_argv(argv, home)
     job.output_dir = _finalize_argv([job.output_dir], home)[0]
     hostfile = job_hostfile([(n.address, opts.per_node or n.slots) for n in ordered])
@@ -114,7 +153,25 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
         raise RemoteError(f"could not start the job on the leader: {result.reason}")
     job.launcher = "tmux" if "launcher=tmux" in result.stdout else "setsid"
     records.save(job)
-    return Launch(job, argv)
+    return Launch(job, argv, sync=synced_dir, synced=synced)
+
+
+def wait(cluster_name: str, job_id: str, *, timeout: float | None = None, poll: float = 2.0,
+         transport: Transport = SSH) -> Job:
+    """Ask the leader until the job has ended (or ``timeout`` seconds passed); its final record."""
+    cluster = state.load(cluster_name)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = min(0.5, poll)
+    while True:
+        job = records.resolve(records.refresh(cluster, transport=transport), job_id)
+        if job.finished:
+            return job
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ToolError(f"job {job.id} is still running after {timeout:g}s",
+                            hint=f"wait longer, follow it (`clustertool logs -f {job.id}`) or stop it "
+                                 f"(`clustertool kill {job.id}`)")
+        time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+        delay = min(poll, delay * 2)
 
 
 def follow(cluster_name: str, job: Job, on_line: Callable[[str], None], *, warn: Callable[[str], None] | None = None,

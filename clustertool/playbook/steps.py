@@ -35,6 +35,7 @@ class ParamSpec:
     multiple: bool = False          # repeatable option or variadic argument
     required: bool = False
     aliases: tuple[str, ...] = ()   # other keys that mean it (e.g. "json" for --json)
+    bare_value: str | None = None   # an option that may be given alone (run's --sync): `key: true`
 
 
 @dataclass
@@ -108,6 +109,8 @@ def param_argv(param: ParamSpec, value: Any) -> tuple[list[str], list[str]]:
         if on:
             return [param.flag], []
         return ([param.off_flag] if param.off_flag else []), []
+    if param.bare_value is not None and isinstance(value, bool):  # `sync: true` is the bare --sync
+        return ([param.flag] if value else []), []
     values = value if isinstance(value, list) else [value]
     if not param.multiple and isinstance(value, list):
         raise ValueProblem(f"expects a single value, got a list of {len(value)}")

@@ -100,6 +100,9 @@ class _Torch:
         return value  # rank 0 reports; all ranks run in lockstep
 
     def close(self):
+        # every rank reaches the end before any tears down: a gloo rank whose peer already
+        # closed its pairs can abort in its own teardown ("terminate called ...")
+        self.dist.barrier()
         self.dist.destroy_process_group()
 
 

@@ -82,7 +82,14 @@ class World:
             "key_pairs": len(self.ec2.describe_key_pairs(Filters=flt)["KeyPairs"]),
             "volumes": len(self.ec2.describe_volumes(Filters=flt)["Volumes"]),
             "placement_groups": len(self.pgs.tagged(cluster)),
+            "network_interfaces": len(self.interfaces(cluster)),
+            "addresses": len(self.ec2.describe_addresses(Filters=flt)["Addresses"]),
         }
+
+    def interfaces(self, cluster: str) -> set[str]:
+        """Network interfaces of the cluster: tagged ones, and those attached to any of its instances
+        (terminated ones too: moto, unlike EC2, keeps a terminated instance's secondary interfaces)."""
+        return cluster_interfaces(self.ec2, cluster)
 
     def total_leaks(self, cluster: str) -> int:
         return sum(self.leaks(cluster).values())
@@ -91,6 +98,16 @@ class World:
         flt = [{"Name": "tag:clustertool:cluster", "Values": [cluster]},
                {"Name": "instance-state-name", "Values": ["pending", "running", "stopped"]}]
         return [i for r in self.ec2.describe_instances(Filters=flt)["Reservations"] for i in r["Instances"]]
+
+
+def cluster_interfaces(ec2, cluster: str) -> set[str]:
+    flt = [{"Name": "tag:clustertool:cluster", "Values": [cluster]}]
+    found = {e["NetworkInterfaceId"] for e in ec2.describe_network_interfaces(Filters=flt)["NetworkInterfaces"]}
+    ids = [i["InstanceId"] for r in ec2.describe_instances(Filters=flt)["Reservations"] for i in r["Instances"]]
+    if ids:
+        attached = ec2.describe_network_interfaces(Filters=[{"Name": "attachment.instance-id", "Values": ids}])
+        found |= {e["NetworkInterfaceId"] for e in attached["NetworkInterfaces"]}
+    return found
 
 
 @pytest.fixture

@@ -9,19 +9,20 @@ from tests.conftest import unique
 pytestmark = pytest.mark.aws
 
 
-def test_sweep_finds_and_deletes_resources_of_unknown_clusters_only(aws, tmp_path, monkeypatch):
+def test_sweep_finds_and_deletes_clusters_this_home_lost_only(aws):
+    from clustertool import state
+
     kept, orphaned = unique("kept"), unique("orph")
     up = ("up", "-p", "aws", "-N", "2", "--instance-type", "g4dn.12xlarge", "--no-ssh")
     assert aws.ct(*up, "--name", kept)[0] == 0
-    monkeypatch.setenv("CLUSTERTOOL_HOME", str(tmp_path / "other-home"))  # another machine's cluster
     assert aws.ct(*up, "--name", orphaned)[0] == 0
-    monkeypatch.setenv("CLUSTERTOOL_HOME", str(tmp_path / "cthome"))  # this machine no longer knows it
+    state.state_path(orphaned).unlink()  # this machine no longer knows it
     code, out, err = aws.ct("down", "--sweep", "--json")
     assert code != 0 and "without --yes" in err  # no terminal to confirm on
     assert aws.total_leaks(orphaned) > 0
     code, out, err = aws.ct("down", "--sweep", "--yes")
     assert code == 0, err
-    assert orphaned in out and kept not in out
+    assert orphaned in out and kept not in out and "removed 1 cluster(s)" in out
     assert aws.total_leaks(orphaned) == 0
     assert aws.leaks(kept)["instances"] == 2 and aws.leaks(kept)["security_groups"] == 1
     code, out, _ = aws.ct("down", "--sweep", "--yes")

@@ -34,7 +34,7 @@ def test_up_four_p4d_lands_in_one_az_tagged_writes_slots_8_and_down_leaves_nothi
     assert lines[0].split()[0] == leader["PrivateIpAddress"]
     assert "image: ami-" in err and "hourly" in err
     assert aws.leaks("t") == {"instances": 4, "security_groups": 1, "key_pairs": 1, "volumes": 4,
-                              "placement_groups": 1}
+                              "placement_groups": 1, "network_interfaces": 4, "addresses": 0}
 
     code, out, err = aws.ct("down", "-c", "t", "--yes")
     assert code == 0, err
@@ -67,8 +67,11 @@ def test_up_sets_volumes_security_rules_key_pair_and_placement_group(aws):
     assert aws.total_leaks(name) == 0
 
 
-def test_run_instances_request_carries_volume_iops_efa_placement_and_tags(aws):
-    """The RunInstances request as sent (recorded at the client seam: moto drops io1 IOPS and EFA)."""
+def test_run_instances_request_carries_volume_iops_efa_per_card_placement_and_tags(aws):
+    """The RunInstances request as sent (recorded at the client seam: moto drops io1 IOPS and EFA).
+    p4d.24xlarge has 4 network cards: 4 EFA interfaces, none asking for a public IP (AWS refuses
+    that with several interfaces); down removes every interface (moto keeps the secondary ones
+    of a terminated instance, which makes this a real check)."""
     seen = {}
 
     def grab(service, op, kwargs, call):
@@ -85,7 +88,14 @@ def test_run_instances_request_carries_volume_iops_efa_placement_and_tags(aws):
     assert code == 0, err
     assert seen["MinCount"] == seen["MaxCount"] == 2
     assert seen["Placement"]["AvailabilityZone"] == "us-east-1b" and seen["Placement"]["GroupName"]
-    assert seen["NetworkInterfaces"][0]["InterfaceType"] == "efa"
+    ifaces = seen["NetworkInterfaces"]
+    assert [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in ifaces] == [
+        (0, 0, "efa"), (1, 1, "efa"), (2, 1, "efa"), (3, 1, "efa")]
+    assert not any("AssociatePublicIpAddress" in i for i in ifaces)
+    assert all(i["DeleteOnTermination"] for i in ifaces)
+    assert "4 EFA interfaces per node" in aws.ct("up", "-p", "aws", "-N", "2", "--instance-type", "p4d.24xlarge",
+                                                 "--name", unique("plan"), "--efa", "--dry-run")[1]
+    assert aws.leaks(name)["network_interfaces"] == 8
     ebs = seen["BlockDeviceMappings"][0]["Ebs"]
     assert (ebs["VolumeSize"], ebs["VolumeType"], ebs["Iops"], ebs["DeleteOnTermination"]) == (200, "gp3", 10000, True)
     kinds = {s["ResourceType"] for s in seen["TagSpecifications"]}

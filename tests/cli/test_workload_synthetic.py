@@ -6,7 +6,6 @@ GPU and torchvision, which this machine does not have."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -20,17 +19,12 @@ torch = pytest.importorskip("torch", reason="the workload needs PyTorch (make ve
 SCRIPT = str(workloads.DIR / "synthetic_benchmark.py")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_cpu_ranks_train_over_gloo_and_report_total_throughput(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-addr", "127.0.0.1", "--master-port", str(_port()), SCRIPT, "--device", "cpu",
-                           "--iters", "2"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    # --standalone: torchrun binds its own free port (no pick-then-bind race with concurrent runs)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           SCRIPT, "--device", "cpu", "--iters", "2"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "Model tiny on cpu, batch 16, 32px, 2 rank(s)" in out

@@ -222,7 +222,9 @@ def test_dry_run_prints_the_exact_command_and_plugin_adds_its_environment(cluste
     record.write_text(json.dumps({"deployed": {"dest": "/root/.clustertool/lib"}}))
     try:
         planned = cli(cluster, "run", "--plugin", "--dry-run", "--", "hostname")
-        assert "NCCL_NET_PLUGIN=/root/.clustertool/lib/libnccl-net-clustertool.so" in planned.stdout
+        # by name (NCCL 2.19/2.20 take no path), found through LD_LIBRARY_PATH with the plugin folder first
+        assert "-x NCCL_NET_PLUGIN=clustertool" in planned.stdout
+        assert "LD_LIBRARY_PATH=/root/.clustertool/lib" in planned.stdout
     finally:
         record.unlink()
 

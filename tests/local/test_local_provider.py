@@ -91,7 +91,7 @@ def snapshot(m: Made) -> dict[str, list[str]]:
     namespaces = [ns for ns in sysops.netns_list() if ours.match(ns)]
     links = [n for n in os.listdir("/sys/class/net")
              if Path("/sys/class/net", n, "ifalias").exists()
-             and Path("/sys/class/net", n, "ifalias").read_text().strip() == tag]
+             and net.carries(Path("/sys/class/net", n, "ifalias").read_text().strip(), tag)]
     pids = sysops.pids_in_netns(namespaces)
     procs = sorted(f"{sysops.comm(p)}" for group in pids.values() for p in group)
     return {"netns": sorted(namespaces), "links": sorted(links), "processes": procs,

@@ -8,18 +8,19 @@ import sys
 import pytest
 
 from clustertool.errors import UsageError
-from clustertool.providers.aws import adopt, instances, launch, network, pricing
+from clustertool.providers.aws import adopt, capacity, instances, launch, lease, network, owner, pricing, quota, tags
 from clustertool.providers.aws.client import hint_for
 from clustertool.providers.aws.images import Image
 
 pytestmark = pytest.mark.unit
 IMAGE = Image("ami-1", "dlami", "/dev/sda1", "test")
+STAMP = tags.Stamp("c", "c-abc123", owner="arn:aws:iam::1:user/u", home="h1", lease="1900000000", created="1.5")
 
 
-def _params(**options):
-    return launch.launch_params(cluster="c", count=4, instance_type="p4d.24xlarge", image=IMAGE, subnet="subnet-1",
+def _params(efa_interfaces=0, **options):
+    return launch.launch_params(stamp=STAMP, count=4, instance_type="p4d.24xlarge", image=IMAGE, subnet="subnet-1",
                                 group_id="sg-1", key_name="k", az="us-east-1b", placement_group="pg",
-                                options=options, token="tok")
+                                options=options, token="tok", efa_interfaces=efa_interfaces)
 
 
 def test_launch_params_ask_for_all_n_at_once_in_one_az_and_group():
@@ -30,14 +31,17 @@ def test_launch_params_ask_for_all_n_at_once_in_one_az_and_group():
     assert p["BlockDeviceMappings"] == [{"DeviceName": "/dev/sda1", "Ebs": {
         "VolumeSize": 200, "VolumeType": "gp3", "DeleteOnTermination": True, "Iops": 10000}}]
     assert "InstanceMarketOptions" not in p
-    tags = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]} for s in p["TagSpecifications"]}
-    assert tags["instance"] == {"clustertool:cluster": "c", "clustertool:role": "member"}
-    assert tags["volume"] == {"clustertool:cluster": "c"}
+    found = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]} for s in p["TagSpecifications"]}
+    identity = {"clustertool:cluster": "c", "clustertool:id": "c-abc123", "clustertool:owner": "arn:aws:iam::1:user/u",
+                "clustertool:home": "h1", "clustertool:lease": "1900000000", "clustertool:created": "1.5"}
+    assert found["instance"] == {**identity, "clustertool:role": "member"}
+    assert found["volume"] == found["network-interface"] == identity
 
 
 def test_launch_params_efa_spot_io1_and_gp2():
     p = _params(efa=True, spot=True, volume_type="io1", iops=20000, volume_size=500)
     assert p["NetworkInterfaces"][0]["InterfaceType"] == "efa"
+    assert p["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is True  # one interface: a public IP
     assert p["InstanceMarketOptions"]["MarketType"] == "spot"
     ebs = p["BlockDeviceMappings"][0]["Ebs"]
     assert ebs["Iops"] == 20000 and ebs["VolumeSize"] == 500
@@ -132,9 +136,65 @@ def test_wait_ssh_port_returns_when_a_loopback_listener_answers_and_times_out_ot
 
 
 def test_with_an_existing_key_pair_the_cluster_key_rides_in_cloud_init_user_data():
-    p = launch.launch_params(cluster="c", count=1, instance_type="g5.xlarge", image=IMAGE, subnet="s", group_id="g",
+    p = launch.launch_params(stamp=STAMP, count=1, instance_type="g5.xlarge", image=IMAGE, subnet="s", group_id="g",
                              key_name="mine", az="a", placement_group=None, options={"key_name": "mine"},
                              token="t", public_key="ssh-ed25519 AAAAC3 c@clustertool\n")
     assert p["KeyName"] == "mine"
     assert p["UserData"] == "#cloud-config\nssh_authorized_keys:\n  - ssh-ed25519 AAAAC3 c@clustertool\n"
     assert "UserData" not in _params()
+
+
+def _type(name, cards, efa_max, efa=True, vcpus=96):
+    return capacity.parse_type({"InstanceType": name, "VCpuInfo": {"DefaultVCpus": vcpus}, "NetworkInfo": {
+        "EfaSupported": efa, "EfaInfo": {"MaximumEfaInterfaces": efa_max}, "MaximumNetworkCards": cards,
+        "NetworkCards": [{"NetworkCardIndex": i} for i in range(cards)]}})
+
+
+def test_efa_gets_one_interface_per_network_card_and_then_no_public_ip():
+    assert (_type("p4d.24xlarge", 4, 4).efa_interfaces, _type("p5.48xlarge", 32, 32).efa_interfaces) == (4, 32)
+    assert _type("g5.48xlarge", 1, 1).efa_interfaces == 1 and _type("g4dn.xlarge", 1, 0, efa=False).efa_interfaces == 0
+    ifaces = _params(efa=True, efa_interfaces=4)["NetworkInterfaces"]
+    assert [(i["NetworkCardIndex"], i["DeviceIndex"]) for i in ifaces] == [(0, 0), (1, 1), (2, 1), (3, 1)]
+    assert {i["InterfaceType"] for i in ifaces} == {"efa"} and all(i["Groups"] == ["sg-1"] for i in ifaces)
+    assert not any("AssociatePublicIpAddress" in i for i in ifaces)
+    assert len(_params(efa_interfaces=4)["NetworkInterfaces"]) == 1  # without --efa: one plain interface
+
+
+@pytest.mark.parametrize("itype, spot, code", [
+    ("p4d.24xlarge", False, "L-417A185B"), ("p5.48xlarge", True, "L-7212CCBC"), ("g5.12xlarge", False, "L-DB2E81BA"),
+    ("vt1.3xlarge", False, "L-DB2E81BA"), ("g6.xlarge", True, "L-3819A6DF"), ("trn1.32xlarge", False, "L-2C3B7624"),
+    ("inf2.xlarge", False, "L-1945791B"), ("m5.large", False, "L-1216C47A"), ("c7gn.16xlarge", True, "L-34B43A08"),
+    ("dl1.24xlarge", False, "L-6E869C2A"), ("hpc7g.16xlarge", False, "L-F7808C92"), ("u-6tb1.metal", False, None)])
+def test_quota_codes_by_family(itype, spot, code):
+    found = quota.quota_code(itype, spot)
+    assert (found[0] if found else None) == code
+
+
+def test_quota_fits_counts_what_runs():
+    q = quota.Quota(384, "vCPUs", "P", "Service Quotas", used=192, need=192)
+    assert q.fits() and not quota.Quota(384, "vCPUs", "P", "x", used=193, need=192).fits()
+
+
+def test_owner_is_the_principal_without_a_session_name_plus_the_home():
+    arn = "arn:aws:sts::123456789012:assumed-role/Admin/alice-session-1"
+    assert owner.principal(arn) == "arn:aws:sts::123456789012:assumed-role/Admin"
+    me = owner.Owner(owner.principal(arn), "h1")
+    assert me.matches("arn:aws:sts::123456789012:assumed-role/Admin/other-session", "h1")
+    assert not me.matches(arn, "h2") and not me.matches("arn:aws:iam::123456789012:user/bob", "h1")
+
+
+def test_a_stamp_finds_its_own_resources_by_id_and_an_old_state_only_untagged_ones():
+    assert STAMP.filter() == [{"Name": "tag:clustertool:id", "Values": ["c-abc123"]}]
+    assert STAMP.owns([{"Key": "clustertool:id", "Value": "c-abc123"}])
+    assert not STAMP.owns([{"Key": "clustertool:id", "Value": "c-zzz999"}])
+    old = tags.Stamp("c")
+    assert old.filter() == [{"Name": "tag:clustertool:cluster", "Values": ["c"]}]
+    assert old.owns([{"Key": "clustertool:cluster", "Value": "c"}])
+    assert not old.owns([{"Key": "clustertool:cluster", "Value": "c"}, {"Key": "clustertool:id", "Value": "c-1"}])
+
+
+def test_a_lease_is_done_live_or_expired():
+    assert lease.summarize(["100", "done", "300"]) == "done"
+    assert lease.summarize(["100", "300", "junk"]) == 300.0 and lease.summarize([]) is None
+    assert lease.live(300.0, now=200) and not lease.live(300.0, now=400) and not lease.live("done")
+    assert "in flight" in lease.describe(300.0, now=200) and "died" in lease.describe(300.0, now=400)

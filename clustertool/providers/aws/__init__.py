@@ -2,17 +2,19 @@
 leaving nothing.  boto3 is imported lazily by the submodules' functions, never here, so
 ``clustertool --help`` (which reads OPTIONS to build the `up` flags) stays fast.
 
-Modules: client (session, retries, errors, test seam), capacity (types, AZ order),
-images, network (subnet, security group, key pair, SSH source), placement, launch,
-instances (waits, nodes), teardown, adopt, pricing, prepare (checks + dry-run plan),
-provision (the verbs' bodies), sweep (orphans of no known cluster).
+Modules: client (session, errors, test seam), retry (timeouts, retry budget, progress),
+capacity (types, AZ order), quota (vCPU quotas before creation), images, network (subnet,
+security group, key pair, SSH source), placement, launch (incl. EFA interfaces), instances
+(waits, nodes), tags (identity tags), owner (who a cluster belongs to), lease (an up in
+flight), census (tagged resources by cluster), teardown, adopt, pricing, prepare (checks +
+dry-run plan), provision (the verbs' bodies), sweep (clusters no state of this home knows).
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from clustertool.model import Cluster, Node
+from clustertool.model import Cluster, Node, Reporter, silent
 from clustertool.providers.base import OptionSpec, ProvisionRequest
 
 
@@ -28,7 +30,8 @@ class AwsProvider:
         "az": OptionSpec(str, None, "Only this Availability Zone (default: every zone offering the type, in order)."),
         "ami": OptionSpec(str, None, "Machine image id (default: the newest Deep Learning AMI of the region)."),
         "spot": OptionSpec(bool, False, "Use spot instances (cheaper, may be reclaimed; cannot be stopped)."),
-        "efa": OptionSpec(bool, False, "Attach an EFA network interface (types that support it)."),
+        "efa": OptionSpec(bool, False, "EFA: one EFA interface per network card of the type (p4d: 4, p5: 32); "
+                                       "with several, nodes get no public IP at launch."),
         "volume_size": OptionSpec(int, 200, "Root volume size in GB."),
         "volume_type": OptionSpec(str, "gp3", "Root volume type.", ("gp3", "io1", "io2", "gp2")),
         "iops": OptionSpec(int, None, "Provisioned IOPS of the root volume (default 10000 for gp3/io1/io2)."),
@@ -43,10 +46,13 @@ class AwsProvider:
         "leader": OptionSpec(str, None, "Which listed host is the leader (default: the first)."),
         "key": OptionSpec(str, None, "Private key that reaches the existing machines (default: your ssh "
                                      "agent/config)."),
+        "skip_quota_check": OptionSpec(bool, False, "Do not compare the request with the account's vCPU quota "
+                                                    "first (RunInstances decides)."),
     }
 
-    def __init__(self) -> None:
+    def __init__(self, report: Reporter = silent, **_ignored: object) -> None:
         self._prep = None
+        self.report = report
 
     def _prepared(self, request: ProvisionRequest):
         from clustertool.providers.aws import prepare
@@ -54,6 +60,12 @@ class AwsProvider:
         if self._prep is None:
             self._prep = prepare.prepare(request)
         return self._prep
+
+    def _session(self, cluster: Cluster):
+        """The session `up` prepared (it carries the lease), else a new one for the cluster's region."""
+        from clustertool.providers.aws import provision
+
+        return self._prep.aws if self._prep is not None else provision.session_for(cluster, self.report)
 
     def check(self, request: ProvisionRequest) -> None:
         from clustertool.providers.aws import prepare
@@ -73,27 +85,39 @@ class AwsProvider:
     def wait_instances(self, cluster: Cluster, timeout: float = 600.0) -> list[Node]:
         from clustertool.providers.aws import provision
 
-        return provision.wait(cluster)
+        return provision.wait(cluster, self._session(cluster))
+
+    def finish(self, cluster: Cluster) -> None:
+        """`up` succeeded: its lease becomes 'done', so sweeps know the cluster is complete."""
+        from clustertool.providers.aws import provision
+
+        provision.finish(cluster, self._session(cluster))
 
     def query_instances(self, cluster: Cluster) -> list[Node]:
         from clustertool.providers.aws import provision
 
-        return provision.query(cluster)
+        return provision.query(cluster, self.report)
+
+    def confirm_owner(self, cluster: Cluster, force: bool, verb: str) -> None:
+        """Refuse (unless ``force``) a cluster whose state or tags say another owner made it."""
+        from clustertool.providers.aws import provision
+
+        provision.confirm_owner(cluster, force, verb, self.report)
 
     def stop_instances(self, cluster: Cluster) -> None:
         from clustertool.providers.aws import provision
 
-        provision.stop(cluster)
+        provision.stop(cluster, self.report)
 
     def start_instances(self, cluster: Cluster) -> list[Node]:
         from clustertool.providers.aws import provision
 
-        return provision.start(cluster)
+        return provision.start(cluster, self.report)
 
     def terminate_instances(self, cluster: Cluster) -> list[str]:
         from clustertool.providers.aws import provision
 
-        return provision.terminate(cluster)
+        return provision.terminate(cluster, self.report)
 
     def owns_cluster(self, cluster: Cluster) -> bool:
         """Adopted clusters are not ours to terminate unless down --terminate-adopted said so."""

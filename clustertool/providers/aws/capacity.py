@@ -18,8 +18,17 @@ class TypeInfo:
     gpu_name: str = ""
     efa: bool = False
     max_efa_interfaces: int = 0
+    network_cards: int = 1
     vcpus: int = 0
     architectures: list[str] = field(default_factory=lambda: ["x86_64"])
+
+    @property
+    def efa_interfaces(self) -> int:
+        """EFA interfaces a node gets with --efa: one per network card (p4d: 4, p5: 32), as AWS
+        recommends for full bandwidth, within the type's EFA maximum."""
+        if not self.efa:
+            return 0
+        return max(1, min(self.network_cards, self.max_efa_interfaces or 1))
 
     @property
     def arch(self) -> str:
@@ -61,6 +70,7 @@ def parse_type(data: dict) -> TypeInfo:
         gpu_name=", ".join(f"{g.get('Manufacturer', '')} {g.get('Name', '')}".strip() for g in gpus),
         efa=bool(network.get("EfaSupported")),
         max_efa_interfaces=int(network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0) or 0),
+        network_cards=max(1, len(network.get("NetworkCards") or []) or int(network.get("MaximumNetworkCards") or 1)),
         vcpus=int(data.get("VCpuInfo", {}).get("DefaultVCpus", 0) or 0),
         architectures=list(data.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])),
     )

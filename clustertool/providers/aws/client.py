@@ -1,5 +1,6 @@
-"""One door to AWS: a session from the normal credential chain, retrying clients, the test
-seam, and AWS errors turned into one line with a hint.
+"""One door to AWS: a session from the normal credential chain, clients whose every call is
+bounded in time (``retry``: timeouts, a retry budget, progress while retrying), the test seam,
+and AWS errors turned into one line with a hint.
 
 boto3 is imported here, lazily, inside functions: importing this module stays cheap.
 
@@ -17,6 +18,8 @@ import os
 from typing import Any, Callable, Iterator
 
 from clustertool.errors import ProviderError, ToolError, UsageError
+from clustertool.model import Reporter, silent
+from clustertool.providers.aws import retry
 
 Hook = Callable[[str, str, dict, Callable[[], Any]], Any]
 HOOKS: list[Hook] = []
@@ -31,7 +34,7 @@ QUOTA_CODES = {"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCou
 CAPACITY_CODES = {"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
                   "InsufficientReservedInstanceCapacity", "InsufficientFreeAddressesInSubnet",
                   "SpotMaxPriceTooLow", "Unsupported", "InsufficientCapacityOnHost"}
-THROTTLE_CODES = {"RequestLimitExceeded", "Throttling", "ThrottlingException"}
+THROTTLE_CODES = retry.THROTTLE_CODES
 # a launch that fails with one of these is worth retrying in the next Availability Zone
 NEXT_AZ_CODES = CAPACITY_CODES | {"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"}
 
@@ -47,9 +50,12 @@ def wait_timeout() -> float:
 
 
 class Aws:
-    """A boto3 session for one region (and optional profile) with retrying clients."""
+    """A boto3 session for one region (and optional profile) with retrying, time-bounded clients.
 
-    def __init__(self, region: str | None = None, profile: str | None = None):
+    ``report`` gets the progress lines of retries; ``tick``, when set, runs before each call
+    (``up`` refreshes its lease there)."""
+
+    def __init__(self, region: str | None = None, profile: str | None = None, report: Reporter = silent):
         import boto3
         import botocore.session
         from botocore.exceptions import ProfileNotFound
@@ -70,15 +76,18 @@ class Aws:
             raise UsageError("no AWS region given",
                              hint="pass --region, set AWS_DEFAULT_REGION, or give the profile a region")
         self._clients: dict[str, Any] = {}
+        self.report = report
+        self.tick: Callable[[], None] | None = None
+        self._ticking = False
 
     def client(self, service: str):
         if service not in self._clients:
             from botocore.config import Config
 
+            connect, read = retry.attempt_timeouts()
             config = Config(
-                retries={"max_attempts": int(os.environ.get("CLUSTERTOOL_AWS_MAX_ATTEMPTS") or 10),
-                         "mode": "standard"},  # exponential backoff with jitter, throttling included
-                connect_timeout=10, read_timeout=60, user_agent_extra="clustertool",
+                retries={"total_max_attempts": 1, "mode": "standard"},  # retry.run retries, in view
+                connect_timeout=connect, read_timeout=read, user_agent_extra="clustertool",
             )
             endpoint = (os.environ.get(f"AWS_ENDPOINT_URL_{service.upper()}")
                         or os.environ.get("AWS_ENDPOINT_URL") or None)
@@ -91,8 +100,12 @@ class Aws:
         from botocore.parsers import ResponseParserError
 
         def real() -> Any:
-            return getattr(self.client(service), op)(**kwargs)
+            client = self.client(service)
+            name = client.meta.method_to_api_mapping.get(op, op)
+            return retry.run(lambda: getattr(client, op)(**kwargs), op=name, endpoint=client.meta.endpoint_url,
+                             report=self.report)
 
+        self._beat()
         call = real
         for hook in reversed(HOOKS):
             call = _bind(hook, service, op, kwargs, call)
@@ -102,17 +115,28 @@ class Aws:
             raise ToolError("no AWS credentials found",
                             hint="configure them (`aws configure`, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                                  "or --profile NAME)") from None
-        except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError) as exc:
+        except (bx.ConnectionError, bx.HTTPClientError) as exc:  # retry.run normally words these
             raise ProviderError(f"cannot reach AWS ({service} in {self.region}): {_one_line(str(exc))}",
                                 hint="check the network, --region, and AWS_ENDPOINT_URL if set") from None
         except bx.ClientError as exc:
             if error_code(exc) in ("NotImplemented", "InvalidAction", "UnsupportedOperation"):
                 raise EndpointLacksApi(f"the endpoint does not implement {op}") from None
+            if error_code(exc).isdigit() and int(error_code(exc)) >= 500:  # HTTP 5xx without an AWS error body
+                raise EndpointLacksApi(f"the endpoint gave no valid answer to {op} (not implemented there?)") from None
             raise
         except ResponseParserError:  # an endpoint answering HTML / garbage, e.g. an emulator lacking the API
             raise EndpointLacksApi(f"the endpoint gave no valid answer to {op} (not implemented there?)") from None
         except bx.BotoCoreError as exc:
             raise ProviderError(f"AWS {op} failed: {_one_line(str(exc))}") from None
+
+    def _beat(self) -> None:
+        if self.tick is None or self._ticking:
+            return
+        self._ticking = True
+        try:
+            self.tick()
+        finally:
+            self._ticking = False
 
     def paginate(self, op: str, key: str, service: str = "ec2", **kwargs: Any) -> list[dict]:
         """All items of a paginated describe call (follows NextToken through :meth:`call`)."""

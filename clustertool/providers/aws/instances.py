@@ -6,12 +6,14 @@ import socket
 import time
 from typing import Iterable
 
+from clustertool import interrupts
 from clustertool.errors import ProviderError
 from clustertool.model import LEADER, MEMBER, Node
 from clustertool.providers.aws import tags
 from clustertool.providers.aws.client import Aws, aws_errors, poll_interval, wait_timeout
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+NOT_RUNNING = {"terminated", "shutting-down", "stopped", "stopping"}
 BEGIN_KEYS, END_KEYS = "-----BEGIN SSH HOST KEY KEYS-----", "-----END SSH HOST KEY KEYS-----"
 
 
@@ -26,12 +28,23 @@ def describe(aws: Aws, ids: Iterable[str] = (), filters: list[dict] | None = Non
     return [inst for r in reservations for inst in r.get("Instances", [])]
 
 
-def tagged(aws: Aws, cluster: str | None, live_only: bool = True) -> list[dict]:
-    """Instances carrying the clustertool tag (of one cluster, or of any), not yet terminated."""
-    filters = tags.cluster_filter(cluster) if cluster else tags.any_cluster_filter()
+def tagged_by(aws: Aws, filters: list[dict], live_only: bool = True) -> list[dict]:
+    """Instances matching tag ``filters`` (tags.Stamp.filter(), tags.any_cluster_filter()), not yet terminated."""
     if live_only:
         filters = filters + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
     return describe(aws, filters=filters)
+
+
+def reason_of(inst: dict) -> str:
+    """Why an instance is in its state, as EC2 says (e.g. 'Server.SpotInstanceTermination: ...')."""
+    reason = inst.get("StateReason", {}).get("Message") or inst.get("StateTransitionReason") or ""
+    return " ".join(str(reason).split()) or "no reason given"
+
+
+def gone_error(found: dict[str, dict], states: dict[str, str], what: str) -> ProviderError:
+    detail = ", ".join(f"{iid} is {s} ({reason_of(found.get(iid, {}))})" for iid, s in states.items())
+    return ProviderError(f"{what}: {detail}",
+                         hint="the state reason says why; `aws ec2 describe-instances` shows it too")
 
 
 def state_of(inst: dict) -> str:
@@ -48,10 +61,7 @@ def wait_for_state(aws: Aws, ids: list[str], wanted: set[str], *, what: str,
         states = {iid: state_of(found[iid]) if iid in found else "terminated" for iid in ids}
         broken = {iid: s for iid, s in states.items() if s in bad}
         if broken:
-            detail = ", ".join(f"{iid} is {s} ({found.get(iid, {}).get('StateReason', {}).get('Message', '')})"
-                               for iid, s in broken.items())
-            raise ProviderError(f"while waiting for instances to be {what}: {detail}",
-                                hint="see the instance's state reason in the EC2 console")
+            raise gone_error(found, broken, f"while waiting for instances to be {what}")
         if all(s in wanted for s in states.values()):
             return [found[iid] for iid in ids if iid in found]
         if time.monotonic() >= deadline:
@@ -59,31 +69,52 @@ def wait_for_state(aws: Aws, ids: list[str], wanted: set[str], *, what: str,
             raise ProviderError(f"instances not {what} after {timeout:.0f}s: {waiting}",
                                 hint="run the command again to keep waiting, or check the EC2 console")
         time.sleep(poll_interval())
+        interrupts.checkpoint()
 
 
 def wait_status_ok(aws: Aws, ids: list[str], timeout: float | None = None) -> None:
-    """Until system and instance status checks pass (impaired = error)."""
+    """Until every instance is running with system and instance checks ``ok``: ``not-applicable``
+    is what EC2 answers for an instance that is not running, so it is not a pass; an instance
+    that stops or terminates meanwhile, or is impaired, is an error naming the reason."""
     timeout = wait_timeout() if timeout is None else timeout
     deadline = time.monotonic() + timeout
     while True:
         with aws_errors("reading instance status checks"):
             statuses = aws.paginate("describe_instance_status", "InstanceStatuses",
                                     InstanceIds=ids, IncludeAllInstances=True)
-        checks = {s["InstanceId"]: (s.get("SystemStatus", {}).get("Status"), s.get("InstanceStatus", {}).get("Status"))
-                  for s in statuses}
+        by_id = {s["InstanceId"]: s for s in statuses}
+        states = {iid: by_id[iid].get("InstanceState", {}).get("Name", "unknown") if iid in by_id else "terminated"
+                  for iid in ids}
+        broken = {iid: s for iid, s in states.items() if s in NOT_RUNNING}
+        if broken:
+            raise gone_error({i["InstanceId"]: i for i in describe(aws, list(broken))}, broken,
+                             "instances went away while their status checks were awaited")
+        checks = {iid: (s.get("SystemStatus", {}).get("Status"), s.get("InstanceStatus", {}).get("Status"))
+                  for iid, s in by_id.items()}
         impaired = [iid for iid, pair in checks.items() if "impaired" in pair]
         if impaired:
             raise ProviderError(f"status checks failed (impaired) on {', '.join(impaired)}",
                                 hint="`clustertool down` and up again; AWS retires impaired hardware")
-        if len(checks) == len(ids) and all(p[0] in ("ok", "not-applicable") and p[1] in ("ok", "not-applicable")
-                                           for p in checks.values()):
+        if len(checks) == len(ids) and all(states[i] == "running" and p == ("ok", "ok") for i, p in checks.items()):
             return
         if time.monotonic() >= deadline:
-            raise ProviderError(f"status checks not passed after {timeout:.0f}s")
+            waiting = ", ".join(f"{i}={'/'.join(str(x) for x in p)}" for i, p in checks.items() if p != ("ok", "ok"))
+            raise ProviderError(f"status checks not passed after {timeout:.0f}s: {waiting}")
         time.sleep(poll_interval())
 
 
-def wait_ssh_port(hosts: list[str], port: int = 22, timeout: float | None = None) -> None:
+def check_running(aws: Aws, ids: list[str]) -> list[dict]:
+    """The last word of `up`: every instance running (missing ones count as terminated)."""
+    found = {i["InstanceId"]: i for i in describe(aws, ids)}
+    states = {iid: state_of(found[iid]) if iid in found else "terminated" for iid in ids}
+    broken = {iid: s for iid, s in states.items() if s != "running"}
+    if broken:
+        raise gone_error(found, broken, "not every instance is running at the end of up")
+    return [found[iid] for iid in ids]
+
+
+def wait_ssh_port(hosts: list[str], port: int = 22, timeout: float | None = None, tick=lambda: None) -> None:
+    """Until every host accepts TCP on ``port``; ``tick()`` runs every poll (the up's checks)."""
     timeout = wait_timeout() if timeout is None else timeout
     deadline = time.monotonic() + timeout
     pending = set(hosts)
@@ -99,6 +130,7 @@ def wait_ssh_port(hosts: list[str], port: int = 22, timeout: float | None = None
                                 hint="check --ssh-cidr matches the address you connect from")
         if pending:
             time.sleep(poll_interval())
+            tick()
 
 
 def host_keys_from_console(text: str) -> list[str]:
@@ -144,12 +176,16 @@ def to_node(inst: dict, *, index: int, leader: bool, slots: int) -> Node:
 
 
 def nodes_from_tags(instances: list[dict], slots: int) -> list[Node]:
-    """Nodes of instances the tool launched: index and role from their tags."""
+    """Nodes of instances the tool launched: index and role from their tags (before `up` tagged
+    them: launch order, the first being the leader, as `up` would have tagged them)."""
+    ordered = sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
+    tagged_leader = any(tags.as_dict(i.get("Tags")).get(tags.ROLE) == "leader" for i in ordered)
     nodes = []
-    for inst in instances:
+    for k, inst in enumerate(ordered, start=1):
         values = tags.as_dict(inst.get("Tags"))
-        index = int(values.get(tags.NODE, "0") or 0)
-        nodes.append(to_node(inst, index=index, leader=values.get(tags.ROLE) == "leader", slots=slots))
+        index = int(values.get(tags.NODE, "0") or 0) or k
+        leader = values.get(tags.ROLE) == "leader" if tagged_leader else k == 1
+        nodes.append(to_node(inst, index=index, leader=leader, slots=slots))
     return sorted(nodes, key=lambda n: n.index)
 
 

@@ -51,23 +51,35 @@ def user_data(public_key: str) -> str:
     return f"#cloud-config\nssh_authorized_keys:\n  - {public_key.strip()}\n"
 
 
-def launch_params(*, cluster: str, count: int, instance_type: str, image: Image, subnet: str,
+def interfaces(subnet: str, group_id: str, efa: int) -> list[dict[str, Any]]:
+    """The network interfaces of each node: one plain interface with a public IP; or, with --efa,
+    one EFA interface per network card (card 0 at device 0, every other card at device 1).  AWS
+    gives no public IP at launch to an instance with several interfaces (and refuses the request
+    if asked to), so then no interface asks for one."""
+    if efa <= 1:
+        iface: dict[str, Any] = {"DeviceIndex": 0, "SubnetId": subnet, "Groups": [group_id],
+                                 "AssociatePublicIpAddress": True, "DeleteOnTermination": True}
+        if efa == 1:
+            iface["InterfaceType"] = "efa"
+        return [iface]
+    return [{"NetworkCardIndex": card, "DeviceIndex": 0 if card == 0 else 1, "SubnetId": subnet,
+             "Groups": [group_id], "InterfaceType": "efa", "DeleteOnTermination": True} for card in range(efa)]
+
+
+def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: Image, subnet: str,
                   group_id: str, key_name: str, az: str, placement_group: str | None,
-                  options: dict, token: str, public_key: str = "") -> dict[str, Any]:
+                  options: dict, token: str, public_key: str = "", efa_interfaces: int = 0) -> dict[str, Any]:
     """The one RunInstances request of an attempt (pure: unit-tested)."""
-    iface: dict[str, Any] = {"DeviceIndex": 0, "SubnetId": subnet, "Groups": [group_id],
-                             "AssociatePublicIpAddress": True, "DeleteOnTermination": True}
-    if options.get("efa"):
-        iface["InterfaceType"] = "efa"
+    efa = (efa_interfaces or 1) if options.get("efa") else 0
     where: dict[str, Any] = {"AvailabilityZone": az}
     if placement_group:
         where["GroupName"] = placement_group
     params: dict[str, Any] = {
         "ImageId": image.id, "InstanceType": instance_type, "MinCount": count, "MaxCount": count,
-        "KeyName": key_name, "NetworkInterfaces": [iface], "Placement": where,
+        "KeyName": key_name, "NetworkInterfaces": interfaces(subnet, group_id, efa), "Placement": where,
         "BlockDeviceMappings": [{"DeviceName": image.root_device, "Ebs": volume(options)}],
-        "TagSpecifications": [tags.spec("instance", cluster, **{"clustertool__role": "member"}),
-                              tags.spec("volume", cluster), tags.spec("network-interface", cluster)],
+        "TagSpecifications": [stamp.spec("instance", **{"clustertool__role": "member"}),
+                              stamp.spec("volume"), stamp.spec("network-interface")],
         "ClientToken": token[:64],
     }
     if options.get("key_name") and public_key.strip():
@@ -78,8 +90,8 @@ def launch_params(*, cluster: str, count: int, instance_type: str, image: Image,
     return params
 
 
-def launch_in_order(aws: Aws, cluster: Cluster, *, count: int, info: capacity.TypeInfo, image: Image,
-                    azs: list[str], group_id: str, key_name: str, suffix: str,
+def launch_in_order(aws: Aws, cluster: Cluster, *, stamp: tags.Stamp, count: int, info: capacity.TypeInfo,
+                    image: Image, azs: list[str], group_id: str, key_name: str, suffix: str,
                     record: Callable[[str, str], None], report: Reporter,
                     public_key: str = "") -> tuple[str, list[dict]]:
     """Try each AZ in order; return (az, instances) of the first that launches all N."""
@@ -92,11 +104,11 @@ def launch_in_order(aws: Aws, cluster: Cluster, *, count: int, info: capacity.Ty
         except ProviderError as exc:
             tried.append((az, exc.message))
             continue
-        group = placement.create(aws, cluster.name, az, suffix, record, report)
-        params = launch_params(cluster=cluster.name, count=count, instance_type=info.name, image=image,
+        group = placement.create(aws, stamp, az, suffix, record, report)
+        params = launch_params(stamp=stamp, count=count, instance_type=info.name, image=image,
                                subnet=subnet, group_id=group_id, key_name=key_name, az=az,
                                placement_group=group, options=cluster.options,
-                               token=f"{cluster.name}-{suffix}-{az}", public_key=public_key)
+                               token=f"{stamp.id}-{az}", public_key=public_key, efa_interfaces=info.efa_interfaces)
         report(f"{az}: launching {count} x {info.name}" + (f" in placement group {group}" if group else ""))
         try:
             instances = aws.call("run_instances", **params)["Instances"]

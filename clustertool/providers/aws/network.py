@@ -131,25 +131,25 @@ def _describe_subnets(aws: Aws, **kwargs) -> list[dict]:
             raise
 
 
-def create_security_group(aws: Aws, cluster: str, suffix: str, vpc_id: str, cidr: str, record: Record) -> str:
-    name = f"clustertool-{cluster}-{suffix}"
+def create_security_group(aws: Aws, stamp: tags.Stamp, vpc_id: str, cidr: str, record: Record) -> str:
+    name = f"clustertool-{stamp.id}"
     with aws_errors("creating the security group"):
         group_id = aws.call("create_security_group", GroupName=name, VpcId=vpc_id,
-                            Description=f"clustertool cluster {cluster}: members talk freely, SSH from {cidr}",
-                            TagSpecifications=[tags.spec("security-group", cluster, name)])["GroupId"]
+                            Description=f"clustertool cluster {stamp.cluster}: members talk freely, SSH from {cidr}",
+                            TagSpecifications=[stamp.spec("security-group", name)])["GroupId"]
     record("security_groups", group_id)
     with aws_errors("adding security group rules"):
         aws.call("authorize_security_group_ingress", GroupId=group_id, IpPermissions=security_rules(group_id, cidr))
     return group_id
 
 
-def import_key_pair(aws: Aws, cluster: str, suffix: str, public_key: str, record: Record) -> str:
-    name = f"clustertool-{cluster}-{suffix}"
+def import_key_pair(aws: Aws, stamp: tags.Stamp, public_key: str, record: Record) -> str:
+    name = f"clustertool-{stamp.id}"
     if not public_key.strip():
         raise ProviderError("the cluster has no public key to import")
     with aws_errors("importing the cluster key pair"):
         aws.call("import_key_pair", KeyName=name, PublicKeyMaterial=public_key.strip().encode(),
-                 TagSpecifications=[tags.spec("key-pair", cluster, name)])
+                 TagSpecifications=[stamp.spec("key-pair", name)])
     record("key_pairs", name)
     return name
 

@@ -20,15 +20,15 @@ def group_name(cluster: str, az: str, suffix: str) -> str:
     return f"clustertool-{cluster}-{az}-{suffix}"
 
 
-def create(aws: Aws, cluster: str, az: str, suffix: str, record: Record,
+def create(aws: Aws, stamp: tags.Stamp, az: str, suffix: str, record: Record,
            report: Reporter = silent) -> str | None:
     """The attempt's group; None (launch without one) only where the endpoint lacks the API,
     as moto's server does - real EC2 implements it, and its errors stop the launch."""
-    name = group_name(cluster, az, suffix)
+    name = group_name(stamp.cluster, az, suffix)
     try:
         with aws_errors(f"creating placement group {name}"):
             aws.call("create_placement_group", GroupName=name, Strategy="cluster",
-                     TagSpecifications=[tags.spec("placement-group", cluster, name)])
+                     TagSpecifications=[stamp.spec("placement-group", name)])
     except EndpointLacksApi as exc:
         report(f"warning: {exc.message}; launching without a cluster placement group")
         return None
@@ -36,9 +36,8 @@ def create(aws: Aws, cluster: str, az: str, suffix: str, record: Record,
     return name
 
 
-def tagged(aws: Aws, cluster: str | None = None) -> list[dict]:
-    """Placement groups carrying the clustertool tag (of one cluster, or of any)."""
-    filters = tags.cluster_filter(cluster) if cluster else tags.any_cluster_filter()
+def tagged_by(aws: Aws, filters: list[dict]) -> list[dict]:
+    """Placement groups matching tag ``filters``."""
     try:
         with aws_errors("listing placement groups"):
             return aws.call("describe_placement_groups", Filters=filters).get("PlacementGroups", [])

@@ -1,12 +1,13 @@
 """Before anything is made: validate options, open the session, learn the type and the AZ
-order, find the SSH source; and the --dry-run plan (EC2 DryRun calls, nothing created)."""
+order, find the SSH source, learn who the caller is (the owner), check the name is not another
+owner's and the quota holds the request; and the --dry-run plan (EC2 DryRun calls, nothing created)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from clustertool.errors import ToolError, UsageError
-from clustertool.providers.aws import adopt, capacity, images, network, pricing
+from clustertool.providers.aws import adopt, capacity, images, network, owner, pricing, quota, tags
 from clustertool.providers.aws.client import Aws, error_code, error_message
 from clustertool.providers.aws.launch import launch_params, volume
 from clustertool.providers.base import ProvisionRequest
@@ -22,6 +23,9 @@ class Prep:
     azs: list[str] = field(default_factory=list)
     cidr: tuple[str, str] | None = None
     adopted: list[dict] = field(default_factory=list)
+    me: owner.Owner | None = None  # the caller: the owner of what this up makes
+    stamp: tags.Stamp | None = None
+    limits: quota.Quota | None = None
 
 
 def validate(options: dict, count: int | None) -> None:
@@ -59,7 +63,7 @@ def validate(options: dict, count: int | None) -> None:
 def prepare(request: ProvisionRequest) -> Prep:
     options = request.cluster.options
     validate(options, request.count)
-    aws = Aws(region=options.get("region"), profile=options.get("profile"))
+    aws = Aws(region=options.get("region"), profile=options.get("profile"), report=request.report)
     if options.get("adopt_tag") or options.get("adopt_ids"):
         found = adopt.find(aws, options)
         adopt.to_nodes(found, options.get("leader"), 1)  # --leader must name one of them
@@ -77,7 +81,21 @@ def prepare(request: ProvisionRequest) -> Prep:
     cidr = network.ssh_cidr(options.get("ssh_cidr"))
     if options.get("key_name"):
         network.check_key_name(aws, options["key_name"])
-    return Prep(aws=aws, info=info, azs=azs, cidr=cidr)
+    me = owner.caller(aws)
+    owner.check_name_free(aws, request.cluster.name, me, request.report)
+    held = None if options.get("skip_quota_check") else quota.check(aws, info, request.count, bool(options.get("spot")))
+    return Prep(aws=aws, info=info, azs=azs, cidr=cidr, me=me, stamp=owner.stamp_for(request.cluster, me),
+                limits=held)
+
+
+def network_line(info: capacity.TypeInfo, options: dict) -> str:
+    if not options.get("efa"):
+        return "public IP for SSH"
+    cards = info.efa_interfaces
+    if cards <= 1:
+        return "1 EFA interface per node, public IP for SSH"
+    return (f"{cards} EFA interfaces per node (one per network card); no public IP at launch (AWS assigns none "
+            "with several interfaces): nodes are reached by private address, i.e. from inside the VPC")
 
 
 def hourly_line(prep: Prep, options: dict, count: int) -> str:
@@ -106,13 +124,18 @@ def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
         f"root volume per node: {vol['VolumeSize']} GB {vol['VolumeType']}"
         + (f", {vol['Iops']} IOPS" if "Iops" in vol else "") + ", deleted on termination",
         f"network: {('subnet ' + options['subnet']) if options.get('subnet') else 'default VPC subnet of the zone'}"
-        f"{', EFA interface' if options.get('efa') else ''}, public IP for SSH",
+        f", {network_line(info, options)}",
         f"security group (new, clustertool-{name}-<suffix>):",
         *[f"  {rule}" for rule in network.describe_rules(prep.cidr[0])],
         f"  (SSH source from {prep.cidr[1]})",
         "key pair: " + (f"existing {options['key_name']}" if options.get("key_name")
                         else f"import the cluster key as clustertool-{name}-<suffix>"),
-        f"tags: clustertool:cluster={name}, clustertool:role, clustertool:node, Name={name}-leader / {name}-node-K",
+        f"identity: id {request.cluster.id or name + '-<suffix>'}, owner "
+        f"{owner.describe(prep.me.arn, prep.me.home) if prep.me else '?'}",
+        f"tags: clustertool:cluster={name}, clustertool:id, clustertool:owner, clustertool:home, clustertool:lease, "
+        f"clustertool:role, clustertool:node, Name={name}-leader / {name}-node-K",
+        "quota: " + (prep.limits.describe() if prep.limits else "not checked"
+                     + (" (--skip-quota-check)" if options.get("skip_quota_check") else " (nothing could say)")),
         f"hourly cost: {hourly_line(prep, options, count)}",
     ]
     lines += dry_run_checks(prep, request, image)
@@ -127,10 +150,11 @@ def dry_run_checks(prep: Prep, request: ProvisionRequest, image: images.Image) -
         subnet, vpc = network.subnet_for(aws, az, options.get("subnet"))
     except Exception as exc:  # a ToolError: report, do not stop the plan
         return [f"dry run: no subnet in {az}: {getattr(exc, 'message', exc)}"]
-    params = launch_params(cluster=request.cluster.name, count=request.count, instance_type=info.name, image=image,
-                           subnet=subnet, group_id="", key_name="", az=az, placement_group=None,
-                           options=options, token="dry-run")
-    params["NetworkInterfaces"][0].pop("Groups")
+    params = launch_params(stamp=prep.stamp or tags.Stamp(request.cluster.name), count=request.count,
+                           instance_type=info.name, image=image, subnet=subnet, group_id="", key_name="", az=az,
+                           placement_group=None, options=options, token="dry-run", efa_interfaces=info.efa_interfaces)
+    for iface in params["NetworkInterfaces"]:
+        iface.pop("Groups")
     params.pop("KeyName")
     params.pop("ClientToken")
     checks = [

@@ -1,21 +1,21 @@
-"""The bodies of the provider's verbs: run, wait, query, stop, start, terminate, describe."""
+"""The bodies of the provider's verbs: run, wait, finish, query, stop, start, terminate, describe."""
 
 from __future__ import annotations
 
 import time
 
 from clustertool.errors import ProviderError
-from clustertool.model import Cluster, Node
-from clustertool.providers.aws import adopt, capacity, images, launch, network, pricing, teardown
+from clustertool.model import Cluster, Node, Reporter, silent
+from clustertool.providers.aws import adopt, capacity, images, launch, lease, network, owner, pricing, tags, teardown
 from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws.client import Aws, aws_errors
 from clustertool.providers.aws.prepare import Prep
 from clustertool.providers.base import ProvisionRequest
 
 
-def session_for(cluster: Cluster) -> Aws:
+def session_for(cluster: Cluster, report: Reporter = silent) -> Aws:
     ps, opts = cluster.provider_state, cluster.options
-    return Aws(region=ps.get("region") or opts.get("region"), profile=opts.get("profile"))
+    return Aws(region=ps.get("region") or opts.get("region"), profile=opts.get("profile"), report=report)
 
 
 def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
@@ -26,10 +26,14 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     if prep.adopting:
         return _adopt(request, prep)
     record = launch.recorder(cluster, request.save)
-    suffix = ps.setdefault("suffix", launch.new_suffix())
-    info, aws = prep.info, prep.aws
+    info, aws, stamp = prep.info, prep.aws, prep.stamp
+    suffix = ps.setdefault("suffix", stamp.id.rsplit("-", 1)[-1] if stamp.id else launch.new_suffix())
     ps["instance_type"] = info.name
+    ps["slots"] = request.slots or info.gpus or 1  # before launch: a killed up's status still knows
+    ps["owner"] = {"arn": prep.me.arn, "home": prep.me.home}
     request.save()
+    held = lease.Lease(aws)
+    aws.tick = held.beat
     image = images.resolve(aws, cluster.options.get("ami"), info.arch)
     report(f"image: {image.describe()}")
     cidr, source = prep.cidr
@@ -37,17 +41,20 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     if cidr in ("0.0.0.0/0", "::/0"):
         report("warning: SSH is open to the whole internet, as --ssh-cidr asked")
     vpc = network.vpc_for(aws, cluster.options.get("subnet"))
-    group_id = network.create_security_group(aws, cluster.name, suffix, vpc, cidr, record)
-    key_name = cluster.options.get("key_name") or network.import_key_pair(
-        aws, cluster.name, suffix, request.public_key, record)
-    az, launched = launch.launch_in_order(aws, cluster, count=request.count, info=info, image=image, azs=prep.azs,
-                                          group_id=group_id, key_name=key_name, suffix=suffix, record=record,
-                                          report=report, public_key=request.public_key)
+    group_id = network.create_security_group(aws, stamp, vpc, cidr, record)
+    held.hold(group_id)
+    owner.check_race(aws, stamp, prep.me)
+    key_name = cluster.options.get("key_name") or network.import_key_pair(aws, stamp, request.public_key, record)
+    az, launched = launch.launch_in_order(aws, cluster, stamp=stamp, count=request.count, info=info, image=image,
+                                          azs=prep.azs, group_id=group_id, key_name=key_name, suffix=suffix,
+                                          record=record, report=report, public_key=request.public_key)
     ps["az"] = az
-    ps["slots"] = request.slots or info.gpus or 1
     request.save()
     ordered = launch.tag_nodes(aws, cluster.name, launched)
     report(f"launched {len(ordered)} x {info.name} in {az}; hourly: {_hourly(aws, cluster, len(ordered))}")
+    if cluster.options.get("efa") and info.efa_interfaces > 1:
+        report(f"{info.efa_interfaces} EFA interfaces per node: AWS gives such nodes no public IP, so they are "
+               "reached by private address (from inside the VPC)")
     return inst_mod.nodes_from_tags(ordered, ps["slots"])
 
 
@@ -78,25 +85,46 @@ def _gpus(aws: Aws, types: list[str]) -> int:
     return counts.pop() if len(counts) == 1 else 0
 
 
-def wait(cluster: Cluster) -> list[Node]:
-    """Until running and status checks pass, then (unless no_ssh) until SSH answers; host keys from
-    the console output when it has them."""
-    aws = session_for(cluster)
+def wait(cluster: Cluster, aws: Aws) -> list[Node]:
+    """Until running with status checks ``ok``, then (unless no_ssh) until SSH answers; host keys from
+    the console output when it has them.  Ends by checking that every instance still runs."""
     ids = inst_mod.ids_of(cluster.nodes)
-    inst_mod.wait_for_state(aws, ids, {"running"}, what="running",
-                            bad={"terminated", "shutting-down", "stopped", "stopping"})
+    inst_mod.wait_for_state(aws, ids, {"running"}, what="running", bad=inst_mod.NOT_RUNNING)
     inst_mod.wait_status_ok(aws, ids)
     nodes = inst_mod.refresh(aws, cluster.nodes)
     for node in nodes:
         if not node.host_keys and node.instance_id:
             node.host_keys = inst_mod.console_host_keys(aws, node.instance_id)
     if not cluster.options.get("no_ssh"):
-        inst_mod.wait_ssh_port([n.reach_host for n in nodes], port=nodes[0].ssh_port if nodes else 22)
+        polls = {"n": 0}
+
+        def still_running() -> None:
+            polls["n"] += 1
+            if polls["n"] % 6 == 0:
+                inst_mod.check_running(aws, ids)
+        inst_mod.wait_ssh_port([n.reach_host for n in nodes], port=nodes[0].ssh_port if nodes else 22,
+                               tick=still_running)
+    inst_mod.check_running(aws, ids)
     return nodes
 
 
-def query(cluster: Cluster) -> list[Node]:
-    return inst_mod.refresh(session_for(cluster), [Node.from_dict(n.to_dict()) for n in cluster.nodes])
+def finish(cluster: Cluster, aws: Aws) -> None:
+    """`up` succeeded: the lease becomes 'done' (this fails if a sweep removed the cluster meanwhile)."""
+    if cluster.provider_state.get("adopted"):
+        return
+    groups = cluster.provider_state.get("security_groups", [])[:1]
+    lease.Lease(aws).done(groups + inst_mod.ids_of(cluster.nodes))
+
+
+def query(cluster: Cluster, report: Reporter = silent) -> list[Node]:
+    """Current nodes; of a cluster whose `up` did not finish, what its id tag finds in AWS (an `up`
+    killed right after RunInstances has recorded no node yet, but its instances run)."""
+    aws = session_for(cluster, report)
+    if cluster.status in ("provisioning", "failed") and cluster.id and not cluster.provider_state.get("adopted"):
+        found = [i for i in inst_mod.tagged_by(aws, tags.Stamp(cluster.name, cluster.id).filter())]
+        slots = cluster.provider_state.get("slots") or 1
+        return inst_mod.nodes_from_tags(found, slots)
+    return inst_mod.refresh(aws, [Node.from_dict(n.to_dict()) for n in cluster.nodes])
 
 
 def _refuse_spot(cluster: Cluster, verb: str) -> None:
@@ -104,10 +132,10 @@ def _refuse_spot(cluster: Cluster, verb: str) -> None:
         raise ProviderError(f"cannot {verb} one-time spot instances", hint="`clustertool down` them instead")
 
 
-def _move(cluster: Cluster, verb: str, doing: str, target: str) -> Aws:
+def _move(cluster: Cluster, verb: str, doing: str, target: str, report: Reporter) -> Aws:
     """stop/start every node's instance and wait until all are ``target``."""
     _refuse_spot(cluster, verb)
-    aws = session_for(cluster)
+    aws = session_for(cluster, report)
     ids = inst_mod.ids_of(cluster.nodes)
     with aws_errors(f"{doing} instances"):
         aws.call(f"{verb}_instances", InstanceIds=ids)
@@ -115,18 +143,24 @@ def _move(cluster: Cluster, verb: str, doing: str, target: str) -> Aws:
     return aws
 
 
-def stop(cluster: Cluster) -> None:
-    _move(cluster, "stop", "stopping", "stopped")
+def stop(cluster: Cluster, report: Reporter = silent) -> None:
+    _move(cluster, "stop", "stopping", "stopped", report)
 
 
-def start(cluster: Cluster) -> list[Node]:
-    aws = _move(cluster, "start", "starting", "running")
+def start(cluster: Cluster, report: Reporter = silent) -> list[Node]:
+    aws = _move(cluster, "start", "starting", "running", report)
     return inst_mod.refresh(aws, cluster.nodes)  # public addresses change across stop/start
 
 
-def terminate(cluster: Cluster, report=lambda line: None) -> list[str]:
-    """Everything the cluster made, found by tags and state; adopted instances only when asked."""
-    aws = session_for(cluster)
+def confirm_owner(cluster: Cluster, force: bool, verb: str, report: Reporter = silent) -> None:
+    if cluster.provider_state.get("adopted"):
+        return  # adopted machines carry no clustertool tags; the state is the whole story
+    owner.confirm(session_for(cluster, report), cluster, force, verb)
+
+
+def terminate(cluster: Cluster, report: Reporter = silent) -> list[str]:
+    """Everything the cluster made, found by its id tag and state; adopted instances only when asked."""
+    aws = session_for(cluster, report)
     owned = teardown.owned(aws, cluster)
     lines: list[str] = []
     if owned.instances and cluster.provider_state.get("instance_type"):

@@ -1,62 +1,90 @@
-"""`down --sweep`: resources tagged by clustertool whose cluster this machine does not know.
+"""`down --sweep`: clusters in AWS that no state of this clustertool home knows, with owner and age.
 
-These are what an `up` killed hard (power loss, SIGKILL) or a deleted state directory leave
-behind; they cost money until someone removes them.
+What it deletes: clusters of this home whose state was lost (a SIGKILLed `up`, a deleted state
+file), another owner's `up` that died (its lease expired before it finished), and resources
+made before clusters had ids or owners.  What it never deletes: a cluster whose `up` is in
+flight (live lease), wherever it runs.  Another owner's complete cluster is listed and kept,
+unless ``--force-owner``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from clustertool.model import Reporter, silent
-from clustertool.providers.aws import instances as inst_mod
-from clustertool.providers.aws import placement, tags, teardown
+from clustertool.providers.aws import census, lease, owner, tags, teardown
 from clustertool.providers.aws.client import Aws
+
+DELETE, KEEP = "delete", "keep"
 
 
 @dataclass
-class Orphan:
-    kind: str  # instance | placement-group | security-group | key-pair
+class Swept:
+    """One cluster the sweep found, and what it does with it."""
+
+    name: str
     id: str
-    cluster: str
+    owner: str
+    age_s: float | None
+    lease: str
     region: str
+    resources: dict[str, list[str]] = field(default_factory=dict)
+    action: str = KEEP
+    why: str = ""
+    ours: bool = False  # made from this clustertool home (its local leftovers go too)
     profile: str | None = None
 
+    def count(self) -> int:
+        return sum(len(v) for v in self.resources.values())
 
-def find_orphans(region: str | None = None, profile: str | None = None,
-                 known: Iterable[str] = ()) -> list[Orphan]:
-    aws = Aws(region=region, profile=profile)
-    known = set(known)
-    found: list[Orphan] = []
-
-    def add(kind: str, rid: str, tag_list) -> None:
-        owner = tags.as_dict(tag_list).get(tags.CLUSTER, "")
-        if owner not in known:
-            found.append(Orphan(kind, rid, owner, aws.region, profile))
-
-    for inst in inst_mod.tagged(aws, None):
-        add("instance", inst["InstanceId"], inst.get("Tags"))
-    for group in placement.tagged(aws, None):
-        add("placement-group", group["GroupName"], group.get("Tags"))
-    for group in teardown.tagged_security_groups(aws, None):
-        add("security-group", group["GroupId"], group.get("Tags"))
-    for key in teardown.tagged_key_pairs(aws, None):
-        add("key-pair", key["KeyName"], key.get("Tags"))
-    return found
+    def summary(self) -> str:
+        return ", ".join(f"{len(ids)} {kind}" for kind, ids in sorted(self.resources.items()))
 
 
-def delete_orphans(orphans: list[Orphan], report: Reporter = silent) -> list[str]:
-    """Remove them, instances first (waiting until terminated), per region; returns what went."""
-    removed: list[str] = []
-    by_place: dict[tuple[str, str | None], list[Orphan]] = {}
-    for orphan in orphans:
-        by_place.setdefault((orphan.region, orphan.profile), []).append(orphan)
-    for (region, profile), items in by_place.items():
-        aws = Aws(region=region, profile=profile)
-        pick = lambda kind: [o.id for o in items if o.kind == kind]  # noqa: E731
-        owned = teardown.Owned(instances=pick("instance"), placement_groups=pick("placement-group"),
-                               security_groups=pick("security-group"), key_pairs=pick("key-pair"))
-        teardown.remove(aws, owned, report)
-        removed += [f"{o.kind} {o.id}" for o in items]
+def _verdict(found: census.Found, me: owner.Owner, force_owner: bool) -> tuple[str, str, bool]:
+    ours = bool(found.home) and me.matches(found.owner, found.home)
+    if lease.live(found.lease):
+        return KEEP, f"{lease.describe(found.lease)}: never swept", ours
+    if ours:
+        return DELETE, "this home's cluster whose state is gone", ours
+    if not found.id:
+        return DELETE, "no known cluster (made before cluster ids)", ours
+    if found.lease == tags.DONE:
+        if force_owner:
+            return DELETE, "another owner's cluster (--force-owner)", ours
+        return KEEP, "another owner's cluster (--force-owner deletes it)", ours
+    return DELETE, f"another owner's {lease.describe(found.lease)}", ours
+
+
+def find(region: str | None = None, profile: str | None = None, known_ids: Iterable[str] = (),
+         known_names: Iterable[str] = (), force_owner: bool = False, report: Reporter = silent) -> list[Swept]:
+    """Clusters in the region that this home does not know (by id; by name for ones without id)."""
+    aws = Aws(region=region, profile=profile, report=report)
+    me = owner.caller(aws)
+    ids, names = set(known_ids), set(known_names)
+    out = []
+    for found in census.collect(aws).values():
+        if (found.id and found.id in ids) or (not found.id and found.name in names):
+            continue
+        action, why, ours = _verdict(found, me, force_owner)
+        out.append(Swept(found.name, found.id, owner.describe(found.owner, found.home), found.age(),
+                         lease.describe(found.lease), aws.region, dict(found.resources), action, why, ours, profile))
+    return sorted(out, key=lambda s: (s.action != DELETE, s.name, s.id))
+
+
+def delete(swept: list[Swept], report: Reporter = silent) -> list[Swept]:
+    """Remove the clusters marked for deletion, instances first; returns those removed."""
+    removed = []
+    for item in swept:
+        if item.action != DELETE:
+            continue
+        aws = Aws(region=item.region, profile=item.profile, report=report)
+        pick = item.resources.get
+        owned = teardown.Owned(instances=pick("instance", []), placement_groups=pick("placement-group", []),
+                               security_groups=pick("security-group", []), key_pairs=pick("key-pair", []),
+                               network_interfaces=pick("network-interface", []), addresses=pick("address", []))
+        for line in teardown.remove(aws, owned, silent):
+            report(f"{item.id or item.name}: {line}")
+        removed.append(item)
     return removed

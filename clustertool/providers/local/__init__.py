@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from clustertool import state
 from clustertool.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.model import LEADER, MEMBER, Cluster, Node
 from clustertool.providers.base import OptionSpec, ProvisionRequest
@@ -109,7 +110,8 @@ class LocalProvider:
         name, n = request.cluster.name, request.count
         rate, delay = self._link_options(request.cluster)
         lines = [
-            "bridge ctbr<k> with 10.213.<k>.254/24, k = first free slot of 0..250 on this machine",
+            "bridge ctbr<k> with 10.213.255.<k+1>/32 and a route to 10.213.<k>.0/24, k = first free slot of "
+            "0..250 on this machine",
             f"{n} node(s) node-1..node-{n}: network namespace ct-{name}-<i>, veth ct<k>n<i> <-> eth0, "
             f"address 10.213.<k>.<i>",
             "each node: hostname node-<i>; private /root, /scratch, /tmp, /dev/shm; own PID namespace; "
@@ -162,7 +164,8 @@ class LocalProvider:
                                     hint="bring some local clusters down")
             ps["slot"], ps["bridge"] = slot, net.bridge_name(slot)
             request.save()
-            sysops.run_batch(net.ip_batch_argv(), net.bridge_lines(slot, tag))
+            alias = net.bridge_alias(tag, state.home_id(), request.cluster.id)
+            sysops.run_batch(net.ip_batch_argv(), net.bridge_lines(slot, alias))
             sysops.run(net.route_add_argv())
             ps["route"] = True
             sysops.ensure_scratch()
@@ -218,7 +221,7 @@ class LocalProvider:
         jobs = []
         for i in indices:
             ns = net.netns_name(cluster.name, i)
-            jobs.append((net.ip_batch_argv(ns), "\n".join(net.node_lines(slot, i)) + "\n"))
+            jobs.append((net.ip_batch_argv(ns), "\n".join(net.node_lines(slot, i, max(indices))) + "\n"))
             node_tc = net.shaping_lines(net.NODE_IFACE, rate, delay)
             if node_tc:
                 jobs.append((net.tc_batch_argv(ns), "\n".join(node_tc) + "\n"))

@@ -1,8 +1,11 @@
-"""Find and remove local clusters whose state is gone (a killed `up`, a deleted home).
+"""Find and remove local clusters whose state is gone (a killed `up`, a deleted state file).
 
-Every bridge the local provider makes carries the alias ``clustertool:<cluster>:<token>``;
-a bridge whose (cluster, token) no state file of this CLUSTERTOOL_HOME records is an orphan.
-Removing one is the provider's own teardown, driven by what the alias says.
+Every bridge the local provider makes carries the alias
+``clustertool:<cluster>:<token>:<home id>:<cluster id>``; a bridge whose (cluster, token) no state
+file of this CLUSTERTOOL_HOME records is an orphan. Only this home's orphans are removed: another
+home's cluster (another user, another test run on the same machine) is listed and kept unless
+``force_owner``, as is a bridge made before bridges named their home. Removing one is the
+provider's own teardown, driven by what the alias says.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from clustertool.model import Cluster, Reporter, silent
 from clustertool.providers.local import net, sysops
 from clustertool.providers.local.teardown import teardown
 
+DELETE, KEEP = "delete", "keep"
+
 
 @dataclass
 class LocalOrphan:
@@ -25,6 +30,22 @@ class LocalOrphan:
     region: str  # where it is: this machine
     token: str
     slot: int
+    home: str | None = None  # the clustertool home that made it (None: made before bridges said)
+    cluster_id: str | None = None
+    action: str = DELETE
+    why: str = ""
+
+    @property
+    def ours(self) -> bool:
+        return self.home is not None and self.home == state.home_id()
+
+
+@dataclass
+class BridgeOwner:
+    cluster: str
+    token: str
+    home: str | None = None
+    cluster_id: str | None = None
 
 
 def _known_tokens() -> set[tuple[str, str]]:
@@ -39,15 +60,27 @@ def _known_tokens() -> set[tuple[str, str]]:
     return known
 
 
-def parse_alias(alias: str) -> tuple[str, str] | None:
-    """(cluster, token) from a bridge alias ``clustertool:<cluster>:<token>``, else None."""
+def parse_alias(alias: str) -> BridgeOwner | None:
+    """Who made a bridge, from its alias (``clustertool:<cluster>:<token>[:<home>:<id>]``), else None."""
     parts = alias.split(":")
-    if len(parts) == 3 and parts[0] == "clustertool" and state.NAME_RE.match(parts[1]) and parts[2]:
-        return parts[1], parts[2]
-    return None
+    if len(parts) not in (3, 5) or parts[0] != "clustertool" or not state.NAME_RE.match(parts[1]) or not parts[2]:
+        return None
+    if len(parts) == 3:
+        return BridgeOwner(parts[1], parts[2])
+    return BridgeOwner(parts[1], parts[2], parts[3] or None, None if parts[4] in ("", "-") else parts[4])
 
 
-def find_orphans() -> list[LocalOrphan]:
+def _decide(owner: BridgeOwner, force_owner: bool) -> tuple[str, str]:
+    if owner.home == state.home_id():
+        return DELETE, "this home has no state for it"
+    if force_owner:
+        return DELETE, "--force-owner"
+    if owner.home is None:
+        return KEEP, "made before bridges named their owner; --force-owner removes it"
+    return KEEP, f"another clustertool home's cluster (home {owner.home}); --force-owner removes it"
+
+
+def find_orphans(force_owner: bool = False) -> list[LocalOrphan]:
     known = _known_tokens()
     orphans = []
     for bridge in sysops.bridge_names():
@@ -57,9 +90,11 @@ def find_orphans() -> list[LocalOrphan]:
         except OSError:
             continue
         owner = parse_alias(alias)
-        if match and owner and owner not in known:
-            orphans.append(LocalOrphan("local cluster (bridge, namespaces, sshd)", bridge, owner[0],
-                                       "this machine", owner[1], int(match.group(1))))
+        if match and owner and (owner.cluster, owner.token) not in known:
+            action, why = _decide(owner, force_owner)
+            orphans.append(LocalOrphan("local cluster (bridge, namespaces, sshd)", bridge, owner.cluster,
+                                       "this machine", owner.token, int(match.group(1)), owner.home,
+                                       owner.cluster_id, action, why))
     return orphans
 
 
@@ -69,6 +104,7 @@ def delete_orphans(orphans: list[LocalOrphan], report: Reporter = silent) -> lis
         cluster = Cluster(name=orphan.cluster, provider="local",
                           provider_state={"token": orphan.token, "slot": orphan.slot, "bridge": orphan.id})
         # files=False: a same-named cluster of this home may own the derived node directory
+        # (the caller forgets this home's leftovers by the marker's cluster id)
         for line in teardown(cluster, files=False):
             report(f"{orphan.cluster}: {line}")
         removed.append(orphan.id)

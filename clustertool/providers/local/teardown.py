@@ -56,7 +56,7 @@ def _release_shared(bridge: str | None, tag: str) -> list[str]:
     """Under the global lock: our bridge; the guard route and /scratch when no cluster is left."""
     removed = []
     with sysops.global_lock():
-        if bridge and sysops.link_exists(bridge) and _alias(bridge) == tag:
+        if bridge and sysops.link_exists(bridge) and net.carries(_alias(bridge), tag):
             sysops.run(["ip", "link", "del", bridge])
             removed.append(f"deleted bridge {bridge}")
         if not net.slots_in_use(sysops.bridge_names()):

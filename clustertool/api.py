@@ -1,0 +1,269 @@
+"""The Python API: clusters, commands, copies and jobs from a script, through the core the CLI calls.
+
+    from clustertool import Cluster
+
+    with Cluster.up(provider="local", nodes=4, name="demo") as cluster:   # down when the block ends
+        print(cluster.exec("hostname").by_node()["node-2"].stdout)
+        job = cluster.run("python3 train.py", sync=".")                   # --sync: this folder first
+        job.wait()
+        print("\\n".join(job.logs()))
+
+Every method calls the same core function as the matching command (``up`` -> lifecycle.up,
+``exec`` -> remote.execute.execute, ``copy`` -> transfer.copy.copy, ``run`` -> jobs.launch.run ...)
+and returns its result objects, whose ``to_dict()`` is what the command prints with ``--json``.
+Failures raise clustertool.errors (``ToolError`` and its kinds: ``.message``, ``.hint``); a node that
+failed a command is a value in the result (``HostResult.reason``), not an exception, unless
+``check=True``.  Progress lines go to ``report`` (a callable taking one str) when one is given;
+by default the API prints nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable, Mapping, Sequence
+
+from clustertool import lifecycle, nodeset, state
+from clustertool import spec as specs
+from clustertool.errors import RemoteError, UsageError
+from clustertool.jobs import kill as jobkill
+from clustertool.jobs import launch, records
+from clustertool.jobs import logs as joblogs
+from clustertool.jobs.mpirun import MpiOptions
+from clustertool.model import Cluster as ClusterRecord
+from clustertool.model import GroupResult, Reporter, silent
+from clustertool.model import Job as JobRecord
+from clustertool.remote import fabricgroup
+from clustertool.remote.execute import execute
+from clustertool.transfer.chain import DEFAULT_CIPHER
+from clustertool.transfer.copy import copy as copy_tree
+from clustertool.transfer.model import CopyResult, ProgressCb
+
+LineFn = Callable[[str], None]
+
+
+def _words(command: str | Sequence[str]) -> list[str]:
+    """A command as the CLI gets it: one string is a shell line, a list is quoted word by word."""
+    if isinstance(command, str):
+        return [command]
+    words = [str(w) for w in command]
+    if not words:
+        raise UsageError("no command given")
+    return words
+
+
+def _env(env: Mapping[str, object] | Iterable[str] | None) -> list[str]:
+    """``{"A": 1}`` or ``["A=1", "B"]`` (B: the leader's value) as run's -x items."""
+    if env is None:
+        return []
+    if isinstance(env, Mapping):
+        return [f"{k}={v}" for k, v in env.items()]
+    return [str(item) for item in env]
+
+
+def _ranks(rank: int | str | Iterable[int] | None) -> str | None:
+    if rank is None or isinstance(rank, str):
+        return rank
+    if isinstance(rank, int):
+        return str(rank)
+    return ",".join(str(int(r)) for r in rank)
+
+
+class Cluster:
+    """A cluster this machine knows (a handle on its state record; ``record`` is that record)."""
+
+    def __init__(self, record: ClusterRecord, *, report: Reporter = silent):
+        self.record = record
+        self.report = report
+
+    # ---- making and finding clusters -------------------------------------------------
+
+    @staticmethod
+    def _spec(spec, keywords: dict) -> specs.ClusterSpec:
+        if isinstance(spec, specs.ClusterSpec):
+            if keywords:
+                raise UsageError("give a ClusterSpec or keywords, not both")
+            return spec
+        if spec is None or isinstance(spec, Mapping):
+            return specs.load_spec(None, {**dict(spec or {}), **keywords})
+        return specs.load_spec(os.fspath(spec), keywords)
+
+    @classmethod
+    def up(cls, spec: str | os.PathLike | Mapping | specs.ClusterSpec | None = None, *, no_ssh: bool = False,
+           report: Reporter = silent, **keywords) -> "Cluster":
+        """Bring a cluster up, like `clustertool up`: a spec file's path, a dict of its keys, or keywords
+        (``provider="local", nodes=4, name="demo", link_rate="200mbit"``; keywords win over the file)."""
+        result = lifecycle.up(cls._spec(spec, keywords), no_ssh=no_ssh, report=report)
+        return cls(result.cluster, report=report)
+
+    @classmethod
+    def plan(cls, spec: str | os.PathLike | Mapping | specs.ClusterSpec | None = None, **keywords) -> list[str]:
+        """What `up` would make (`up --dry-run`), creating nothing."""
+        return lifecycle.up(cls._spec(spec, keywords), dry_run=True).plan
+
+    @classmethod
+    def load(cls, name: str | None = None, *, report: Reporter = silent) -> "Cluster":
+        """A cluster by name (default: the only one this machine knows)."""
+        return cls(state.load(state.resolve_name(name)), report=report)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The clusters this machine knows (`clustertool ls`)."""
+        return state.list_clusters()
+
+    # ---- what it is ----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def nodes(self) -> list:
+        """Its nodes, leader first (``model.Node``: name, role, address, slots ...)."""
+        return self.record.ordered_nodes()
+
+    @property
+    def hostfile(self) -> str | None:
+        return self.record.hostfile_path
+
+    def refresh(self) -> "Cluster":
+        """Re-read the state record (after another process changed the cluster)."""
+        self.record = state.load(self.name)
+        return self
+
+    def status(self, *, check_ssh: bool = True) -> lifecycle.ClusterStatus:
+        """Nodes with role, address, slots, state and reachability (`status`; ``to_dict()`` is its --json)."""
+        result = lifecycle.status(self.name, check_ssh=check_ssh)
+        self.record = result.cluster
+        return result
+
+    # ---- commands, data, jobs --------------------------------------------------------------
+
+    def exec(self, command: str | Sequence[str], *, nodes: str | None = None, timeout: float | None = None,
+             on_line: Callable[[str, str, str], None] | None = None, check: bool = False) -> GroupResult:
+        """Run on the selected nodes at once (`exec`): one string is a shell line, a list is quoted word
+        by word.  ``on_line(node, "stdout"|"stderr", line)`` sees output as it comes.  ``check``: raise
+        RemoteError when a node failed (else failures are values: ``result.failed()``)."""
+        result = execute(self.name, nodes, _words(command), timeout=timeout, on_line=on_line)
+        if check and not result.ok:
+            bad = result.failed()
+            raise RemoteError(f"{len(bad)} node(s) failed: " + "; ".join(f"{r.node}: {r.reason}" for r in bad),
+                              exit_code=result.exit_code)
+        return result
+
+    def copy(self, src: str, dest: str, *, source: str = "leader", nodes: str | None = None,
+             strategy: str = "auto", verify: bool = True, delete: bool = False, cipher: str | None = DEFAULT_CIPHER,
+             on_progress: ProgressCb | None = None) -> CopyResult:
+        """SRC onto DEST of the selected nodes (`copy`): from the leader, or with ``source="local"`` from
+        here; incremental, verified by hash.  Check ``result.exit_code`` (0: every node matches)."""
+        return copy_tree(self.name, src, dest, source=source, selection=nodes, strategy=strategy,
+                         verify_after=verify, delete=delete, cipher=cipher, on_progress=on_progress,
+                         report=self.report)
+
+    def run(self, command: str | Sequence[str], *, nodes: str | None = None, np: int | None = None,
+            per_node: int | None = None, env: Mapping[str, object] | Iterable[str] | None = None,
+            sync: str | os.PathLike | bool | None = None, sync_to: str | None = None, workdir: str | None = None,
+            name: str | None = None, plugin: bool = False, nccl_debug: str | None = None,
+            mpi_args: Sequence[str] = (), oversubscribe: bool = False, allow_concurrent: bool = False,
+            tag_output: bool = True, on_progress: ProgressCb | None = None, **horovod) -> "Job":
+        """Start an MPI job on the leader, detached (`run`).  ``sync``: a local folder (``True``: the
+        current one) sent first to the same path on the job's nodes, where the job then runs.
+        ``horovod``: fusion_mb, cycle_ms, timeline, autotune (run's --horovod-* flags)."""
+        unknown = set(horovod) - {"fusion_mb", "cycle_ms", "timeline", "autotune"}
+        if unknown:
+            raise UsageError(f"run() got unknown keyword(s): {', '.join(sorted(unknown))}")
+        opts = MpiOptions(command=_words(command), np=np, per_node=per_node, env=_env(env), mpi_args=list(mpi_args),
+                          horovod_fusion_mb=horovod.get("fusion_mb"), horovod_cycle_ms=horovod.get("cycle_ms"),
+                          horovod_timeline=horovod.get("timeline"), horovod_autotune=bool(horovod.get("autotune")),
+                          nccl_debug=nccl_debug, workdir=workdir, oversubscribe=oversubscribe, tag_output=tag_output)
+        folder = None if sync is None or sync is False else ("." if sync is True else os.fspath(sync))
+        started = launch.run(self.name, opts, selection=nodes, name=name, allow_concurrent=allow_concurrent,
+                             use_plugin=plugin, sync=folder, sync_to=sync_to, on_progress=on_progress,
+                             report=self.report)
+        return Job(self, started.job, synced=started.synced)
+
+    def jobs(self) -> list["Job"]:
+        """The cluster's jobs, oldest first, with their state as the leader sees it now (`jobs`)."""
+        return [Job(self, j) for j in records.refresh(self.record)]
+
+    def job(self, ref: str) -> "Job":
+        """A job by id, unique id prefix or name."""
+        return Job(self, joblogs.find_job(self.name, ref)[1])
+
+    def fabric(self, nodes: str | None = None):
+        """A ``fabric.ThreadingGroup`` of the selected nodes (leader first) that trusts only the pinned
+        host keys (paramiko's RejectPolicy) and offers only the cluster key."""
+        cluster = state.ready_cluster(self.name)
+        return fabricgroup.thread_group(cluster, nodeset.select(cluster, nodes))
+
+    def down(self, *, terminate_adopted: bool = False) -> list[str]:
+        """Remove everything the cluster made (`down --yes`); what was removed, line by line."""
+        return lifecycle.down(self.name, report=self.report, terminate_adopted=terminate_adopted)
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if state.exists(self.name):
+            self.down()
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r}, {self.record.provider}, {len(self.record.nodes)} nodes, {self.record.status})"
+
+
+class Job:
+    """One `run` job; ``record`` is its record (``model.Job``), as of the last look at the leader."""
+
+    def __init__(self, cluster: Cluster, record: JobRecord, *, synced: CopyResult | None = None):
+        self.cluster = cluster
+        self.record = record
+        self.synced = synced  # what run(sync=...) sent (``bytes_sent``, per node ``files_sent``)
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def state(self) -> str:
+        """running, succeeded, failed, killed or lost (as of the last refresh, wait or kill)."""
+        return self.record.state
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.record.exit_code
+
+    def refresh(self) -> "Job":
+        self.record = joblogs.find_job(self.cluster.name, self.id)[1]
+        return self
+
+    def wait(self, timeout: float | None = None, *, poll: float = 2.0) -> int | None:
+        """Wait until the job ends; its exit code (None: killed or lost without one).  A job still
+        running after ``timeout`` seconds raises ToolError and keeps running."""
+        self.record = launch.wait(self.cluster.name, self.id, timeout=timeout, poll=poll)
+        return self.record.exit_code
+
+    def logs(self, *, rank: int | str | Iterable[int] | None = None, node: str | None = None,
+             tail: int | None = None) -> list[str]:
+        """The job's output so far in whole lines, as `logs` prints them (``[1,R]<stdout>:text``)."""
+        lines: list[str] = []
+        joblogs.show(self.cluster.name, self.id, lines.append, node=node, rank=_ranks(rank), lines=tail)
+        return lines
+
+    def follow(self, on_line: LineFn = print, *, rank: int | str | Iterable[int] | None = None,
+               node: str | None = None) -> int | None:
+        """Hand each line to ``on_line`` as it completes until the job ends (`logs -f`); its exit code."""
+        code = joblogs.show(self.cluster.name, self.id, on_line, follow_log=True, node=node, rank=_ranks(rank))
+        self.refresh()
+        return code
+
+    def kill(self, signal: str = "TERM", *, grace: float = 10.0) -> jobkill.KillResult:
+        """Stop the job's processes on every node and verify (`kill`); ``result.clean`` says all is gone."""
+        result = jobkill.kill(self.cluster.name, self.id, signal=signal, grace=grace)
+        if result.job is not None:
+            self.record = result.job
+        return result
+
+    def to_dict(self) -> dict:
+        return self.record.to_dict()
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r}, {self.state}, exit {self.exit_code})"

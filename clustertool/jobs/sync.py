@@ -1,0 +1,55 @@
+"""`run --sync [DIR]`: a local folder onto the job's nodes, at the same absolute path, before the job.
+
+The copy machinery does the work (transfer/copy.py: incremental by size and mtime, then by hash;
+a pipelined relay; verified by hash on every node), fed only the files the folder's
+``.gitignore`` / ``.clustertoolignore`` rules keep (transfer/ignore.py).  Files on the nodes that
+the folder no longer has, or that it ignores, are left alone: the job's own outputs in its working
+directory survive the next sync.
+"""
+
+from __future__ import annotations
+
+import os
+
+from clustertool import nodeset
+from clustertool.errors import ToolError, UsageError
+from clustertool.model import Node, Reporter, silent
+from clustertool.remote.transport import SSH, Transport
+from clustertool.transfer import ignore
+from clustertool.transfer.copy import copy
+from clustertool.transfer.model import CopyResult, ProgressCb
+
+
+def resolve(directory: str | None, dest: str | None = None) -> tuple[str, str]:
+    """(the local folder, its path on the nodes): DIR (default: here), the same absolute path there."""
+    local = os.path.abspath(os.path.expanduser(directory or "."))
+    if not os.path.isdir(local):
+        raise UsageError(f"--sync {directory!r}: no such folder here",
+                         hint="the command goes after --: clustertool run --sync [DIR] -- python train.py")
+    if local == "/":
+        raise UsageError("--sync /: refusing to send the whole file system", hint="name the project's folder")
+    target = dest or local
+    if not os.path.isabs(target):
+        raise UsageError(f"--sync-to {dest!r}: give an absolute path on the nodes", hint="e.g. --sync-to /scratch/proj")
+    return local, os.path.normpath(target)
+
+
+def sync(cluster_name: str, directory: str, dest: str, nodes: list[Node], *, report: Reporter = silent,
+         on_progress: ProgressCb | None = None, transport: Transport = SSH) -> CopyResult:
+    """Send ``directory`` (less what its ignore rules leave out) to ``dest`` on ``nodes``.
+
+    Raises when a node did not end up with the folder exactly (it then names the node and why).
+    """
+    matcher = ignore.Matcher(directory)
+    result = copy(cluster_name, directory, dest, source="local", selection=",".join(n.name for n in nodes),
+                  strategy="auto", keep=matcher.keep, on_progress=on_progress, report=report, transport=transport)
+    bad = [n for n in result.nodes if n.status != "ok"]
+    if bad:
+        by_reason: dict[str, list[str]] = {}
+        for n in bad:
+            by_reason.setdefault(n.error or n.status, []).append(n.node)
+        detail = "; ".join(f"{nodeset.fold(nodes)}: {why}" for why, nodes in by_reason.items())
+        raise ToolError(f"--sync: {directory} did not reach {nodeset.fold(n.node for n in bad)} intact: {detail}",
+                        hint="no job was started; --sync-to PATH picks another folder on the nodes",
+                        exit_code=max(n.exit_code for n in bad) or 1)
+    return result

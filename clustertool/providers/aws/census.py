@@ -1,0 +1,90 @@
+"""Every clustertool-tagged resource of a region, grouped by the cluster (id) that made it, with its
+owner, age and lease: what `up` checks a name against and what `down --sweep` lists."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from clustertool.providers.aws import instances as inst_mod
+from clustertool.providers.aws import lease, placement, tags, teardown
+from clustertool.providers.aws.client import Aws
+
+KINDS = ("instance", "network-interface", "placement-group", "security-group", "key-pair", "address")
+
+
+@dataclass
+class Found:
+    """One cluster's resources in AWS, as its tags describe it."""
+
+    name: str
+    id: str  # '' for resources made before cluster ids
+    owner: str = ""
+    home: str = ""
+    lease: str | float | None = None
+    created: float | None = None
+    resources: dict[str, list[str]] = field(default_factory=dict)
+    instances: int = 0  # live ones
+
+    @property
+    def key(self) -> str:
+        return self.id or f"name:{self.name}"
+
+    def age(self, now: float | None = None) -> float | None:
+        return None if self.created is None else max(0.0, (time.time() if now is None else now) - self.created)
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.resources.values())
+
+
+def _created(values: dict[str, str], inst: dict | None) -> float | None:
+    try:
+        return float(values[tags.CREATED])
+    except (KeyError, ValueError):
+        pass
+    launch = (inst or {}).get("LaunchTime")
+    return launch.timestamp() if hasattr(launch, "timestamp") else None
+
+
+def collect(aws: Aws, name: str | None = None, kinds: tuple[str, ...] = KINDS) -> dict[str, Found]:
+    """Tagged resources (of clusters named ``name``, or of all), by cluster key."""
+    flt = tags.cluster_filter(name) if name else tags.any_cluster_filter()
+    groups: dict[str, Found] = {}
+    leases: dict[str, list[str]] = {}
+
+    def add(kind: str, rid: str, tag_list, inst: dict | None = None) -> None:
+        values = tags.as_dict(tag_list)
+        found = Found(values.get(tags.CLUSTER, ""), values.get(tags.ID, ""))
+        found = groups.setdefault(found.key, found)
+        found.owner = found.owner or values.get(tags.OWNER, "")
+        found.home = found.home or values.get(tags.HOME, "")
+        made = _created(values, inst)
+        if made is not None and (found.created is None or made < found.created):
+            found.created = made
+        if tags.LEASE in values:
+            leases.setdefault(found.key, []).append(values[tags.LEASE])
+        found.resources.setdefault(kind, []).append(rid)
+        if kind == "instance":
+            found.instances += 1
+
+    if "instance" in kinds:
+        for inst in inst_mod.tagged_by(aws, flt):
+            add("instance", inst["InstanceId"], inst.get("Tags"), inst)
+    if "security-group" in kinds:
+        for group in teardown.tagged_security_groups(aws, flt):
+            add("security-group", group["GroupId"], group.get("Tags"))
+    if "key-pair" in kinds:
+        for key in teardown.tagged_key_pairs(aws, flt):
+            add("key-pair", key["KeyName"], key.get("Tags"))
+    if "placement-group" in kinds:
+        for group in placement.tagged_by(aws, flt):
+            add("placement-group", group["GroupName"], group.get("Tags"))
+    if "network-interface" in kinds:
+        for eni in teardown.tagged_interfaces(aws, flt):
+            add("network-interface", eni["NetworkInterfaceId"], eni.get("TagSet"))
+    if "address" in kinds:
+        for address in teardown.tagged_addresses(aws, flt):
+            add("address", address["AllocationId"], address.get("Tags"))
+    for key, values in leases.items():
+        groups[key].lease = lease.summarize(values)
+    return groups

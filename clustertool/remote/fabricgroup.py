@@ -1,0 +1,85 @@
+"""A Fabric ``ThreadingGroup`` over the cluster's nodes, for users who script with Fabric.
+
+Its connections hold the same trust as clustertool's own ssh: the cluster key only (no agent, no
+~/.ssh keys), and the host keys pinned in the cluster's known_hosts, with paramiko's
+``RejectPolicy``: a node whose key is not pinned, or differs from the pinned one, is refused.
+
+The known_hosts file names each key by the node's ``HostKeyAlias`` (``<cluster>-node-K``, see
+remote/keys.py and the ssh_config of remote/transport.py).  paramiko knows no HostKeyAlias: it
+looks a key up by the host and port it connects to (``host``, or ``[host]:port`` off port 22), so
+each pinned key is registered under that name on its own node's connection.  Nothing else (not
+~/.ssh/known_hosts, not ~/.ssh/config) is read.  fabric and paramiko are imported here only,
+when asked for a group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clustertool.errors import StateError
+from clustertool.model import Cluster, Node
+from clustertool.remote.transport import alias
+from clustertool.state import ClusterPaths
+
+CONNECT_TIMEOUT = 10
+
+
+def lookup_name(node: Node) -> str:
+    """The name paramiko looks a host key up by for this node."""
+    host = node.reach_host
+    return host if node.ssh_port == 22 else f"[{host}]:{node.ssh_port}"
+
+
+def pinned_lines(cluster: Cluster, known_hosts: str) -> dict[str, list[str]]:
+    """node name -> its pinned "keytype base64" lines, from known_hosts text keyed by HostKeyAlias."""
+    by_alias = {alias(cluster.name, n): n.name for n in cluster.nodes}
+    out: dict[str, list[str]] = {n.name: [] for n in cluster.nodes}
+    for line in known_hosts.splitlines():
+        parts = line.split()
+        if len(parts) < 3 or line.lstrip().startswith(("#", "@")):
+            continue
+        for host in parts[0].split(","):
+            if host in by_alias:
+                out[by_alias[host]].append(f"{parts[1]} {parts[2]}")
+    return out
+
+
+def identities(cluster: Cluster) -> list[str]:
+    """The keys a connection may offer: the cluster key (and a static cluster's initial identity)."""
+    keys = [str(ClusterPaths(cluster.name).key)]
+    if cluster.ssh_key:
+        keys.append(str(Path(cluster.ssh_key).expanduser()))
+    return keys
+
+
+def _connection(cluster: Cluster, node: Node, keys: list[str]):
+    import paramiko
+    from fabric import Config, Connection
+    from paramiko.hostkeys import HostKeyEntry
+
+    conn = Connection(node.reach_host, user=cluster.user, port=node.ssh_port,
+                      config=Config(ssh_config=paramiko.SSHConfig()), connect_timeout=CONNECT_TIMEOUT,
+                      connect_kwargs={"key_filename": identities(cluster), "look_for_keys": False,
+                                      "allow_agent": False})
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    host_keys = conn.client.get_host_keys()
+    for line in keys:
+        entry = HostKeyEntry.from_line(f"{lookup_name(node)} {line}")
+        if entry is not None and entry.key is not None:  # a key type paramiko cannot read is left out
+            host_keys.add(lookup_name(node), entry.key.get_name(), entry.key)
+    return conn
+
+
+def thread_group(cluster: Cluster, nodes: list[Node]):
+    """A ``fabric.ThreadingGroup`` of ``nodes`` (leader first), pinned as the module says."""
+    from fabric import ThreadingGroup
+
+    path = ClusterPaths(cluster.name).known_hosts
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise StateError(f"cluster {cluster.name!r} has no pinned host keys ({path} is missing)",
+                         hint=f"`clustertool repin -c {cluster.name}` pins them again") from None
+    pinned = pinned_lines(cluster, text)
+    ordered = [n for n in cluster.ordered_nodes() if n in nodes]
+    return ThreadingGroup.from_connections([_connection(cluster, n, pinned[n.name]) for n in ordered])

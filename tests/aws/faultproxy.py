@@ -1,0 +1,177 @@
+"""A loopback HTTP proxy in front of the moto server that fails the way real endpoints and real
+processes do, for clustertool running as its own process (tests/aws/test_fault_matrix.py).
+
+Every request passes through to moto unless a rule matches its AWS action (``Action=`` of the
+query protocols, ``X-Amz-Target`` of the JSON ones) and occurrence:
+
+- ``signal``: after moto answered the n-th call, send a signal to ``proxy.pid`` (the clustertool
+  process), hold the answer until that process is gone (at most ``hold`` s), then deliver it;
+- ``delay``: wait before passing the call on;
+- ``hang``: accept the call and never answer (until the proxy closes);
+- ``reset``: after the call, empty moto (``/moto-api/reset``: what a restarted server holds).
+
+``hang_all()`` makes every call hang; ``refuse()`` closes the listening socket, so connections
+are refused.  ``calls`` lists the actions seen, in order.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
+
+
+@dataclass
+class Rule:
+    action: str
+    nth: int = 1
+    signal: int | None = None
+    delay: float = 0.0
+    hang: bool = False
+    reset: bool = False
+    hold: float = 0.3
+    seen: int = 0
+    fired: bool = False
+
+
+def action_of(headers, body: bytes) -> str:
+    target = headers.get("X-Amz-Target")
+    if target:
+        return target.rsplit(".", 1)[-1]
+    fields = urllib.parse.parse_qs(body.decode(errors="replace"))
+    return (fields.get("Action") or ["?"])[0]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purpose
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return False
+
+
+class FaultProxy:
+    def __init__(self, target: str):
+        self.target = urllib.parse.urlsplit(target)
+        self.rules: list[Rule] = []
+        self.calls: list[str] = []
+        self.pid: int | None = None
+        self.signalled: list[tuple[str, int]] = []
+        self._hang_all = False
+        self._release = threading.Event()
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                proxy._handle(self)
+
+            do_GET = do_POST  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def on(self, action: str, nth: int = 1, **effect) -> Rule:
+        rule = Rule(action, nth, **effect)
+        self.rules.append(rule)
+        return rule
+
+    def hang_all(self) -> None:
+        self._hang_all = True
+
+    def refuse(self) -> None:
+        """Stop listening: from now on connections to the port are refused."""
+        self.server.shutdown()
+        self.server.server_close()
+
+    def close(self) -> None:
+        self._release.set()
+        try:
+            self.refuse()
+        except OSError:
+            pass
+
+    # ---- one request ----------------------------------------------------------------------
+
+    def _match(self, action: str) -> Rule | None:
+        with self._lock:
+            self.calls.append(action)
+            for rule in self.rules:
+                if rule.action == action and not rule.fired:
+                    rule.seen += 1
+                    if rule.seen == rule.nth:
+                        rule.fired = True
+                        return rule
+        return None
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        action = action_of(handler.headers, body)
+        rule = self._match(action)
+        if self._hang_all or (rule and rule.hang):
+            self._release.wait(600)
+            return
+        if rule and rule.delay:
+            time.sleep(rule.delay)
+        status, headers, payload = self._forward(handler, body)
+        if rule and rule.reset:
+            request = urllib.request.Request(self._base() + "/moto-api/reset", method="POST")
+            urllib.request.urlopen(request, timeout=10).read()
+        if rule and rule.signal is not None and self.pid:
+            self.signalled.append((action, rule.signal))
+            os.kill(self.pid, rule.signal)
+            deadline = time.monotonic() + rule.hold
+            while _alive(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        try:
+            handler.send_response(status)
+            for key, value in headers:
+                handler.send_header(key, value)
+            handler.send_header("Content-Length", str(len(payload)))
+            handler.end_headers()
+            handler.wfile.write(payload)
+        except OSError:
+            pass  # the client is gone (killed): nothing to answer
+
+    def _base(self) -> str:
+        return f"{self.target.scheme}://{self.target.netloc}"
+
+    def _forward(self, handler: BaseHTTPRequestHandler, body: bytes):
+        conn = http.client.HTTPConnection(self.target.hostname, self.target.port, timeout=60)
+        try:
+            headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP}
+            conn.request(handler.command, handler.path, body=body, headers=headers)
+            response = conn.getresponse()
+            payload = response.read()
+            kept = [(k, v) for k, v in response.getheaders() if k.lower() not in HOP]
+            return response.status, kept, payload
+        finally:
+            conn.close()
+
+
+def refusing_url() -> str:
+    """An address where nothing listens: every connection is refused."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"

@@ -1,0 +1,69 @@
+"""Cluster.fabric()'s connections, without connecting: pinned keys under the names paramiko looks up,
+RejectPolicy, only the cluster key; and the API's small conversions."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from clustertool import api, state
+from clustertool.errors import StateError
+from clustertool.model import Cluster, Node
+from clustertool.remote import fabricgroup
+from tests.fakes.cluster import saved_cluster
+
+pytestmark = pytest.mark.unit
+
+
+def keypair(path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return " ".join(path.with_suffix(".pub").read_text().split()[:2])
+
+
+def test_keys_pinned_under_host_key_aliases_map_to_their_nodes():
+    cluster = Cluster("c", "static", nodes=[Node("node-1", 1, "10.0.0.1", role="leader"),
+                                            Node("node-2", 2, "10.0.0.2")])
+    text = ("c-node-1 ssh-ed25519 AAAA1\n# a comment\nc-node-2 ssh-ed25519 AAAA2\n"
+            "c-node-2,other ecdsa-sha2-nistp256 BBBB2\nother-node-3 ssh-ed25519 CCCC\n@revoked c-node-1 x y\n")
+    assert fabricgroup.pinned_lines(cluster, text) == {
+        "node-1": ["ssh-ed25519 AAAA1"], "node-2": ["ssh-ed25519 AAAA2", "ecdsa-sha2-nistp256 BBBB2"]}
+
+
+def test_paramiko_looks_a_key_up_by_host_or_bracketed_host_and_port():
+    assert fabricgroup.lookup_name(Node("node-1", 1, "10.0.0.1")) == "10.0.0.1"
+    assert fabricgroup.lookup_name(Node("node-1", 1, "10.0.0.1", ssh_host="3.3.3.3", ssh_port=2222)) == "[3.3.3.3]:2222"
+
+
+def test_connections_trust_only_the_pinned_keys_and_offer_only_the_cluster_key(ct_env, tmp_path):
+    import paramiko
+
+    cluster = saved_cluster("fab", 2)
+    cluster.nodes[1].ssh_port = 2222
+    state.save(cluster)
+    paths = state.ClusterPaths("fab")
+    paths.root.mkdir(parents=True, exist_ok=True)
+    one, two = keypair(tmp_path / "h1"), keypair(tmp_path / "h2")
+    paths.known_hosts.write_text(f"fab-node-1 {one}\nfab-node-2 {two}\n")
+    group = fabricgroup.thread_group(state.load("fab"), state.load("fab").nodes)
+    first, second = list(group)
+    assert (first.host, first.port, second.host, second.port) == ("10.0.0.1", 22, "10.0.0.2", 2222)
+    for conn, name, key in ((first, "10.0.0.1", one), (second, "[10.0.0.2]:2222", two)):
+        assert isinstance(conn.client._policy, paramiko.RejectPolicy)
+        assert {n: [k.get_base64() for k in conn.client.get_host_keys()[n].values()]
+                for n in conn.client.get_host_keys().keys()} == {name: [key.split()[1]]}
+        assert conn.connect_kwargs["key_filename"] == [str(paths.key)]
+        assert conn.connect_kwargs["look_for_keys"] is False and conn.connect_kwargs["allow_agent"] is False
+
+
+def test_a_cluster_without_pinned_keys_is_said_so(ct_env):
+    cluster = saved_cluster("nokeys", 1)
+    with pytest.raises(StateError, match="no pinned host keys"):
+        fabricgroup.thread_group(cluster, cluster.nodes)
+
+
+def test_the_apis_commands_environment_and_ranks_read_as_the_clis():
+    assert api._words("python t.py --lr 0.1") == ["python t.py --lr 0.1"]
+    assert api._words(["python", "t.py", 3]) == ["python", "t.py", "3"]
+    assert api._env({"A": 1, "B": "x y"}) == ["A=1", "B=x y"] and api._env(["A=1", "HOME"]) == ["A=1", "HOME"]
+    assert (api._ranks(2), api._ranks([0, 3]), api._ranks("4-7"), api._ranks(None)) == ("2", "0,3", "4-7", None)
