@@ -35,8 +35,9 @@ static int reducer_start(reducer_t* r, const char* build, const char* dir, const
   memset(r, 0, sizeof *r);
   char exe[512];
   snprintf(exe, sizeof exe, "%s/clustertool-reducer", build);
-  snprintf(r->port_file, sizeof r->port_file, "%s/%s.port", dir, name);
-  snprintf(r->log, sizeof r->log, "%s/%s.log", dir, name);
+  if (snprintf(r->port_file, sizeof r->port_file, "%s/%s.port", dir, name) >= (int)sizeof r->port_file ||
+      snprintf(r->log, sizeof r->log, "%s/%s.log", dir, name) >= (int)sizeof r->log)
+    return -1;
   const char* argv[32] = {exe, "--bind", "127.0.0.1", "--port", "0", "--port-file", r->port_file};
   int n = 7;
   for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
