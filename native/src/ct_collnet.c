@@ -80,7 +80,7 @@ static ncclResult_t cn_listen(void* ctx, int dev, void* handle, void** lc) {
 
 /* Exported for collnet_bench and tests: what a connected comm really runs. */
 __attribute__((visibility("default"))) const char* ct_collnet_comm_algo(void* cc) { return cc ? ct_algo_name(((ct_coll_t*)cc)->algo) : "?"; }
-int ct_collnet_comm_servers(void* cc) { return cc ? ((ct_coll_t*)cc)->nserv : 0; }
+__attribute__((visibility("default"))) int ct_collnet_comm_servers(void* cc) { return cc ? ((ct_coll_t*)cc)->nserv : 0; }
 
 /* Unlike the net connect, NCCL calls CollNet connect once per group and takes a NULL
  * comm as "CollNet setup failed" (src/transport/coll_net.cc sharedConnect, then

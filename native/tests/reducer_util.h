@@ -82,7 +82,7 @@ static int reducer_stop(reducer_t* r, int sig, int timeout_ms) {
 }
 
 /* 1 when the reducer's log has a line containing every given piece (NULL-ended). */
-static int reducer_log_has(const reducer_t* r, const char* const* pieces) {
+__attribute__((unused)) static int reducer_log_has(const reducer_t* r, const char* const* pieces) {
   FILE* f = fopen(r->log, "r");
   if (!f) return 0;
   char line[2048];
@@ -97,7 +97,7 @@ static int reducer_log_has(const reducer_t* r, const char* const* pieces) {
 }
 
 /* Waits up to timeout_ms for such a line (the reducer writes it when a session ends). */
-static int reducer_log_wait(const reducer_t* r, const char* const* pieces, int timeout_ms) {
+__attribute__((unused)) static int reducer_log_wait(const reducer_t* r, const char* const* pieces, int timeout_ms) {
   for (long end = ru_now_ms() + timeout_ms;; usleep(10000)) {
     if (reducer_log_has(r, pieces)) return 1;
     if (ru_now_ms() > end) return 0;
