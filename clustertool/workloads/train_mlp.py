@@ -37,6 +37,11 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+try:  # run as a script on a node: the sibling file (stdlib + numpy), no clustertool install needed
+    import plugin_allreduce  # noqa: E402
+except ImportError:
+    from clustertool.workloads import plugin_allreduce  # noqa: E402
+
 FEATURES, CLASSES = 256, 10
 
 
@@ -70,22 +75,13 @@ def _comm():
     return MPI.COMM_WORLD, MPI
 
 
-def _plugin_module():
-    try:  # run as a script on a node: the sibling file, no clustertool install needed
-        import plugin_allreduce
-    except ImportError:
-        from clustertool.workloads import plugin_allreduce
-    return plugin_allreduce
-
-
 def make_reducer(comm, mpi, how: str, library: str | None):
     """The gradient sum: (label, function summing a float32 array in place, closer)."""
     if how == "mpi":
         if comm.Get_size() == 1:
             return "mpi", (lambda flat: None), (lambda: None)
         return "mpi", (lambda flat: comm.Allreduce(mpi.IN_PLACE, flat, op=mpi.SUM)), (lambda: None)
-    mod = _plugin_module()
-    ar = mod.PluginAllreduce(comm, algo=how, library=library, strict=True)
+    ar = plugin_allreduce.PluginAllreduce(comm, algo=how, library=library, strict=True)
     label = f"{ar.algorithm} (plugin" + (f", {ar.servers} reduction servers)" if ar.servers else ")")
     return label, ar.allreduce, ar.close
 
