@@ -16,7 +16,7 @@
 #include "reducer_util.h"
 
 #define NPOOL 16
-static reducer_t pool[NPOOL];     /* rank 0's: n+1 for the matrix, 2 for each failure test */
+static reducer_t pool[NPOOL];     /* rank 0's: n+1 for the matrix, 2 for each failure test, 1 for rules */
 static char addrs[NPOOL][64];     /* every rank's copy */
 static const char* (*comm_algo)(void*);
 static int (*comm_servers)(void*);
@@ -85,6 +85,47 @@ static void test_default_is_servers(void) {
   if (rank == 0) CHECK(ok, "CLUSTERTOOL_REDUCERS set, CLUSTERTOOL_COLLNET_ALGO unset: servers is the default");
   if (ok) test_bit_identical(&c, "default servers");
   close_comm(&c);
+}
+
+/* collnet_algo rows of rank 0's tuner table pick the algorithm per size: small allreduces
+ * sharded, large ones servers. The dedicated server's session end line counts the bytes
+ * it reduced: only the large allreduce's. */
+static void test_rules_pick_by_size(int server, const char* dir) {
+  char table[300];
+  snprintf(table, sizeof table, "%s/tuner.csv", dir);
+  if (rank == 0) {
+    FILE* f = fopen(table, "w");
+    if (f) {
+      fprintf(f, "collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks\n"
+                 "collnet_algo,0,64K,sharded\ncollnet_algo,65537,1G,servers\n");
+      fclose(f);
+    }
+  }
+  setenv("CLUSTERTOOL_TUNER_CONFIG", table, 1);   /* only rank 0 reads it (its dir) */
+  set_reducers(server, 1, NULL);
+  comm_t c;
+  int ok = agree(open_comm(&c, "sharded", "1", "65536") == 0);
+  if (rank == 0) CHECK(ok, "collnet_algo rules: connect (default sharded, servers wanted by a rule)");
+  unsetenv("CLUSTERTOOL_TUNER_CONFIG");
+  if (!ok) return;
+  size_t counts[2] = {1000, 1u << 20};
+  for (int i = 0; i < 2 && ok; i++) {
+    float* b = malloc(counts[i] * 4);
+    for (size_t j = 0; j < counts[i]; j++) b[j] = (float)(rank + 1);
+    void* req = NULL;
+    ok = cn->iallreduce(c.comm, b, b, counts[i], ncclFloat32, ncclSum, NULL, NULL, &req) == ncclSuccess &&
+         wait_req(req) == 0 && b[counts[i] - 1] == (float)(nranks * (nranks + 1) / 2);
+    free(b);
+  }
+  ok = agree(ok);
+  if (rank == 0) CHECK(ok, "collnet_algo rules: 4 KB and 4 MiB allreduces right");
+  close_comm(&c);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {
+    const char* one[] = {"end:", " 4194304 bytes", NULL};   /* 4198304 had the 4 KB gone there too */
+    CHECK(reducer_log_wait(&pool[server], one, 5000),
+          "collnet_algo rules: the server reduced the 4 MiB allreduce only (4 KB went sharded)");
+  }
 }
 
 /* A port on 127.0.0.1 where nothing listens (bound once, closed). */
@@ -204,8 +245,8 @@ int main(int argc, char** argv) {
   comm_algo = lib ? (const char* (*)(void*))dlsym(lib, "ct_collnet_comm_algo") : NULL;
   comm_servers = lib ? (int (*)(void*))dlsym(lib, "ct_collnet_comm_servers") : NULL;
   int ok = cn && comm_algo && comm_servers && cn->init(&ctx, 0, logger) == ncclSuccess;
-  int npool = nranks + 1 + 4;
-  if (npool > NPOOL) { if (rank == 0) fprintf(stderr, "at most %d ranks\n", NPOOL - 5); MPI_Abort(MPI_COMM_WORLD, 2); }
+  int npool = nranks + 1 + 4 + 1;
+  if (npool > NPOOL) { if (rank == 0) fprintf(stderr, "at most %d ranks\n", NPOOL - 6); MPI_Abort(MPI_COMM_WORLD, 2); }
   if (rank == 0) {
     ok = ok && mkdtemp(dir) != NULL;
     for (int i = 0; ok && i < npool; i++) {
@@ -224,6 +265,7 @@ int main(int argc, char** argv) {
     run_servers(nranks + 1, "524288");
     test_default_is_servers();
     test_fallback();
+    test_rules_pick_by_size(nranks + 5, dir);
     test_server_dies(nranks + 1, SIGKILL, "a server killed (SIGKILL)");
     test_server_dies(nranks + 3, SIGSTOP, "a server frozen (SIGSTOP)");
     cn->finalize(ctx);
