@@ -109,7 +109,7 @@ class PluginAllreduce:
             raise PluginAllreduceError(f"the plugin could not connect the ranks: {why or 'failed on another rank'}")
         self.algorithm = self._lib.ct_allreduce_algo(self._h).decode()
         self.servers = int(self._lib.ct_allreduce_servers(self._h))
-        if strict and self.algorithm != algo:
+        if strict and self.size > 1 and self.algorithm != algo:   # one rank has nothing to reduce: no servers
             self.close()
             raise PluginAllreduceError(f"asked for the plugin's {algo} allreduce, it fell back to {self.algorithm}"
                                        " (no reduction server answered? see the plugin's WARN)")

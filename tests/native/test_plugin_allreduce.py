@@ -118,6 +118,15 @@ def test_train_mlp_learns_the_same_with_the_plugins_servers_as_with_mpi(reducers
     assert losses["mpi"] == losses["servers"], losses   # same model, same data: same loss to 4 places
 
 
+def test_train_mlp_with_the_plugin_runs_as_a_single_process(built):
+    env = dict(os.environ, PYTHONPATH="", CLUSTERTOOL_SOCKET_ADDR="127.0.0.1")
+    env.pop("CLUSTERTOOL_REDUCERS", None)
+    proc = subprocess.run([sys.executable, str(MLP), "--steps", "3", "--batch", "64", "--hidden", "32",
+                           "--allreduce", "servers"], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ranks: 1" in proc.stdout and "allreduce: sharded (plugin)" in proc.stdout
+
+
 def test_train_mlp_servers_refuses_to_run_mislabelled_when_no_server_answers(reducers):
     dead = reducers(1)[0]
     addr = dead.addr
