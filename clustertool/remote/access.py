@@ -21,8 +21,8 @@ from clustertool.model import Cluster, Node
 
 MODES = ("leader", "all")
 JUMP_HINT = "--jump USER@HOST[:PORT], e.g. --jump ec2-user@bastion.example.com"
-_JUMP = re.compile(r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?(?P<host>[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])"
-                   r"(?::(?P<port>[0-9]{1,5}))?$")
+_JUMP = re.compile(r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"
+                   r"(?P<host>[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$")
 
 
 @dataclass(frozen=True)
