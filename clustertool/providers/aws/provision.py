@@ -133,7 +133,7 @@ def finish(cluster: Cluster, aws: Aws) -> None:
     """`up` succeeded: the lease becomes 'done' (this fails if a sweep removed the cluster meanwhile)."""
     if cluster.provider_state.get("adopted"):
         return
-    groups = cluster.provider_state.get("security_groups", [])[:1]
+    groups = cluster.provider_state.get("security_groups", [])  # the cluster's and (--access leader) the leader's
     lease.Lease(aws).done(groups + inst_mod.ids_of(cluster.nodes))
 
 
