@@ -177,3 +177,24 @@ def test_fabric_reaches_members_through_the_leader(behind):
     proc = subprocess.run([sys.executable, "-c", code],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == str([f"node-{i}" for i in range(1, 5)]), proc.stderr
+
+
+def test_stop_start_and_repin_keep_members_behind_the_leader(ct_env, local_cluster):
+    name = local_cluster(2, "--access", "leader")
+    member = _nodes(ct_env, name)["node-2"]
+    assert run_cli("stop", "-c", name, env=ct_env).returncode == 0
+    for step in (("start", "-c", name), ("repin", "-c", name)):
+        proc = run_cli(*step, env=ct_env)
+        assert proc.returncode == 0, proc.stderr
+        assert _connect(member) == "refused"  # the namespace's rules outlive its processes, like a security group
+        done = run_cli("exec", "-c", name, "--", "hostname", env=ct_env)
+        assert done.returncode == 0 and "node-2: node-2" in done.stdout, done.stderr
+
+
+def test_dry_run_plan_names_the_access_mode(ct_env):
+    plan = run_cli("up", "--provider", "local", "-N", "3", "--name", "plan-acc", "--access", "leader", "--dry-run",
+                   env=ct_env)
+    assert plan.returncode == 0, plan.stderr
+    assert "access: leader: node-1 takes SSH from this machine" in plan.stdout
+    default = run_cli("up", "--provider", "local", "-N", "2", "--name", "plan-all", "--dry-run", env=ct_env).stdout
+    assert "access: all: every node takes SSH from this machine" in default
