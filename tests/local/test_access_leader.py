@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +17,9 @@ import pytest
 from tests.conftest import run_cli
 from tests.local.conftest import module_cluster
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local,
+              pytest.mark.skipif(not shutil.which("nft", path="/usr/sbin:/sbin:" + os.environ.get("PATH", "")),
+                                 reason="needs nft (apt-get install nftables; `make` installs it)")]
 
 
 @pytest.fixture(scope="module")
