@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -201,3 +202,72 @@ def test_dry_run_plan_names_the_access_mode(ct_env):
     assert "access: leader: node-1 takes SSH from this machine" in plan.stdout
     default = run_cli("up", "--provider", "local", "-N", "2", "--name", "plan-all", "--dry-run", env=ct_env).stdout
     assert "access: all: every node takes SSH from this machine" in default
+
+
+@pytest.fixture
+def bastion(ct_env, tmp_path):
+    """The user's own bastion: a real sshd on this machine's loopback (its own host key and the user's
+    key), with the user's ~/.ssh (a HOME of the test's own) knowing its host key, as after a first login.
+    Yields (USER@HOST:PORT, its log, the environment with that HOME)."""
+    env = dict(ct_env, HOME=str(tmp_path / "userhome"))
+    home_ssh = os.path.join(env["HOME"], ".ssh")
+    os.makedirs(home_ssh, mode=0o700, exist_ok=True)
+    user_key = os.path.join(home_ssh, "id_ed25519")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", user_key], check=True)
+    host_key = str(tmp_path / "bastion_host_key")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", host_key], check=True)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = tmp_path / "bastion_sshd_config"
+    config.write_text("\n".join([
+        f"ListenAddress 127.0.0.1:{port}", f"HostKey {host_key}", "PidFile none", "UsePAM no", "StrictModes no",
+        f"AuthorizedKeysFile {user_key}.pub", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no", "AllowTcpForwarding yes", "LogLevel VERBOSE", ""]))
+    log = tmp_path / "bastion.log"
+    proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
+                            stderr=open(log, "wb"))
+    try:
+        for _ in range(100):
+            if _connect_port("127.0.0.1", port):
+                break
+            time.sleep(0.05)
+        pub = " ".join(open(host_key + ".pub").read().split()[:2])
+        with open(os.path.join(home_ssh, "known_hosts"), "w") as known:
+            known.write(f"[127.0.0.1]:{port} {pub}\n")
+        yield f"root@127.0.0.1:{port}", log, env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _connect_port(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_jump_reaches_the_leader_through_the_users_bastion_and_members_through_the_leader(ct_env, local_cluster,
+                                                                                          bastion):
+    jump, log, env = bastion
+    name = local_cluster(3, "--access", "leader", "--jump", jump, env=env)
+    config, known = _paths(ct_env, name)
+    text = open(config).read()
+    assert f"Host {name}-jump" in text and f"ProxyJump {name}-jump" in text and f"ProxyJump {name}-leader" in text
+    assert f"{name}-jump ssh-ed25519 " in open(known).read()  # the bastion's key, pinned from ~/.ssh/known_hosts
+    _close_masters(ct_env, name)
+    subprocess.run(["ssh", "-F", config, "-O", "exit", f"{name}-jump"], capture_output=True, timeout=30)
+    logins = lambda: open(log).read().count("Accepted publickey for root")  # noqa: E731
+    before = logins()
+    for _ in range(2):
+        proc = run_cli("exec", "-c", name, "--json", "--", "hostname", env=env)
+        assert proc.returncode == 0, proc.stderr
+        results = json.loads(proc.stdout)["results"]
+        assert sorted(r["stdout"].strip() for r in results) == ["node-1", "node-2", "node-3"]
+    assert logins() - before == 1  # one persistent connection to the bastion carried every node's, twice
+    leader = _nodes(ct_env, name)["node-1"]
+    owners = subprocess.run(["ss", "-Htnp", "state", "established", "dst", f"{leader}:22"], capture_output=True,
+                            text=True).stdout  # the bastion runs on this machine: its sshd holds the leg to the leader
+    assert owners.strip() and all('(("sshd"' in line for line in owners.splitlines()), owners

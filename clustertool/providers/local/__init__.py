@@ -32,6 +32,7 @@ from clustertool.providers.base import OptionSpec, ProvisionRequest
 from clustertool.providers.local import access as local_access
 from clustertool.providers.local import net, sysops
 from clustertool.providers.local.teardown import teardown
+from clustertool.remote import access as remote_access
 
 INIT_SCRIPT = Path(__file__).with_name("init.py")
 _TOOLS = (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
@@ -65,6 +66,8 @@ class LocalProvider:
         "link_delay": OptionSpec(str, None, "delay added at each end of every node's link, e.g. 5ms (tc netem); "
                                  "node to node one-way latency is twice this"),
         "access": OptionSpec(str, "all", ACCESS_HELP, ("leader", "all")),
+        "jump": OptionSpec(str, None, "Your own bastion, USER@HOST[:PORT]: the leader (with --access all, every "
+                                      "node) is reached through it (its host key must be in ~/.ssh/known_hosts)."),
     }
 
     WAIT_LIMIT: ClassVar[float] = 60.0
@@ -87,6 +90,8 @@ class LocalProvider:
         if not 1 <= request.count <= net.MAX_NODES:
             raise UsageError(f"the local provider makes 1 to {net.MAX_NODES} nodes, not {request.count}")
         rate, delay = self._link_options(request.cluster)
+        if request.cluster.options.get("jump"):
+            remote_access.parse_jump(request.cluster.options["jump"])
         if self._behind_leader(request.cluster) and not _which("nft"):
             raise MissingPrerequisite("--access leader on the local provider needs nft: apt-get install nftables")
         if delay and sysops.run(net.netem_probe_argv(), check=False).returncode != 0:
@@ -308,22 +313,10 @@ class LocalProvider:
                 raise ProviderError(f"{name} ({node.address}:22) {what}",
                                     hint=f"its log {log} ends: {sysops.log_tail(log)}")
             time.sleep(0.02)
-        self._wait_behind_leader(cluster, behind, max(1.0, timeout - (time.monotonic() - started)))
+        local_access.wait_members(cluster, behind, max(1.0, timeout - (time.monotonic() - started)))
         for node in cluster.nodes:
             node.state = "running"
         return cluster.nodes
-
-    @staticmethod
-    def _wait_behind_leader(cluster: Cluster, members: list[Node], timeout: float) -> None:
-        """Members that take no SSH from here: waited for from inside the leader's namespace."""
-        leader = next(n for n in cluster.nodes if n.role == LEADER)
-        missing = local_access.wait_from(net.netns_name(cluster.name, leader.index), sys.executable,
-                                         [n.address for n in members], timeout)
-        if missing:
-            node = next(n for n in members if n.address == missing[0])
-            log = Path(cluster.provider_state["nodes_dir"]) / node.name / "node.log"
-            raise ProviderError(f"{node.name} ({node.address}:22) did not accept SSH from the leader within "
-                                f"{timeout:.0f}s", hint=f"its log {log} ends: {sysops.log_tail(log)}")
 
     def query_instances(self, cluster: Cluster) -> list[Node]:
         names = {n.name: net.netns_name(cluster.name, n.index) for n in cluster.nodes}

@@ -10,6 +10,12 @@ they go when the namespace goes (down), and stay across stop/start, like a secur
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
+
+from clustertool.errors import ProviderError
+from clustertool.model import LEADER, Cluster, Node
+from clustertool.providers.local import net, sysops
 
 TABLE = "clustertool_access"
 
@@ -62,3 +68,17 @@ def wait_from(netns: str, python: str, addresses: list[str], timeout: float) -> 
     proc = subprocess.run(probe_argv(netns, python, addresses, timeout), capture_output=True, text=True,
                           timeout=timeout + 30)
     return proc.stdout.split() if proc.returncode else []
+
+
+def wait_members(cluster: Cluster, members: list[Node], timeout: float) -> None:
+    """Members that take no SSH from here: waited for from inside the leader's namespace."""
+    if not members:
+        return
+    leader = next(n for n in cluster.nodes if n.role == LEADER)
+    missing = wait_from(net.netns_name(cluster.name, leader.index), sys.executable,
+                        [n.address for n in members], timeout)
+    if missing:
+        node = next(n for n in members if n.address == missing[0])
+        log = Path(cluster.provider_state["nodes_dir"]) / node.name / "node.log"
+        raise ProviderError(f"{node.name} ({node.address}:22) did not accept SSH from the leader within "
+                            f"{timeout:.0f}s", hint=f"its log {log} ends: {sysops.log_tail(log)}")
