@@ -21,12 +21,13 @@ Record = Callable[[str, str], None]
 
 
 def wants_public_ip(options: dict) -> bool:
-    """Whether every node asks for a public IP at launch (only ``--access all`` without a jump)."""
-    return (options.get("access") or "leader") == "all" and not options.get("jump")
+    """Whether every node asks for a public IP at launch (only ``--access all`` without a jump).  Options
+    without an access mode are a state from before access modes: every node had a public IP."""
+    return (options.get("access") or "all") == "all" and not options.get("jump")
 
 
 def leader_only(options: dict) -> bool:
-    return (options.get("access") or "leader") == "leader"
+    return (options.get("access") or "all") == "leader"
 
 
 def gets_elastic_ip(options: dict) -> bool:
