@@ -21,7 +21,7 @@ from clustertool import interrupts, state
 from clustertool.errors import RemoteError, ToolError, UsageError
 from clustertool.model import Cluster, GroupResult, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
-from clustertool.remote import access, keys, mesh
+from clustertool.remote import access, keys, mesh, reach
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport, control_exit_argv, write_ssh_config
 
@@ -161,7 +161,7 @@ def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
 
     Members behind the leader are waited for, and (without keys from the provider) scanned, from
     the leader: this also opens the one persistent connection to it that theirs ride on."""
-    wait_behind_leader(cluster, transport)
+    reach.wait_behind_jumps(cluster, transport)
     keys.pin_host_keys(cluster, transport)
     state.save(cluster)
     keys.write_local_known_hosts(cluster)
@@ -179,25 +179,6 @@ def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
     _raise_on_failures(result, "wiring SSH")
     check_leader_mesh(cluster, transport)
     return result
-
-
-def wait_behind_leader(cluster: Cluster, transport: Transport = SSH) -> None:
-    behind = [n for n in cluster.nodes if access.behind_leader(cluster, n)]
-    if not behind:
-        return
-    keys.pin_jump_keys(cluster)
-    if not cluster.leader.host_keys and not access.jump(cluster):
-        cluster.leader.host_keys = keys.keyscan(cluster.leader)
-    keys.write_local_known_hosts(cluster)
-    write_ssh_config(cluster)
-    result = run_on_nodes(cluster.name, [cluster.leader], "bash -s", timeout=180, transport=transport,
-                          stdin_data=mesh.port_wait_script(behind).encode())
-    _raise_on_failures(result, "waiting for the members through the leader")
-    failed = mesh.failed_targets(result.results[0].stdout)
-    if failed:
-        by_addr = {n.address: n.name for n in cluster.nodes}
-        detail = "; ".join(f"{by_addr.get(a, a)}: {why}" for a, why in failed.items())
-        raise RemoteError(f"the leader cannot reach {detail}", hint="check sshd and the cluster security group")
 
 
 def check_leader_mesh(cluster: Cluster, transport: Transport = SSH) -> None:
