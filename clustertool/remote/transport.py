@@ -129,6 +129,12 @@ def ssh_argv(cluster_name: str, node: Node, command: str | None = None, *,
     return argv
 
 
+def session_argv(cluster_name: str, node: Node, command: str | None = None, *, tty: bool = False) -> list[str]:
+    """ssh_argv for an interactive session (`ssh`, `attach`), its jump host's ControlMaster opened first."""
+    warm_jump(cluster_name, alias(cluster_name, node))
+    return ssh_argv(cluster_name, node, command, tty=tty)
+
+
 class Transport:
     """How this machine runs a command on a node: argv for a pipeline, or a started process."""
 
