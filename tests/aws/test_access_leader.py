@@ -42,8 +42,9 @@ def _grab_run_instances(aws) -> dict:
 def test_only_the_leader_gets_a_tagged_elastic_ip_and_ssh_from_the_caller_and_down_releases_it(aws):
     seen = _grab_run_instances(aws)
     name = unique("lead")
-    code, _, err = aws.ct("up", "-p", "aws", "-N", "3", "--instance-type", "g5.12xlarge", "--name", name, "--no-ssh")
+    code, out, err = aws.ct("up", "-p", "aws", "-N", "3", "--instance-type", "g5.12xlarge", "--name", name, "--no-ssh")
     assert code == 0, err
+    assert "access:   leader (only the leader takes SSH from here" in out and "Elastic IP" in err
     assert [i["AssociatePublicIpAddress"] for i in seen["NetworkInterfaces"]] == [False]
     instances = aws.instances(name)
     leader = next(i for i in instances if _role(i) == "leader")
