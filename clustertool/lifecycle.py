@@ -19,11 +19,11 @@ from pathlib import Path
 from clustertool import hostfile as hostfiles
 from clustertool import interrupts, state
 from clustertool.errors import RemoteError, ToolError, UsageError
-from clustertool.model import Cluster, GroupResult, Reporter, jsonable, silent
+from clustertool.model import Cluster, GroupResult, Node, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
 from clustertool.remote import access, keys, mesh, reach
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport, control_exit_argv, write_ssh_config
+from clustertool.remote.transport import SSH, Transport, control_exit_argv, forget_warm, write_ssh_config
 
 
 @dataclass
@@ -203,11 +203,14 @@ def _raise_on_failures(result: GroupResult, what: str) -> None:
 
 def close_masters(cluster: Cluster) -> None:
     """Close this machine's ControlMaster connections to the cluster's nodes."""
+    forget_warm(cluster.name)
     paths = state.ClusterPaths(cluster.name)
     if not paths.ssh_config.exists() or not paths.control_dir.exists():
         return
-    procs = [subprocess.Popen(control_exit_argv(cluster.name, n), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for n in cluster.nodes]
+    argvs = [control_exit_argv(cluster.name, n) for n in cluster.nodes]
+    if access.jump(cluster):  # the master to the user's bastion (alias <cluster>-jump), which the others ride on
+        argvs.append(control_exit_argv(cluster.name, Node("jump", 0, "")))
+    procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for argv in argvs]
     for proc in procs:
         try:
             proc.wait(timeout=10)

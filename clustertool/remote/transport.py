@@ -212,6 +212,13 @@ def warm_jump(cluster_name: str, host_alias: str) -> None:
             _warm[(cluster_name, target)] = time.monotonic()
 
 
+def forget_warm(cluster_name: str) -> None:
+    """The cluster's ControlMasters were closed: the next jump opens its master again."""
+    with _warm_lock:
+        for key in [k for k in _warm if k[0] == cluster_name]:
+            del _warm[key]
+
+
 def control_exit_argv(cluster_name: str, node: Node) -> list[str]:
     """argv that closes a node's ControlMaster, if one runs."""
     return ssh_argv(cluster_name, node, extra=["-O", "exit"])

@@ -271,3 +271,8 @@ def test_jump_reaches_the_leader_through_the_users_bastion_and_members_through_t
     owners = subprocess.run(["ss", "-Htnp", "state", "established", "dst", f"{leader}:22"], capture_output=True,
                             text=True).stdout  # the bastion runs on this machine: its sshd holds the leg to the leader
     assert owners.strip() and all('(("sshd"' in line for line in owners.splitlines()), owners
+    port = jump.rsplit(":", 1)[1]
+    assert run_cli("down", "-c", name, "--yes", env=env).returncode == 0
+    left = subprocess.run(["ss", "-Htn", "state", "established", "dst", f"127.0.0.1:{port}"], capture_output=True,
+                          text=True).stdout
+    assert left.strip() == ""  # down closed the persistent connection to the bastion too
