@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 APT_PACKAGES := python3 python3-venv python3-pip python3-dev build-essential make \
 	openssh-server openssh-client iproute2 procps psmisc util-linux \
-	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck
+	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck nftables
 
 .PHONY: setup apt venv native demo lint test test-fast test-faults bench clean
 

@@ -12,6 +12,7 @@ import shlex
 
 from clustertool.errors import UsageError
 from clustertool.model import Cluster
+from clustertool.remote import access
 from clustertool.remote.transport import alias, render_ssh_config
 from clustertool.state import ClusterPaths
 
@@ -27,7 +28,8 @@ def ansible(cluster: Cluster, paths: ClusterPaths) -> str:
     """INI inventory: <cluster>_leader, <cluster>_members, and <cluster> holding both."""
     group = _group(cluster.name)
     common = shlex.quote(f"-F {shlex.quote(str(paths.ssh_config))}")  # ansible unquotes, then splits
-    lines = [f"# clustertool inventory for cluster {cluster.name} (generated; ssh goes through its ssh_config)"]
+    lines = [f"# clustertool inventory for cluster {cluster.name} (generated; ssh goes through its ssh_config)",
+             f"# access: {access.describe(cluster)}"]
     for suffix, nodes in (("leader", [cluster.leader]), ("members", cluster.members)):
         lines.append(f"[{group}_{suffix}]")
         for node in nodes:
@@ -49,8 +51,11 @@ def as_dict(cluster: Cluster, paths: ClusterPaths) -> dict:
         "key": str(paths.key),
         "known_hosts": str(paths.known_hosts),
         "hostfile": cluster.hostfile_path,
+        "access": access.mode(cluster),
+        "jump": str(access.jump(cluster)) if access.jump(cluster) else None,
         "nodes": [{"name": n.name, "role": n.role, "address": n.address, "ssh_alias": alias(cluster.name, n),
-                   "ssh_host": n.reach_host, "ssh_port": n.ssh_port, "slots": n.slots,
+                   "ssh_host": access.host_name(cluster, n), "ssh_port": n.ssh_port,
+                   "proxy_jump": access.hop(cluster, n), "slots": n.slots,
                    "instance_id": n.instance_id} for n in cluster.ordered_nodes()],
     }
 

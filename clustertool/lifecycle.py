@@ -19,11 +19,11 @@ from pathlib import Path
 from clustertool import hostfile as hostfiles
 from clustertool import interrupts, state
 from clustertool.errors import RemoteError, ToolError, UsageError
-from clustertool.model import Cluster, GroupResult, Reporter, jsonable, silent
+from clustertool.model import Cluster, GroupResult, Node, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
-from clustertool.remote import keys, mesh, mux
+from clustertool.remote import access, keys, mesh, mux, reach
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport, control_exit_argv, master_socket, write_ssh_config
+from clustertool.remote.transport import SSH, Transport, control_exit_argv, forget_warm, master_socket, write_ssh_config
 
 
 @dataclass
@@ -157,8 +157,12 @@ def write_hostfile(cluster: Cluster) -> Path:
 
 
 def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
-    """Pin host keys, write local ssh config, push key + known_hosts + config to every node."""
-    keys.pin_host_keys(cluster)
+    """Pin host keys, write local ssh config, push key + known_hosts + config to every node.
+
+    Members behind the leader are waited for, and (without keys from the provider) scanned, from
+    the leader: this also opens the one persistent connection to it that theirs ride on."""
+    reach.wait_behind_jumps(cluster, transport)
+    keys.pin_host_keys(cluster, transport)
     state.save(cluster)
     keys.write_local_known_hosts(cluster)
     write_ssh_config(cluster)
@@ -201,7 +205,9 @@ def _raise_on_failures(result: GroupResult, what: str) -> None:
 
 def close_masters(cluster: Cluster) -> None:
     """Close this machine's ControlMaster connections to the cluster's nodes: each is asked over
-    its socket (remote/mux.py, no process per node); ``ssh -O exit`` where that does not answer."""
+    its socket (remote/mux.py, no process per node); ``ssh -O exit`` where that does not answer,
+    and for the master to the user's bastion (alias <cluster>-jump), which the others ride on."""
+    forget_warm(cluster.name)
     paths = state.ClusterPaths(cluster.name)
     if not paths.ssh_config.exists() or not paths.control_dir.exists():
         return
@@ -210,6 +216,8 @@ def close_masters(cluster: Cluster) -> None:
         path = master_socket(cluster.name, node)
         if path is None or (path.exists() and not mux.terminate(path)):
             left.append(node)
+    if access.jump(cluster):
+        left.append(Node("jump", 0, ""))
     procs = [subprocess.Popen(control_exit_argv(cluster.name, n), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for n in left]
     for proc in procs:
@@ -360,6 +368,7 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transpor
     ]
     describe = getattr(provider, "describe", None)
     extra = describe(cluster) if describe else {}
+    extra["access"] = access.describe(cluster)
     if unfinished:
         extra["up"] = _unfinished(cluster)
     return ClusterStatus(cluster, rows, extra)

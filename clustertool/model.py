@@ -86,6 +86,7 @@ class Cluster:
     created: float = 0.0
     ssh_key: str | None = None  # path of the initial identity when not the cluster key (static)
     hostfile_path: str | None = None
+    jump_keys: list[str] = field(default_factory=list)  # pinned host keys of the user's --jump bastion
 
     @property
     def leader(self) -> Node:

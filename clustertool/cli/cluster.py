@@ -183,7 +183,7 @@ def ssh(
     command = _strip_dashes(command)
     if command:
         line = command[0] if len(command) == 1 else shlex.join(command)
-    argv = transport.ssh_argv(c.name, picked[0], line, tty=line is None and sys.stdin.isatty())
+    argv = transport.session_argv(c.name, picked[0], line, tty=line is None and sys.stdin.isatty())
     os.execvp(argv[0], argv)
 
 

@@ -196,14 +196,14 @@ def attach(job: str = typer.Argument(..., metavar="JOB", autocompletion=complete
     """Attach to the job's tmux session on the leader (detach again with Ctrl-b d)."""
     from clustertool.errors import UsageError
     from clustertool.jobs.logs import find_job
-    from clustertool.remote.transport import ssh_argv
+    from clustertool.remote.transport import session_argv
 
     c, j = find_job(cluster_name(cluster), job)
     if j.state != "running":
         raise UsageError(f"job {j.id} is not running ({j.state})", hint=f"`clustertool logs {j.id}`")
     if j.launcher != "tmux":
         raise UsageError(f"job {j.id} runs without tmux on the leader", hint=f"`clustertool logs -f {j.id}`")
-    argv = ssh_argv(c.name, c.node(j.leader), f"tmux attach -t ct-{j.id}", tty=True)
+    argv = session_argv(c.name, c.node(j.leader), f"tmux attach -t ct-{j.id}", tty=True)
     os.execvp(argv[0], argv)
 
 

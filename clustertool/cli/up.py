@@ -61,6 +61,7 @@ def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_out
     from clustertool import lifecycle, spec
     from clustertool.cli import render
     from clustertool.cli.common import reporter
+    from clustertool.remote import access
 
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user, **options}
     cluster_spec = spec.load_spec(spec_file, overrides)
@@ -81,6 +82,7 @@ def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_out
                  [(n.name, n.role, n.address, n.slots) for n in cluster.ordered_nodes()],
                  title=f"cluster {cluster.name} ({cluster.provider}) is up in {result.timings.get('total', 0):.1f}s")
     click.echo(f"hostfile: {result.hostfile}")
+    click.echo(f"access:   {access.describe(cluster)}")
     if cluster.status == "ready":
         click.echo(f"ssh:      ssh {cluster.name}-leader   |   clustertool exec -c {cluster.name} -- hostname")
     return 0

@@ -14,19 +14,21 @@ when asked for a group.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from clustertool.errors import StateError
 from clustertool.model import Cluster, Node
+from clustertool.remote import access
 from clustertool.remote.transport import alias
 from clustertool.state import ClusterPaths
 
 CONNECT_TIMEOUT = 10
 
 
-def lookup_name(node: Node) -> str:
-    """The name paramiko looks a host key up by for this node."""
-    host = node.reach_host
+def lookup_name(cluster: Cluster, node: Node) -> str:
+    """The name paramiko looks a host key up by for this node (the address it connects to)."""
+    host = access.host_name(cluster, node)
     return host if node.ssh_port == 22 else f"[{host}]:{node.ssh_port}"
 
 
@@ -52,21 +54,55 @@ def identities(cluster: Cluster) -> list[str]:
     return keys
 
 
-def _connection(cluster: Cluster, node: Node, keys: list[str]):
+def _pinned(conn, name: str, keys: list[str]):
+    """Reject every host key but ``keys``, registered under ``name``."""
     import paramiko
-    from fabric import Config, Connection
     from paramiko.hostkeys import HostKeyEntry
 
-    conn = Connection(node.reach_host, user=cluster.user, port=node.ssh_port,
-                      config=Config(ssh_config=paramiko.SSHConfig()), connect_timeout=CONNECT_TIMEOUT,
-                      connect_kwargs={"key_filename": identities(cluster), "look_for_keys": False,
-                                      "allow_agent": False})
     conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     host_keys = conn.client.get_host_keys()
     for line in keys:
-        entry = HostKeyEntry.from_line(f"{lookup_name(node)} {line}")
+        entry = HostKeyEntry.from_line(f"{name} {line}")
         if entry is not None and entry.key is not None:  # a key type paramiko cannot read is left out
-            host_keys.add(lookup_name(node), entry.key.get_name(), entry.key)
+            host_keys.add(name, entry.key.get_name(), entry.key)
+    return conn
+
+
+def _bastion(cluster: Cluster):
+    """The user's --jump bastion: its pinned keys, the user's own keys and agent."""
+    import paramiko
+    from fabric import Config, Connection
+
+    via = access.jump(cluster)
+    conn = Connection(via.host, user=via.user, port=via.port, config=Config(ssh_config=paramiko.SSHConfig()),
+                      connect_timeout=CONNECT_TIMEOUT)
+    return _pinned(conn, via.host if via.port == 22 else f"[{via.host}]:{via.port}", cluster.jump_keys)
+
+
+def _connection(cluster: Cluster, node: Node, keys: list[str], gateway=None):
+    """A pinned connection to ``node``; ``gateway`` is the connection it jumps through (the leader's,
+    for a member behind it), else the bastion for a node reached through --jump."""
+    import paramiko
+    from fabric import Config, Connection
+
+    if gateway is None and access.hop(cluster, node) is not None:
+        gateway = _bastion(cluster)
+    conn = Connection(access.host_name(cluster, node), user=cluster.user, port=node.ssh_port,
+                      config=Config(ssh_config=paramiko.SSHConfig()), connect_timeout=CONNECT_TIMEOUT,
+                      gateway=gateway,
+                      connect_kwargs={"key_filename": identities(cluster), "look_for_keys": False,
+                                      "allow_agent": False})
+    return _pinned(conn, lookup_name(cluster, node), keys)
+
+
+def _opened_once(conn):
+    """A connection several threads open (its own, and the members' riding on it): one opens it."""
+    lock, open_ = threading.Lock(), conn.open
+
+    def open_once():
+        with lock:
+            return open_()
+    conn.open = open_once
     return conn
 
 
@@ -82,4 +118,14 @@ def thread_group(cluster: Cluster, nodes: list[Node]):
                          hint=f"`clustertool repin -c {cluster.name}` pins them again") from None
     pinned = pinned_lines(cluster, text)
     ordered = [n for n in cluster.ordered_nodes() if n in nodes]
-    return ThreadingGroup.from_connections([_connection(cluster, n, pinned[n.name]) for n in ordered])
+    leader = None
+    if any(access.behind_leader(cluster, n) for n in ordered):  # one connection to the leader, shared
+        leader = _opened_once(_connection(cluster, cluster.leader, pinned[cluster.leader.name]))
+    conns = []
+    for node in ordered:
+        if node.is_leader and leader is not None:
+            conns.append(leader)
+        else:
+            gateway = leader if access.behind_leader(cluster, node) else None
+            conns.append(_connection(cluster, node, pinned[node.name], gateway))
+    return ThreadingGroup.from_connections(conns)

@@ -18,7 +18,9 @@ from pathlib import Path
 from clustertool.errors import MissingPrerequisite, RemoteError
 from clustertool.model import Cluster, Node
 from clustertool.nodeprogs import shell_script
-from clustertool.remote.transport import KEX_PREFERENCE, alias, leader_alias
+from clustertool.remote import access
+from clustertool.remote.group import run_on_nodes
+from clustertool.remote.transport import KEX_PREFERENCE, SSH, Transport, alias, leader_alias, write_ssh_config
 from clustertool.state import ClusterPaths
 
 
@@ -45,25 +47,72 @@ def keyscan_argv(host: str, port: int, timeout: int = 5) -> list[str]:
     return ["ssh-keyscan", "-T", str(timeout), "-t", "ed25519,ecdsa,rsa", "-p", str(port), host]
 
 
-def keyscan(node: Node) -> list[str]:
-    """Collect a node's host keys on first contact (trust on first use), "type base64" lines."""
-    proc = subprocess.run(keyscan_argv(node.reach_host, node.ssh_port), capture_output=True, text=True)
+def parse_keyscan(text: str) -> list[str]:
+    """"type base64" lines of ssh-keyscan's (or ssh-keygen -F's) output."""
     keys = []
-    for line in proc.stdout.splitlines():
+    for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 3 and not line.startswith("#"):
             keys.append(f"{parts[1]} {parts[2]}")
+    return keys
+
+
+def keyscan(node: Node) -> list[str]:
+    """Collect a node's host keys on first contact (trust on first use), "type base64" lines."""
+    proc = subprocess.run(keyscan_argv(node.reach_host, node.ssh_port), capture_output=True, text=True)
+    keys = parse_keyscan(proc.stdout)
     if not keys:
         raise RemoteError(f"{node.name} ({node.reach_host}:{node.ssh_port}): no host key could be collected",
                           hint="is sshd running and the port reachable from here?")
     return keys
 
 
-def pin_host_keys(cluster: Cluster) -> None:
-    """Make sure every node has pinned host keys (collecting them once where unknown)."""
-    for node in cluster.nodes:
+def keyscan_via_leader(cluster: Cluster, nodes: list[Node], transport: Transport = SSH) -> None:
+    """First contact with members behind the leader: the leader (pinned already) scans them on the
+    cluster's private network, over the pinned connection to it."""
+    for node in nodes:
+        line = " ".join(keyscan_argv(node.address, node.ssh_port))
+        result = run_on_nodes(cluster.name, [cluster.leader], line, timeout=60, transport=transport).results[0]
+        node.host_keys = parse_keyscan(result.stdout)
+        if not node.host_keys:
+            raise RemoteError(f"{node.name} ({node.address}:{node.ssh_port}): no host key could be collected "
+                              f"through the leader ({result.reason or 'no key offered'})",
+                              hint="is sshd running on it, and does the security group let the leader in?")
+
+
+def known_hosts_argv(host: str, port: int, path: Path) -> list[str]:
+    """ssh-keygen looking a host up in the user's own known_hosts (hashed entries too)."""
+    return ["ssh-keygen", "-F", host if port == 22 else f"[{host}]:{port}", "-f", str(path)]
+
+
+def pin_jump_keys(cluster: Cluster) -> None:
+    """The bastion's host keys, as the user already trusts them (~/.ssh/known_hosts); refused when absent."""
+    via = access.jump(cluster)
+    if via is None or cluster.jump_keys:
+        return
+    path = Path(os.path.expanduser("~")) / ".ssh" / "known_hosts"
+    proc = subprocess.run(known_hosts_argv(via.host, via.port, path), capture_output=True, text=True)
+    cluster.jump_keys = parse_keyscan(proc.stdout)
+    if not cluster.jump_keys:
+        raise RemoteError(f"--jump {via}: its host key is not in {path}, so it cannot be pinned",
+                          hint=f"connect once with `ssh -p {via.port} {via.user}@{via.host}` and check the key")
+
+
+def pin_host_keys(cluster: Cluster, transport: Transport = SSH) -> None:
+    """Make sure every node has pinned host keys (collecting them once where unknown): this machine
+    scans the nodes it reaches directly, the leader those behind it."""
+    pin_jump_keys(cluster)
+    for node in access.direct(cluster, cluster.nodes):
         if not node.host_keys:
             node.host_keys = keyscan(node)
+    if any(access.jump(cluster) and not n.host_keys and not access.behind_leader(cluster, n)
+           for n in cluster.nodes):
+        raise RemoteError("nodes reached through --jump need host keys from the provider (none were given)")
+    behind = [n for n in cluster.nodes if not n.host_keys]
+    if behind:
+        write_local_known_hosts(cluster)
+        write_ssh_config(cluster)
+        keyscan_via_leader(cluster, behind, transport)
 
 
 def local_known_hosts(cluster: Cluster) -> str:
@@ -72,6 +121,7 @@ def local_known_hosts(cluster: Cluster) -> str:
     for node in cluster.ordered_nodes():
         for key in node.host_keys:
             lines.append(f"{alias(cluster.name, node)} {key}")
+    lines += [f"{access.jump_alias(cluster.name)} {key}" for key in cluster.jump_keys]
     return "\n".join(lines) + "\n"
 
 

@@ -14,11 +14,16 @@ import functools
 import os
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 from clustertool.model import Cluster, Node
-from clustertool.remote import mux
+from clustertool.remote import access, mux
+from clustertool.remote.access import alias, leader_alias
 from clustertool.state import ClusterPaths
+
+__all__ = ["alias", "leader_alias"]  # named here for the modules that import them from the transport
 
 CONTROL_PERSIST = "15m"
 
@@ -50,31 +55,27 @@ def kex_algorithms() -> str | None:
     return ",".join(chosen) or None
 
 
-def alias(cluster_name: str, node: Node) -> str:
-    """The ssh alias of a node: ``<cluster>-node-K``."""
-    return f"{cluster_name}-{node.name}"
-
-
-def leader_alias(cluster_name: str) -> str:
-    return f"{cluster_name}-leader"
-
-
 def render_ssh_config(cluster: Cluster, paths: ClusterPaths) -> str:
     """The cluster's ssh_config: one Host block per node, then shared settings."""
-    lines = [f"# clustertool: cluster {cluster.name} (generated; rewritten by up/start)"]
+    lines = [f"# clustertool: cluster {cluster.name} (generated; rewritten by up/start); "
+             f"access: {access.describe(cluster)}"]
     for node in cluster.ordered_nodes():
         names = [alias(cluster.name, node)]
         if node.is_leader:
             names.append(leader_alias(cluster.name))
         lines += [
             f"Host {' '.join(names)}",
-            f"  HostName {node.reach_host}",
+            f"  HostName {access.host_name(cluster, node)}",
             f"  Port {node.ssh_port}",
             f"  HostKeyAlias {alias(cluster.name, node)}",
         ]
+        via = access.hop(cluster, node)
+        if via:
+            lines.append(f"  ProxyJump {via}")
     identities = [str(paths.key)]
     if cluster.ssh_key:
         identities.append(str(Path(cluster.ssh_key).expanduser()))
+    lines += access.jump_block(cluster, _own_identities())
     lines += [
         f"Host {cluster.name}-*",
         f"  User {cluster.user}",
@@ -97,6 +98,12 @@ def render_ssh_config(cluster: Cluster, paths: ClusterPaths) -> str:
     if kex:
         lines.append(f"  KexAlgorithms {kex}")
     return "\n".join(lines) + "\n"
+
+
+def _own_identities() -> list[str]:
+    """The user's own default keys, offered to their bastion (with their agent)."""
+    home = Path(os.path.expanduser("~")) / ".ssh"
+    return [str(home / name) for name in ("id_ed25519", "id_ecdsa", "id_rsa") if (home / name).exists()]
 
 
 def write_ssh_config(cluster: Cluster) -> Path:
@@ -123,6 +130,12 @@ def ssh_argv(cluster_name: str, node: Node, command: str | None = None, *,
     return argv
 
 
+def session_argv(cluster_name: str, node: Node, command: str | None = None, *, tty: bool = False) -> list[str]:
+    """ssh_argv for an interactive session (`ssh`, `attach`), its jump host's ControlMaster opened first."""
+    warm_jump(cluster_name, alias(cluster_name, node))
+    return ssh_argv(cluster_name, node, command, tty=tty)
+
+
 class Transport:
     """How this machine runs a command on a node: argv for a pipeline, or a started process."""
 
@@ -144,10 +157,15 @@ class SshTransport(Transport):
     """The real one: OpenSSH through the cluster's ssh_config.
 
     A command for a node whose ControlMaster runs goes straight to the master (remote/mux.py):
-    no ssh process per node.  Otherwise (and with CLUSTERTOOL_NO_MUX set) ssh is spawned."""
+    no ssh process per node.  Otherwise (and with CLUSTERTOOL_NO_MUX set) ssh is spawned.  A node
+    reached through a jump (ProxyJump in the config) gets its jump host's ControlMaster opened
+    first, so every connection through it rides on one persistent, authenticated connection
+    instead of each fan-out opening its own."""
 
     def argv(self, cluster_name: str, node: Node, command: str | None = None, *,
              extra: list[str] | None = None) -> list[str]:
+        if "-O" not in (extra or []):
+            warm_jump(cluster_name, alias(cluster_name, node))
         return ssh_argv(cluster_name, node, command, extra=extra)
 
     def spawn(self, cluster_name: str, node: Node, command: str, stdin: bytes | None, *,
@@ -162,6 +180,56 @@ class SshTransport(Transport):
 
 
 SSH = SshTransport()
+WARM_FOR = 60.0  # seconds a checked jump master counts as open without asking ssh again
+_warm: dict[tuple[str, str], float] = {}
+_warm_lock = threading.Lock()
+
+
+def proxy_jumps(config_text: str) -> dict[str, str]:
+    """alias -> its ProxyJump alias, from an ssh_config we rendered (one Host block per node)."""
+    jumps: dict[str, str] = {}
+    names: list[str] = []
+    for line in config_text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "Host":
+            names = words[1:]
+        elif len(words) == 2 and words[0] == "ProxyJump":
+            jumps.update({name: words[1] for name in names})
+    return jumps
+
+
+def master_argv(cluster_name: str, host_alias: str) -> list[str]:
+    """argv that makes sure ``host_alias``'s ControlMaster runs: a no-op command through it (with
+    ControlMaster auto and ControlPersist, the first connection stays as the master)."""
+    return ["ssh", "-F", str(ClusterPaths(cluster_name).ssh_config), "-T", "--", host_alias, "true"]
+
+
+def warm_jump(cluster_name: str, host_alias: str) -> None:
+    """Open the ControlMaster of the host ``host_alias`` jumps through (and of its own jump, first)."""
+    try:
+        target = proxy_jumps(ClusterPaths(cluster_name).ssh_config.read_text()).get(host_alias)
+    except OSError:
+        return
+    if target is None:
+        return
+    warm_jump(cluster_name, target)
+    with _warm_lock:
+        if time.monotonic() - _warm.get((cluster_name, target), -WARM_FOR) < WARM_FOR:
+            return
+        try:  # a jump host that does not answer: the node's own connection then says why
+            ok = subprocess.run(master_argv(cluster_name, target), stdin=subprocess.DEVNULL, capture_output=True,
+                                timeout=30).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        if ok:
+            _warm[(cluster_name, target)] = time.monotonic()
+
+
+def forget_warm(cluster_name: str) -> None:
+    """The cluster's ControlMasters were closed: the next jump opens its master again."""
+    with _warm_lock:
+        for key in [k for k in _warm if k[0] == cluster_name]:
+            del _warm[key]
 
 
 @functools.lru_cache(maxsize=32)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from clustertool.model import Node
-from clustertool.remote.transport import SSH, Transport, alias, classify_ssh_failure
+from clustertool.remote.transport import SSH, Transport, alias, classify_ssh_failure, warm_jump
 from clustertool.transfer.chain import DEFAULT_CIPHER, node_ssh_argv, status_dir
 
 FILE_MARK = "CTFILE"
@@ -147,7 +147,9 @@ def from_source_node(cluster_name: str, source: Node, targets: list[Node], src: 
 
 def from_local(cluster_name: str, config: str, leader: Node, src: str, src_is_dir: bool, dest: str, *,
                cipher: str | None, delete: bool, on_bytes=None) -> RsyncResult:
-    """rsync from this machine to the leader (through the cluster's ssh config)."""
+    """rsync from this machine to the leader (through the cluster's ssh config; a jump host's
+    ControlMaster opened first)."""
+    warm_jump(cluster_name, alias(cluster_name, leader))
     argv = rsync_argv(src, src_is_dir, alias(cluster_name, leader), dest, cipher=cipher,
                       delete=delete, config=config)
     return run_parallel([(leader.name, argv)], on_bytes)[leader.name]

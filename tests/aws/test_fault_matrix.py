@@ -252,7 +252,7 @@ def test_two_ups_of_one_name_from_one_home_the_second_is_refused_and_makes_nothi
     assert second.code != 0 and second.errors == [f"error: cluster {name!r} is being created by pid {first.pid}"]
     first_result = fx.wait(first, started)
     assert first_result.code == 0, first_result.err
-    assert fx.aws.leaks(name)["instances"] == 2 and fx.aws.leaks(name)["security_groups"] == 1
+    assert fx.aws.leaks(name)["instances"] == 2 and fx.aws.leaks(name)["security_groups"] == 2  # + the leader's
     record("two ups of one name, one home", second.code, fx.recover(name), fx.leaked(name))
     assert fx.leaked(name) == 0
 
@@ -268,7 +268,7 @@ def test_two_ups_of_one_name_from_two_homes_the_second_is_refused_and_makes_noth
     assert f"cluster name {name!r} is already used in us-east-1" in second.errors[0]
     assert "up in flight" in second.errors[0]
     assert fx.wait(first, started).code == 0
-    assert fx.aws.leaks(name)["instances"] == 2 and fx.aws.leaks(name)["security_groups"] == 1
+    assert fx.aws.leaks(name)["instances"] == 2 and fx.aws.leaks(name)["security_groups"] == 2  # + the leader's
     record("two ups of one name, two homes", second.code, fx.recover(name), fx.leaked(name))
     assert fx.leaked(name) == 0
 
@@ -285,7 +285,7 @@ def test_two_ups_of_one_name_from_two_homes_at_the_same_moment_exactly_one_wins(
     loser = next(r for r in results if r.code != 0)
     assert len(loser.errors) == 1 and ("already used" in loser.errors[0] or "a moment earlier" in loser.errors[0])
     winner_home = fx.tmp / f"home-{1 + [r.code for r in results].index(0)}"
-    assert fx.aws.leaks(name)["security_groups"] == 1
+    assert fx.aws.leaks(name)["security_groups"] == 2  # + the leader's
     down = fx.run("down", "-c", name, "--yes", env=fx.env(CLUSTERTOOL_HOME=str(winner_home)))
     assert down.code == 0, down.err
     record(f"two ups at the same moment, two homes (#{attempt})", loser.code, "down (winner)", fx.leaked(name))

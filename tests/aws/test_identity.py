@@ -92,7 +92,7 @@ def test_down_goes_by_id_and_leaves_another_users_same_named_cluster_untouched(a
     code, _, err = aws.ct("down", "-c", name, "--yes")
     assert code == 0, err
     assert "terminated 2 instance(s)" in err and "terminated 5" not in err
-    assert aws.leaks(name)["instances"] == 3 and aws.leaks(name)["security_groups"] == 1
+    assert aws.leaks(name)["instances"] == 3 and aws.leaks(name)["security_groups"] == 2  # + the leader's
     swept = _sweep(aws)  # alice's sweep: bob's cluster is listed and kept
     assert [(s["name"], s["action"]) for s in swept["orphans"]] == [(name, "keep")]
     assert "another owner's cluster" in swept["orphans"][0]["why"] and swept["removed"] == []

@@ -33,8 +33,8 @@ def test_up_four_p4d_lands_in_one_az_tagged_writes_slots_8_and_down_leaves_nothi
     assert len(lines) == 4 and all(line.endswith("slots=8") for line in lines)
     assert lines[0].split()[0] == leader["PrivateIpAddress"]
     assert "image: ami-" in err and "hourly" in err
-    assert aws.leaks("t") == {"instances": 4, "security_groups": 1, "key_pairs": 1, "volumes": 4,
-                              "placement_groups": 1, "network_interfaces": 4, "addresses": 0}
+    assert aws.leaks("t") == {"instances": 4, "security_groups": 2, "key_pairs": 1, "volumes": 4,
+                              "placement_groups": 1, "network_interfaces": 4, "addresses": 1}  # --access leader
 
     code, out, err = aws.ct("down", "-c", "t", "--yes")
     assert code == 0, err
@@ -45,7 +45,7 @@ def test_up_four_p4d_lands_in_one_az_tagged_writes_slots_8_and_down_leaves_nothi
 def test_up_sets_volumes_security_rules_key_pair_and_placement_group(aws):
     name = unique("vol")
     code, _, err = aws.ct("up", "-p", "aws", "-N", "2", "--instance-type", "g5.12xlarge", "--name", name,
-                          "--no-ssh", "--volume-size", "300", "--iops", "12000")
+                          "--no-ssh", "--volume-size", "300", "--iops", "12000", "--access", "all")
     assert code == 0, err
     vols = aws.ec2.describe_volumes(Filters=[{"Name": "tag:clustertool:cluster", "Values": [name]}])["Volumes"]
     assert sorted(v["Size"] for v in vols) == [300, 300] and {v["VolumeType"] for v in vols} == {"gp3"}
@@ -113,7 +113,7 @@ def test_down_twice_first_interrupted_then_completed(aws):
     aws.faults.add("delete_security_group", client_error("InternalError", "DeleteSecurityGroup", "boom"))
     code, _, err = aws.ct("down", "-c", name, "--yes")
     assert code != 0 and "Traceback" not in err
-    assert aws.leaks(name)["instances"] == 0 and aws.leaks(name)["security_groups"] == 1
+    assert aws.leaks(name)["instances"] == 0 and aws.leaks(name)["security_groups"] == 2  # the cluster's, the leader's
     code, _, err = aws.ct("down", "-c", name, "--yes")
     assert code == 0, err
     assert aws.total_leaks(name) == 0
@@ -164,7 +164,7 @@ def test_down_while_instances_shut_down_waits_and_retries_dependency_violation(a
     assert code == 0, err
     assert polls["n"] == 4
     assert aws.faults.fired.count("delete_security_group") == 2
-    assert aws.recorder.ops.count("delete_security_group") == 3
+    assert aws.recorder.ops.count("delete_security_group") == 4  # 2 refused, then the cluster's and the leader's
     assert aws.total_leaks(name) == 0
 
 
@@ -175,7 +175,8 @@ def test_dry_run_prints_the_plan_and_creates_nothing(aws, tmp_path):
     assert code == 0, err
     assert "us-east-1a, us-east-1b" in out
     assert "image: ami-" in out and "200 GB gp3, 10000 IOPS" in out
-    assert f"tcp/22 (SSH) from {MY_IP}/32 only" in out
+    assert f"inbound tcp/22 (SSH) from {MY_IP}/32 (CLUSTERTOOL_MY_IP)" in out and "no inbound SSH rule" in out
+    assert "only the leader gets a public address: an Elastic IP" in out
     assert "$131.09/h" in out and "approximate us-east-1" in out
     assert "RunInstances of 4 x p4d.24xlarge in us-east-1a: would succeed" in out
     assert "CreateSecurityGroup: would succeed" in out
@@ -266,10 +267,10 @@ def test_spot_cluster_from_a_yaml_spec_prices_spot_and_refuses_stop(aws, tmp_pat
     code, _, err = aws.ct("up", str(spec), "--no-ssh")
     assert code == 0, err
     assert {i.get("InstanceLifecycle") for i in aws.instances(name)} == {"spot"}
-    group = aws.ec2.describe_security_groups(
-        Filters=[{"Name": "tag:clustertool:cluster", "Values": [name]}])["SecurityGroups"][0]
-    assert [r["CidrIp"] for p in group["IpPermissions"] if p.get("FromPort") == 22 for r in p["IpRanges"]] \
-        == ["198.51.100.0/24"]
+    groups = aws.ec2.describe_security_groups(
+        Filters=[{"Name": "tag:clustertool:cluster", "Values": [name]}])["SecurityGroups"]
+    assert [r["CidrIp"] for g in groups for p in g["IpPermissions"] if p.get("FromPort") == 22
+            for r in p["IpRanges"]] == ["198.51.100.0/24"]
     code, out, _ = aws.ct("status", "-c", name, "--no-check")
     assert code == 0 and "current spot price" in out
     code, _, err = aws.ct("stop", "-c", name)

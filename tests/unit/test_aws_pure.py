@@ -198,3 +198,37 @@ def test_a_lease_is_done_live_or_expired():
     assert lease.summarize(["100", "300", "junk"]) == 300.0 and lease.summarize([]) is None
     assert lease.live(300.0, now=200) and not lease.live(300.0, now=400) and not lease.live("done")
     assert "in flight" in lease.describe(300.0, now=200) and "died" in lease.describe(300.0, now=400)
+
+
+def test_access_leader_launches_without_public_ips_and_access_all_with_them():
+    from clustertool.providers.aws import leader
+
+    assert _params(access="leader")["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is False
+    assert _params(access="all")["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is True
+    assert _params(access="all", jump="ops@b")["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is False
+    assert (leader.gets_elastic_ip({"access": "leader"}), leader.gets_elastic_ip({"access": "leader", "jump": "b"}),
+            leader.gets_elastic_ip({"access": "all"})) == (True, False, False)
+
+
+def test_the_members_group_has_no_ssh_rule_and_the_leaders_has_only_ssh():
+    assert network.security_rules("sg-1", None) == [
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-1", "Description": "cluster members"}]}]
+    assert network.ssh_rules("203.0.113.7/32") == [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [
+        {"CidrIp": "203.0.113.7/32", "Description": "clustertool ssh"}]}]
+    assert network.describe_rules(None)[1] == "no inbound SSH rule (members)"
+
+
+def test_the_elastic_ip_goes_on_the_primary_interface_of_card_zero():
+    from clustertool.errors import ProviderError
+    from clustertool.providers.aws import leader
+
+    inst = {"InstanceId": "i-1", "NetworkInterfaces": [
+        {"NetworkInterfaceId": "eni-b", "Attachment": {"DeviceIndex": 1, "NetworkCardIndex": 1}},
+        {"NetworkInterfaceId": "eni-a", "Attachment": {"DeviceIndex": 0, "NetworkCardIndex": 0}}]}
+    assert leader.primary_interface(inst) == "eni-a"
+    with pytest.raises(ProviderError):
+        leader.primary_interface({"InstanceId": "i-2", "NetworkInterfaces": []})
+    lines = leader.plan_lines({"access": "leader"}, ("203.0.113.7/32", "CLUSTERTOOL_MY_IP"), "c")
+    assert "Elastic IP" in lines[0] and "inbound tcp/22 (SSH) from 203.0.113.7/32 (CLUSTERTOOL_MY_IP)" in lines[1]
+    assert leader.plan_lines({"access": "all"}, ("1.2.3.4/32", "x"), "c") == [
+        "access: all: every node gets a public IP and takes SSH from 1.2.3.4/32 (x)"]

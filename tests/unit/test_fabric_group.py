@@ -31,8 +31,31 @@ def test_keys_pinned_under_host_key_aliases_map_to_their_nodes():
 
 
 def test_paramiko_looks_a_key_up_by_host_or_bracketed_host_and_port():
-    assert fabricgroup.lookup_name(Node("node-1", 1, "10.0.0.1")) == "10.0.0.1"
-    assert fabricgroup.lookup_name(Node("node-1", 1, "10.0.0.1", ssh_host="3.3.3.3", ssh_port=2222)) == "[3.3.3.3]:2222"
+    plain = Cluster("c", "static", nodes=[Node("node-1", 1, "10.0.0.1", role="leader")])
+    assert fabricgroup.lookup_name(plain, plain.nodes[0]) == "10.0.0.1"
+    far = Node("node-1", 1, "10.0.0.1", ssh_host="3.3.3.3", ssh_port=2222)
+    assert fabricgroup.lookup_name(plain, far) == "[3.3.3.3]:2222"
+
+
+def test_members_behind_the_leader_connect_through_one_leader_connection_at_their_private_address(ct_env, tmp_path):
+    import paramiko
+
+    cluster = saved_cluster("fabl", 3)
+    cluster.options["access"] = "leader"
+    cluster.nodes[0].ssh_host = "3.3.3.3"  # the leader's public address
+    for node in cluster.nodes[1:]:
+        node.ssh_host = None
+    state.save(cluster)
+    paths = state.ClusterPaths("fabl")
+    paths.root.mkdir(parents=True, exist_ok=True)
+    keys = [keypair(tmp_path / f"h{i}") for i in range(3)]
+    paths.known_hosts.write_text("".join(f"fabl-node-{i + 1} {k}\n" for i, k in enumerate(keys)))
+    leader, *members = list(fabricgroup.thread_group(state.load("fabl"), state.load("fabl").nodes))
+    assert (leader.host, leader.gateway) == ("3.3.3.3", None)
+    for conn, node, key in zip(members, cluster.nodes[1:], keys[1:]):
+        assert conn.host == node.address and conn.gateway is leader
+        assert isinstance(conn.client._policy, paramiko.RejectPolicy)
+        assert [k.get_base64() for k in conn.client.get_host_keys()[node.address].values()] == [key.split()[1]]
 
 
 def test_connections_trust_only_the_pinned_keys_and_offer_only_the_cluster_key(ct_env, tmp_path):

@@ -43,7 +43,7 @@ def test_json_lists_nodes_in_hostfile_order(cluster):
     assert [n["name"] for n in data["nodes"]] == ["node-1", "node-2", "node-3"]
     assert data["nodes"][0] == {"name": "node-1", "role": "leader", "address": "10.0.0.11",
                                 "ssh_alias": "gpu-run-node-1", "ssh_host": "54.1.1.1", "ssh_port": 22,
-                                "slots": 8, "instance_id": "i-1"}
+                                "proxy_jump": None, "slots": 8, "instance_id": "i-1"}
     assert data["nodes"][2]["ssh_host"] == "10.0.0.13"  # no public address: the private one
     assert data["ssh_config"].endswith("ssh_config") and data["user"] == "ubuntu"
 

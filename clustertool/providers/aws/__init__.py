@@ -31,14 +31,20 @@ class AwsProvider:
         "ami": OptionSpec(str, None, "Machine image id (default: the newest Deep Learning AMI of the region)."),
         "spot": OptionSpec(bool, False, "Use spot instances (cheaper, may be reclaimed; cannot be stopped)."),
         "efa": OptionSpec(bool, False, "EFA: one EFA interface per network card of the type (p4d: 4, p5: 32); "
-                                       "with several, nodes get no public IP at launch."),
+                                       "with several, nodes get no public IP at launch (--access leader gives the "
+                                       "leader an Elastic IP)."),
         "volume_size": OptionSpec(int, 200, "Root volume size in GB."),
         "volume_type": OptionSpec(str, "gp3", "Root volume type.", ("gp3", "io1", "io2", "gp2")),
         "iops": OptionSpec(int, None, "Provisioned IOPS of the root volume (default 10000 for gp3/io1/io2)."),
         "key_name": OptionSpec(str, None, "Existing EC2 key pair to launch with (default: import the cluster's own "
                                           "key)."),
         "ssh_cidr": OptionSpec(str, None, "Who may SSH in, e.g. 203.0.113.7/32 (default: your own address when "
-                                          "found)."),
+                                          "found; with --jump, the VPC's range)."),
+        "access": OptionSpec(str, "leader", "Who takes SSH from this machine: 'leader' (members only through the "
+                                            "leader, with ProxyJump) or 'all' (default: leader on aws, all on local).",
+                             ("leader", "all")),
+        "jump": OptionSpec(str, None, "Your own bastion, USER@HOST[:PORT], for clusters in private subnets: the leader "
+                                      "(with --access all, every node) is reached through it; no public addresses."),
         "subnet": OptionSpec(str, None, "Subnet id (default: the default VPC's subnet in the chosen zone)."),
         "profile": OptionSpec(str, None, "AWS profile from ~/.aws/config."),
         "adopt_tag": OptionSpec(str, None, "Adopt instances by tag: Name=john,paul,george,ringo."),

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from clustertool.errors import ProviderError
 from clustertool.model import Cluster, Reporter
-from clustertool.providers.aws import capacity, network, placement, tags, teardown
+from clustertool.providers.aws import capacity, leader, network, placement, tags, teardown
 from clustertool.providers.aws.client import NEXT_AZ_CODES, Aws, aws_errors, is_code
 from clustertool.providers.aws.images import Image
 
@@ -51,14 +51,14 @@ def user_data(public_key: str) -> str:
     return f"#cloud-config\nssh_authorized_keys:\n  - {public_key.strip()}\n"
 
 
-def interfaces(subnet: str, group_id: str, efa: int) -> list[dict[str, Any]]:
-    """The network interfaces of each node: one plain interface with a public IP; or, with --efa,
-    one EFA interface per network card (card 0 at device 0, every other card at device 1).  AWS
-    gives no public IP at launch to an instance with several interfaces (and refuses the request
-    if asked to), so then no interface asks for one."""
+def interfaces(subnet: str, group_id: str, efa: int, public_ip: bool = True) -> list[dict[str, Any]]:
+    """The network interfaces of each node: one plain interface, with a public IP only when
+    ``public_ip`` (--access all); or, with --efa, one EFA interface per network card (card 0 at
+    device 0, every other card at device 1).  AWS gives no public IP at launch to an instance with
+    several interfaces (and refuses the request if asked to), so then no interface asks for one."""
     if efa <= 1:
         iface: dict[str, Any] = {"DeviceIndex": 0, "SubnetId": subnet, "Groups": [group_id],
-                                 "AssociatePublicIpAddress": True, "DeleteOnTermination": True}
+                                 "AssociatePublicIpAddress": public_ip, "DeleteOnTermination": True}
         if efa == 1:
             iface["InterfaceType"] = "efa"
         return [iface]
@@ -76,7 +76,8 @@ def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: I
         where["GroupName"] = placement_group
     params: dict[str, Any] = {
         "ImageId": image.id, "InstanceType": instance_type, "MinCount": count, "MaxCount": count,
-        "KeyName": key_name, "NetworkInterfaces": interfaces(subnet, group_id, efa), "Placement": where,
+        "KeyName": key_name, "NetworkInterfaces": interfaces(subnet, group_id, efa, leader.wants_public_ip(options)),
+        "Placement": where,
         "BlockDeviceMappings": [{"DeviceName": image.root_device, "Ebs": volume(options)}],
         "TagSpecifications": [stamp.spec("instance", **{"clustertool__role": "member"}),
                               stamp.spec("volume"), stamp.spec("network-interface")],
@@ -133,9 +134,9 @@ def tag_nodes(aws: Aws, cluster: str, instances: list[dict]) -> list[dict]:
     """Give each launched instance its role, index and Name; leader = launch index 0."""
     ordered = sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
     for k, inst in enumerate(ordered, start=1):
-        leader = k == 1
-        values = {tags.ROLE: "leader" if leader else "member", tags.NODE: str(k),
-                  tags.NAME: tags.node_name(cluster, k, leader)}
+        first = k == 1
+        values = {tags.ROLE: "leader" if first else "member", tags.NODE: str(k),
+                  tags.NAME: tags.node_name(cluster, k, first)}
         with aws_errors("tagging instances"):
             aws.call("create_tags", Resources=[inst["InstanceId"]], Tags=tags.pairs(values))
         inst["Tags"] = [t for t in inst.get("Tags", []) if t["Key"] not in values] + tags.pairs(values)

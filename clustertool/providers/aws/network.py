@@ -66,19 +66,24 @@ def ssh_cidr(option: str | None) -> tuple[str, str]:
     return found
 
 
-def security_rules(group_id: str, cidr: str) -> list[dict]:
-    """All traffic among the cluster's members (NCCL, MPI, EFA) and SSH from ``cidr`` only."""
+def ssh_rules(cidr: str) -> list[dict]:
+    """SSH from ``cidr`` only."""
     ranges = ({"Ipv6Ranges": [{"CidrIpv6": cidr, "Description": "clustertool ssh"}]} if ":" in cidr
               else {"IpRanges": [{"CidrIp": cidr, "Description": "clustertool ssh"}]})
-    return [
-        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "cluster members"}]},
-        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges},
-    ]
+    return [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges}]
 
 
-def describe_rules(cidr: str) -> list[str]:
+def security_rules(group_id: str, cidr: str | None) -> list[dict]:
+    """All traffic among the cluster's members (NCCL, MPI, EFA), and SSH from ``cidr`` only (None: no
+    SSH rule here, as with --access leader, where the leader's own group has it)."""
+    members = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "cluster members"}]}]
+    return members + (ssh_rules(cidr) if cidr else [])
+
+
+def describe_rules(cidr: str | None) -> list[str]:
+    ssh = [f"inbound: tcp/22 (SSH) from {cidr} only"] if cidr else ["no inbound SSH rule (members)"]
     return ["inbound: all traffic from members of the cluster's own security group (NCCL/MPI/EFA)",
-            f"inbound: tcp/22 (SSH) from {cidr} only", "outbound: all (AWS default)"]
+            *ssh, "outbound: all (AWS default)"]
 
 
 def subnet_for(aws: Aws, az: str, subnet: str | None) -> tuple[str, str]:
@@ -131,11 +136,21 @@ def _describe_subnets(aws: Aws, **kwargs) -> list[dict]:
             raise
 
 
-def create_security_group(aws: Aws, stamp: tags.Stamp, vpc_id: str, cidr: str, record: Record) -> str:
+def vpc_cidr(aws: Aws, vpc_id: str) -> str:
+    """The VPC's own address range (where a --jump bastion lives, by default)."""
+    with aws_errors("describing the VPC"):
+        vpcs = aws.call("describe_vpcs", VpcIds=[vpc_id]).get("Vpcs", [])
+    if not vpcs or not vpcs[0].get("CidrBlock"):
+        raise ProviderError(f"VPC {vpc_id} has no address range", hint="pass --ssh-cidr with the bastion's address")
+    return vpcs[0]["CidrBlock"]
+
+
+def create_security_group(aws: Aws, stamp: tags.Stamp, vpc_id: str, cidr: str | None, record: Record) -> str:
     name = f"clustertool-{stamp.id}"
+    what = f"SSH from {cidr}" if cidr else "SSH only to the leader"
     with aws_errors("creating the security group"):
         group_id = aws.call("create_security_group", GroupName=name, VpcId=vpc_id,
-                            Description=f"clustertool cluster {stamp.cluster}: members talk freely, SSH from {cidr}",
+                            Description=f"clustertool cluster {stamp.cluster}: members talk freely, {what}",
                             TagSpecifications=[stamp.spec("security-group", name)])["GroupId"]
     record("security_groups", group_id)
     with aws_errors("adding security group rules"):

@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clustertool.errors import ToolError, UsageError
-from clustertool.providers.aws import adopt, capacity, images, network, owner, pricing, quota, tags
+from clustertool.providers.aws import adopt, capacity, images, leader, network, owner, pricing, quota, tags
 from clustertool.providers.aws.client import Aws, error_code, error_message
 from clustertool.providers.aws.launch import launch_params, volume
 from clustertool.providers.base import ProvisionRequest
+from clustertool.remote import access
 
 IOPS_RANGE = {"gp3": (3000, 16000), "io1": (100, 64000), "io2": (100, 256000)}
 
@@ -58,6 +59,9 @@ def validate(options: dict, count: int | None) -> None:
             raise UsageError(f"--iops: {vtype} takes {low}-{high} IOPS, got {iops}")
     if options.get("ssh_cidr"):
         network.parse_cidr(options["ssh_cidr"])
+    access.check_mode(options.get("access") or "leader")
+    if options.get("jump"):
+        access.parse_jump(options["jump"])
 
 
 def prepare(request: ProvisionRequest) -> Prep:
@@ -78,7 +82,8 @@ def prepare(request: ProvisionRequest) -> Prep:
             raise UsageError(f"--subnet {options['subnet']} is in {subnet_zone}, not --az {az}")
         az = subnet_zone
     azs = capacity.az_order(aws, info.name, az)
-    cidr = network.ssh_cidr(options.get("ssh_cidr"))
+    # behind a --jump bastion the SSH source is the VPC's own range (found at launch) unless given
+    cidr = None if options.get("jump") and not options.get("ssh_cidr") else network.ssh_cidr(options.get("ssh_cidr"))
     if options.get("key_name"):
         network.check_key_name(aws, options["key_name"])
     me = owner.caller(aws)
@@ -89,13 +94,22 @@ def prepare(request: ProvisionRequest) -> Prep:
 
 
 def network_line(info: capacity.TypeInfo, options: dict) -> str:
+    public = ("public IP for SSH" if leader.wants_public_ip(options) else
+              "no public IP at launch" + (" (the leader's Elastic IP comes after)" if leader.gets_elastic_ip(options)
+                                          else ""))
     if not options.get("efa"):
-        return "public IP for SSH"
+        return public
     cards = info.efa_interfaces
     if cards <= 1:
-        return "1 EFA interface per node, public IP for SSH"
+        return f"1 EFA interface per node, {public}"
+    reach = ("the leader through its Elastic IP, members through the leader" if leader.gets_elastic_ip(options)
+             else "nodes are reached by private address, i.e. from inside the VPC")
     return (f"{cards} EFA interfaces per node (one per network card); no public IP at launch (AWS assigns none "
-            "with several interfaces): nodes are reached by private address, i.e. from inside the VPC")
+            f"with several interfaces): {reach}")
+
+
+def _cidr(prep: Prep) -> str:
+    return prep.cidr[0] if prep.cidr else "the VPC's own range (--jump)"
 
 
 def hourly_line(prep: Prep, options: dict, count: int) -> str:
@@ -126,8 +140,9 @@ def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
         f"network: {('subnet ' + options['subnet']) if options.get('subnet') else 'default VPC subnet of the zone'}"
         f", {network_line(info, options)}",
         f"security group (new, clustertool-{name}-<suffix>):",
-        *[f"  {rule}" for rule in network.describe_rules(prep.cidr[0])],
-        f"  (SSH source from {prep.cidr[1]})",
+        *[f"  {rule}" for rule in network.describe_rules(None if leader.leader_only(options) else _cidr(prep))],
+        *([f"  (SSH source from {prep.cidr[1]})"] if prep.cidr and not leader.leader_only(options) else []),
+        *leader.plan_lines(options, prep.cidr, name),
         "key pair: " + (f"existing {options['key_name']}" if options.get("key_name")
                         else f"import the cluster key as clustertool-{name}-<suffix>"),
         f"identity: id {request.cluster.id or name + '-<suffix>'}, owner "

@@ -6,11 +6,24 @@ import time
 
 from clustertool.errors import ProviderError
 from clustertool.model import Cluster, Node, Reporter, silent
-from clustertool.providers.aws import adopt, capacity, images, launch, lease, network, owner, pricing, tags, teardown
+from clustertool.providers.aws import (
+    adopt,
+    capacity,
+    images,
+    launch,
+    leader,
+    lease,
+    network,
+    owner,
+    pricing,
+    tags,
+    teardown,
+)
 from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws.client import Aws, aws_errors
 from clustertool.providers.aws.prepare import Prep
 from clustertool.providers.base import ProvisionRequest
+from clustertool.remote import access
 
 
 def session_for(cluster: Cluster, report: Reporter = silent) -> Aws:
@@ -36,13 +49,15 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     aws.tick = held.beat
     image = images.resolve(aws, cluster.options.get("ami"), info.arch)
     report(f"image: {image.describe()}")
-    cidr, source = prep.cidr
-    report(f"SSH allowed from {cidr} ({source})")
+    vpc = network.vpc_for(aws, cluster.options.get("subnet"))
+    cidr, source = prep.cidr or (network.vpc_cidr(aws, vpc), "the VPC's own range, where --jump's bastion is")
+    behind = leader.leader_only(cluster.options)
+    report(f"SSH allowed from {cidr} ({source})" + (" to the leader only" if behind else ""))
     if cidr in ("0.0.0.0/0", "::/0"):
         report("warning: SSH is open to the whole internet, as --ssh-cidr asked")
-    vpc = network.vpc_for(aws, cluster.options.get("subnet"))
-    group_id = network.create_security_group(aws, stamp, vpc, cidr, record)
+    group_id = network.create_security_group(aws, stamp, vpc, None if behind else cidr, record)
     held.hold(group_id)
+    leader_group = leader.create_group(aws, stamp, vpc, cidr, record) if behind else None
     owner.check_race(aws, stamp, prep.me)
     key_name = cluster.options.get("key_name") or network.import_key_pair(aws, stamp, request.public_key, record)
     az, launched = launch.launch_in_order(aws, cluster, stamp=stamp, count=request.count, info=info, image=image,
@@ -52,7 +67,12 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     request.save()
     ordered = launch.tag_nodes(aws, cluster.name, launched)
     report(f"launched {len(ordered)} x {info.name} in {az}; hourly: {_hourly(aws, cluster, len(ordered))}")
-    if cluster.options.get("efa") and info.efa_interfaces > 1:
+    if leader_group:
+        eni = leader.attach(aws, ordered[0], [group_id, leader_group])
+        if leader.gets_elastic_ip(cluster.options):
+            address = leader.elastic_ip(aws, stamp, eni, record)
+            report(f"leader: Elastic IP {address}; members have no public address (reached through the leader)")
+    if cluster.options.get("efa") and info.efa_interfaces > 1 and not leader_group:
         report(f"{info.efa_interfaces} EFA interfaces per node: AWS gives such nodes no public IP, so they are "
                "reached by private address (from inside the VPC)")
     return inst_mod.nodes_from_tags(ordered, ps["slots"])
@@ -102,8 +122,9 @@ def wait(cluster: Cluster, aws: Aws) -> list[Node]:
             polls["n"] += 1
             if polls["n"] % 6 == 0:
                 inst_mod.check_running(aws, ids)
-        inst_mod.wait_ssh_port([n.reach_host for n in nodes], port=nodes[0].ssh_port if nodes else 22,
-                               tick=still_running)
+        direct = access.direct(cluster, nodes)  # members behind the leader: waited for from the leader
+        if direct:
+            inst_mod.wait_ssh_port([n.reach_host for n in direct], port=direct[0].ssh_port, tick=still_running)
     inst_mod.check_running(aws, ids)
     return nodes
 
@@ -112,7 +133,7 @@ def finish(cluster: Cluster, aws: Aws) -> None:
     """`up` succeeded: the lease becomes 'done' (this fails if a sweep removed the cluster meanwhile)."""
     if cluster.provider_state.get("adopted"):
         return
-    groups = cluster.provider_state.get("security_groups", [])[:1]
+    groups = cluster.provider_state.get("security_groups", [])  # the cluster's and (--access leader) the leader's
     lease.Lease(aws).done(groups + inst_mod.ids_of(cluster.nodes))
 
 

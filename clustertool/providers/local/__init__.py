@@ -29,8 +29,10 @@ from clustertool import state
 from clustertool.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.model import LEADER, MEMBER, Cluster, Node
 from clustertool.providers.base import OptionSpec, ProvisionRequest
+from clustertool.providers.local import access as local_access
 from clustertool.providers.local import net, sysops
 from clustertool.providers.local.teardown import teardown
+from clustertool.remote import access as remote_access
 
 INIT_SCRIPT = Path(__file__).with_name("init.py")
 _TOOLS = (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
@@ -51,6 +53,10 @@ def _which(tool: str) -> str | None:
     return shutil.which(tool, path=path)
 
 
+ACCESS_HELP = ("Who takes SSH from this machine: 'leader' (members only through the leader, with ProxyJump) "
+               "or 'all' (default: leader on aws, all on local).")
+
+
 class LocalProvider:
     name: ClassVar[str] = "local"
     default_user: ClassVar[str] = "root"
@@ -59,6 +65,9 @@ class LocalProvider:
         "link_rate": OptionSpec(str, None, "egress rate at each end of every node's link, e.g. 200mbit (tc tbf)"),
         "link_delay": OptionSpec(str, None, "delay added at each end of every node's link, e.g. 5ms (tc netem); "
                                  "node to node one-way latency is twice this"),
+        "access": OptionSpec(str, "all", ACCESS_HELP, ("leader", "all")),
+        "jump": OptionSpec(str, None, "Your own bastion, USER@HOST[:PORT]: the leader (with --access all, every "
+                                      "node) is reached through it (its host key must be in ~/.ssh/known_hosts)."),
     }
 
     WAIT_LIMIT: ClassVar[float] = 60.0
@@ -81,6 +90,10 @@ class LocalProvider:
         if not 1 <= request.count <= net.MAX_NODES:
             raise UsageError(f"the local provider makes 1 to {net.MAX_NODES} nodes, not {request.count}")
         rate, delay = self._link_options(request.cluster)
+        if request.cluster.options.get("jump"):
+            remote_access.parse_jump(request.cluster.options["jump"])
+        if self._behind_leader(request.cluster) and not _which("nft"):
+            raise MissingPrerequisite("--access leader on the local provider needs nft: apt-get install nftables")
         if delay and sysops.run(net.netem_probe_argv(), check=False).returncode != 0:
             raise MissingPrerequisite(
                 "link_delay needs the kernel's netem qdisc (sch_netem), which this kernel lacks",
@@ -90,6 +103,10 @@ class LocalProvider:
             raise ProviderError(
                 f"namespaces of a local cluster named {request.cluster.name!r} already exist ({taken[0]} ...)",
                 hint="another CLUSTERTOOL_HOME may use this name: pick another name, or bring that one down")
+
+    @staticmethod
+    def _behind_leader(cluster: Cluster) -> bool:
+        return cluster.options.get("access") == "leader"
 
     @staticmethod
     def _link_options(cluster: Cluster) -> tuple[str | None, str | None]:
@@ -119,6 +136,12 @@ class LocalProvider:
             f"slots per node: {request.slots or 1}",
             f"route: unreachable {net.NET_RANGE} while any local cluster exists",
         ]
+        if self._behind_leader(request.cluster):
+            lines.append("access: leader: node-1 takes SSH from this machine; every member's namespace rejects "
+                         "TCP/22 from anything but the cluster's nodes (nftables), so members are reached through "
+                         "node-1 with ProxyJump")
+        else:
+            lines.append("access: all: every node takes SSH from this machine")
         if rate or delay:
             what = ", ".join(x for x in (f"rate {rate}" if rate else "", f"delay {delay}" if delay else "") if x)
             lines.append(f"link shaping on both ends of each veth: {what} (node to node crosses two links)")
@@ -228,6 +251,9 @@ class LocalProvider:
         host_tc = [line for i in indices for line in net.shaping_lines(net.veth_name(slot, i), rate, delay)]
         if host_tc:
             jobs.append((net.tc_batch_argv(), "\n".join(host_tc) + "\n"))
+        if self._behind_leader(cluster) and len(indices) > 1:
+            rules = local_access.member_ruleset([net.node_address(slot, i) for i in indices])
+            jobs += [(local_access.nft_argv(net.netns_name(cluster.name, i)), rules) for i in indices if i != 1]
         for start in range(0, len(jobs), 16):  # bounded parallelism: the machine has few cores
             sysops.run_parallel(jobs[start:start + 16])
 
@@ -267,7 +293,9 @@ class LocalProvider:
         """Until every node's sshd accepts TCP; a node's sshd starts in well under a second,
         so waiting is capped at WAIT_LIMIT whatever a cloud-minded caller allows."""
         timeout = min(timeout, self.WAIT_LIMIT)
-        pending = {n.name: n for n in cluster.nodes}
+        started = time.monotonic()
+        behind = [n for n in cluster.nodes if self._behind_leader(cluster) and n.role != LEADER]
+        pending = {n.name: n for n in cluster.nodes if n not in behind}
         pids = cluster.provider_state.get("pids", {})
         deadline = time.monotonic() + timeout
         while pending:
@@ -286,6 +314,7 @@ class LocalProvider:
                 raise ProviderError(f"{name} ({node.address}:22) {what}",
                                     hint=f"its log {log} ends: {sysops.log_tail(log)}")
             time.sleep(0.02)
+        local_access.wait_members(cluster, behind, max(1.0, timeout - (time.monotonic() - started)))
         for node in cluster.nodes:
             node.state = "running"
         return cluster.nodes
