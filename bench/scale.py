@@ -5,7 +5,9 @@ For each size N in --sizes (default 8, 32, 128, 254), brings up a local cluster 
 times, as whole processes started here:
 
   up                      clustertool up --provider local --nodes N
-  exec cold               clustertool exec -- true, no ControlMaster running (fresh handshakes)
+  exec cold               clustertool exec -- true, no ControlMaster running (fresh handshakes;
+                          timed once the previous round's masters are gone and their
+                          connections closed on the nodes)
   exec warm               the same again (connections reused)
   pdsh                    pdsh -R ssh -f N -w <every node> true, through the cluster's ssh config
                           minus what clustertool tunes (ControlMaster, KexAlgorithms): what users run
@@ -29,12 +31,15 @@ that is left (there should be none).  254 nodes need ~6 GiB of memory and 16 GiB
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -57,12 +62,26 @@ def pdsh_env(home: Home, name: str) -> dict:
     return dict(home.env, PDSH_SSH_ARGS=args)
 
 
-def close_masters(home: Home, name: str, n: int) -> None:
+def control_dir(home: Home, name: str) -> Path:
+    """The cluster's ControlMaster sockets (state.ClusterPaths.control_dir, for this home)."""
+    root = Path(home.path) / "clusters" / name
+    return Path(tempfile.gettempdir()) / f"ct-{hashlib.sha1(str(root).encode()).hexdigest()[:10]}"
+
+
+def close_masters(home: Home, name: str, n: int, settle: float = 2.0) -> None:
+    """No master left: each asked to exit, then waited for until its socket is gone, then
+    ``settle`` seconds for the masters' connections to finish closing on the nodes, so that a
+    cold exec is timed from a quiet cluster (as pdsh is), not beside n connections closing."""
     cfg = Path(home.path) / "clusters" / name / "ssh_config"
     procs = [subprocess.Popen(["ssh", "-F", str(cfg), "-O", "exit", f"{name}-node-{i}"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for i in range(1, n + 1)]
     for p in procs:
         p.wait()
+    sockets = control_dir(home, name)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and sockets.is_dir() and any(sockets.iterdir()):
+        time.sleep(0.1)
+    time.sleep(settle)
 
 
 def one_size(home: Home, n: int, rounds: int, say) -> dict[str, float]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clustertool import hostfile as hostfiles
-from clustertool import interrupts, state
+from clustertool import interrupts, nodeprogs, state
 from clustertool.errors import RemoteError, ToolError, UsageError
 from clustertool.model import Cluster, GroupResult, Node, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
@@ -184,9 +184,15 @@ def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
 
 
 def check_leader_mesh(cluster: Cluster, transport: Transport = SSH) -> None:
-    """The leader must reach every node by private address without a prompt (mpirun needs it)."""
-    result = run_on_nodes(cluster.name, [cluster.leader], "sh -s", timeout=60, transport=transport,
-                          stdin_data=mesh.mesh_script(cluster.nodes).encode())
+    """The leader must reach every node by private address without a prompt (mpirun needs it):
+    real ssh to every node, or past mesh.LEADER_FULL_MAX nodes to a sample and an SSH banner
+    check of every other node (nodeprogs/reach.py; remote/mesh.py says why that suffices)."""
+    by_ssh, by_banner = mesh.leader_targets(cluster.nodes)
+    program = nodeprogs.program_text("reach", {"ssh": [n.address for n in by_ssh],
+                                               "banner": [n.address for n in by_banner],
+                                               "port": 22, "timeout": 10})
+    result = run_on_nodes(cluster.name, [cluster.leader], nodeprogs.python_command(), timeout=60,
+                          transport=transport, stdin_data=program)
     _raise_on_failures(result, "checking the leader's SSH mesh")
     by_addr = {n.address: n.name for n in cluster.nodes}
     failed = mesh.failed_targets(result.results[0].stdout)

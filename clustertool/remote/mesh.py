@@ -9,6 +9,14 @@ from four sides (which tells a bad target from a bad source), and any split of t
 into parts that cannot reach each other crosses some tried pair (the i+1 ring alone spans
 every node).  What a sample can miss is a fault between two particular nodes only; on a
 real cluster those come from per-pair firewalls, which one security group rules out.
+
+The leader's own check after `up` (it must reach every node, as mpirun does) is every node by
+real ssh up to LEADER_FULL_MAX nodes.  Beyond it, a real ssh only to a sample (the nodes at
+offsets 1, 2, 4, 8 ... along the ring, and the last), and to every node an SSH banner check from
+the leader (``leader_targets``): the leader's key, config and known_hosts are the same files for
+every target, and each node has already accepted the cluster key and shown its pinned host key
+to this machine while it was wired, so what is left to check per node is the path from the
+leader to its sshd.  A full ssh per node costs a handshake on both ends; a banner, a connection.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from clustertool.model import Node
 
 FULL_MESH_MAX = 16
 SAMPLE_OFFSETS = (1, 2, 4, 8)
+LEADER_FULL_MAX = 32
 
 
 def mesh_peers(nodes: list[Node]) -> dict[str, list[Node]]:
@@ -28,6 +37,23 @@ def mesh_peers(nodes: list[Node]) -> dict[str, list[Node]]:
     if n <= FULL_MESH_MAX:
         return {a.name: [b for b in ordered if b.name != a.name] for a in ordered}
     return {a.name: [ordered[(i + k) % n] for k in SAMPLE_OFFSETS] for i, a in enumerate(ordered)}
+
+
+def leader_targets(nodes: list[Node]) -> tuple[list[Node], list[Node]]:
+    """(nodes the leader reaches by real ssh, nodes it checks by their SSH banner): every node by
+    ssh up to LEADER_FULL_MAX nodes; beyond it a sample of O(log n) by ssh, the rest by banner."""
+    ordered = sorted(nodes, key=lambda n: n.index)
+    n = len(ordered)
+    if n <= LEADER_FULL_MAX:
+        return ordered, []
+    picks = {n - 1}
+    step = 1
+    while step < n:
+        picks.add(step)
+        step *= 2
+    sample = [ordered[i] for i in sorted(picks)]
+    chosen = {node.name for node in sample}
+    return sample, [node for node in ordered if node.name not in chosen]
 
 
 def mesh_script(targets: list[Node], parallel: bool = True) -> str:

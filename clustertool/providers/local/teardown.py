@@ -93,7 +93,10 @@ def teardown(cluster: Cluster, reap: Callable[[], None] = lambda: None, files: b
     if files and nodes_dir.exists():
         shutil.rmtree(nodes_dir)
         removed.append(f"removed node directories {nodes_dir}")
-    left = [ns for ns in namespaces if sysops.netns_exists(ns)] + [ln for ln in links if sysops.link_exists(ln)]
+    # a link still carrying our tag: once the bridge is gone another cluster may take the slot at
+    # once and make links of the same names (its own tag), which are not ours to report
+    left = [ns for ns in namespaces if sysops.netns_exists(ns)] + \
+        [ln for ln in links if sysops.link_exists(ln) and _alias(ln) == tag]
     if left:
         raise ProviderError(f"could not remove {_fold(left)}", hint="run `clustertool down` again")
     for key in _RECORDED:
