@@ -69,6 +69,8 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
         from clustertool import lifecycle
         from clustertool.providers.aws import sweep
 
+        for line in lifecycle.refresh_autostop([c for c in lifecycle.list_all() if c.provider == "aws"]):
+            reporter(json_output)(line)
         ids, names = lifecycle.known()
         orphans = sweep.find(region=region, profile=profile, known_ids=ids, known_names=names,
                              force_owner=force_owner, report=reporter(json_output))
@@ -143,6 +145,8 @@ def ls(json_output: bool = JsonOpt) -> None:
     from clustertool import lifecycle
     from clustertool.cli import render
 
+    for line in lifecycle.refresh_autostop(lifecycle.list_all(), report=reporter(json_output)):
+        reporter(json_output)(line)
     clusters = lifecycle.list_all()
     if json_output:
         render.print_json([{"name": c.name, "id": c.id, "provider": c.provider, "status": c.status,
