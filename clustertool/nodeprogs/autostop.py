@@ -240,7 +240,7 @@ def tick(now=None):
     state, action = decide(config, old, reasons, now, boot)
     state["notes"] = notes
     write_json("state.json", state)
-    if bool(old.get("busy")) != bool(reasons) or notes != old.get("notes", []):
+    if not old or bool(old.get("busy")) != bool(reasons) or notes != old.get("notes", []):
         log("%s%s" % ("; ".join(reasons) or "idle", (" (%s)" % "; ".join(notes)) if notes else ""), now)
     if action:
         why = "idle for %ds (no jobs%s%s)" % (

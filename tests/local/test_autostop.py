@@ -1,0 +1,121 @@
+"""Autostop on a real local cluster: the leader's watcher samples jobs and GPU use over the cluster's
+own SSH mesh and powers the nodes off after the idle window -- not before, not while a job runs,
+not after --cancel.
+
+There is no GPU here: every node gets a STAND-IN ``nvidia-smi`` (a shell script in the node's
+``~/.local/bin``, which the watcher's probe puts first on PATH) that prints the utilisation written
+in the node's ``~/gpu-util`` file, so a test can make a node's GPU busy, then idle.  The sampling
+interval is the hidden knob ``CLUSTERTOOL_AUTOSTOP_INTERVAL`` (1 s instead of a minute).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.local
+
+STAND_IN = """#!/bin/sh
+# STAND-IN for nvidia-smi (no GPU on this test machine): one line per GPU, the utilisation in
+# percent written in ~/gpu-util (0 when the file is missing), as
+# `nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits` prints it.
+u=$(cat "$HOME/gpu-util" 2>/dev/null || echo 0)
+echo "$u"
+echo "$u"
+"""
+
+
+def _home(env: dict, name: str, node: str) -> Path:
+    return Path(env["CLUSTERTOOL_HOME"]) / "clusters" / name / "local" / node / "home"
+
+
+def _install_stand_in(env: dict, name: str, nodes: int, busy_node: str | None = None) -> None:
+    for i in range(1, nodes + 1):
+        home = _home(env, name, f"node-{i}")
+        bin_dir = home / ".local" / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        (bin_dir / "nvidia-smi").write_text(STAND_IN)
+        (bin_dir / "nvidia-smi").chmod(0o755)
+        (home / "gpu-util").write_text("93\n" if f"node-{i}" == busy_node else "0\n")
+
+
+def _states(env: dict, name: str) -> tuple[str, list[str]]:
+    proc = run_cli("status", "-c", name, "--json", "--no-check", env=env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    return data["status"], [n["state"] for n in data["nodes"]]
+
+
+def _wait_stopped(env: dict, name: str, limit: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        status, states = _states(env, name)
+        if set(states) == {"stopped"}:
+            return time.monotonic()
+        time.sleep(0.5)
+    raise AssertionError(f"cluster {name} did not stop within {limit}s: {_states(env, name)}")
+
+
+@pytest.fixture
+def env(ct_env):
+    return dict(ct_env, CLUSTERTOOL_AUTOSTOP_INTERVAL="1")
+
+
+def test_busy_gpu_holds_the_cluster_up_then_it_stops_after_the_idle_window_and_not_before(local_cluster, env):
+    name = local_cluster(4, env=env)
+    _install_stand_in(env, name, 4, busy_node="node-3")
+    proc = run_cli("autostop", "-c", name, "4s", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "stop every node after 4s idle" in proc.stdout and "watcher: loop" in proc.stdout
+
+    time.sleep(9)  # more than twice the window, with node-3's GPU at 93%
+    assert _states(env, name) == ("ready", ["running"] * 4)
+    shown = run_cli("autostop", "-c", name, "--json", env=env)
+    assert any("node-3 GPU busy (93/93%)" in why for why in json.loads(shown.stdout)["leader"]["busy"])
+
+    (_home(env, name, "node-3") / "gpu-util").write_text("0\n")
+    idle_from = time.monotonic()
+    stopped_at = _wait_stopped(env, name, limit=30)
+    assert stopped_at - idle_from >= 4, "stopped before the idle window had passed"
+
+    status = run_cli("status", "-c", name, env=env)
+    assert "autostopped" in status.stdout and "idle for" in status.stdout
+    log = (_home(env, name, "node-1") / ".clustertool" / "autostop" / "autostop.log").read_text()
+    assert "node-3 GPU busy" in log
+    order = [line for line in log.splitlines() if "power-off sent" in line or "leader: powering off" in line]
+    assert [line.split()[1] for line in order] == ["node-2:", "node-3:", "node-4:", "leader:"]  # members first
+
+    listed = json.loads(run_cli("ls", "--json", env=env).stdout)
+    assert [c["status"] for c in listed if c["name"] == name] == ["autostopped"]
+    ledger = [json.loads(line) for line in (Path(env["CLUSTERTOOL_HOME"]) / "ledger.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in ledger if e["name"] == name] == ["up", "autostop"]
+
+
+def test_a_running_job_and_then_cancel_hold_the_cluster_up_and_start_brings_the_watcher_back(local_cluster, env):
+    name = local_cluster(4, env=env)
+    _install_stand_in(env, name, 4)
+    job = run_cli("run", "-c", name, "--nodes", "leader", "--np", "1", "--", "sleep", "10", env=env)
+    assert job.returncode == 0, job.stderr
+    proc = run_cli("autostop", "-c", name, "3s", env=env)
+    assert proc.returncode == 0, proc.stderr
+    time.sleep(7)  # GPUs idle, but the job runs
+    assert _states(env, name) == ("ready", ["running"] * 4)
+    shown = json.loads(run_cli("autostop", "-c", name, "--json", env=env).stdout)
+    assert any(why.startswith("job(s) running") for why in shown["leader"]["busy"])
+
+    cancel = run_cli("autostop", "-c", name, "--cancel", env=env)
+    assert cancel.returncode == 0 and "autostop cancelled" in cancel.stdout
+    time.sleep(9)  # the job has ended, everything is idle: cancelled, so nothing stops
+    assert _states(env, name) == ("ready", ["running"] * 4)
+
+    assert run_cli("autostop", "-c", name, "3s", env=env).returncode == 0
+    _wait_stopped(env, name, limit=30)
+    started = run_cli("start", "-c", name, env=env)
+    assert started.returncode == 0, started.stderr
+    assert _states(env, name) == ("ready", ["running"] * 4)
+    _wait_stopped(env, name, limit=30)  # the watcher came back with the node (its boot script)
