@@ -24,6 +24,7 @@ from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
 
 WAIT_FOR = ("jobs", "jobs-and-ssh")
+UP = ("ready", "provisioned")  # statuses of a cluster that is up (provisioned: brought up with --no-ssh)
 INTERVAL_ENV = "CLUSTERTOOL_AUTOSTOP_INTERVAL"  # seconds between samples (hidden knob for tests)
 DEFAULT_POWEROFF = 'if [ "$(id -u)" = 0 ]; then shutdown -h now; else sudo -n shutdown -h now; fi'
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -191,7 +192,7 @@ def status_lines(cluster: Cluster, view: WatcherView | None, now: float | None =
 def powered_off(cluster: Cluster, queried: list[Node]) -> str | None:
     """"autostop" / "autodown" when every node is off while the state says ready and autostop was set."""
     setting = setting_of(cluster)
-    if setting is None or cluster.status != "ready" or not queried:
+    if setting is None or cluster.status not in UP or not queried:
         return None
     states = {n.state for n in queried}
     if states <= {"terminated", "missing", "shutting-down"}:

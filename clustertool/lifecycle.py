@@ -262,7 +262,7 @@ def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = Fals
         try:
             with interrupts.deferred():
                 _confirm_owner(provider, cluster, force_owner, "down")
-                if autostop.setting_of(cluster) and cluster.status == "ready":
+                if autostop.setting_of(cluster) and cluster.status in autostop.UP:
                     lines += autostop.reconcile(cluster, provider, provider.query_instances(cluster))
                 if not _owns(provider, cluster) and cluster.nodes and cluster.status == "ready":
                     lines += unwire(cluster)
@@ -405,7 +405,7 @@ def refresh_autostop(clusters: list[Cluster], report: Reporter = silent) -> list
     A provider that cannot be reached now leaves its clusters as they were recorded."""
     lines = []
     for cluster in clusters:
-        if cluster.status != "ready" or not autostop.setting_of(cluster):
+        if cluster.status not in autostop.UP or not autostop.setting_of(cluster):
             continue
         try:
             provider = get_provider(cluster.provider, report=report)
