@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from clustertool import ledger, nodeprogs, state
 from clustertool.errors import RemoteError, UsageError
 from clustertool.model import Cluster, Node
+from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
 
@@ -282,8 +283,6 @@ class AutostopReport:
 def configure(name: str, idle: str | None = None, *, down: bool = False, wait_for: str | None = None,
               cancel: bool = False, transport: Transport = SSH, report=None) -> AutostopReport:
     """`clustertool autostop`: set (``idle``), cancel, or (neither) show the cluster's autostop."""
-    from clustertool.providers.base import get_provider
-
     if idle is not None and cancel:
         raise UsageError("give an idle time or --cancel, not both")
     if idle is None and (down or wait_for):

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from clustertool import state
 from clustertool.model import Cluster
+from clustertool.providers.aws import pricing
 
 RUNNING_FROM = ("up", "start")
 STOPPED_FROM = ("stop", "autostop")
@@ -111,8 +112,6 @@ def hourly_price(provider: str, node_type: str, nodes: int, spot: bool) -> float
         return 0.0
     if provider != "aws" or spot:
         return None  # machines you already have (static); spot prices change by the hour
-    from clustertool.providers.aws import pricing
-
     each = pricing.on_demand(node_type)
     return None if each is None else each * nodes
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from clustertool import state, yamlfile
+from clustertool import autostop, state, yamlfile
 from clustertool.errors import SpecError, UsageError
 from clustertool.providers import base
 
@@ -213,8 +213,6 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
 
 
 def _autostop(src: _Sources) -> dict | None:
-    from clustertool import autostop
-
     def duration(value: Any) -> int:
         try:
             return autostop.parse_duration(str(value))
