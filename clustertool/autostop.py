@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 from clustertool import ledger, nodeprogs, state
-from clustertool.errors import RemoteError, UsageError
-from clustertool.model import Cluster, Node
+from clustertool.errors import RemoteError, ToolError, UsageError
+from clustertool.model import Cluster, Node, Reporter, silent
 from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
@@ -169,6 +169,34 @@ def read_watcher(cluster: Cluster, transport: Transport = SSH, timeout: float = 
     return parse_show(result.stdout) if result.ok else None
 
 
+def status_extra(cluster: Cluster, check_ssh: bool, transport: Transport = SSH) -> dict:
+    """`status`'s autostop lines: the setting, the idle time (read from the leader), or when and why
+    the watcher powered the cluster off."""
+    out: dict = {}
+    if setting_of(cluster) or cluster.status == "ready":
+        ask = check_ssh and cluster.status == "ready" and setting_of(cluster) is not None
+        out.update(status_lines(cluster, read_watcher(cluster, transport) if ask else None))
+    if cluster.status in ("autostopped", "autodowned"):
+        done = cluster.provider_state.get("autostopped") or {}
+        out[cluster.status] = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(done.get("t", 0)))
+                               + (f": {done['why']}" if done.get("why") else ""))
+    return out
+
+
+def install_at_up(cluster: Cluster, provider, no_ssh: bool, report: Reporter = silent) -> None:
+    """`up`'s step after wiring SSH: the watcher on the leader (a failure fails the `up`)."""
+    setting = setting_of(cluster)
+    if setting is None:
+        return
+    if no_ssh:
+        report("autostop: the watcher needs SSH to the leader: not installed (--no-ssh); "
+               "`clustertool autostop` installs it once the nodes answer SSH")
+        return
+    report("installing the autostop watcher on the leader")
+    how = install(cluster, setting, poweroff_command(provider))
+    report(f"autostop: {setting.describe()} ({how})")
+
+
 def status_lines(cluster: Cluster, view: WatcherView | None, now: float | None = None) -> dict:
     """What `status` adds: the setting and the idle time so far."""
     setting = setting_of(cluster)
@@ -201,6 +229,29 @@ def powered_off(cluster: Cluster, queried: list[Node]) -> str | None:
     if states <= {"stopped"}:
         return "autodown" if setting.down else "autostop"
     return None
+
+
+def reconcile_locked(cluster: Cluster, provider, queried: list[Node]) -> list[str]:
+    """``reconcile`` under the cluster's lock, taken only when there is something to mark."""
+    if not powered_off(cluster, queried):
+        return []
+    with state.locked(cluster.name, purpose="autostop"):
+        return reconcile(cluster, provider, queried)
+
+
+def refresh(clusters: list[Cluster], report: Reporter = silent) -> list[str]:
+    """For `ls`, `cost` and sweeps: notice the clusters (of this home) their watcher powered off.  A
+    provider that cannot be reached now leaves its clusters as they were recorded."""
+    lines = []
+    for cluster in clusters:
+        if cluster.status not in UP or not setting_of(cluster):
+            continue
+        try:
+            provider = get_provider(cluster.provider, report=report)
+            lines += reconcile_locked(cluster, provider, provider.query_instances(cluster))
+        except ToolError as exc:
+            lines.append(f"{cluster.name}: could not check autostop ({exc.message})")
+    return lines
 
 
 def reconcile(cluster: Cluster, provider, queried: list[Node]) -> list[str]:

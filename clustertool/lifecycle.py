@@ -114,7 +114,7 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
             report("pinning host keys and wiring cluster SSH")
             wire(cluster)
             timings["wire"] = time.monotonic() - t1
-        _install_watcher(cluster, provider, no_ssh, report)
+        autostop.install_at_up(cluster, provider, no_ssh, report)
         finish = getattr(provider, "finish", None)
         if finish:
             finish(cluster)
@@ -130,19 +130,6 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
     ledger.record("up", cluster)
     timings["total"] = time.monotonic() - t0
     return UpResult(cluster, hostfile=path, timings=timings)
-
-
-def _install_watcher(cluster: Cluster, provider, no_ssh: bool, report: Reporter) -> None:
-    setting = autostop.setting_of(cluster)
-    if setting is None:
-        return
-    if no_ssh:
-        report("autostop: the watcher needs SSH to the leader: not installed (--no-ssh); "
-               "`clustertool autostop` installs it once the nodes answer SSH")
-        return
-    report("installing the autostop watcher on the leader")
-    how = autostop.install(cluster, setting, autostop.poweroff_command(provider))
-    report(f"autostop: {setting.describe()} ({how})")
 
 
 def _rollback(cluster, provider, report: Reporter, exc: BaseException) -> None:
@@ -365,7 +352,7 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transpor
     unfinished = cluster.status in ("provisioning", "failed")
     if unfinished:
         cluster.nodes = queried  # shown, not saved
-    for line in _reconcile(cluster, provider, queried):
+    for line in autostop.reconcile_locked(cluster, provider, queried):
         report(line)
     states = {n.name: n.state for n in queried}
     reach: dict[str, tuple[bool, str]] = {}
@@ -379,40 +366,10 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transpor
     ]
     describe = getattr(provider, "describe", None)
     extra = describe(cluster) if describe else {}
-    if autostop.setting_of(cluster) or cluster.status == "ready":
-        view = autostop.read_watcher(cluster, transport) if (check_ssh and cluster.status == "ready"
-                                                              and autostop.setting_of(cluster)) else None
-        extra.update(autostop.status_lines(cluster, view))
-    if cluster.status in ("autostopped", "autodowned"):
-        done = cluster.provider_state.get("autostopped") or {}
-        extra[cluster.status] = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(done.get("t", 0)))
-                                 + (f": {done['why']}" if done.get("why") else ""))
+    extra.update(autostop.status_extra(cluster, check_ssh, transport))
     if unfinished:
         extra["up"] = _unfinished(cluster)
     return ClusterStatus(cluster, rows, extra)
-
-
-def _reconcile(cluster: Cluster, provider, queried) -> list[str]:
-    """Mark (under the lock) a cluster that its own watcher powered off."""
-    if not autostop.powered_off(cluster, queried):
-        return []
-    with state.locked(cluster.name, purpose="autostop"):
-        return autostop.reconcile(cluster, provider, queried)
-
-
-def refresh_autostop(clusters: list[Cluster], report: Reporter = silent) -> list[str]:
-    """For `ls` and sweeps: notice the clusters (of this home) that their watcher powered off.
-    A provider that cannot be reached now leaves its clusters as they were recorded."""
-    lines = []
-    for cluster in clusters:
-        if cluster.status not in autostop.UP or not autostop.setting_of(cluster):
-            continue
-        try:
-            provider = get_provider(cluster.provider, report=report)
-            lines += _reconcile(cluster, provider, provider.query_instances(cluster))
-        except ToolError as exc:
-            lines.append(f"{cluster.name}: could not check autostop ({exc.message})")
-    return lines
 
 
 def _unfinished(cluster: Cluster) -> str:

@@ -78,10 +78,11 @@ def cost(
 ) -> None:
     """Every cluster this machine made, live or gone: node type and count, hours up and stopped, and an
     estimated cost (approximate: the price table `up` shows), with the hours autostop saved."""
+    from clustertool import autostop as core
     from clustertool import ledger, lifecycle
     from clustertool.cli import render
 
-    lifecycle.refresh_autostop(lifecycle.list_all())  # a cluster its watcher powered off counts as off
+    core.refresh(lifecycle.list_all())  # a cluster its watcher powered off counts as off
     result = ledger.report(since=_since(since))
     if json_output:
         render.print_json(result.to_dict())

@@ -66,10 +66,10 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
         columns = ["cluster", "id", "bridge", "home", "action"]
         to_delete = [o for o in orphans if o.action == sweep.DELETE]
     elif provider == "aws":
-        from clustertool import lifecycle
+        from clustertool import autostop, lifecycle
         from clustertool.providers.aws import sweep
 
-        for line in lifecycle.refresh_autostop([c for c in lifecycle.list_all() if c.provider == "aws"]):
+        for line in autostop.refresh([c for c in lifecycle.list_all() if c.provider == "aws"]):
             reporter(json_output)(line)
         ids, names = lifecycle.known()
         orphans = sweep.find(region=region, profile=profile, known_ids=ids, known_names=names,
@@ -142,10 +142,10 @@ def status(
 
 def ls(json_output: bool = JsonOpt) -> None:
     """Clusters this machine knows."""
-    from clustertool import lifecycle
+    from clustertool import autostop, lifecycle
     from clustertool.cli import render
 
-    for line in lifecycle.refresh_autostop(lifecycle.list_all(), report=reporter(json_output)):
+    for line in autostop.refresh(lifecycle.list_all(), report=reporter(json_output)):
         reporter(json_output)(line)
     clusters = lifecycle.list_all()
     if json_output:
