@@ -18,6 +18,7 @@ autostop.log (one line per decision), poweroff.json (what was done, when and why
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -197,6 +198,8 @@ def boot_time():
 
 def power_off(config, action, why, now):
     """Members first (in parallel, over ssh), then this node; poweroff.json says what and why."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once begun, a power-off is not left half done
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     members = config.get("members", [])
     what = "terminating" if action == "down" else "stopping"
     log("%s the cluster: %s; members %s, then the leader" % (
@@ -250,16 +253,30 @@ def tick(now=None):
     return action
 
 
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
 def loop():
-    with open(_path("watcher.pid"), "w") as fh:
-        fh.write("%d\n" % os.getpid())
+    """Sample every interval; a new config.json is sampled at once, a new program ends the loop
+    between samples (its supervisor, run.sh, starts the new one)."""
+    me = os.path.abspath(__file__)
+    started = _mtime(me)
     while True:
+        seen = _mtime(_path("config.json"))
         try:
             tick()
         except Exception as exc:  # the watcher must outlive one bad sample
             log("sample failed: %s: %s" % (type(exc).__name__, exc))
         config = read_json("config.json", {})
-        time.sleep(max(1.0, float(config.get("interval_s") or 60)))
+        deadline = time.time() + max(1.0, float(config.get("interval_s") or 60))
+        while time.time() < deadline and _mtime(_path("config.json")) == seen:
+            time.sleep(0.25)
+        if _mtime(me) != started:
+            return
 
 
 if __name__ == "__main__":

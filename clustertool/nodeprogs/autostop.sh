@@ -56,11 +56,8 @@ if command -v crontab >/dev/null 2>&1; then
 fi
 if [ -f "$d/supervisor.pid" ] && pid=$(cat "$d/supervisor.pid") \
     && grep -q -a "autostop/run.sh" "/proc/$pid/cmdline" 2>/dev/null; then
-  # the running loop picks up the new program and interval at once: its supervisor restarts it
-  if [ -f "$d/watcher.pid" ] && w=$(cat "$d/watcher.pid") \
-      && grep -q -a "autostop.py" "/proc/$w/cmdline" 2>/dev/null; then
-    kill "$w" 2>/dev/null
-  fi
+  # the running loop samples a new config at once, and ends after a sample when its program
+  # changed (run.sh then starts the new one)
   echo "watcher loop (running, pid $pid)"
   exit 0
 fi

@@ -51,6 +51,11 @@ def _states(env: dict, name: str) -> tuple[str, list[str]]:
     return data["status"], [n["state"] for n in data["nodes"]]
 
 
+def _log(env: dict, name: str) -> str:
+    path = _home(env, name, "node-1") / ".clustertool" / "autostop" / "autostop.log"
+    return path.read_text() if path.exists() else "(no log)"
+
+
 def _wait_stopped(env: dict, name: str, limit: float) -> float:
     start = time.monotonic()
     while time.monotonic() - start < limit:
@@ -74,7 +79,7 @@ def test_busy_gpu_holds_the_cluster_up_then_it_stops_after_the_idle_window_and_n
     assert "stop every node after 4s idle" in proc.stdout and "watcher: loop" in proc.stdout
 
     time.sleep(9)  # more than twice the window, with node-3's GPU at 93%
-    assert _states(env, name) == ("ready", ["running"] * 4)
+    assert _states(env, name) == ("ready", ["running"] * 4), _log(env, name)
     shown = run_cli("autostop", "-c", name, "--json", env=env)
     assert any("node-3 GPU busy (93/93%)" in why for why in json.loads(shown.stdout)["leader"]["busy"])
 
@@ -99,19 +104,19 @@ def test_busy_gpu_holds_the_cluster_up_then_it_stops_after_the_idle_window_and_n
 def test_a_running_job_and_then_cancel_hold_the_cluster_up_and_start_brings_the_watcher_back(local_cluster, env):
     name = local_cluster(4, env=env)
     _install_stand_in(env, name, 4)
-    job = run_cli("run", "-c", name, "--nodes", "leader", "--np", "1", "--", "sleep", "10", env=env)
+    job = run_cli("run", "-c", name, "--nodes", "leader", "--np", "1", "--", "sleep", "15", env=env)
     assert job.returncode == 0, job.stderr
     proc = run_cli("autostop", "-c", name, "3s", env=env)
     assert proc.returncode == 0, proc.stderr
-    time.sleep(7)  # GPUs idle, but the job runs
-    assert _states(env, name) == ("ready", ["running"] * 4)
+    time.sleep(5)  # GPUs idle, but the job runs
+    assert _states(env, name) == ("ready", ["running"] * 4), _log(env, name)
     shown = json.loads(run_cli("autostop", "-c", name, "--json", env=env).stdout)
     assert any(why.startswith("job(s) running") for why in shown["leader"]["busy"])
 
     cancel = run_cli("autostop", "-c", name, "--cancel", env=env)
     assert cancel.returncode == 0 and "autostop cancelled" in cancel.stdout
-    time.sleep(9)  # the job has ended, everything is idle: cancelled, so nothing stops
-    assert _states(env, name) == ("ready", ["running"] * 4)
+    time.sleep(14)  # the job has ended, everything is idle: cancelled, so nothing stops
+    assert _states(env, name) == ("ready", ["running"] * 4), _log(env, name)
 
     assert run_cli("autostop", "-c", name, "3s", env=env).returncode == 0
     _wait_stopped(env, name, limit=30)
