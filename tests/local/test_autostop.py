@@ -124,3 +124,27 @@ def test_a_running_job_and_then_cancel_hold_the_cluster_up_and_start_brings_the_
     assert started.returncode == 0, started.stderr
     assert _states(env, name) == ("ready", ["running"] * 4)
     _wait_stopped(env, name, limit=30)  # the watcher came back with the node (its boot script)
+
+
+def test_wait_for_jobs_and_ssh_counts_an_interactive_session_set_through_the_api(local_cluster, env, monkeypatch):
+    import subprocess
+
+    from clustertool import Cluster, state
+    from clustertool.remote import transport
+
+    monkeypatch.setenv("CLUSTERTOOL_AUTOSTOP_INTERVAL", "1")
+    name = local_cluster(2, env=env)
+    _install_stand_in(env, name, 2)
+    cluster = Cluster.load(name)
+    argv = transport.ssh_argv(name, state.load(name).node("node-2"), "sleep 60", tty=True, extra=["-t"])
+    session = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        result = cluster.autostop("3s", wait_for="jobs-and-ssh")
+        assert result.to_dict()["autostop"] == {"idle_s": 3, "down": False, "wait_for": "jobs-and-ssh"}
+        time.sleep(7)  # idle GPUs, no job, but an interactive session on node-2
+        assert _states(env, name) == ("ready", ["running"] * 2), _log(env, name)
+        assert "node-2: 1 interactive ssh session(s)" in cluster.autostop().view.state["busy"]
+    finally:
+        session.kill()
+        session.wait()
+    _wait_stopped(env, name, limit=30)
