@@ -331,18 +331,24 @@ class AutostopReport:
                 "watcher": self.watcher or None, "leader": self.view.to_dict() if self.view else None}
 
 
-def configure(name: str, idle: str | None = None, *, down: bool = False, wait_for: str | None = None,
-              cancel: bool = False, transport: Transport = SSH, report=None) -> AutostopReport:
-    """`clustertool autostop`: set (``idle``), cancel, or (neither) show the cluster's autostop."""
+def check_request(idle: str | None, *, down: bool = False, wait_for: str | None = None,
+                  cancel: bool = False) -> Setting | None:
+    """The setting an `autostop` request asks for (None: cancel or show); bad combinations refused."""
     if idle is not None and cancel:
         raise UsageError("give an idle time or --cancel, not both")
     if idle is None and (down or wait_for):
         raise UsageError("--down and --wait-for go with an idle time", hint="e.g. clustertool autostop 30m --down")
+    return Setting(parse_duration(idle), down, wait_for or "jobs") if idle is not None else None
+
+
+def configure(name: str, idle: str | None = None, *, down: bool = False, wait_for: str | None = None,
+              cancel: bool = False, transport: Transport = SSH, report=None) -> AutostopReport:
+    """`clustertool autostop`: set (``idle``), cancel, or (neither) show the cluster's autostop."""
+    setting = check_request(idle, down=down, wait_for=wait_for, cancel=cancel)
     if idle is None and not cancel:
         cluster = state.load(name)
         view = read_watcher(cluster, transport) if cluster.status == "ready" else None
         return AutostopReport(cluster, setting_of(cluster), view=view)
-    setting = Setting(parse_duration(idle), down, wait_for or "jobs") if idle is not None else None
     with state.locked(name, purpose="autostop"):
         cluster = state.ready_cluster(name)
         provider = get_provider(cluster.provider, **({"report": report} if report else {}))

@@ -34,6 +34,7 @@ def autostop(
 
     if show and (idle is not None or cancel):
         raise UsageError("--show only shows: give it alone")
+    core.check_request(idle, down=down, wait_for=wait_for, cancel=cancel)  # before looking for the cluster
     result = core.configure(cluster_name(cluster), idle, down=down, wait_for=wait_for, cancel=cancel,
                             report=reporter(json_output))
     if json_output:
