@@ -95,3 +95,19 @@ def test_autostop_without_autodown_is_refused_for_one_time_spot(aws):
     assert code != 0
     assert "cannot be stopped" in err and "--autodown" in err
     assert aws.instances(name) == []
+
+
+def test_a_sweep_notices_an_autodowned_cluster_and_removes_its_leftovers(aws):
+    name = unique("sw")
+    code, _, err = aws.ct("up", "-p", "aws", "-N", "2", "--instance-type", "g5.xlarge", "--name", name,
+                          "--no-ssh", "--autostop", "10m", "--autodown")
+    assert code == 0, err
+    aws.ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in aws.instances(name)])
+    code, out, err = aws.ct("down", "--sweep", "--region", "us-east-1", "--yes")
+    assert code == 0, err
+    assert f"{name}: the cluster's watcher terminated it" in err
+    assert aws.total_leaks(name) == 0, aws.leaks(name)
+    code, out, err = aws.ct("status", "-c", name, "--no-check")
+    assert code == 0, err
+    assert "autodowned" in out
+    assert aws.ct("down", "-c", name, "--yes")[0] == 0
