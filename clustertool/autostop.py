@@ -236,7 +236,10 @@ def reconcile_locked(cluster: Cluster, provider, queried: list[Node]) -> list[st
     if not powered_off(cluster, queried):
         return []
     with state.locked(cluster.name, purpose="autostop"):
-        return reconcile(cluster, provider, queried)
+        fresh = state.load(cluster.name)  # what another command may have done meanwhile
+        lines = reconcile(fresh, provider, queried)
+    cluster.status, cluster.nodes, cluster.provider_state = fresh.status, fresh.nodes, fresh.provider_state
+    return lines
 
 
 def refresh(clusters: list[Cluster], report: Reporter = silent) -> list[str]:
