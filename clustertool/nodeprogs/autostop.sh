@@ -51,7 +51,8 @@ boot="$HOME/.clustertool/boot.sh"
 printf '%s\n' "#!/bin/sh" "# started at every boot of this node (clustertool)" \
   "exec setsid sh $d/run.sh < /dev/null > /dev/null 2>&1" > "$boot"
 chmod 755 "$d/run.sh" "$boot"
-if command -v crontab >/dev/null 2>&1; then
+# a local-provider node (its PID 1 is ct-init) runs boot.sh itself and shares the host's crontab
+if [ "$(cat /proc/1/comm 2>/dev/null)" != ct-init ] && command -v crontab >/dev/null 2>&1; then
   { crontab -l 2>/dev/null | grep -v 'clustertool/boot.sh'; echo "@reboot sh $boot"; } | crontab - 2>/dev/null
 fi
 if [ -f "$d/supervisor.pid" ] && pid=$(cat "$d/supervisor.pid") \
