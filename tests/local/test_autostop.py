@@ -112,6 +112,10 @@ def test_a_running_job_and_then_cancel_hold_the_cluster_up_and_start_brings_the_
     assert _states(env, name) == ("ready", ["running"] * 4), _log(env, name)
     shown = json.loads(run_cli("autostop", "-c", name, "--json", env=env).stdout)
     assert any(why.startswith("job(s) running") for why in shown["leader"]["busy"])
+    # the watcher calls itself ct-autostop: `kill --all-python` and doctor's stray check leave it alone
+    named = run_cli("exec", "-c", name, "--nodes", "leader", "--", "pgrep -x ct-autostop && ! pgrep -x python3",
+                    env=env)
+    assert named.returncode == 0, named.stdout + named.stderr
 
     cancel = run_cli("autostop", "-c", name, "--cancel", env=env)
     assert cancel.returncode == 0 and "autostop cancelled" in cancel.stdout
