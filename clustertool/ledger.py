@@ -33,14 +33,26 @@ def node_type(cluster: Cluster) -> str:
     return cluster.provider_state.get("instance_type") or cluster.options.get("instance_type") or cluster.provider
 
 
+def event_of(event: str, cluster: Cluster, t: float | None = None, **extra) -> dict:
+    if event not in EVENTS:
+        raise ValueError(f"unknown ledger event {event!r}")
+    return {"t": time.time() if t is None else t, "event": event, "id": cluster.id or cluster.name,
+            "name": cluster.name, "provider": cluster.provider, "type": node_type(cluster),
+            "nodes": len(cluster.nodes), "spot": bool(cluster.options.get("spot")), **extra}
+
+
 def record(event: str, cluster: Cluster, t: float | None = None, **extra) -> dict:
     """Append one event (never fails the command that records it: a ledger that cannot be written
     costs the figures, not the cluster)."""
-    if event not in EVENTS:
-        raise ValueError(f"unknown ledger event {event!r}")
-    line = {"t": time.time() if t is None else t, "event": event, "id": cluster.id or cluster.name,
-            "name": cluster.name, "provider": cluster.provider, "type": node_type(cluster),
-            "nodes": len(cluster.nodes), "spot": bool(cluster.options.get("spot")), **extra}
+    return _append(event_of(event, cluster, t, **extra))
+
+
+def record_gone(name: str, cluster_id: str) -> dict:
+    """A cluster a sweep removed after its state was lost: only its id and name are known."""
+    return _append({"t": time.time(), "event": "down", "id": cluster_id, "name": name})
+
+
+def _append(line: dict) -> dict:
     try:
         target = path()
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -130,6 +142,8 @@ def summarize(events: list[dict], now: float | None = None, since: float = 0.0) 
     for e in sorted(events, key=lambda e: e["t"]):
         cid, t, kind = e.get("id") or e.get("name", "?"), float(e["t"]), e["event"]
         c = out.get(cid)
+        if c is None and kind in GONE_AT:
+            continue  # removed, but never seen alive (made before the ledger): nothing to count
         if c is None:
             c = out[cid] = ClusterCost(cid, e.get("name", cid), e.get("provider", "?"), e.get("type", "?"),
                                        int(e.get("nodes") or 0), "running", t, spot=bool(e.get("spot")))
@@ -195,5 +209,15 @@ def basis() -> str:
             "stopped hours cost only their disks, which are not counted; local nodes cost nothing")
 
 
-def report(since: float | None = None, now: float | None = None) -> CostReport:
-    return CostReport(summarize(read(), now=now, since=since or 0.0), since)
+def report(since: float | None = None, now: float | None = None, known: list[Cluster] = ()) -> CostReport:
+    """The ledger's clusters; ``known`` clusters (state files) it has never seen -- made before the
+    ledger existed -- count from their creation, in their recorded state."""
+    events = read()
+    seen = {e.get("id") for e in events}
+    for cluster in known:
+        if (cluster.id or cluster.name) in seen or not cluster.created or cluster.status in ("provisioning", "failed"):
+            continue
+        events.append(event_of("up", cluster, t=cluster.created))
+        if cluster.status in ("stopped", "autostopped"):
+            events.append(event_of("stop", cluster, t=now if now is not None else time.time()))
+    return CostReport(summarize(events, now=now, since=since or 0.0), since)

@@ -281,6 +281,7 @@ def forget_leftovers(name: str, cluster_id: str) -> list[str]:
         return []
     hostfile = state.read_marker(name).get("hostfile")
     lines = [f"{name}: removed the local key, lock and files of {cluster_id}"]
+    ledger.record_gone(name, cluster_id)
     if hostfile and Path(hostfile).exists():
         Path(hostfile).unlink()
         lines.append(f"{name}: removed hostfile {hostfile}")

@@ -84,7 +84,7 @@ def cost(
     from clustertool.cli import render
 
     core.refresh(lifecycle.list_all())  # a cluster its watcher powered off counts as off
-    result = ledger.report(since=_since(since))
+    result = ledger.report(since=_since(since), known=lifecycle.list_all())
     if json_output:
         render.print_json(result.to_dict())
         return

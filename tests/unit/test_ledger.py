@@ -81,3 +81,20 @@ def test_record_refuses_unknown_events_and_read_skips_broken_lines(tmp_path, mon
         ledger.record("explode", Cluster(name="t", provider="local"))
     ledger.path().write_text('{"t": 1, "event": "up", "id": "x"}\nnot json\n{"t": "x", "event": "up"}\n')
     assert [e["id"] for e in ledger.read()] == ["x"]
+
+
+def test_clusters_made_before_the_ledger_count_from_their_creation(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTERTOOL_HOME", str(tmp_path))
+    old = Cluster(name="old", provider="aws", id="old-1", created=1 * H, status="ready",
+                  nodes=[Node(name="node-1", index=1, address="")], provider_state={"instance_type": "g5.xlarge"})
+    [c] = ledger.report(now=4 * H, known=[old]).clusters
+    assert (c.id, c.hours_up, c.state) == ("old-1", 3.0, "running")
+
+
+def test_a_swept_cluster_is_gone_from_then_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTERTOOL_HOME", str(tmp_path))
+    cluster = Cluster(name="t", provider="local", id="t-1", nodes=[Node(name="node-1", index=1, address="")])
+    ledger.record("up", cluster, t=0.0)
+    ledger.record_gone("t", "t-1")
+    [c] = ledger.report().clusters
+    assert c.state == "down" and c.nodes == 1 and c.type == "local"
