@@ -99,6 +99,10 @@ def test_busy_gpu_holds_the_cluster_up_then_it_stops_after_the_idle_window_and_n
     assert [c["status"] for c in listed if c["name"] == name] == ["autostopped"]
     ledger = [json.loads(line) for line in (Path(env["CLUSTERTOOL_HOME"]) / "ledger.jsonl").read_text().splitlines()]
     assert [e["event"] for e in ledger if e["name"] == name] == ["up", "autostop"]
+    cost = json.loads(run_cli("cost", "--json", env=env).stdout)
+    [row] = [c for c in cost["clusters"] if c["name"] == name]
+    assert (row["state"], row["nodes"], row["type"], row["cost_usd"]) == ("autostopped", 4, "local", 0.0)
+    assert row["hours_up"] > 0 and row["hours_saved"] > 0 and cost["approximate"] is True
 
 
 def test_a_running_job_and_then_cancel_hold_the_cluster_up_and_start_brings_the_watcher_back(local_cluster, env):
