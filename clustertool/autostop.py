@@ -189,8 +189,8 @@ def install_at_up(cluster: Cluster, provider, no_ssh: bool, report: Reporter = s
     if setting is None:
         return
     if no_ssh:
-        report("autostop: the watcher needs SSH to the leader: not installed (--no-ssh); "
-               "`clustertool autostop` installs it once the nodes answer SSH")
+        report("autostop: the watcher needs SSH to the leader: not installed (--no-ssh); the setting "
+               "only chooses what an OS shutdown does")
         return
     report("installing the autostop watcher on the leader")
     how = install(cluster, setting, poweroff_command(provider))
@@ -205,7 +205,9 @@ def status_lines(cluster: Cluster, view: WatcherView | None, now: float | None =
     out = {"autostop": setting.describe()}
     if cluster.status in ("autostopped", "autodowned"):
         return out
-    if view is None:
+    if cluster.status == "provisioned":
+        out["idle"] = "not watched: brought up with --no-ssh, so no watcher runs on the leader"
+    elif view is None:
         out["idle"] = "unknown (the leader did not answer)"
     elif view.idle_for(now) is not None:
         out["idle"] = f"{format_duration(view.idle_for(now))} so far (stops at {format_duration(setting.idle_s)})"
