@@ -198,3 +198,12 @@ def test_the_watcher_tick_is_a_no_op_without_config(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps({"idle_s": None}))
     assert watcher.tick(now=50.0) is None
     assert json.loads((tmp_path / "state.json").read_text())["cancelled"] is True
+
+
+def test_a_local_node_powers_off_by_ending_its_own_sshd_never_by_shutdown():
+    from clustertool.providers.local import LocalProvider
+
+    command = autostop.poweroff_command(LocalProvider())
+    assert command == 'kill -TERM "$(cat /etc/ssh/sshd.pid)"'  # the node's own /etc/ssh, its init then exits
+    assert "shutdown" not in command  # /run is the host's: a shutdown there would reach the host's init
+    assert autostop.poweroff_command(object()) == autostop.DEFAULT_POWEROFF
