@@ -156,3 +156,23 @@ def test_wait_for_jobs_and_ssh_counts_an_interactive_session_set_through_the_api
         session.kill()
         session.wait()
     _wait_stopped(env, name, limit=30)
+
+
+def test_local_autodown_powers_off_then_the_next_command_tears_the_cluster_down(local_cluster, env):
+    from tests.local.conftest import local_leftovers
+
+    name = local_cluster(2, "--autostop", "3s", "--autodown", env=env)
+    marker = _home(env, name, "node-1") / ".clustertool" / "autostop" / "poweroff.json"
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:  # no command looks meanwhile
+        time.sleep(0.5)
+    assert json.loads(marker.read_text())["action"] == "down"
+    time.sleep(2)  # the power-off itself: members, then the leader
+    listed = run_cli("ls", env=env)
+    assert "autodowned" in listed.stdout and f"{name}: the cluster's watcher terminated it" in listed.stderr
+    listed = run_cli("ls", "--json", env=env)
+    assert [c["status"] for c in json.loads(listed.stdout) if c["name"] == name] == ["autodowned"]
+    assert local_leftovers(name) == []  # namespaces and processes gone before `down`
+    status = run_cli("status", "-c", name, env=env)
+    assert status.returncode == 0 and "autodowned" in status.stdout
+    assert run_cli("down", "-c", name, "--yes", env=env).returncode == 0
