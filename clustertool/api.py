@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Iterable, Mapping, Sequence
 
+from clustertool import autostop as autostops
 from clustertool import lifecycle, nodeset, state
 from clustertool import spec as specs
 from clustertool.errors import RemoteError, UsageError
@@ -194,6 +195,13 @@ class Cluster:
         host keys (paramiko's RejectPolicy) and offers only the cluster key."""
         cluster = state.ready_cluster(self.name)
         return fabricgroup.thread_group(cluster, nodeset.select(cluster, nodes))
+
+    def autostop(self, idle: str | None = None, *, down: bool = False, wait_for: str | None = None,
+                 cancel: bool = False) -> autostops.AutostopReport:
+        """`clustertool autostop`: set (``idle="30m"``, ``down=True`` to terminate), ``cancel=True``, or
+        (neither) read the setting and the leader's idle time; ``.to_dict()`` is what `--json` prints."""
+        return autostops.configure(self.name, idle, down=down, wait_for=wait_for, cancel=cancel,
+                                   report=self.report)
 
     def down(self, *, terminate_adopted: bool = False) -> list[str]:
         """Remove everything the cluster made (`down --yes`); what was removed, line by line."""

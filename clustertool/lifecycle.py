@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clustertool import autostop, interrupts, ledger, nodeprogs, state
 from clustertool import hostfile as hostfiles
-from clustertool import interrupts, nodeprogs, state
 from clustertool.errors import RemoteError, ToolError, UsageError
 from clustertool.model import Cluster, GroupResult, Node, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
@@ -50,6 +50,8 @@ def _new_cluster(spec, report: Reporter = silent) -> tuple[Cluster, object]:
         name=spec.name, provider=spec.provider, user=spec.user or provider.default_user,
         options=dict(spec.options), created=time.time(), id=f"{spec.name}-{secrets.token_hex(3)}",
     )
+    if getattr(spec, "autostop", None):
+        cluster.options["autostop"] = dict(spec.autostop)
     return cluster, provider
 
 
@@ -70,9 +72,13 @@ def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = 
                                save=lambda: state.save(cluster), report=report, dry_run=dry_run)
     if state.exists(cluster.name):  # refused without touching the home; checked again under the lock
         raise _already(cluster.name)
+    setting = autostop.setting_of(cluster)
+    if setting:
+        autostop.check_allowed(cluster, provider, setting)
     if dry_run:
         provider.check(request)
-        return UpResult(None, plan=provider.plan(request))
+        plan = provider.plan(request)
+        return UpResult(None, plan=plan + ([autostop.plan_line(setting, cluster.provider)] if setting else []))
     with state.locked(cluster.name, purpose="up"):
         if state.exists(cluster.name):  # under the lock: a second `up` of the name makes nothing
             raise _already(cluster.name)
@@ -108,6 +114,7 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
             report("pinning host keys and wiring cluster SSH")
             wire(cluster)
             timings["wire"] = time.monotonic() - t1
+        autostop.install_at_up(cluster, provider, no_ssh, report)
         finish = getattr(provider, "finish", None)
         if finish:
             finish(cluster)
@@ -120,6 +127,7 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
                                                     "everything it had made was removed") from None
         raise
     install_user_ssh_include()
+    ledger.record("up", cluster)
     timings["total"] = time.monotonic() - t0
     return UpResult(cluster, hostfile=path, timings=timings)
 
@@ -263,6 +271,8 @@ def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = Fals
         try:
             with interrupts.deferred():
                 _confirm_owner(provider, cluster, force_owner, "down")
+                if autostop.setting_of(cluster) and cluster.status in autostop.UP:
+                    lines += autostop.reconcile(cluster, provider, provider.query_instances(cluster))
                 if not _owns(provider, cluster) and cluster.nodes and cluster.status == "ready":
                     lines += unwire(cluster)
                 close_masters(cluster)
@@ -273,6 +283,8 @@ def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = Fals
             raise interrupts.Terminated(exc.signum, f"down stopped by {interrupts.signal_name(exc.signum)} after "
                                                     "its current step; the state is kept",
                                         hint=f"run `clustertool down -c {name} --yes` again to finish") from None
+        if cluster.status not in ("autodowned", "provisioning", "failed"):
+            ledger.record("down", cluster)
         _forget(cluster)
         lines.append(f"cluster {name!r} forgotten")
         return lines
@@ -291,6 +303,7 @@ def forget_leftovers(name: str, cluster_id: str) -> list[str]:
         return []
     hostfile = state.read_marker(name).get("hostfile")
     lines = [f"{name}: removed the local key, lock and files of {cluster_id}"]
+    ledger.record_gone(name, cluster_id)
     if hostfile and Path(hostfile).exists():
         Path(hostfile).unlink()
         lines.append(f"{name}: removed hostfile {hostfile}")
@@ -362,6 +375,8 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transpor
     unfinished = cluster.status in ("provisioning", "failed")
     if unfinished:
         cluster.nodes = queried  # shown, not saved
+    for line in autostop.reconcile_locked(cluster, provider, queried):
+        report(line)
     states = {n.name: n.state for n in queried}
     reach: dict[str, tuple[bool, str]] = {}
     if check_ssh and cluster.status == "ready":
@@ -375,6 +390,7 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transpor
     describe = getattr(provider, "describe", None)
     extra = describe(cluster) if describe else {}
     extra["access"] = access.describe(cluster)
+    extra.update(autostop.status_extra(cluster, check_ssh, transport))
     if unfinished:
         extra["up"] = _unfinished(cluster)
     return ClusterStatus(cluster, rows, extra)
@@ -407,10 +423,13 @@ def stop(name: str, *, report: Reporter = silent, force_owner: bool = False) -> 
         _confirm_owner(provider, cluster, force_owner, "stop")
         close_masters(cluster)
         provider.stop_instances(cluster)
+        was = cluster.status
         cluster.status = "stopped"
         for node in cluster.nodes:
             node.state = "stopped"
         state.save(cluster)
+        if was != "stopped":
+            ledger.record("stop", cluster)
 
 
 def start(name: str, *, report: Reporter = silent, force_owner: bool = False) -> Cluster:
@@ -427,7 +446,11 @@ def start(name: str, *, report: Reporter = silent, force_owner: bool = False) ->
         else:
             wire(cluster)
             cluster.status = "ready"
+            setting = autostop.setting_of(cluster)
+            if setting:  # addresses may have changed; the idle count starts again
+                autostop.install(cluster, setting, autostop.poweroff_command(provider))
         state.save(cluster)
+        ledger.record("start", cluster)
         return cluster
 
 

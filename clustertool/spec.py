@@ -22,11 +22,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from clustertool import state, yamlfile
+from clustertool import autostop, state, yamlfile
 from clustertool.errors import SpecError, UsageError
 from clustertool.providers import base
 
 BASE_KEYS = ("name", "provider", "nodes", "slots", "user")
+AUTOSTOP_KEYS = ("autostop", "autodown", "wait_for")  # the cluster's own idle watcher (autostop.py)
 DEFAULT_PROVIDER = "local"
 _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _TRUE = {"true", "yes", "on", "1"}
@@ -42,6 +43,7 @@ class ClusterSpec:
     user: str | None = None  # None = the provider's default user
     options: dict[str, Any] = field(default_factory=dict)
     source: str | None = None  # the spec file, when there was one
+    autostop: dict | None = None  # autostop.Setting.to_dict(), when the cluster stops itself
 
 
 class _Invalid(Exception):
@@ -206,11 +208,35 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
         where = f"{path}: nodes" if path is not None else "--nodes"
         raise SpecError(f"{where}: required for provider {provider!r}: a positive integer")
     return ClusterSpec(name=values["name"] or provider, provider=provider, nodes=values["nodes"],
-                       slots=values["slots"], user=values["user"], options=options, source=path)
+                       slots=values["slots"], user=values["user"], options=options, source=path,
+                       autostop=_autostop(src))
+
+
+def _autostop(src: _Sources) -> dict | None:
+    def duration(value: Any) -> int:
+        try:
+            return autostop.parse_duration(str(value))
+        except UsageError as exc:
+            raise _Invalid(f"expected an idle time such as 30m, 1h or 90s, got {_show(value)}") from exc
+
+    def wait_for(value: Any) -> str:
+        if value not in autostop.WAIT_FOR:
+            raise _Invalid(f"expected {' or '.join(autostop.WAIT_FOR)}, got {_show(value)}")
+        return value
+
+    idle = src.checked("autostop", duration)
+    down = src.checked("autodown", lambda v: _as_type(v, bool))
+    waits = src.checked("wait_for", wait_for)
+    if idle is None:
+        if down or waits:
+            where = "--autodown" if down else "--wait-for"
+            raise SpecError(f"{where}: needs --autostop TIME (how long the cluster may stay idle)")
+        return None
+    return autostop.Setting(idle, bool(down), waits or "jobs").to_dict()
 
 
 def _reject_unknown(data: dict, overrides: dict, option_specs: dict, provider: str, label: str) -> None:
-    valid = set(BASE_KEYS) | set(option_specs)
+    valid = set(BASE_KEYS) | set(AUTOSTOP_KEYS) | set(option_specs)
     for key in data:
         if key not in valid:
             raise SpecError(f"{label}: {key}: unknown key for provider {provider!r} "

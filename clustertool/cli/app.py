@@ -59,6 +59,7 @@ COMMAND_MODULES = [
     "clustertool.cli.inventory",
     "clustertool.cli.jobs",
     "clustertool.cli.doctor",
+    "clustertool.cli.autostop",
 ]
 
 _DEBUG = {"on": False}

@@ -66,9 +66,11 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
         columns = ["cluster", "id", "bridge", "home", "action"]
         to_delete = [o for o in orphans if o.action == sweep.DELETE]
     elif provider == "aws":
-        from clustertool import lifecycle
+        from clustertool import autostop, lifecycle
         from clustertool.providers.aws import sweep
 
+        for line in autostop.refresh([c for c in lifecycle.list_all() if c.provider == "aws"]):
+            reporter(json_output)(line)
         ids, names = lifecycle.known()
         orphans = sweep.find(region=region, profile=profile, known_ids=ids, known_names=names,
                              force_owner=force_owner, report=reporter(json_output))
@@ -140,9 +142,11 @@ def status(
 
 def ls(json_output: bool = JsonOpt) -> None:
     """Clusters this machine knows."""
-    from clustertool import lifecycle
+    from clustertool import autostop, lifecycle
     from clustertool.cli import render
 
+    for line in autostop.refresh(lifecycle.list_all(), report=reporter(json_output)):
+        reporter(json_output)(line)
     clusters = lifecycle.list_all()
     if json_output:
         render.print_json([{"name": c.name, "id": c.id, "provider": c.provider, "status": c.status,

@@ -44,6 +44,13 @@ def build_up_command() -> click.Command:
         click.Option(["--no-ssh"], is_flag=True,
                      help="Stop after provisioning and the hostfile; do not wire SSH (for endpoints whose instances "
                           "answer no SSH)."),
+        click.Option(["--autostop"], metavar="IDLE",
+                     help="Stop every node after IDLE (30m, 1h, 90s) with no job and no GPU use; the leader "
+                          "decides, so it happens with this machine off. See `clustertool autostop`."),
+        click.Option(["--autodown"], is_flag=True, flag_value=True, default=None,
+                     help="With --autostop: terminate the nodes instead of stopping them."),
+        click.Option(["--wait-for"], type=click.Choice(["jobs", "jobs-and-ssh"]),
+                     help="With --autostop: what counts as busy besides GPU use (default: jobs)."),
         click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
     for key, (spec, providers) in sorted(_provider_options().items()):
@@ -57,13 +64,15 @@ def build_up_command() -> click.Command:
     )
 
 
-def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_output, **options):
+def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_output, autostop, autodown, wait_for,
+        **options):
     from clustertool import lifecycle, spec
     from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.remote import access
 
-    overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user, **options}
+    overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user,
+                 "autostop": autostop, "autodown": autodown, "wait_for": wait_for, **options}
     cluster_spec = spec.load_spec(spec_file, overrides)
     report = reporter(json_output)
     result = lifecycle.up(cluster_spec, dry_run=dry_run, no_ssh=no_ssh, report=report)

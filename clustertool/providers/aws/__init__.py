@@ -125,6 +125,12 @@ class AwsProvider:
 
         return provision.terminate(cluster, self.report)
 
+    def set_shutdown_behavior(self, cluster: Cluster, behavior: str) -> None:
+        """What each instance does when its OS powers off: "stop" or "terminate" (autostop/autodown)."""
+        from clustertool.providers.aws import provision
+
+        provision.set_shutdown_behavior(cluster, behavior, self.report)
+
     def owns_cluster(self, cluster: Cluster) -> bool:
         """Adopted clusters are not ours to terminate unless down --terminate-adopted said so."""
         if cluster.provider_state.get("adopted"):

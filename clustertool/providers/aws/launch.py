@@ -66,6 +66,12 @@ def interfaces(subnet: str, group_id: str, efa: int, public_ip: bool = True) -> 
              "Groups": [group_id], "InterfaceType": "efa", "DeleteOnTermination": True} for card in range(efa)]
 
 
+def shutdown_behavior(options: dict) -> str:
+    """terminate for autodown (and for one-time spot, which cannot stop), else stop."""
+    setting = options.get("autostop") or {}
+    return "terminate" if setting.get("down") or options.get("spot") else "stop"
+
+
 def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: Image, subnet: str,
                   group_id: str, key_name: str, az: str, placement_group: str | None,
                   options: dict, token: str, public_key: str = "", efa_interfaces: int = 0) -> dict[str, Any]:
@@ -82,6 +88,8 @@ def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: I
         "TagSpecifications": [stamp.spec("instance", **{"clustertool__role": "member"}),
                               stamp.spec("volume"), stamp.spec("network-interface")],
         "ClientToken": token[:64],
+        # what an OS power-off does: the autostop watcher powers nodes off from inside (no credentials)
+        "InstanceInitiatedShutdownBehavior": shutdown_behavior(options),
     }
     if options.get("key_name") and public_key.strip():
         params["UserData"] = user_data(public_key)  # the cluster key works beside the user's key pair

@@ -173,6 +173,14 @@ def start(cluster: Cluster, report: Reporter = silent) -> list[Node]:
     return inst_mod.refresh(aws, cluster.nodes)  # public addresses change across stop/start
 
 
+def set_shutdown_behavior(cluster: Cluster, behavior: str, report: Reporter = silent) -> None:
+    aws = session_for(cluster, report)
+    for instance_id in inst_mod.ids_of(cluster.nodes):
+        with aws_errors(f"setting the shutdown behaviour of {instance_id}"):
+            aws.call("modify_instance_attribute", InstanceId=instance_id,
+                     InstanceInitiatedShutdownBehavior={"Value": behavior})
+
+
 def confirm_owner(cluster: Cluster, force: bool, verb: str, report: Reporter = silent) -> None:
     if cluster.provider_state.get("adopted"):
         return  # adopted machines carry no clustertool tags; the state is the whole story

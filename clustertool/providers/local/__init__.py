@@ -71,6 +71,7 @@ class LocalProvider:
     }
 
     WAIT_LIMIT: ClassVar[float] = 60.0
+    POWEROFF: ClassVar[str] = net.NODE_POWEROFF  # what the autostop watcher runs to power a node off
 
     def __init__(self, **_: object) -> None:
         pass
@@ -362,6 +363,16 @@ class LocalProvider:
 
     def terminate_instances(self, cluster: Cluster) -> list[str]:
         return teardown(cluster, reap=_reap_launched)
+
+    def autostop_record(self, cluster: Cluster) -> dict | None:
+        """What the leader's watcher wrote when it powered the cluster off (its home is on this disk)."""
+        nodes_dir = cluster.provider_state.get("nodes_dir")
+        leader = next((n.name for n in cluster.nodes if n.is_leader), "node-1")
+        try:
+            return json.loads((Path(nodes_dir) / leader / "home" / ".clustertool" / "autostop" /
+                               "poweroff.json").read_text())
+        except (OSError, ValueError, TypeError):
+            return None
 
 
 def _seed_etc_ssh(etc_ssh: Path, host_etc: Path = Path("/etc/ssh")) -> None:

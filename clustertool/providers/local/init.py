@@ -4,7 +4,7 @@ Run as ``python -I -S init.py CONFIG.json`` inside fresh UTS, mount and PID
 namespaces (see ``net.node_start_argv``).  Standard library only, no clustertool
 import, so it starts in milliseconds.  The config (``net.init_config``) says the
 hostname, which host directories to bind over /root, /scratch, /tmp, /etc/hosts, which
-tmpfs to mount, and the sshd command.
+tmpfs to mount, the sshd command and the node's boot script (run when it exists).
 
 As PID 1 of its namespace this process ignores every signal sent from inside the node
 that it has no handler for, so ``pkill -9 python`` on the node cannot take the node down;
@@ -75,6 +75,22 @@ def _reap_until(child):
             return os.waitstatus_to_exitcode(status)
 
 
+def _start_boot(path):
+    """Run the node's boot script (``/root/.clustertool/boot.sh``: what programs installed on the
+    node start at every boot, e.g. the autostop watcher) when there is one."""
+    if not path or not os.path.isfile(path):
+        return
+    if os.fork() == 0:
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.execv("/bin/sh", ["sh", path])
+        finally:
+            os._exit(127)
+
+
 def main(argv):
     with open(argv[1]) as fh:
         config = json.load(fh)
@@ -93,6 +109,7 @@ def main(argv):
             os.execv(command[0], command)
         finally:
             os._exit(127)
+    _start_boot(config.get("boot"))
     code = _reap_until(child)
     sys.stderr.write("ct-init: %s exited with %s\n" % (command[0], code))
     sys.stderr.flush()

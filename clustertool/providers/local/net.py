@@ -294,6 +294,10 @@ def node_environment(host_env: dict[str, str]) -> dict[str, str]:
 # ---- files --------------------------------------------------------------------------
 
 NODE_ETC_SSH = Path("/etc/ssh")  # each node sees its own /etc/ssh (host key, sshd_config)
+NODE_BOOT = "/root/.clustertool/boot.sh"  # run by the node's init at every start (the autostop watcher's loop)
+# A node powers itself off by ending its sshd: init (PID 1) then exits and the kernel ends every
+# process of the node's PID namespace -- what `stop` does, seen from inside.
+NODE_POWEROFF = f'kill -TERM "$(cat {NODE_ETC_SSH / "sshd.pid"})"'
 
 
 def sshd_config_text(address: str, title: str) -> str:
@@ -362,4 +366,5 @@ def init_config(hostname: str, node_dir: Path, hosts_file: Path, shared: list[st
         ],
         "tmpfs": [["/dev/shm", "mode=1777"]],
         "command": sshd_argv(NODE_ETC_SSH / "sshd_config"),
+        "boot": NODE_BOOT,
     }

@@ -1,0 +1,364 @@
+"""Autostop / autodown, seen from this machine: the setting, the watcher's install, what it did.
+
+The decision is the cluster's own (``nodeprogs/autostop.py`` on the leader, installed by
+``nodeprogs/autostop.sh``), so a closed laptop still stops the bill.  This module builds its
+config, installs or reconfigures it over SSH, reads back its idle time, and -- in ``reconcile``
+-- notices a cluster that the watcher powered off: shown as autostopped / autodowned, written to
+the ledger, and after an autodown the free leftovers (security group, placement group, key pair;
+a local cluster's namespaces) removed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from clustertool import ledger, nodeprogs, state
+from clustertool.errors import RemoteError, ToolError, UsageError
+from clustertool.model import Cluster, Node, Reporter, silent
+from clustertool.providers.base import get_provider
+from clustertool.remote.group import run_on_node
+from clustertool.remote.transport import SSH, Transport
+
+WAIT_FOR = ("jobs", "jobs-and-ssh")
+UP = ("ready", "provisioned")  # statuses of a cluster that is up (provisioned: brought up with --no-ssh)
+INTERVAL_ENV = "CLUSTERTOOL_AUTOSTOP_INTERVAL"  # seconds between samples (hidden knob for tests)
+DEFAULT_POWEROFF = 'if [ "$(id -u)" = 0 ]; then shutdown -h now; else sudo -n shutdown -h now; fi'
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in ``30m``, ``1h``, ``1h30m``, ``90s`` or a bare number of minutes."""
+    value = str(text).strip().lower()
+    if value.isdigit():
+        seconds = int(value) * 60
+    else:
+        match = _DURATION.match(value)
+        if not value or not match:
+            raise UsageError(f"invalid idle time {text!r}", hint="write it as 30m, 1h, 1h30m or 90s")
+        h, m, s = (int(g or 0) for g in match.groups())
+        seconds = h * 3600 + m * 60 + s
+    if seconds < 1:
+        raise UsageError(f"invalid idle time {text!r}: it must be at least one second")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    parts = [f"{h}h" if h else "", f"{m}m" if m else "", f"{s}s" if s or not (h or m) else ""]
+    return "".join(parts)
+
+
+@dataclass
+class Setting:
+    idle_s: int
+    down: bool = False
+    wait_for: str = "jobs"
+
+    def __post_init__(self):
+        if self.wait_for not in WAIT_FOR:
+            raise UsageError(f"invalid --wait-for {self.wait_for!r}", hint=f"choose {' or '.join(WAIT_FOR)}")
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> Setting | None:
+        if not data or not data.get("idle_s"):
+            return None
+        return cls(int(data["idle_s"]), bool(data.get("down")), data.get("wait_for") or "jobs")
+
+    def to_dict(self) -> dict:
+        return {"idle_s": self.idle_s, "down": self.down, "wait_for": self.wait_for}
+
+    def describe(self) -> str:
+        what = "terminate (autodown)" if self.down else "stop"
+        waits = "jobs, GPU use and interactive SSH sessions" if self.wait_for == "jobs-and-ssh" else "jobs and GPU use"
+        return f"{what} every node after {format_duration(self.idle_s)} idle (counting {waits})"
+
+
+def setting_of(cluster: Cluster) -> Setting | None:
+    return Setting.from_dict(cluster.options.get("autostop"))
+
+
+def plan_line(setting: Setting, provider: str) -> str:
+    how = ("a systemd timer on the leader, else a supervised loop" if provider != "local"
+           else "a supervised loop on the leader, restarted at every start")
+    line = f"autostop: {setting.describe()}; decided on the leader ({how}), sampled every minute"
+    if provider == "aws":
+        line += ("; instances launch with InstanceInitiatedShutdownBehavior="
+                 + ("terminate" if setting.down else "stop"))
+    return line
+
+
+def interval() -> int:
+    try:
+        return max(1, int(os.environ.get(INTERVAL_ENV) or 60))
+    except ValueError:
+        return 60
+
+
+def watcher_config(cluster: Cluster, setting: Setting | None, poweroff: str, now: float | None = None) -> dict:
+    """The leader's config.json (``idle_s`` null: cancelled, the watcher only records)."""
+    return {"cluster": cluster.name, "leader": cluster.leader.name,
+            "members": [{"name": n.name, "address": n.address} for n in cluster.ordered_nodes() if not n.is_leader],
+            "idle_s": setting.idle_s if setting else None, "down": bool(setting and setting.down),
+            "wait_for": setting.wait_for if setting else "jobs", "interval_s": interval(),
+            "poweroff": poweroff, "set_at": time.time() if now is None else now}
+
+
+def install_script(config: dict) -> str:
+    program = (nodeprogs.DIR / "autostop.py").read_bytes()
+    return nodeprogs.shell_script("autostop", MODE="install", PROGRAM_B64=base64.b64encode(program).decode(),
+                                  CONFIG_B64=base64.b64encode(json.dumps(config).encode()).decode())
+
+
+def install(cluster: Cluster, setting: Setting | None, poweroff: str, transport: Transport = SSH) -> str:
+    """Write the watcher and its config on the leader and make sure it runs; returns how it runs."""
+    script = install_script(watcher_config(cluster, setting, poweroff))
+    result = run_on_node(cluster.name, cluster.leader, "sh -s", stdin_data=script.encode(), timeout=60,
+                         transport=transport)
+    how = next((line.strip() for line in result.stdout.splitlines() if line.startswith(("watcher", "error"))), "")
+    if not result.ok or not how.startswith("watcher"):
+        detail = how or result.reason
+        raise RemoteError(f"installing the autostop watcher on {cluster.leader.name} failed: {detail}",
+                          hint="check that the leader has python3 (and sudo for systemd)")
+    return how.split(" ", 1)[1]
+
+
+@dataclass
+class WatcherView:
+    """What the leader's watcher says now."""
+
+    config: dict = field(default_factory=dict)
+    state: dict = field(default_factory=dict)
+    poweroff: dict = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+
+    def idle_for(self, now: float | None = None) -> float | None:
+        since = self.state.get("idle_since")
+        return None if since is None else max(0.0, (now or time.time()) - since)
+
+    def to_dict(self) -> dict:
+        return {"idle_s": self.idle_for(), "busy": self.state.get("busy", []), "checked": self.state.get("checked"),
+                "notes": self.state.get("notes", []), "log": self.log, "poweroff": self.poweroff or None}
+
+
+def parse_show(text: str) -> WatcherView:
+    view = WatcherView()
+    for line in text.splitlines():
+        key, _, rest = line.partition(" ")
+        if key in ("config", "state", "poweroff"):
+            try:
+                setattr(view, key, json.loads(rest) or {})
+            except ValueError:
+                pass
+        elif key == "log":
+            view.log.append(rest)
+    return view
+
+
+def read_watcher(cluster: Cluster, transport: Transport = SSH, timeout: float = 10.0) -> WatcherView | None:
+    """The watcher's config, idle time and log tail, read over SSH (None when the leader does not answer)."""
+    script = nodeprogs.shell_script("autostop", MODE="show", PROGRAM_B64="", CONFIG_B64="")
+    result = run_on_node(cluster.name, cluster.leader, "sh -s", stdin_data=script.encode(), timeout=timeout,
+                         transport=transport)
+    return parse_show(result.stdout) if result.ok else None
+
+
+def status_extra(cluster: Cluster, check_ssh: bool, transport: Transport = SSH) -> dict:
+    """`status`'s autostop lines: the setting, the idle time (read from the leader), or when and why
+    the watcher powered the cluster off."""
+    out: dict = {}
+    if setting_of(cluster) or cluster.status == "ready":
+        ask = check_ssh and cluster.status == "ready" and setting_of(cluster) is not None
+        out.update(status_lines(cluster, read_watcher(cluster, transport) if ask else None))
+    if cluster.status in ("autostopped", "autodowned"):
+        done = cluster.provider_state.get("autostopped") or {}
+        out[cluster.status] = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(done.get("t", 0)))
+                               + (f": {done['why']}" if done.get("why") else ""))
+    return out
+
+
+def install_at_up(cluster: Cluster, provider, no_ssh: bool, report: Reporter = silent) -> None:
+    """`up`'s step after wiring SSH: the watcher on the leader (a failure fails the `up`)."""
+    setting = setting_of(cluster)
+    if setting is None:
+        return
+    if no_ssh:
+        report("autostop: the watcher needs SSH to the leader: not installed (--no-ssh); the setting "
+               "only chooses what an OS shutdown does")
+        return
+    report("installing the autostop watcher on the leader")
+    how = install(cluster, setting, poweroff_command(provider))
+    report(f"autostop: {setting.describe()} ({how})")
+
+
+def status_lines(cluster: Cluster, view: WatcherView | None, now: float | None = None) -> dict:
+    """What `status` adds: the setting and the idle time so far."""
+    setting = setting_of(cluster)
+    if setting is None:
+        return {"autostop": "off"} if cluster.status == "ready" else {}
+    out = {"autostop": setting.describe()}
+    if cluster.status in ("autostopped", "autodowned"):
+        return out
+    if cluster.status == "provisioned":
+        out["idle"] = "not watched: brought up with --no-ssh, so no watcher runs on the leader"
+    elif view is None:
+        out["idle"] = "unknown (the leader did not answer)"
+    elif view.idle_for(now) is not None:
+        out["idle"] = f"{format_duration(view.idle_for(now))} so far (stops at {format_duration(setting.idle_s)})"
+    elif view.state.get("busy"):
+        out["idle"] = "0s: " + "; ".join(view.state["busy"])
+    else:
+        out["idle"] = "not sampled yet"
+    return out
+
+
+# ---- after the watcher acted --------------------------------------------------------------
+
+def powered_off(cluster: Cluster, queried: list[Node]) -> str | None:
+    """"autostop" / "autodown" when every node is off while the state says ready and autostop was set."""
+    setting = setting_of(cluster)
+    if setting is None or cluster.status not in UP or not queried:
+        return None
+    states = {n.state for n in queried}
+    if states <= {"terminated", "missing", "shutting-down"}:
+        return "autodown"
+    if states <= {"stopped"}:
+        return "autodown" if setting.down else "autostop"
+    return None
+
+
+def reconcile_locked(cluster: Cluster, provider, queried: list[Node]) -> list[str]:
+    """``reconcile`` under the cluster's lock, taken only when there is something to mark."""
+    if not powered_off(cluster, queried):
+        return []
+    with state.locked(cluster.name, purpose="autostop"):
+        fresh = state.load(cluster.name)  # what another command may have done meanwhile
+        lines = reconcile(fresh, provider, queried)
+    cluster.status, cluster.nodes, cluster.provider_state = fresh.status, fresh.nodes, fresh.provider_state
+    return lines
+
+
+def refresh(clusters: list[Cluster], report: Reporter = silent) -> list[str]:
+    """For `ls`, `cost` and sweeps: notice the clusters (of this home) their watcher powered off.  A
+    provider that cannot be reached now leaves its clusters as they were recorded."""
+    lines = []
+    for cluster in clusters:
+        if cluster.status not in UP or not setting_of(cluster):
+            continue
+        try:
+            provider = get_provider(cluster.provider, report=report)
+            lines += reconcile_locked(cluster, provider, provider.query_instances(cluster))
+        except ToolError as exc:
+            lines.append(f"{cluster.name}: could not check autostop ({exc.message})")
+    return lines
+
+
+def reconcile(cluster: Cluster, provider, queried: list[Node]) -> list[str]:
+    """A cluster the watcher powered off: mark it, write the ledger, and after an autodown remove
+    what is left (it costs nothing, but it is clutter and counts against quotas).  Caller holds
+    the cluster's lock; returns what was done."""
+    event = powered_off(cluster, queried)
+    if event is None:
+        return []
+    record = getattr(provider, "autostop_record", None)
+    done = (record(cluster) if record else None) or {}
+    when = float(done.get("t") or time.time())
+    lines = [f"{cluster.name}: the cluster's watcher {'terminated' if event == 'autodown' else 'stopped'} it"
+             + (f" ({done['why']})" if done.get("why") else "")]
+    if event == "autodown":
+        lines += provider.terminate_instances(cluster)
+        cluster.status = "autodowned"
+        for node in cluster.nodes:
+            node.state = "terminated"
+    else:
+        cluster.status = "autostopped"
+        for node in cluster.nodes:
+            node.state = "stopped"
+    cluster.provider_state["autostopped"] = {"t": when, "event": event, "why": done.get("why", "")}
+    state.save(cluster)
+    ledger.record(event, cluster, t=when)
+    return lines
+
+
+# ---- the verbs ----------------------------------------------------------------------------
+
+def poweroff_command(provider) -> str:
+    return getattr(provider, "POWEROFF", None) or DEFAULT_POWEROFF
+
+
+def check_allowed(cluster: Cluster, provider, setting: Setting | None) -> None:
+    """Autostop powers machines off: only machines clustertool made, and (to stop) not one-time spot."""
+    owns = getattr(provider, "owns_cluster", None)
+    if not (owns(cluster) if owns else provider.owns_machines) or cluster.provider_state.get("adopted"):
+        raise UsageError(f"autostop is for machines clustertool made; {cluster.name!r} adopted existing ones",
+                         hint="stop them yourself (clustertool never powers off machines it adopted)")
+    if setting and not setting.down and cluster.options.get("spot"):
+        raise UsageError("one-time spot instances cannot be stopped, only terminated",
+                         hint="use --autodown (or --down) with --spot")
+
+
+def apply(cluster: Cluster, provider, setting: Setting | None, transport: Transport = SSH) -> str:
+    """Give a ready cluster the setting (None: cancel): the provider's shutdown behaviour, then the
+    leader's watcher.  Returns how the watcher runs."""
+    change = getattr(provider, "set_shutdown_behavior", None)
+    if change and setting is not None:
+        change(cluster, "terminate" if setting.down else "stop")
+    how = install(cluster, setting, poweroff_command(provider), transport)
+    cluster.options["autostop"] = setting.to_dict() if setting else None
+    return how
+
+
+@dataclass
+class AutostopReport:
+    """What `clustertool autostop` did or shows."""
+
+    cluster: Cluster
+    setting: Setting | None
+    changed: bool = False
+    watcher: str = ""  # how the watcher runs (after a change)
+    view: WatcherView | None = None
+
+    def lines(self, now: float | None = None) -> dict:
+        out = status_lines(self.cluster, self.view, now)
+        if self.watcher:
+            out["watcher"] = self.watcher
+        return out
+
+    def to_dict(self) -> dict:
+        return {"cluster": self.cluster.name, "status": self.cluster.status,
+                "autostop": self.setting.to_dict() if self.setting else None, "changed": self.changed,
+                "watcher": self.watcher or None, "leader": self.view.to_dict() if self.view else None}
+
+
+def check_request(idle: str | None, *, down: bool = False, wait_for: str | None = None,
+                  cancel: bool = False) -> Setting | None:
+    """The setting an `autostop` request asks for (None: cancel or show); bad combinations refused."""
+    if idle is not None and cancel:
+        raise UsageError("give an idle time or --cancel, not both")
+    if idle is None and (down or wait_for):
+        raise UsageError("--down and --wait-for go with an idle time", hint="e.g. clustertool autostop 30m --down")
+    return Setting(parse_duration(idle), down, wait_for or "jobs") if idle is not None else None
+
+
+def configure(name: str, idle: str | None = None, *, down: bool = False, wait_for: str | None = None,
+              cancel: bool = False, transport: Transport = SSH, report=None) -> AutostopReport:
+    """`clustertool autostop`: set (``idle``), cancel, or (neither) show the cluster's autostop."""
+    setting = check_request(idle, down=down, wait_for=wait_for, cancel=cancel)
+    if idle is None and not cancel:
+        cluster = state.load(name)
+        view = read_watcher(cluster, transport) if cluster.status == "ready" else None
+        return AutostopReport(cluster, setting_of(cluster), view=view)
+    with state.locked(name, purpose="autostop"):
+        cluster = state.ready_cluster(name)
+        provider = get_provider(cluster.provider, **({"report": report} if report else {}))
+        check_allowed(cluster, provider, setting)
+        how = apply(cluster, provider, setting, transport)
+        state.save(cluster)
+    return AutostopReport(cluster, setting, changed=True, watcher=how,
+                          view=read_watcher(cluster, transport))
