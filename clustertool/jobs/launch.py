@@ -68,6 +68,17 @@ def plan(cluster: Cluster, nodes: list[Node], opts: MpiOptions, job_id: str) -> 
     return build_argv([(n.address, n.slots) for n in ordered], opts)
 
 
+def rank_nodes(cluster: Cluster, selection: str | None) -> list[Node]:
+    """The nodes a job's ranks run on: the selection (default: every worker); servers are never ranks."""
+    nodes = cluster.workers if selection is None else nodeset.select(cluster, selection)
+    servers = [n.name for n in nodes if n.is_server]
+    if servers:
+        raise UsageError(f"{nodeset.fold(servers)} {'is a' if len(servers) == 1 else 'are'} reduction server(s), "
+                         "not rank nodes", hint="leave servers out of --nodes (`run --plugin` starts the reducers "
+                                                "on them itself)")
+    return nodes
+
+
 def _finalize_argv(argv: list[str], home: str) -> list[str]:
     return [a.replace("$HOME", home, 1) if a.startswith("$HOME/") else a for a in argv]
 
@@ -119,7 +130,7 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
     """Start the job (after sending ``sync``, a local folder, to ``sync_to`` or its own path on the nodes)."""
     synced_dir = _sync_target(opts, sync, sync_to)
     cluster = state.ready_cluster(cluster_name)
-    nodes = nodeset.select(cluster, selection)
+    nodes = rank_nodes(cluster, selection)
     opts.command = split_command(opts.command)
     if use_plugin:
         opts.plugin_env = plugin_env(cluster)
