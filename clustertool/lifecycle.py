@@ -21,9 +21,9 @@ from clustertool import interrupts, state
 from clustertool.errors import RemoteError, ToolError, UsageError
 from clustertool.model import Cluster, GroupResult, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
-from clustertool.remote import keys, mesh
+from clustertool.remote import keys, mesh, mux
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport, control_exit_argv, write_ssh_config
+from clustertool.remote.transport import SSH, Transport, control_exit_argv, master_socket, write_ssh_config
 
 
 @dataclass
@@ -164,12 +164,14 @@ def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
     write_ssh_config(cluster)
     paths = state.ClusterPaths(cluster.name)
     private, public = paths.key.read_text(), paths.pubkey.read_text()
-    leader_hostfile = hostfiles.render_cluster(cluster, "openmpi")
     leader = cluster.leader.name
+    # the same program for every member (and one for the leader, with its hostfile): made once,
+    # not once per node, since each holds every node's host keys (O(n) each, O(n^2) if repeated)
+    member_script = keys.wire_script(cluster, private, public, None).encode()
+    leader_script = keys.wire_script(cluster, private, public, hostfiles.render_cluster(cluster, "openmpi")).encode()
 
     def script(node) -> bytes:
-        hf = leader_hostfile if node.name == leader else None
-        return keys.wire_script(cluster, private, public, hf).encode()
+        return leader_script if node.name == leader else member_script
 
     result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=60, transport=transport)
     _raise_on_failures(result, "wiring SSH")
@@ -198,12 +200,18 @@ def _raise_on_failures(result: GroupResult, what: str) -> None:
 
 
 def close_masters(cluster: Cluster) -> None:
-    """Close this machine's ControlMaster connections to the cluster's nodes."""
+    """Close this machine's ControlMaster connections to the cluster's nodes: each is asked over
+    its socket (remote/mux.py, no process per node); ``ssh -O exit`` where that does not answer."""
     paths = state.ClusterPaths(cluster.name)
     if not paths.ssh_config.exists() or not paths.control_dir.exists():
         return
+    left = []
+    for node in cluster.nodes:
+        path = master_socket(cluster.name, node)
+        if path is None or (path.exists() and not mux.terminate(path)):
+            left.append(node)
     procs = [subprocess.Popen(control_exit_argv(cluster.name, n), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for n in cluster.nodes]
+                              stderr=subprocess.DEVNULL) for n in left]
     for proc in procs:
         try:
             proc.wait(timeout=10)

@@ -24,12 +24,13 @@ def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, 
 
 
 def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
-                  plugin: bool = False) -> Launcher:
+                  plugin: bool = False, name: str | None = None) -> Launcher:
+    """``name``: the job's name in `clustertool jobs` (default ``scaling-<N>n``)."""
     def launch(nodes, per_node, argv):
         opts = MpiOptions(command=list(argv), per_node=per_node, env=list(env))
         try:
             started = jobs.run(cluster.name, opts, selection=",".join(n.name for n in nodes),
-                               name=f"scaling-{len(nodes)}n", use_plugin=plugin)
+                               name=name or f"scaling-{len(nodes)}n", use_plugin=plugin)
         except ToolError as exc:
             return None, "", exc.message
         lines: list[str] = []

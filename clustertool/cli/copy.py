@@ -20,7 +20,12 @@ def copy_cmd(
     strategy: str = typer.Option(
         "auto", "--strategy", help="auto, chain (pipelined relay) or fanout (parallel rsync)."),
     verify: bool = typer.Option(
-        True, "--verify/--no-verify", help="Compare hashes of source and every node after the copy."),
+        True, "--verify/--no-verify",
+        help="Check every file by hash: each node hashes what it writes as it writes it and compares with "
+             "the source's hash of what it sent; files not sent this time are re-read on both sides."),
+    verify_only: bool = typer.Option(
+        False, "--verify-only", help="Copy nothing: re-read every file on the nodes and at the source and compare "
+                                     "(catches a byte changed on a node's disk after the copy)."),
     delete: bool = typer.Option(False, "--delete", help="Remove files on the nodes that SRC does not have."),
     cipher: str = typer.Option(
         "aes128-gcm@openssh.com", "--cipher", help="ssh cipher between nodes ('' for ssh's default)."),
@@ -29,8 +34,10 @@ def copy_cmd(
     """Copy SRC to DEST on the selected nodes (the old copyclust), incremental and verified.
 
     A directory SRC is mirrored into DEST; a file lands in DEST/. Default nodes: the members
-    (--from leader) or every node (--from local). Exit code: 0 when every node matches the
-    source; 1 when a node failed or differs (named with its files); 255 when one was unreachable.
+    (--from leader) or every node (--from local). Verification costs no second read of what was
+    sent (hashed in the stream); --verify-only re-reads everything. Exit code: 0 when every node
+    matches the source; 1 when a node failed or differs (named with its files); 255 when one was
+    unreachable.
     """
     from clustertool.cli import progress, render
     from clustertool.transfer.copy import copy
@@ -40,7 +47,7 @@ def copy_cmd(
     with bars:
         result = copy(name, src, dest, source=source, selection=nodes, strategy=strategy,
                       verify_after=verify, delete=delete, cipher=cipher or None,
-                      on_progress=bars.update, report=reporter(json_output))
+                      on_progress=bars.update, report=reporter(json_output), verify_only=verify_only)
     if json_output:
         render.print_json(result.to_dict())
     else:

@@ -17,19 +17,22 @@ def doctor(
         False, "--fix", help="Do the safe fixes (kill strays, clear finished jobs' logs, re-push known_hosts), then "
                              "check again."),
     check: List[str] = typer.Option(
-        [], "--check", help="Run only these checks (repeat): reach, ssh-mesh, disk, sameness, strays, clock, "
-                            "mpi-smoke, links."),
-    skip: List[str] = typer.Option([], "--skip", help="Skip these checks (repeat), e.g. --skip links."),
+        [], "--check", help="Run only these checks (repeat, or comma-separated): reach, ssh-mesh (or mesh), "
+                            "disk, sameness, strays, clock, mpi-smoke, links, plugin-nccl (NCCL with the plugin; "
+                            "GPU clusters only)."),
+    skip: List[str] = typer.Option([], "--skip", help="Skip these checks (repeat, or comma-separated), "
+                                                      "e.g. --skip links."),
     plugin_path: Optional[str] = typer.Option(
         None, "--plugin-path", help="Where the NCCL plugin is deployed on the nodes (for its checksum)."),
     disk_path: List[str] = typer.Option(
         [], "--disk-path", help="Folders whose free space to check besides home and the job logs (default /scratch)."),
 ) -> None:
-    """Check SSH mesh, disks, sameness, stray processes, clocks, an MPI smoke test and links."""
+    """Check SSH mesh, disks, sameness, stray processes, clocks, an MPI smoke test, links and, on GPU
+    clusters with the plugin deployed, whether NCCL uses it (`plugin check`)."""
     from clustertool import doctor as doc
     from clustertool.cli import render
 
-    checks = tuple(c for c in (check or doc.ALL_CHECKS) if c not in skip)
+    checks = doc.choose_checks(check, skip)
     result = doc.run(cluster_name(cluster), fix=fix, checks=checks, plugin=plugin_path,
                      disk_paths=list(disk_path) or None, report=reporter(json_output))
     if json_output:

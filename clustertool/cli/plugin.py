@@ -1,4 +1,4 @@
-"""`clustertool plugin build|deploy|status|env`: the native NCCL plugin on the cluster."""
+"""`clustertool plugin build|deploy|status|env|check`: the native NCCL plugin on the cluster."""
 
 from __future__ import annotations
 
@@ -100,6 +100,41 @@ def env_cmd(cluster: Optional[str] = ClusterOpt) -> None:
 
     for k, v in plugin_env(state.load(cluster_name(cluster))).items():
         typer.echo(f"{k}={v}")
+
+
+@plugin_app.command("check")
+def check_cmd(
+    sizes: str = typer.Option("1M:64M", "--sizes", help="MIN:MAX message sizes in bytes (K/M/G), doubling."),
+    iters: int = typer.Option(5, "--iters", "-n", help="Timed allreduces per size."),
+    warmup: int = typer.Option(2, "--warmup", "-w", help="Untimed allreduces per size."),
+    python: Optional[str] = typer.Option(
+        None, "--python", metavar="PATH", help="The nodes' python with torch (default: the first of python3, "
+                                               "/opt/pytorch/bin/python3, /opt/conda/envs/pytorch/bin/python, ... "
+                                               "that has torch)."),
+    timeout: float = typer.Option(600, "--timeout", help="Seconds before the run counts as hung (it is killed)."),
+    cluster: Optional[str] = ClusterOpt,
+    json_output: bool = JsonOpt,
+) -> None:
+    """Is NCCL using the plugin, and which algorithm did it pick?
+
+    GPU clusters: a short NCCL allreduce over every slot (one rank per GPU) as a `run --plugin`
+    job with NCCL_DEBUG=INFO, then NCCL's version, the plugin and ABI version NCCL loaded,
+    CollNet on (or NCCL's reason for off), algorithm/protocol and busbw per size and #wrong
+    against a CPU reference. Without GPUs: says so and runs the collnet_bench stand-in (not
+    NCCL). Exit code 1 if NCCL did not load the plugin, a run failed or #wrong > 0; the plugin
+    must be deployed (and unchanged) on every node.
+    """
+    from clustertool.cli import render
+    from clustertool.cli.common import reporter
+    from clustertool.plugin import check
+
+    result = check.run(cluster_name(cluster), sizes=sizes, iters=iters, warmup=warmup, python=python,
+                       timeout=timeout, report=reporter(json_output))
+    if json_output:
+        render.print_json({**render.to_jsonable(result), "wrong": result.wrong, "ok": result.ok})
+    else:
+        render.check_report(result)
+    raise typer.Exit(result.exit_code)
 
 
 def _show(rows, json_output: bool) -> None:

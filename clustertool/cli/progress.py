@@ -75,6 +75,8 @@ def copy_table(result) -> None:
     for n in result.nodes:
         rows.append([n.node, n.status, human_bytes(n.bytes_received), n.files_sent,
                      n.files_checked if result.verified else "-", n.exit_code, render.clip(n.error or "")])
+    for line in getattr(result, "source_errors", [])[:10]:
+        sys.stderr.write(f"source: {line}\n")
     render.table(["node", "status", "received", "files sent", "verified files", "exit", "error"], rows,
                  title=f"{result.strategy}: {result.src} -> {result.dest} (from {result.source})")
 
@@ -85,7 +87,15 @@ def copy_summary(result) -> str:
     return (f"{ok}/{len(result.nodes)} ok; {human_bytes(result.bytes_sent)} sent for a "
             f"{human_bytes(result.total_bytes)} source ({result.total_files} files) in {result.duration:.1f}s "
             f"({human_bytes(int(rate))}/s), {result.passes} pass(es)"
-            + ("" if result.verified else "; not verified"))
+            + (_verify_note(result) if result.verified else "; not verified"))
+
+
+def _verify_note(result) -> str:
+    streamed = sum(n.files_verified_in_stream for n in result.nodes)
+    checked = sum(n.files_checked for n in result.nodes)
+    if result.verify == "reread":
+        return f"; verified by re-reading ({result.hash})"
+    return f"; verified ({result.hash}): {streamed} of {checked} file checks in the stream, the rest re-read"
 
 
 def mismatch_lines(result, limit: int = 10) -> list[str]:

@@ -141,3 +141,40 @@ def plain_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
     for row in [list(columns)] + rows:
         sys.stdout.write("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n")
+
+
+def check_report(report) -> None:
+    """`plugin check`: what ran, what NCCL said it loaded, the per-size table, problems with fixes."""
+    from clustertool.bench.allreduce import size_text
+
+    sys.stdout.write(report.note + "\n")
+    p = report.plugin
+    pairs = [("plugin", f"{p.get('version') or '?'} ({(p.get('sha256') or '?')[:12]}) in {p.get('dest')}, "
+                        "the same on every node")]
+    n = report.nccl
+    if n is not None:
+        loaded = (f"{n.net_plugin} loaded, ABI v{n.net_abi or '?'}"
+                  + (f" (CollNet v{n.collnet_abi})" if n.collnet_abi else "") if n.plugin_loaded
+                  else f"NOT loaded: {n.fallback or f'NCCL used {n.network}'}")
+        pairs += [("NCCL", n.version or "?"), ("network", n.network or "?"), ("net plugin", loaded),
+                  ("CollNet", f"{'on' if n.collnet_on else 'off'}: {n.collnet_reason}"),
+                  ("tuner", f"{n.tuner_plugin} (v{n.tuner_abi or '?'})" if n.tuner_plugin
+                   else "none loaded (NCCL's own tuning)")]
+    kv(pairs)
+    gpu = report.mode == "nccl"
+    columns = ["size", "algorithm"] + (["protocol"] if gpu else []) + ["time (us)", "algbw (GB/s)", "busbw (GB/s)",
+                                                                       "#wrong"]
+    rows = [[size_text(r.size), r.algo] + ([r.proto] if gpu else [])
+            + [f"{r.time_us:.1f}", f"{r.algbw:.3f}", f"{r.busbw:.3f}", str(r.wrong)] for r in report.rows]
+    if rows:
+        what = "NCCL's choice per size" if gpu else "collnet_bench: the plugin's sharded and ring, Open MPI's mpi"
+        table(columns, rows, title=f"allreduce float32 sum on {report.ranks} rank(s): {what}")
+    if report.evidence:
+        sys.stdout.write("what the log says:\n" + "".join(f"  {line}\n" for line in report.evidence))
+    for prob in report.problems:
+        fix = f"        fix: {prob.fix}\n" if prob.fix else ""
+        sys.stdout.write(f"{prob.severity.upper():7} {prob.message}\n{fix}")
+    verdict = "ok" if report.ok else "FAILED"
+    sys.stdout.write(f"{verdict}: #wrong {report.wrong}"
+                     + (f", NCCL {'used' if n.plugin_loaded else 'did NOT use'} the plugin" if n else "")
+                     + ("; NCCL did not run (no GPU)" if report.mode == "standin" else "") + "\n")

@@ -3,7 +3,9 @@
 Checks: reach (SSH from here), ssh-mesh (every node to every node, pinned keys), disk,
 sameness (CPU/GPU counts, driver/CUDA/NCCL/MPI versions, plugin checksum, instance type
 and AZ), strays (python/MPI processes outside running jobs), clock, mpi-smoke
-(`mpirun hostname` over all slots) and links (pairwise iperf3 bandwidth vs the median).
+(`mpirun hostname` over all slots), links (pairwise iperf3 bandwidth vs the median) and
+plugin-nccl (`plugin check`: does NCCL load the deployed plugin and run CollNet; only on GPU
+clusters with the plugin deployed, skipped elsewhere).
 ``fix=True`` applies the safe fixes (kill strays, clear finished jobs' logs on a full disk,
 push keys/known_hosts again) and runs the checks once more.
 """
@@ -14,19 +16,36 @@ import time
 
 from clustertool import state
 from clustertool.doctor import analyze, network
-from clustertool.doctor.facts import NodeFacts, facts_script, parse_facts
 from clustertool.doctor.fixes import apply_fixes
 from clustertool.doctor.model import CheckResult, Diagnosis, Finding
-from clustertool.errors import UsageError
+from clustertool.errors import ToolError, UsageError
+from clustertool.facts import NodeFacts, facts_script, gpu_count, parse_facts
 from clustertool.jobs.records import running_job_ids
 from clustertool.model import Cluster, Node, Reporter, silent
+from clustertool.plugin import check as plugin_check
 from clustertool.plugin.build import NET_LIB, load_record
 from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.mesh import mesh_script
+from clustertool.remote.mesh import FULL_MESH_MAX, failed_targets, mesh_peers, mesh_script
 from clustertool.remote.transport import SSH, Transport
 
-ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links")
+ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links", "plugin-nccl")
+ALIASES = {"mesh": "ssh-mesh", "ssh": "reach", "mpi": "mpi-smoke", "link": "links"}
+NEEDS_FACTS = ("disk", "sameness", "strays", "links", "plugin-nccl")
+
+
+def choose_checks(check: list[str], skip: list[str]) -> tuple[str, ...]:
+    """The checks to run from --check/--skip values (repeated or comma-separated; short aliases
+    like ``mesh``); an unknown name is a usage error."""
+    def names(values: list[str]) -> list[str]:
+        out = [ALIASES.get(v.strip(), v.strip()) for value in values for v in value.split(",") if v.strip()]
+        unknown = [c for c in out if c not in ALL_CHECKS]
+        if unknown:
+            raise UsageError(f"unknown check {unknown[0]!r}", hint=f"checks: {', '.join(ALL_CHECKS)}")
+        return out
+
+    wanted, skipped = names(check) or list(ALL_CHECKS), set(names(skip))
+    return tuple(c for c in ALL_CHECKS if c in wanted and c not in skipped)
 
 
 def plugin_path(cluster: Cluster) -> str:
@@ -88,15 +107,30 @@ def _clock(cluster: Cluster, nodes: list[Node], transport: Transport) -> CheckRe
 
 
 def _mesh(cluster: Cluster, reachable: list[Node], transport: Transport) -> CheckResult:
-    outputs = {}
-    def others(node: Node) -> str:
-        return mesh_script([t for t in cluster.nodes if t.name != node.name])
-
-    result = run_on_nodes(cluster.name, reachable, others, timeout=60, transport=transport)
-    for r in result.results:
-        outputs[r.node] = r.stdout
+    """From every node to its peers (all others, or a ring sample on large clusters: mesh.py)."""
+    peers = mesh_peers(cluster.nodes)
+    parallel = cluster.provider != "local"  # local nodes share this machine's CPUs: one peer at a time each
+    result = run_on_nodes(cluster.name, reachable, lambda node: mesh_script(peers[node.name], parallel),
+                          timeout=180, transport=transport)
+    outputs = {r.node: r.stdout for r in result.results}
+    outputs = _mesh_again(cluster, reachable, outputs, transport)
     unreachable = {n.name for n in cluster.nodes} - {n.name for n in reachable}
-    return CheckResult("ssh-mesh", network.mesh_findings(cluster, reachable, outputs, unreachable))
+    pairs = sum(len(peers[n.name]) for n in reachable)
+    data = {"pairs_tried": pairs, "sampled": len(cluster.nodes) > FULL_MESH_MAX}
+    return CheckResult("ssh-mesh", network.mesh_findings(cluster, reachable, outputs, unreachable, peers), data=data)
+
+
+def _mesh_again(cluster: Cluster, reachable: list[Node], outputs: dict[str, str],
+                transport: Transport) -> dict[str, str]:
+    """Try each failed pair once more, one at a time from its source: only what fails twice stays."""
+    by_addr = {n.address: n for n in cluster.nodes}
+    failed = {name: [by_addr[a] for a in failed_targets(out) if a in by_addr] for name, out in outputs.items()}
+    sources = [n for n in reachable if failed.get(n.name)]
+    if not sources:
+        return outputs
+    again = run_on_nodes(cluster.name, sources, lambda node: mesh_script(failed[node.name], parallel=False),
+                         timeout=180, transport=transport)
+    return {**outputs, **{r.node: r.stdout for r in again.results if r.ok}}
 
 
 def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], transport: Transport) -> CheckResult:
@@ -117,6 +151,27 @@ def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], tran
     return CheckResult("links", analyze.link_findings(pairs, failed), data=data)
 
 
+def _plugin_nccl(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], report: Reporter,
+                 transport: Transport) -> CheckResult:
+    """`plugin check` on GPU clusters with the plugin deployed: NCCL's own word on the plugin."""
+    gpus = {f.node: gpu_count(f) for f in facts}
+    if not any(gpus.values()):
+        return CheckResult("plugin-nccl", skipped="no GPU")
+    if not load_record(cluster.name).get("deployed"):
+        return CheckResult("plugin-nccl", skipped="plugin not deployed")
+    if len(reachable) < len(cluster.nodes):
+        return CheckResult("plugin-nccl", skipped="a node is unreachable")
+    running = running_job_ids(cluster, transport)
+    if running:   # the GPUs are busy: not the moment to start NCCL on them
+        return CheckResult("plugin-nccl", skipped=f"job {sorted(running)[0]} is running")
+    try:
+        result = plugin_check.check(cluster, gpus=gpus, report=report, transport=transport)
+    except ToolError as exc:   # e.g. files that differ from the deploy (sameness names those too)
+        return CheckResult("plugin-nccl", [Finding("plugin-nccl", None, "warning", f"plugin check could not run: "
+                                                   f"{exc.message}", fix=exc.hint or "")])
+    return CheckResult("plugin-nccl", analyze.nccl_findings(result))
+
+
 def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: str | None = None,
              disk_paths: list[str] | None = None, report: Reporter = silent,
              transport: Transport = SSH) -> Diagnosis:
@@ -129,7 +184,9 @@ def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: 
     out.checks.append(reach)
     if not reachable:
         return out
-    facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"], transport)
+    facts: list[NodeFacts] = []
+    if any(c in checks for c in NEEDS_FACTS):  # one round on every node, only when a check reads it
+        facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"], transport)
     slots = {n.name: n.slots for n in cluster.nodes}
     steps = {
         "ssh-mesh": lambda: _mesh(cluster, reachable, transport),
@@ -141,6 +198,7 @@ def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: 
         "mpi-smoke": lambda: (network.smoke_test(cluster, transport=transport) if len(reachable) == len(cluster.nodes)
                               else CheckResult("mpi-smoke", skipped="a node is unreachable")),
         "links": lambda: _links(cluster, reachable, facts, transport),
+        "plugin-nccl": lambda: _plugin_nccl(cluster, reachable, facts, report, transport),
     }
     for name, fn in steps.items():
         if name in checks:

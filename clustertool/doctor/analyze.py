@@ -6,8 +6,10 @@ import statistics
 from collections import Counter
 from typing import Iterable
 
-from clustertool.doctor.facts import NodeFacts
+from clustertool.bench.allreduce import size_text
 from clustertool.doctor.model import Finding
+from clustertool.facts import NodeFacts
+from clustertool.plugin.check_report import CheckReport
 
 DISK_ERROR_PCT, DISK_ERROR_KB = 5.0, 512 * 1024
 DISK_WARN_PCT, DISK_WARN_KB = 15.0, 5 * 1024 * 1024
@@ -143,4 +145,20 @@ def link_findings(pairs: dict[tuple[str, str], float], failed: dict[tuple[str, s
                 f"cluster median {reference / 1e6:.0f} Mbit/s ({score / reference:.0%})",
                 fix="check this node's NIC/instance type and any shaping (tc qdisc); replace the node if it stays slow",
                 data={"bits_per_s": score, "median_bits_per_s": reference}))
+    return out
+
+
+def nccl_findings(report: CheckReport) -> list[Finding]:
+    """`plugin check`'s report as findings: one line of what NCCL did, then each problem and its fix."""
+    out = []
+    n = report.nccl
+    if n is not None:
+        choices = ", ".join(f"{size_text(r.size)} {r.algo}/{r.proto}" for r in report.rows)
+        out.append(Finding("plugin-nccl", None, "info",
+                           f"NCCL {n.version or '?'} on {n.network or '?'}"
+                           + (f" (plugin ABI v{n.net_abi})" if n.plugin_loaded and n.net_abi else "")
+                           + f"; CollNet {'on' if n.collnet_on else 'off'}"
+                           + (f"; allreduce {choices}" if choices else "") + f"; #wrong {report.wrong}",
+                           data={"rows": [vars(r) for r in report.rows]}))
+    out += [Finding("plugin-nccl", None, p.severity, p.message, fix=p.fix) for p in report.problems]
     return out

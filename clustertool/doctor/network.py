@@ -14,8 +14,16 @@ from clustertool.remote.transport import SSH, Transport
 
 
 def mesh_findings(cluster: Cluster, sources: list[Node], outputs: dict[str, str],
-                  unreachable: set[str]) -> list[Finding]:
+                  unreachable: set[str], peers: dict[str, list[Node]] | None = None) -> list[Finding]:
+    """Findings from each source's mesh output; ``peers``: whom each source tried (all others
+    when not given), to tell "no node can reach X" from "these nodes cannot"."""
     by_addr = {n.address: n.name for n in cluster.nodes}
+
+    def tried(target: str) -> int:
+        if peers is None:
+            return len([s for s in sources if s.name != target])
+        return len([s for s in sources if any(p.name == target for p in peers.get(s.name, []))])
+
     failed_to: dict[str, list[tuple[str, str]]] = {}
     for src in sources:
         for line in outputs.get(src.name, "").splitlines():
@@ -28,7 +36,7 @@ def mesh_findings(cluster: Cluster, sources: list[Node], outputs: dict[str, str]
         srcs = ", ".join(s for s, _ in fails)
         reason = fails[0][1].strip() or "failed"
         hostkey = "host key" in reason.lower() or "identification" in reason.lower()
-        if target in unreachable and len(fails) == len([s for s in sources if s.name != target]):
+        if target in unreachable and len(fails) == tried(target):
             msg = f"no node can ssh to {target} ({reason})"
         else:
             msg = f"{srcs} cannot ssh to {target}: {reason}"

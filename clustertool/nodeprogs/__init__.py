@@ -21,11 +21,17 @@ DIR = Path(__file__).resolve().parent
 _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
+# Programs made of several files (each importable here on its own), sent as one, in this order.
+PARTS = {"relay": ("stream", "extract", "link", "relay"), "manifest": ("stream", "manifest"),
+         "survey": ("stream", "link", "manifest")}
+
+
 def program_text(name: str, args: dict, lib: Sequence[str] = ()) -> bytes:
     """Source of the node program ``name`` with its arguments prepended (for ssh stdin).
 
-    ``lib``: helper programs whose source goes first, in the same namespace (a node imports nothing)."""
-    source = "".join((DIR / f"{part}.py").read_text() + "\n" for part in (*lib, name))
+    ``lib``: helper programs whose source goes first, in the same namespace (a node imports nothing);
+    programs in ``PARTS`` bring their own parts."""
+    source = "\n".join((DIR / f"{part}.py").read_text() for part in (*lib, *PARTS.get(name, (name,))))
     prefix = f"import json\nARGS = json.loads({json.dumps(json.dumps(args))})\n"
     return (prefix + source).encode()
 

@@ -10,20 +10,30 @@ Output: one JSON object per line (stable order, sorted by path)::
      "h": hash (files, when asked), "l": link target (symlinks)}
 
 plus a first line ``{"root": ..., "exists": bool, "algo": ..., "error": ...}``.
-Hashes are blake2b-128 (hashlib, everywhere) so a source and a node always agree.
+Hashes come from hashlib (on every node): ARGS ``algo`` names one (stream.py's ``new_hash``;
+default blake2b-128) so a source and its nodes always agree; ``pick_hash`` adds ``fastest``,
+the quickest candidate on this CPU, to the first line.  ``cleanup``: copy station folders
+(relative to $HOME) to stop and remove first.  Sent
+after stream.py (``PARTS``); in a copy's first round (``survey``) after relay.py too, which
+has prepared this node's stations by then.
 """
 
-import hashlib
 import json
 import os
+import shutil
+import signal
 import stat
 import sys
 
+if "new_hash" not in globals():  # imported here; on a node stream.py comes first
+    from clustertool.nodeprogs.stream import fastest_hash, new_hash
+
 CHUNK = 1 << 20
+DEFAULT_ALGO = "blake2b-128"
 
 
-def file_hash(path):
-    h = hashlib.blake2b(digest_size=16)
+def file_hash(path, algo=DEFAULT_ALGO):
+    h = new_hash(algo)
     with open(path, "rb") as fh:
         while True:
             block = fh.read(CHUNK)
@@ -33,7 +43,7 @@ def file_hash(path):
     return h.hexdigest()
 
 
-def _entry(rel, st, full, want_hash):
+def _entry(rel, st, full, want_hash, algo=DEFAULT_ALGO):
     mode = st.st_mode
     e = {"p": rel, "x": stat.S_IMODE(mode), "m": int(st.st_mtime)}
     if stat.S_ISLNK(mode):
@@ -43,13 +53,13 @@ def _entry(rel, st, full, want_hash):
     elif stat.S_ISREG(mode):
         e["t"], e["s"] = "f", st.st_size
         if want_hash is True or (want_hash and rel in want_hash):
-            e["h"] = file_hash(full)
+            e["h"] = file_hash(full, algo)
     else:
         e["t"] = "o"
     return e
 
 
-def walk(root, want_hash=False, keep=None):
+def walk(root, want_hash=False, keep=None, algo=DEFAULT_ALGO):
     """Entries of the tree under root (root itself excluded), sorted by path.
 
     ``want_hash``: True (every file), False, or a set of relative paths to hash.
@@ -62,7 +72,7 @@ def walk(root, want_hash=False, keep=None):
     st = os.lstat(root)
     if not stat.S_ISDIR(st.st_mode):
         name = os.path.basename(root.rstrip("/"))
-        return [_entry(name, st, root, True if want_hash else False)]
+        return [_entry(name, st, root, True if want_hash else False, algo)]
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         refused = set()
@@ -74,7 +84,7 @@ def walk(root, want_hash=False, keep=None):
                 if keep is not None and not keep(rel, stat.S_ISDIR(st.st_mode)):
                     refused.add(name)
                     continue
-                out.append(_entry(rel, st, full, want_hash))
+                out.append(_entry(rel, st, full, want_hash, algo))
             except OSError as exc:
                 out.append({"p": rel, "t": "?", "err": str(exc)})
         dirnames[:] = [d for d in dirnames if d not in refused]
@@ -83,15 +93,45 @@ def walk(root, want_hash=False, keep=None):
     return out
 
 
+def _stop_leftovers(sdir):
+    """A station still running (its chain was cut, or never used): stop it, relay and dialer."""
+    for name in ("pgid", "pgid.dial"):
+        try:
+            with open(os.path.join(sdir, name)) as fh:
+                os.killpg(int(fh.read().strip()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+
+
+def clean_stations(sdirs):
+    """Stop and remove copy stations that will not be used (a chain prepared ahead that the plan
+    did not need, or one cut short); the count removed."""
+    gone = 0
+    for sdir in sdirs:
+        if os.path.isdir(sdir):
+            _stop_leftovers(sdir)
+            shutil.rmtree(sdir, ignore_errors=True)
+            gone += 1
+    for folder in (".cache/clustertool", ".cache"):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            break
+    return gone
+
+
 def run(args, write=sys.stdout.write, keep=None):
     root = os.path.expanduser(args["root"])
-    want = args.get("hash", False)
+    want, algo = args.get("hash", False), args.get("algo") or DEFAULT_ALGO
     if isinstance(want, list):
         want = set(want)
-    head = {"root": root, "exists": os.path.lexists(root), "dir": os.path.isdir(root),
-            "algo": "blake2b-128"}
+    head = {"root": root, "exists": os.path.lexists(root), "dir": os.path.isdir(root), "algo": algo}
+    if args.get("cleanup"):
+        head["cleaned"] = clean_stations(args["cleanup"])
+    if args.get("pick_hash"):
+        head["fastest"] = fastest_hash()
     try:
-        entries = walk(root, want, keep) if head["exists"] else []
+        entries = walk(root, want, keep, algo) if head["exists"] else []
     except OSError as exc:
         head["error"] = str(exc)
         entries = []
@@ -100,5 +140,5 @@ def run(args, write=sys.stdout.write, keep=None):
         write(json.dumps(e) + "\n")
 
 
-if __name__ == "__main__" and "ARGS" in globals():
-    run(ARGS)  # noqa: F821  (prepended by program_text)
+if __name__ == "__main__" and "ARGS" in globals() and "root" in ARGS:  # noqa: F821  (prepended)
+    run(ARGS)  # noqa: F821

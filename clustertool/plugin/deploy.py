@@ -115,7 +115,7 @@ def deploy(cluster: Cluster, build: Build, dest: str | None = None, tuner_table:
                         hint="NCCL hangs when nodes differ: run `clustertool plugin deploy` again")
     leader = next(r for r in done.results if r.node == cluster.leader.name)
     record = load_record(cluster.name)
-    record["deployed"] = {"dest": dest, "sha256": build.sha256, "version": build.version,
+    record["deployed"] = {"dest": dest, "sha256": build.sha256, "version": build.version, "files": expected,
                           "tuner_table": bool(tuner_table), "ld_library_path": parse_ld_path(leader.stdout)}
     save_record(cluster.name, record)
     return [PluginStatus(r.node, build.version, build.sha256, True) for r in done.results]

@@ -41,7 +41,11 @@ def _pump(stream, sink: list[str], node: str, kind: str, on_line: LineCallback |
     stream.close()
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc) -> None:
+    """Stop a node's command: its ssh's process group, or a session on a master (remote/mux.py)."""
+    if not isinstance(proc, subprocess.Popen):
+        proc.kill()
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from clustertool.model import Cluster, Node
+from clustertool.remote import mux
 from clustertool.state import ClusterPaths
 
 CONTROL_PERSIST = "15m"
@@ -139,14 +140,46 @@ class Transport:
 
 
 class SshTransport(Transport):
-    """The real one: OpenSSH through the cluster's ssh_config."""
+    """The real one: OpenSSH through the cluster's ssh_config.
+
+    A command for a node whose ControlMaster runs goes straight to the master (remote/mux.py):
+    no ssh process per node.  Otherwise (and with CLUSTERTOOL_NO_MUX set) ssh is spawned."""
 
     def argv(self, cluster_name: str, node: Node, command: str | None = None, *,
              extra: list[str] | None = None) -> list[str]:
         return ssh_argv(cluster_name, node, command, extra=extra)
 
+    def spawn(self, cluster_name: str, node: Node, command: str, stdin: bytes | None, *,
+              extra: list[str] | None = None):
+        path = None if extra or os.environ.get("CLUSTERTOOL_NO_MUX") else master_socket(cluster_name, node)
+        if path is not None and path.exists():
+            try:
+                return mux.MuxSession(path, command, stdin is not None)
+            except mux.MuxError:
+                pass  # a stale socket or a master going away: ssh sorts it out
+        return super().spawn(cluster_name, node, command, stdin, extra=extra)
+
 
 SSH = SshTransport()
+
+
+@functools.lru_cache(maxsize=32)
+def _config_user(config: str, mtime_ns: int) -> str | None:
+    for line in Path(config).read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "User":
+            return parts[1]
+    return None
+
+
+def master_socket(cluster_name: str, node: Node) -> Path | None:
+    """Where this node's ControlMaster listens (ControlPath %C of the cluster's ssh_config)."""
+    paths = ClusterPaths(cluster_name)
+    try:
+        user = _config_user(str(paths.ssh_config), paths.ssh_config.stat().st_mtime_ns)
+    except OSError:
+        return None
+    return mux.control_path(paths.control_dir, node.reach_host, node.ssh_port, user) if user else None
 
 
 def control_exit_argv(cluster_name: str, node: Node) -> list[str]:

@@ -1,14 +1,16 @@
 """`copy`: SRC (on the leader, or here) to DEST on the selected nodes, incremental and verified.
 
 Steps: manifests of source and nodes -> per-node plans (what each lacks) -> small fixes
-(deletes, metadata) -> transfer (pipelined chain or parallel rsync fan-out) -> hop statuses ->
-repair chains for nodes cut off behind a failed hop -> verification (source manifest with
-hashes against every node's) -> one result per node.  Everything comes back as data.
+(deletes, metadata) -> transfer (pipelined chain or parallel rsync fan-out; both hash what they
+write while writing it) -> hop statuses -> repair chains for nodes cut off behind a failed hop ->
+verification (what the stream checked, plus a re-read of what it did not carry; verify.py) ->
+one result per node.  Everything comes back as data.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from clustertool import nodeset, state
@@ -18,7 +20,7 @@ from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer import chain as chains
-from clustertool.transfer import drive, verify
+from clustertool.transfer import drive, stations, verify
 from clustertool.transfer import manifest as mf
 from clustertool.transfer import plan as plans
 from clustertool.transfer.model import CopyResult, CopyRun, NodeCopy, ProgressCb, relative_remote
@@ -36,12 +38,13 @@ def _targets(cluster: Cluster, selection: str | None, from_local: bool) -> list[
     return sorted(nodes, key=lambda n: n.index)
 
 
-def _source_manifest(run: CopyRun) -> mf.Manifest:
+def _source_manifest(run: CopyRun, prepare: list[dict] | None = None) -> mf.Manifest:
     where = "here" if run.from_local else f"on the leader ({run.cluster.leader.name})"
     if run.from_local:
-        man = mf.local(run.src, keep=run.keep)
+        man = mf.local(run.src, pick_hash=True, keep=run.keep)
     else:
-        got = mf.remote(run.cluster.name, [run.cluster.leader], run.src, timeout=600, transport=run.transport)
+        got = mf.remote(run.cluster.name, [run.cluster.leader], run.src, timeout=600, transport=run.transport,
+                        pick_hash=True, prepare=(lambda n: prepare) if prepare else None)
         man = got[run.cluster.leader.name]
         if isinstance(man, str):
             raise UsageError(f"cannot read SRC {run.src!r} {where}: {man}")
@@ -53,12 +56,46 @@ def _source_manifest(run: CopyRun) -> mf.Manifest:
     if bad:
         raise UsageError(f"SRC holds entries that cannot be copied (unreadable or special files): "
                          f"{mf.summarize(bad, 5)}")
+    run.algo = man.fastest
     return man
 
 
+def _chain_likely(run: CopyRun, strategy: str) -> bool:
+    return strategy == "chain" or (strategy == "auto" and len(run.targets) >= AUTO_CHAIN_MIN_NODES)
+
+
+def survey(run: CopyRun, strategy: str) -> dict[str, plans.NodePlan]:
+    """The first round, all at once: SRC's manifest (and the fastest hash) at the source, every
+    target's DEST, and where a chain is likely, its stations prepared ahead (stations.py)."""
+    hop_st, src_st = stations.ahead(run) if _chain_likely(run, strategy) else ({}, [])
+    got: dict[str, object] = {}
+
+    def at_source() -> None:
+        try:
+            got["source"] = _source_manifest(run, src_st)
+        except BaseException as exc:  # raised in the caller's thread below
+            got["error"] = exc
+
+    worker = threading.Thread(target=at_source, daemon=True)
+    worker.start()
+    nodes = list(run.targets)
+    if hop_st.get(run.cluster.leader.name) and all(not n.is_leader for n in nodes):
+        nodes.append(run.cluster.leader)  # from local: the leader relays for the members
+    dests = mf.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport,
+                      prepare=lambda n: hop_st.get(n.name))
+    worker.join()
+    if "error" in got:
+        raise got["error"]
+    run.source = got["source"]
+    return _plans(run, run.targets, dests)
+
+
 def replan(run: CopyRun, nodes: list[Node]) -> dict[str, plans.NodePlan]:
-    """What each of ``nodes`` lacks, from its own disk (first plan, and repairs after a cut chain)."""
-    dests = mf.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport)
+    """What each of ``nodes`` lacks, from its own disk (repairs after a cut chain)."""
+    return _plans(run, nodes, mf.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport))
+
+
+def _plans(run: CopyRun, nodes: list[Node], dests: dict[str, mf.Manifest | str]) -> dict[str, plans.NodePlan]:
     out: dict[str, plans.NodePlan] = {}
     for node in nodes:
         dest = dests[node.name]
@@ -80,7 +117,8 @@ def _settle_hashes(run: CopyRun, node_plans: dict[str, plans.NodePlan]) -> None:
     every = sorted({path for paths in need.values() for path in paths})
     src_hashes = verify.source_hashes(run, every)
     nodes = [run.cluster.node(name) for name in need]
-    got = mf.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport)
+    got = mf.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport,
+                    algo=run.algo)
     for name, paths in need.items():
         man = got[name]
         dest_hashes = {} if isinstance(man, str) else {p: man.entries.get(p, {}).get("h") for p in paths}
@@ -118,12 +156,17 @@ def choose_strategy(strategy: str, n_nodes: int, payload: int, filtered: bool = 
 def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", selection: str | None = None,
          strategy: str = "auto", verify_after: bool = True, delete: bool = False,
          cipher: str | None = chains.DEFAULT_CIPHER, on_progress: ProgressCb | None = None,
-         report: Reporter = silent, transport: Transport = SSH, keep: mf.Keep | None = None) -> CopyResult:
-    """Copy SRC to DEST on the selected nodes; ``keep(rel, is_dir)`` (a local SRC only) picks the
-    entries that are part of the source: the rest is neither sent nor verified (nor deletable)."""
+         report: Reporter = silent, transport: Transport = SSH, verify_only: bool = False,
+         keep: mf.Keep | None = None) -> CopyResult:
+    """Copy, or with ``verify_only`` only compare every node's DEST with SRC (re-reading both).
+
+    ``keep(rel, is_dir)`` (a local SRC only) picks the entries that are part of the source: the rest
+    is neither sent nor verified (nor deletable)."""
     started = time.monotonic()
     if source not in ("leader", "local"):
         raise UsageError(f"--from must be leader or local, not {source!r}")
+    if verify_only and not verify_after:
+        raise UsageError("--verify-only and --no-verify contradict each other")
     if keep is not None and (source != "local" or delete):
         raise UsageError("a file filter works on a local SRC only (--from local), without --delete")
     choose_strategy(strategy, 0, 0, keep is not None)  # reject a bad strategy before touching any node
@@ -131,29 +174,43 @@ def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", sele
     from_local = source == "local"
     src = os.path.abspath(os.path.expanduser(src)) if from_local else relative_remote(src)
     run = CopyRun(cluster, src, relative_remote(dest), from_local, _targets(cluster, selection, from_local),
-                  delete, cipher, on_progress, report, transport, keep)
+                  delete, cipher, on_progress, report, transport, keep=keep, verify=verify_after)
     if not from_local and src == run.dest and any(n.is_leader for n in run.targets):
         raise UsageError("SRC and DEST are the same path on the leader", hint="use --nodes members")
     timings: dict[str, float] = {}
-    run.source = _source_manifest(run)
-    timings["source_manifest"] = time.monotonic() - started
-    node_plans = replan(run, run.targets)
+    if verify_only:
+        run.source = _source_manifest(run)
+        return _verify_only(run, started, timings)
+    try:
+        return _copy(run, strategy, started, timings)
+    except BaseException:  # a stop of any kind: no station of this run stays on a node
+        stations.abort(run, [cluster.leader] + run.targets)
+        raise
+    finally:
+        stations.finish(run)
+
+
+def _copy(run: CopyRun, strategy: str, started: float, timings: dict[str, float]) -> CopyResult:
+    node_plans = survey(run, strategy)
+    timings["survey"] = time.monotonic() - started
     _apply_ops(run, node_plans)
     timings["plan"] = time.monotonic() - started
     live = [n for n in run.targets if n.name not in run.results]
     union = plans.union_send([node_plans[n.name] for n in live], run.source)
     payload = plans.payload_bytes(union, run.source)
-    chosen = choose_strategy(strategy, len(live), payload, keep is not None)
-    report(f"{len(run.source.entries)} entries, {run.source.total_bytes} bytes at the source; "
-           f"{payload} bytes to send ({chosen}, {len(live)} node(s))")
-    result = CopyResult(run.src, run.dest, "local" if from_local else cluster.leader.name, chosen, [],
-                        run.source.total_bytes, run.source.file_count)
+    chosen = choose_strategy(strategy, len(live), payload, run.keep is not None)
+    run.report(f"{len(run.source.entries)} entries, {run.source.total_bytes} bytes at the source; "
+               f"{payload} bytes to send ({chosen}, {len(live)} node(s))")
+    result = CopyResult(run.src, run.dest, "local" if run.from_local else run.cluster.leader.name, chosen, [],
+                        run.source.total_bytes, run.source.file_count,
+                        verify="stream" if run.verify else "off", hash=run.algo if run.verify else None)
     if chosen == "chain":
         drive.chain_transfer(run, node_plans, live, result, replan=lambda nodes: replan(run, nodes))
     else:
         drive.fanout_transfer(run, node_plans, live, result)
+    stations.discard_ahead(run)  # prepared ahead for a chain that was not needed
     timings["transfer"] = time.monotonic() - started
-    if verify_after:
+    if run.verify:
         verify.verify(run, run.targets, result)
         result.verified = True
     timings["verify"] = time.monotonic() - started
@@ -162,6 +219,24 @@ def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", sele
         base.files_sent = base.files_sent or len([p for p in node_plans.get(node.name, plans.NodePlan("")).send
                                                   if run.source.entries[p]["t"] == "f"])
         result.nodes.append(base)
+    return _finish(run, result, started, timings)
+
+
+def _finish(run: CopyRun, result: CopyResult, started: float, timings: dict[str, float]) -> CopyResult:
+    result.source_errors = list(run.source_errors)
     result.timings = timings
     result.duration = time.monotonic() - started
     return result
+
+
+def _verify_only(run: CopyRun, started: float, timings: dict[str, float]) -> CopyResult:
+    """No transfer: hash every file on every node and at the source, compare, one verdict each."""
+    result = CopyResult(run.src, run.dest, "local" if run.from_local else run.cluster.leader.name, "none", [],
+                        run.source.total_bytes, run.source.file_count, verify="reread", hash=run.algo)
+    run.report(f"re-reading {run.source.file_count} files ({run.source.total_bytes} bytes) at the source and "
+               f"on {len(run.targets)} node(s), hash {run.algo}")
+    verify.verify(run, run.targets, result)
+    result.verified = True
+    timings["verify"] = time.monotonic() - started
+    result.nodes = [run.results.get(n.name) or NodeCopy(n.name) for n in run.targets]
+    return _finish(run, result, started, timings)

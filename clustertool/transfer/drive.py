@@ -11,96 +11,51 @@ import hashlib
 from typing import Callable
 
 from clustertool.model import Node
-from clustertool.remote.group import run_on_nodes
 from clustertool.state import ClusterPaths
 from clustertool.transfer import chain as chains
-from clustertool.transfer import fanout
+from clustertool.transfer import fanout, stations
 from clustertool.transfer import plan as plans
 from clustertool.transfer.model import CopyResult, CopyRun
 
-TRUNCATED_MARKERS = ("unexpected eof", "unexpected end", "record size")
+TRUNCATED_MARKERS = ("unexpected end of stream", "stream cut")
 REPAIR_PASSES = 2
 
 Replan = Callable[[list[Node]], dict[str, plans.NodePlan]]  # nodes -> what each lacks now
 
 
-def _hops(run: CopyRun, pending: list[Node]) -> list[tuple[Node, bool]]:
-    """(node, extracts?) in chain order; from local the leader is always the first hop."""
-    hops = [(n, True) for n in pending]
-    if run.from_local:
-        leader = run.cluster.leader
-        hops = [(leader, any(n.name == leader.name for n in pending))] + \
-               [(n, True) for n in pending if n.name != leader.name]
-    return hops
-
-
-def _prepare(run: CopyRun, hops: list[tuple[Node, bool]]) -> list[tuple[Node, bool]]:
-    """Write every hop's script; drop hops that cannot be reached and rewire around them."""
-    while hops:
-        scripts = {}
-        for i, (node, extract) in enumerate(hops):
-            nxt = hops[i + 1][0] if i + 1 < len(hops) else None
-            next_hop = (nxt.address, chains.status_dir(run.run_id, nxt.name)) if nxt else None
-            scripts[node.name] = chains.hop_script(run.dest, chains.status_dir(run.run_id, node.name),
-                                                   node.name, extract, next_hop, run.cipher)
-        group = run_on_nodes(run.cluster.name, [n for n, _ in hops],
-                             lambda n: chains.prepare_command(chains.status_dir(run.run_id, n.name)),
-                             stdin_data=lambda n: scripts[n.name].encode(), timeout=60, transport=run.transport)
-        bad = {r.node: r for r in group.failed()}
-        if not bad:
-            return hops
-        for name, r in bad.items():
-            run.fail(name, r.reason)
-        hops = [(n, e) for n, e in hops if n.name not in bad]
-    return hops
-
-
-def _head(run: CopyRun, first: Node) -> tuple[list[str], list[str] | None]:
-    first_hop = (first.address, chains.status_dir(run.run_id, first.name))
-    if run.from_local:
-        cmd = f"bash {chains.status_dir(run.run_id, first.name)}/hop.sh"
-        return run.transport.argv(run.cluster.name, first, cmd), chains.tar_create_argv(run.src_dir)
-    cmd = chains.leader_source_command(run.src_dir, first_hop, run.cipher,
-                                       chains.status_dir(run.run_id, "source"))
-    return run.transport.argv(run.cluster.name, run.cluster.leader, cmd), None
-
-
-def _one_pass(run: CopyRun, pending: list[Node], union: list[str]) -> dict[str, chains.HopStatus | str]:
-    hops = _prepare(run, _hops(run, pending))
-    if not hops:
+def _one_pass(run: CopyRun, pending: list[Node], union: list[str],
+              pass_no: int) -> dict[str, chains.HopStatus | str]:
+    chain = stations.hops(run, pending)
+    if pass_no == 1 and stations.use_ahead(run, chain):
+        pass_no = stations.AHEAD  # its links are up already
+    else:
+        chain = stations.prepare(run, chain, pass_no)
+    if not chain:
         return {}
-    total = plans.archive_bytes(union, run.source)
+    total = plans.payload_bytes(union, run.source)
     progress = None
     if run.on_progress is not None:
         progress = lambda node, done: run.on_progress(node, min(done, total), total)  # noqa: E731
-    argv, local_tar = _head(run, hops[0][0])
+    argv, stdin = stations.head(run, chain[0][0], union, pass_no)
     try:
-        streamed = chains.stream(argv, union, local_tar=local_tar, on_progress=progress)
+        streamed = chains.stream(argv, stdin, on_progress=progress)
     except BaseException:  # Ctrl-C: the hops would go on without us; stop them
-        abort(run, [run.cluster.leader] + [n for n, _ in hops])
+        stations.abort(run, [run.cluster.leader] + run.targets)
         raise
-    group = run_on_nodes(run.cluster.name, [n for n, _ in hops],
-                         lambda n: chains.collect_command(chains.status_dir(run.run_id, n.name)), timeout=60,
-                         transport=run.transport)
+    errors = (streamed.source or {}).get("errors") or []
+    run.source_errors += [e for e in errors if e not in run.source_errors]
     out: dict[str, chains.HopStatus | str] = {}
-    for r in group.results:
-        out[r.node] = chains.parse_status(r.node, r.stdout) if r.ok else r.reason
-        if progress is not None and not isinstance(out[r.node], str) and out[r.node].extracted_ok:
-            progress(r.node, total)  # checkpoints stop short of the end
-    first = hops[0][0].name
-    if streamed.returncode != 0 and streamed.stderr and first in out and not isinstance(out[first], str):
+    for node, _ in chain:
+        out[node.name] = chains.hop_status(node.name, streamed.done.get(node.name))
+    first = chain[0][0].name
+    if streamed.returncode != 0 and streamed.stderr:
         out[first].stderr = (out[first].stderr + "; " + streamed.stderr[-300:]).strip("; ")
     return out
 
 
 def abort(run: CopyRun, nodes: list[Node]) -> None:
     """Stop this run's pipelines on the nodes (best effort: an interrupt is under way)."""
-    unique = list({n.name: n for n in nodes}.values())
-    try:
-        run_on_nodes(run.cluster.name, unique, chains.abort_command(run.run_id), timeout=20,
-                     transport=run.transport)
-    except Exception:
-        pass
+    stations.abort(run, nodes)
 
 
 def truncated(st: chains.HopStatus) -> bool:
@@ -111,7 +66,7 @@ def truncated(st: chains.HopStatus) -> bool:
 
 
 def write_error(st: chains.HopStatus) -> str:
-    detail = st.stderr or f"tar exit {st.rc}"
+    detail = st.stderr or f"relay exit {st.rc}"
     if "no space left on device" in detail.lower():
         return f"disk full writing DEST (No space left on device): {detail}"
     return f"writing DEST failed: {detail}"
@@ -130,10 +85,10 @@ def chain_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: li
         payload = plans.payload_bytes(union, run.source)
         run.report(f"chain pass {attempt + 1}: {len(union)} entries, {payload} bytes through "
                    f"{' -> '.join(n.name for n in pending)}")
-        statuses = _one_pass(run, pending, union)
+        statuses = _one_pass(run, pending, union, attempt + 1)
         result.passes += 1
         result.bytes_sent += payload
-        retry = _classify(run, pending, statuses, payload)
+        retry = _classify(run, pending, statuses, payload, union)
         if not retry:
             return
         run.report(f"re-routing around failed node(s): {len(retry)} node(s) cut off get a repair chain")
@@ -143,7 +98,7 @@ def chain_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: li
 
 
 def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, chains.HopStatus | str],
-              payload: int) -> list[Node]:
+              payload: int, union: list[str]) -> list[Node]:
     retry = []
     for node in pending:
         entry = run.entry(node.name)
@@ -155,12 +110,28 @@ def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, chains.HopS
             run.fail(node.name, st or "not reached by the chain")
         elif st.extracted_ok:
             entry.status, entry.exit_code, entry.error = "ok", 0, None
+            _record_stream(run, node.name, st, union)
         elif truncated(st):
             retry.append(node)
             run.fail(node.name, f"stream cut off ({st.stderr or 'no data'})")
         else:
             run.fail(node.name, write_error(st))
     return retry
+
+
+def _record_stream(run: CopyRun, name: str, st: chains.HopStatus, union: list[str]) -> None:
+    """What the node checked in the stream: those files need no re-read; the ones it got wrong
+    are its problems.  Counts that do not add up trust nothing (verification re-reads)."""
+    run.covered.setdefault(name, set()).update(union)
+    files = [p for p in union if run.source.entries[p]["t"] == "f"]
+    bad = {path: reason for reason, path in st.bad}
+    run.stream_problems[name] = [f"{reason}: {path}" for path, reason in bad.items()]
+    if st.bad_count > len(bad):
+        run.stream_problems[name].append(f"... and {st.bad_count - len(bad)} more the stream got wrong")
+    if run.stream_algo is None or st.files != len(files) or st.verified + st.bad_count != len(files):
+        return
+    if st.bad_count == len(bad):
+        run.streamed.setdefault(name, set()).update(p for p in files if p not in bad)
 
 
 def fanout_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: list[Node],
@@ -194,6 +165,15 @@ def fanout_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: l
         result.bytes_sent += r.bytes_sent
         if r.error:
             run.fail(name, r.error)
+        else:
+            _rsync_checked(run, name, r)
+
+
+def _rsync_checked(run: CopyRun, name: str, r: fanout.RsyncResult) -> None:
+    """Files rsync received were checked by rsync as written (its whole-file checksum)."""
+    if run.verify:
+        files = run.source.entries
+        run.streamed.setdefault(name, set()).update(p for p in r.names if files.get(p, {}).get("t") == "f")
 
 
 def _stage_on_leader(run: CopyRun, targets, progress, result: CopyResult):
@@ -207,6 +187,8 @@ def _stage_on_leader(run: CopyRun, targets, progress, result: CopyResult):
     result.bytes_sent += r.bytes_sent
     if on_leader:
         run.entry(leader.name).bytes_received += r.bytes_sent
+        if not r.error:
+            _rsync_checked(run, leader.name, r)
     if r.error:
         for node in targets:
             run.fail(node.name, f"staging on the leader failed: {r.error}")

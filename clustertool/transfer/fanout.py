@@ -3,15 +3,22 @@
 Simple and incremental (rsync's own size+mtime check, delta transfer), but the source's
 link carries one copy per node, so it takes about N*S/B.  Used for few nodes or small data,
 and as the `--strategy fanout` baseline.
+
+Verified in the stream too, by rsync itself: for every file it transfers, the receiver
+computes a whole-file checksum over the bytes it writes and compares it with the one the
+sender computed over the bytes it read (MD5, or xxh128 when both ends have rsync 3.2+), and
+sends the file again on a mismatch.  The files rsync names as received (``>f``) therefore
+need no re-read; ``copy`` re-reads only the others.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from clustertool.model import Node
@@ -29,7 +36,7 @@ def remote_shell(cipher: str | None, config: str | None = None) -> str:
 def rsync_argv(src: str, src_is_dir: bool, target: str, dest: str, *, cipher: str | None = DEFAULT_CIPHER,
                delete: bool = False, config: str | None = None) -> list[str]:
     """rsync SRC to target:DEST keeping links, perms, times; one line per file sent."""
-    argv = ["rsync", "-a", "-s", "--mkpath", f"--out-format={FILE_MARK} %i %l",
+    argv = ["rsync", "-a", "-s", "--mkpath", f"--out-format={FILE_MARK} %i %l %n",
             "-e", remote_shell(cipher, config)]
     if delete:
         argv.append("--delete")
@@ -45,13 +52,23 @@ class RsyncResult:
     files_sent: int
     error: str | None
     duration: float
+    names: list[str] = field(default_factory=list)  # the files received (checked by rsync as written)
 
 
-def parse_file_line(line: str) -> int | None:
-    """Bytes of a regular file rsync sent (itemized '>f...'), None for other lines."""
-    parts = line.split()
-    if len(parts) == 3 and parts[0] == FILE_MARK and parts[1][:2] in (">f", "<f") and parts[2].isdigit():
-        return int(parts[2])
+_ESCAPE_RE = re.compile(rb"\\#([0-7]{3})")
+
+
+def unescape_name(text: str) -> str:
+    """rsync writes unprintable bytes of a name as backslash-#-octal; back to the name's own bytes."""
+    raw = _ESCAPE_RE.sub(lambda m: bytes([int(m.group(1), 8)]), text.encode("utf-8", "surrogateescape"))
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def parse_file_line(line: str) -> tuple[int, str] | None:
+    """(bytes, name) of a regular file rsync sent (itemized '>f...'), None for other lines."""
+    parts = line.rstrip("\n").split(" ", 3)
+    if len(parts) == 4 and parts[0] == FILE_MARK and parts[1][:2] in (">f", "<f") and parts[2].isdigit():
+        return int(parts[2]), unescape_name(parts[3])
     return None
 
 
@@ -69,11 +86,13 @@ def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | 
     t = threading.Thread(target=collect, daemon=True)
     t.start()
     sent = files = 0
+    names: list[str] = []
     for raw in iter(proc.stdout.readline, b""):
-        size = parse_file_line(raw.decode(errors="replace"))
-        if size is not None:
+        got = parse_file_line(raw.decode("utf-8", "surrogateescape"))
+        if got is not None:
             files += 1
-            sent += size
+            sent += got[0]
+            names.append(got[1])
             if on_bytes is not None:
                 on_bytes(node, sent)
     proc.wait()
@@ -83,7 +102,7 @@ def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | 
         text = "\n".join(err)
         error = classify_ssh_failure(text) if proc.returncode == 255 else None
         error = error or ("; ".join(ln for ln in err[-3:] if ln.strip()) or f"rsync exit {proc.returncode}")
-    return RsyncResult(node, proc.returncode, sent, files, error, time.monotonic() - started)
+    return RsyncResult(node, proc.returncode, sent, files, error, time.monotonic() - started, names)
 
 
 def run_parallel(jobs: list[tuple[str, list[str]]], on_bytes=None) -> dict[str, RsyncResult]:

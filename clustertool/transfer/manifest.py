@@ -1,8 +1,9 @@
 """Manifests: what a tree holds (path, type, size, mtime, perms, hash), here or on nodes.
 
 A node's manifest is computed by a small stdlib-only program (``nodeprogs/manifest.py``) sent
-to ``python3 -`` over ssh stdin, so nothing needs installing on the nodes.  Hashes are
-blake2b-128 from hashlib (present everywhere), so source and nodes always agree.
+to ``python3 -`` over ssh stdin, so nothing needs installing on the nodes.  Hashes come from
+hashlib (present everywhere); a copy picks the algorithm once (the source's fastest of sha256
+and blake2b) and hands it to every manifest, so source and nodes always agree.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Manifest:
     entries: dict[str, dict] = field(default_factory=dict)
     error: str | None = None
     is_dir: bool = True
+    fastest: str | None = None      # the quickest hash on that machine, when asked
 
     @property
     def total_bytes(self) -> int:
@@ -48,31 +50,43 @@ def parse(text: str) -> Manifest:
         e = json.loads(line)
         entries[e["p"]] = e
     return Manifest(head["root"], head.get("exists", True), entries, head.get("error"),
-                    head.get("dir", True))
+                    head.get("dir", True), head.get("fastest"))
 
 
-def local(root: str, want_hash: bool | Iterable[str] = False, keep: Keep | None = None) -> Manifest:
+def _args(root: str, want_hash, algo: str | None, **more) -> dict:
+    want = want_hash if isinstance(want_hash, bool) else sorted(want_hash)
+    args = {"root": root, "hash": want, "algo": algo}
+    args.update({k: v for k, v in more.items() if v not in (None, False)})
+    return args
+
+
+def local(root: str, want_hash: bool | Iterable[str] = False, algo: str | None = None,
+          pick_hash: bool = False, keep: Keep | None = None) -> Manifest:
     """Manifest of ``root`` on this machine; ``keep(rel, is_dir)`` filters it (see copy's ``keep``)."""
     out: list[str] = []
-    want = want_hash if isinstance(want_hash, bool) else list(want_hash)
-    nodeprog_manifest.run({"root": root, "hash": want}, out.append, keep=keep)
+    nodeprog_manifest.run(_args(root, want_hash, algo, pick_hash=pick_hash), out.append, keep=keep)
     return parse("".join(out))
 
 
-def remote_args(root: str, want_hash: bool | Iterable[str] = False) -> bytes:
-    want = want_hash if isinstance(want_hash, bool) else sorted(want_hash)
-    return program_text("manifest", {"root": root, "hash": want})
+def remote_args(root: str, want_hash: bool | Iterable[str] = False, algo: str | None = None, *,
+                program: str = "manifest", **more) -> bytes:
+    return program_text(program, _args(root, want_hash, algo, **more))
 
 
 def remote(cluster_name: str, nodes: list[Node], root: str, want_hash=False,
-           timeout: float | None = None, transport: Transport = SSH) -> dict[str, Manifest | str]:
+           timeout: float | None = None, transport: Transport = SSH, *, algo: str | None = None,
+           pick_hash: bool = False, cleanup=None, prepare=None) -> dict[str, Manifest | str]:
     """Manifest of ``root`` on every node, in parallel; a node that failed maps to its error.
 
-    ``want_hash`` may be a function of the node name (per-node hash lists).
+    ``want_hash`` may be a function of the node name (per-node hash lists).  Functions of the
+    node: ``cleanup`` gives copy station folders to stop and remove first; ``prepare`` the
+    stations to prepare first (the copy's survey: relay.py's prepare, then the listing).
     """
     def data(node: Node) -> bytes:
         want = want_hash(node.name) if callable(want_hash) else want_hash
-        return remote_args(root, want)
+        stations = prepare(node) if prepare is not None else None
+        return remote_args(root, want, algo, pick_hash=pick_hash, program="survey" if stations else "manifest",
+                           cleanup=cleanup(node) if cleanup is not None else None, prepare=stations)
 
     group = run_on_nodes(cluster_name, nodes, python_command(), stdin_data=data, timeout=timeout,
                          transport=transport)
@@ -92,11 +106,14 @@ def is_unreachable(error: str) -> bool:
     return error.startswith("unreachable") or error == "timed out"
 
 
-def compare(source: Manifest, dest: Manifest, *, extras: bool = False) -> list[str]:
+def compare(source: Manifest, dest: Manifest, *, extras: bool = False,
+            verified: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """Differences of dest from source, one short line each (empty: identical).
 
     Files must match in type, size, hash and permissions; symlinks in target;
-    directories in permissions.  ``extras``: also name entries only dest has.
+    directories in permissions.  ``verified``: files whose content was already checked by
+    hash in the copy's stream (only their size is compared here).  ``extras``: also name
+    entries only dest has.
     """
     problems = []
     for path, s in source.entries.items():
@@ -105,7 +122,7 @@ def compare(source: Manifest, dest: Manifest, *, extras: bool = False) -> list[s
             problems.append(f"missing: {path}")
         elif d["t"] != s["t"]:
             problems.append(f"type differs: {path}")
-        elif s["t"] == "f" and (d.get("s") != s.get("s") or d.get("h") != s.get("h")):
+        elif s["t"] == "f" and (d.get("s") != s.get("s") or (path not in verified and d.get("h") != s.get("h"))):
             problems.append(f"content differs: {path}")
         elif s["t"] == "l" and d.get("l") != s.get("l"):
             problems.append(f"link target differs: {path}")

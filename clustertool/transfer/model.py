@@ -23,6 +23,7 @@ class NodeCopy:
     bytes_received: int = 0        # payload bytes streamed to this node
     files_sent: int = 0
     files_checked: int = 0
+    files_verified_in_stream: int = 0   # of files_checked, those hashed as written (no re-read)
     error: str | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -39,6 +40,9 @@ class CopyResult:
     bytes_sent: int = 0             # payload bytes that left the source (0 on a re-run)
     passes: int = 0                 # chain passes (1 + repairs)
     verified: bool = False
+    verify: str = "stream"          # stream (hashes while writing, re-read the rest) | reread | off
+    hash: str | None = None         # the hash algorithm source and nodes used
+    source_errors: list[str] = field(default_factory=list)  # files the source could not send whole
     duration: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -77,9 +81,22 @@ class CopyRun:
     report: Reporter
     transport: Transport = SSH
     keep: Keep | None = None  # a filter on a local SRC's entries (run --sync's ignore rules)
+    verify: bool = True
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
     source: Manifest | None = None
     results: dict[str, NodeCopy] = field(default_factory=dict)
+    algo: str | None = None         # the hash for this run (the source's fastest)
+    streamed: dict[str, set[str]] = field(default_factory=dict)          # node -> files verified in the stream
+    stream_problems: dict[str, list[str]] = field(default_factory=dict)  # node -> files the stream got wrong
+    covered: dict[str, set[str]] = field(default_factory=dict)           # node -> entries it wrote from the stream
+    ahead: list[str] | None = None   # the chain prepared in the survey (pass 0), in order, until used or discarded
+    cleanups: list = field(default_factory=list)                         # background take-downs to wait for
+    source_errors: list[str] = field(default_factory=list)               # files the source could not send whole
+
+    @property
+    def stream_algo(self) -> str | None:
+        """The hash the relay computes while copying: none when not verifying."""
+        return self.algo if self.verify else None
 
     @property
     def src_dir(self) -> str:

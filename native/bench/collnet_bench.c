@@ -1,7 +1,8 @@
 /* collnet_bench: drives the CollNet plugin the way NCCL's proxy would (dlopen,
  * listen, handles swapped with MPI_Allgather, connect, regMr, iallreduce/test)
  * and prints an all_reduce_perf-style table. -a mpi times MPI_Allreduce instead.
- *   mpirun -np 4 collnet_bench -b 1M -e 64M -f 2 -d float -o sum -a sharded,ring,mpi */
+ *   mpirun -np 4 collnet_bench -b 1M -e 64M -f 2 -d float -o sum -a servers,sharded,ring,mpi
+ * -a servers needs CLUSTERTOOL_REDUCERS (addr:port of running clustertool-reducers). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -60,7 +61,8 @@ static void usage(void) {
   if (rank == 0)
     fprintf(stderr, "usage: collnet_bench [-b minbytes] [-e maxbytes] [-f factor] [-n iters] [-w warmup]\n"
                     "  [-c 0|1 check] [-d float|half|bfloat16|double|int32|uint32|int64|uint64|int8|uint8]\n"
-                    "  [-o sum|prod|min|max] [-a sharded,ring,mpi] [-p plugin.so]\n");
+                    "  [-o sum|prod|min|max] [-a servers,sharded,ring,mpi] [-p plugin.so]\n"
+                    "  -a servers needs CLUSTERTOOL_REDUCERS=addr:port,... (running clustertool-reducers)\n");
   MPI_Finalize();
   exit(2);
 }
@@ -166,7 +168,13 @@ static long count_wrong(const opts_t* o, const void* got, size_t count) {
   return total;
 }
 
-typedef struct { ncclCollNet_v12_t* cn; void* ctx; void* comm; void* listen; } coll_t;
+typedef struct {
+  ncclCollNet_v12_t* cn;
+  void* ctx;
+  void* comm;
+  void* listen;
+  const char* (*comm_algo)(void*);   /* the plugin's ct_collnet_comm_algo: what the comm really runs */
+} coll_t;
 
 static int coll_open(coll_t* c, const char* algo) {
   setenv("CLUSTERTOOL_COLLNET_ALGO", algo, 1);
@@ -178,6 +186,14 @@ static int coll_open(coll_t* c, const char* algo) {
   for (int r = 0; r < nranks; r++) ptrs[r] = all + (size_t)r * NCCL_NET_HANDLE_MAXSIZE;
   int rc = c->cn->connect(ptrs, nranks, rank, c->listen, &c->comm) == ncclSuccess ? 0 : -1;
   free(all); free(ptrs);
+  /* a servers comm whose servers did not answer falls back to sharded (with a WARN):
+   * its rows would be sharded's, so the run stops instead of mislabelling them */
+  if (rc == 0 && c->comm_algo && strcmp(c->comm_algo(c->comm), algo)) {
+    if (rank == 0)
+      fprintf(stderr, "collnet_bench: asked for %s, the plugin runs %s (see the WARN above)\n", algo,
+              c->comm_algo(c->comm));
+    return -1;
+  }
   return rc;
 }
 
@@ -197,7 +213,10 @@ static int bench_algo(const opts_t* o, coll_t* c, const char* algo, double* busb
     if (rank == 0) printf("# mpi: no MPI datatype for %s, skipped\n", ct_dtype_name(o->dt));
     return 0;
   }
-  if (!is_mpi && coll_open(c, algo)) { fprintf(stderr, "rank %d: collnet connect failed\n", rank); return -1; }
+  if (!is_mpi && coll_open(c, algo)) {
+    if (rank == 0) fprintf(stderr, "collnet_bench: %s: collnet connect failed\n", algo);
+    return -1;
+  }
   size_t esz = ct_dtype_size(o->dt);
   void* sb = malloc(o->maxb + esz);
   void* rb = malloc(o->maxb + esz);
@@ -273,6 +292,7 @@ int main(int argc, char** argv) {
   if (need_plugin) {
     void* lib = dlopen(o.plugin, RTLD_NOW | RTLD_LOCAL);
     c.cn = lib ? dlsym(lib, "ncclCollNetPlugin_v12") : NULL;
+    c.comm_algo = lib ? (const char* (*)(void*))dlsym(lib, "ct_collnet_comm_algo") : NULL;
     if (!c.cn || c.cn->init(&c.ctx, 0, NULL) != ncclSuccess) {
       fprintf(stderr, "rank %d: cannot load CollNet plugin %s: %s\n", rank, o.plugin, lib ? "init failed" : dlerror());
       MPI_Abort(MPI_COMM_WORLD, 1);
@@ -280,6 +300,8 @@ int main(int argc, char** argv) {
   }
   if (rank == 0) {
     printf("# collnet_bench: %d ranks, plugin %s\n", nranks, need_plugin ? o.plugin : "(none)");
+    const char* red = getenv("CLUSTERTOOL_REDUCERS");
+    if (red && *red && strstr(o.algos, "servers")) printf("# reduction servers: %s\n", red);
     if (need_plugin) {
       ncclNetProperties_v12_t p;
       if (c.cn->getProperties(0, &p) == ncclSuccess) printf("# device %s speed %d Mbps\n", p.name, p.speed);
@@ -295,8 +317,13 @@ int main(int argc, char** argv) {
   double bus = 0;
   int nsz = 0;
   for (char *save = NULL, *a = strtok_r(algos, ",", &save); a && !rc; a = strtok_r(NULL, ",", &save)) {
-    if (strcmp(a, "sharded") && strcmp(a, "ring") && strcmp(a, "mpi")) {
-      if (rank == 0) fprintf(stderr, "unknown algorithm %s (sharded|ring|mpi)\n", a);
+    if (strcmp(a, "servers") && strcmp(a, "sharded") && strcmp(a, "ring") && strcmp(a, "mpi")) {
+      if (rank == 0) fprintf(stderr, "unknown algorithm %s (servers|sharded|ring|mpi)\n", a);
+      rc = 2;
+      break;
+    }
+    if (!strcmp(a, "servers") && !*(getenv("CLUSTERTOOL_REDUCERS") ? getenv("CLUSTERTOOL_REDUCERS") : "")) {
+      if (rank == 0) fprintf(stderr, "collnet_bench: -a servers needs CLUSTERTOOL_REDUCERS=addr:port,...\n");
       rc = 2;
       break;
     }

@@ -9,13 +9,14 @@
 #include <unistd.h>
 #include "ct_coll.h"
 #include "ct_reduce.h"
+#include "ct_reducer_proto.h"
 
 typedef struct { uint32_t magic, rank, sock, pad; uint64_t nonce; } ct_hello_t;
 
 static int start_threads(ct_coll_t* c) {
-  int n = c->nranks, ns = c->nsocks;
+  int n = c->nranks, ns = c->nsocks, k = c->nserv;
   if (n == 1) return 0; /* single rank: ops complete when posted */
-  c->nthreads = 2 * (n - 1) * ns + 1;
+  c->nthreads = 2 * (n - 1) * ns + 1 + (k ? 1 + k : 0);
   c->threads = calloc((size_t)c->nthreads, sizeof(pthread_t));
   c->workers = calloc((size_t)c->nthreads, sizeof(ct_worker_t));
   if (!c->threads || !c->workers) return -1;
@@ -23,15 +24,25 @@ static int start_threads(ct_coll_t* c) {
   for (int p = 0; p < n; p++) {
     if (p == c->rank) continue;
     for (int s = 0; s < ns; s++)
-      for (int role = 0; role < 2; role++) c->workers[i++] = (ct_worker_t){c, role, p, s, NULL};
+      for (int role = 0; role < 2; role++) c->workers[i++] = (ct_worker_t){c, role, p, s, NULL, ""};
   }
-  c->workers[i++] = (ct_worker_t){c, 2, c->rank, 0, NULL};
+  c->workers[i++] = (ct_worker_t){c, CT_ROLE_REDUCE, c->rank, 0, NULL, ""};
+  if (k) {
+    c->workers[i++] = (ct_worker_t){c, CT_ROLE_SSEND, 0, 0, NULL, ""};
+    for (int s = 0; s < k; s++) c->workers[i++] = (ct_worker_t){c, CT_ROLE_SRECV, s, 0, NULL, ""};
+  }
+  int started = 0;
   for (i = 0; i < c->nthreads; i++) {
-    if (c->workers[i].role != 0 && !(c->workers[i].tmp = malloc(c->chunk_cfg))) return -1;
-    if (pthread_create(&c->threads[i], NULL, ct_worker_main, &c->workers[i])) {
-      c->nthreads = i;
-      return -1;
-    }
+    int role = c->workers[i].role;
+    if ((role == CT_ROLE_RECV || role == CT_ROLE_REDUCE) && !(c->workers[i].tmp = malloc(c->chunk_cfg))) break;
+    if (pthread_create(&c->threads[i], NULL, ct_worker_main, &c->workers[i])) break;
+    started++;
+  }
+  if (started < c->nthreads) {
+    /* threads already running wait for ops; close() stops and joins them */
+    for (int j = started; j < c->nthreads; j++) free(c->workers[j].tmp), c->workers[j].tmp = NULL;
+    c->nthreads = started;
+    return -1;
   }
   return 0;
 }
@@ -86,9 +97,14 @@ ct_coll_t* ct_coll_connect(ct_handle_t* const* handles, int nranks, int rank, in
     for (size_t i = 0; i < nfd; i++)
       if (c->fds[i] >= 0) setsockopt(c->fds[i], SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
   }
+  if (ct_coll_settings(c, tmo)) {
+    CT_WARN("rank %d: CollNet setup with rank 0 failed (%s)", rank, strerror(errno));
+    goto fail;
+  }
   if (start_threads(c)) goto fail;
-  CT_INFO("collnet rank %d/%d connected: algo=%s socks/peer=%d chunk=%zu", rank, nranks,
-          c->algo == CT_ALGO_RING ? "ring" : "sharded", c->nsocks, c->chunk_cfg);
+  CT_INFO("collnet rank %d/%d connected: algo=%s%s%s socks/peer=%d chunk=%zu%s", rank, nranks, ct_algo_name(c->algo),
+          c->nserv ? " reducers=" : "", c->nserv ? ct_env_str("CLUSTERTOOL_REDUCERS", "(rank 0's)") : "", c->nsocks,
+          c->chunk_cfg, c->nrules ? " (per-size collnet_algo rules from rank 0's tuner table)" : "");
   return c;
 fail:
   ct_coll_close(c);
@@ -104,9 +120,12 @@ void ct_coll_close(ct_coll_t* c) {
   size_t nfd = (size_t)c->nranks * (size_t)c->nsocks;
   for (size_t i = 0; i < nfd; i++)
     if (c->fds[i] >= 0) shutdown(c->fds[i], SHUT_RDWR);
+  for (int s = 0; s < c->nserv; s++)
+    if (c->sfds[s] >= 0) shutdown(c->sfds[s], SHUT_RDWR);
   for (int i = 0; i < c->nthreads; i++) pthread_join(c->threads[i], NULL);
   for (size_t i = 0; i < nfd; i++)
     if (c->fds[i] >= 0) close(c->fds[i]);
+  ct_servers_close(c);
   if (c->workers)
     for (int i = 0; i < c->nthreads; i++) free(c->workers[i].tmp);
   while (c->head) {
@@ -132,15 +151,17 @@ static size_t op_chunk(const ct_coll_t* c, size_t maxlen, size_t esz) {
   return ch ? ch : esz;
 }
 
-/* Common part: layout arrays, progress arrays, queueing. */
-static ct_op_t* op_new(ct_coll_t* c, int kind, size_t esz) {
+/* Common part: layout arrays, progress arrays, queueing. The algorithm: servers only
+ * for allreduce (and only while the servers are up), the default otherwise. */
+static ct_op_t* op_new(ct_coll_t* c, int kind, size_t esz, int algo) {
   ct_op_t* op = calloc(1, sizeof *op);
   if (!op) return NULL;
   op->kind = kind;
-  op->algo = c->algo;
+  op->algo = algo == CT_ALGO_SERVERS && (!c->nserv || kind != CT_KIND_ALLREDUCE) ? CT_ALGO_SHARDED : algo;
   op->esz = esz;
-  op->off = calloc((size_t)c->nranks, sizeof(size_t));
-  op->len = calloc((size_t)c->nranks, sizeof(size_t));
+  op->nparts = op->algo == CT_ALGO_SERVERS ? c->nserv : c->nranks;
+  op->off = calloc((size_t)op->nparts, sizeof(size_t));
+  op->len = calloc((size_t)op->nparts, sizeof(size_t));
   if (!op->off || !op->len) { ct_op_free(op); return NULL; }
   return op;
 }
@@ -148,10 +169,13 @@ static ct_op_t* op_new(ct_coll_t* c, int kind, size_t esz) {
 static int op_prepare(ct_coll_t* c, ct_op_t* op) {
   int n = c->nranks, me = c->rank;
   size_t maxlen = 0;
-  for (int r = 0; r < n; r++) maxlen = op->len[r] > maxlen ? op->len[r] : maxlen;
+  for (int r = 0; r < op->nparts; r++) maxlen = op->len[r] > maxlen ? op->len[r] : maxlen;
   op->chunk = op_chunk(c, maxlen, op->esz);
+  if (op->algo == CT_ALGO_SERVERS && op->chunk > CT_RMAX_CHUNK) op->chunk = CT_RMAX_CHUNK - CT_RMAX_CHUNK % op->esz;
   op->maxch = (int)((maxlen + op->chunk - 1) / op->chunk) + 1;
-  if (op->algo == CT_ALGO_RING) {
+  if (op->algo == CT_ALGO_SERVERS) {
+    /* nothing staged: chunks go from the source and come back into the result */
+  } else if (op->algo == CT_ALGO_RING) {
     op->nsteps = (op->has_p1 ? n - 1 : 0) + (op->has_p2 ? n - 1 : 0);
     op->recvd = calloc((size_t)op->nsteps * (size_t)op->maxch + 1, 1);
     if (!op->recvd) return -1;
@@ -195,18 +219,26 @@ static void split_even(ct_op_t* op, int n, size_t count) {
   }
 }
 
+/* rank 0's collnet_algo rules by size, else the communicator's default */
+static int pick_algo(const ct_coll_t* c, size_t bytes) {
+  for (int i = 0; i < c->nrules; i++)
+    if (bytes >= c->rules[i].min && bytes <= c->rules[i].max) return (int)c->rules[i].algo;
+  return c->algo;
+}
+
 ct_op_t* ct_coll_allreduce(ct_coll_t* c, const void* src, void* dst, size_t count, ncclDataType_t dt,
                            ncclRedOp_t rop) {
   if (!ct_reduce_supported(dt, rop)) return NULL;
-  ct_op_t* op = op_new(c, CT_KIND_ALLREDUCE, ct_dtype_size(dt));
+  size_t esz = ct_dtype_size(dt);
+  ct_op_t* op = op_new(c, CT_KIND_ALLREDUCE, esz, pick_algo(c, count * esz));
   if (!op) return NULL;
   op->dt = dt;
   op->rop = rop;
   op->total = count * op->esz;
-  split_even(op, c->nranks, count);
+  split_even(op, op->nparts, count);
   op->has_p1 = op->has_p2 = 1;
   op->p1_src = src;
-  op->p1_out = (char*)dst + op->off[c->rank];
+  op->p1_out = op->algo == CT_ALGO_SERVERS ? NULL : (char*)dst + op->off[c->rank];
   op->acc = dst;
   op->p2_src = op->p1_out;
   op->p2_dst = dst;
@@ -237,7 +269,7 @@ static const char* gather_parts(ct_op_t* op, int n, ncclNetSGE_v12_t* parts, siz
 ct_op_t* ct_coll_reducescatter(ct_coll_t* c, int nparts, ncclNetSGE_v12_t* parts, void* dst, size_t bpr,
                                size_t woff, size_t wbytes, ncclDataType_t dt, ncclRedOp_t rop) {
   if (!ct_reduce_supported(dt, rop) || nparts < 1) return NULL;
-  ct_op_t* op = op_new(c, CT_KIND_REDUCESCATTER, ct_dtype_size(dt));
+  ct_op_t* op = op_new(c, CT_KIND_REDUCESCATTER, ct_dtype_size(dt), c->algo);
   if (!op) return NULL;
   op->dt = dt;
   op->rop = rop;
@@ -254,7 +286,7 @@ ct_op_t* ct_coll_reducescatter(ct_coll_t* c, int nparts, ncclNetSGE_v12_t* parts
 ct_op_t* ct_coll_allgather(ct_coll_t* c, const void* src, int nparts, ncclNetSGE_v12_t* parts, size_t bpr,
                            size_t woff, size_t wbytes) {
   if (nparts < 1) return NULL;
-  ct_op_t* op = op_new(c, CT_KIND_ALLGATHER, 1);
+  ct_op_t* op = op_new(c, CT_KIND_ALLGATHER, 1, c->algo);
   if (!op) return NULL;
   op->dt = ncclUint8;
   op->total = wbytes;

@@ -23,9 +23,23 @@ static size_t clen(const ct_op_t* op, size_t len, size_t c) {
 }
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 
-static void fail(ct_coll_t* c, ct_op_t* op, const char* what, int peer) {
+/* The first failure is WARNed (naming the peer or the server) and fails the
+ * communicator; every socket is shut down so no thread stays blocked and the peers
+ * and servers see the end at once. */
+static void fail(ct_worker_t* w, ct_op_t* op, const char* what) {
+  ct_coll_t* c = w->c;
   pthread_mutex_lock(&c->mu);
-  if (!c->error && !c->shutdown) CT_WARN("rank %d: %s with peer %d failed (%s)", c->rank, what, peer, strerror(errno));
+  if (!c->error && !c->shutdown) {
+    if (w->why[0]) CT_WARN("rank %d: %s", c->rank, w->why);
+    else CT_WARN("rank %d: %s with peer %d failed (%s)", c->rank, what, w->peer, strerror(errno));
+  }
+  if (!c->error) {
+    size_t nfd = (size_t)c->nranks * (size_t)c->nsocks;
+    for (size_t i = 0; i < nfd; i++)
+      if (c->fds[i] >= 0) shutdown(c->fds[i], SHUT_RDWR);
+    for (int s = 0; s < c->nserv; s++)
+      if (c->sfds[s] >= 0) shutdown(c->sfds[s], SHUT_RDWR);
+  }
   c->error = 1;
   if (op) op->error = 1;
   pthread_cond_broadcast(&c->cv);
@@ -267,6 +281,11 @@ static int ring_recv(ct_worker_t* w, ct_op_t* op) {
 static int run_part(ct_worker_t* w, ct_op_t* op) {
   ct_coll_t* c = w->c;
   int n = c->nranks;
+  int server_role = w->role == CT_ROLE_SSEND || w->role == CT_ROLE_SRECV;
+  if (op->algo == CT_ALGO_SERVERS || server_role) {
+    if (op->algo != CT_ALGO_SERVERS || !server_role) return 0;
+    return w->role == CT_ROLE_SSEND ? ct_servers_send(w, op) : ct_servers_recv(w, op);
+  }
   if (op->algo == CT_ALGO_RING) {
     if (w->role == 0 && w->peer == mod(c->rank + 1, n)) return ring_send(w, op);
     if (w->role == 1 && w->peer == mod(c->rank - 1, n)) return ring_recv(w, op);
@@ -292,7 +311,7 @@ void* ct_worker_main(void* arg) {
     pthread_mutex_unlock(&c->mu);
     if (!op) return NULL;
     int rc = run_part(w, op);
-    if (rc) fail(c, op, w->role == 0 ? "send" : w->role == 1 ? "receive" : "reduce", w->peer);
+    if (rc) fail(w, op, w->role == CT_ROLE_SEND ? "send" : w->role == CT_ROLE_RECV ? "receive" : "reduce");
     pthread_mutex_lock(&c->mu);
     if (--op->threads_left == 0) op->done = 1;
     pthread_cond_broadcast(&c->cv);

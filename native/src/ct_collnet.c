@@ -11,12 +11,20 @@
 typedef struct { int fd; ct_handle_t h; } ct_clisten_t;
 typedef struct { ct_coll_t* coll; ct_op_t* op; } ct_creq_t;
 
-/* Settings taken from the environment at listen time; rank 0's reach everyone. */
-static int env_algo(void) {
-  const char* a = ct_env_str("CLUSTERTOOL_COLLNET_ALGO", "sharded");
-  if (!strcasecmp(a, "ring")) return CT_ALGO_RING;
-  if (strcasecmp(a, "sharded")) CT_WARN("CLUSTERTOOL_COLLNET_ALGO=%s unknown; using sharded", a);
-  return CT_ALGO_SHARDED;
+/* Settings taken from the environment at listen time; rank 0's reach everyone.
+ * The default algorithm is servers when CLUSTERTOOL_REDUCERS names any, else sharded. */
+static const char* default_algo_name(void) {
+  return *ct_env_str("CLUSTERTOOL_REDUCERS", "") ? "servers" : "sharded";
+}
+
+static int algo_from(const char* a) {
+  if (!a || !*a) a = ct_env_str("CLUSTERTOOL_COLLNET_ALGO", default_algo_name());
+  int algo = ct_algo_parse(a);
+  if (algo < 0) {
+    CT_WARN("CLUSTERTOOL_COLLNET_ALGO=%s unknown (sharded, ring or servers); using sharded", a);
+    algo = CT_ALGO_SHARDED;
+  }
+  return algo;
 }
 
 static int cn_ndevs(void) { return ct_env_long("CLUSTERTOOL_COLLNET_DISABLE", 0, 0, 1) ? 0 : ct_net_ndevs(); }
@@ -35,7 +43,7 @@ static ncclResult_t cn_init(void** ctx, uint64_t commId, ncclDebugLogger_t log) 
     const char* dev0 = n > 0 && ct_collnet_dev_props(0, &p) == ncclSuccess ? p.name : "-";
     CT_INFO("CollNet plugin %s: %d device(s) paired with the net devices of the same index (device 0 '%s'), "
             "reductions on the host over TCP on %s, algorithm %s", CT_VERSION, n, dev0 ? dev0 : "?",
-            ct_plugin_ifname(), ct_env_str("CLUSTERTOOL_COLLNET_ALGO", "sharded"));
+            ct_plugin_ifname(), ct_env_str("CLUSTERTOOL_COLLNET_ALGO", default_algo_name()));
   }
   return ncclSuccess;
 }
@@ -50,13 +58,12 @@ static ncclResult_t cn_props(int dev, ncclNetProperties_v12_t* p) {
   return ct_collnet_dev_props(dev, p);
 }
 
-static ncclResult_t cn_listen(void* ctx, int dev, void* handle, void** lc) {
-  (void)ctx;
+ncclResult_t ct_collnet_listen_algo(int dev, const char* algo, void* handle, void** lc) {
   ct_clisten_t* l = calloc(1, sizeof *l);
   if (!l) return ncclSystemError;
   ncclResult_t r = ct_plugin_listen(dev, handle, &l->fd, &l->h);
   if (r != ncclSuccess) { free(l); return r; }
-  l->h.algo = (uint32_t)env_algo();
+  l->h.algo = (uint32_t)algo_from(algo);
   l->h.nsocks = (uint32_t)ct_env_long("CLUSTERTOOL_SOCKS_PER_PEER", 1, 1, 16);
   const char* sched = ct_env_str("CLUSTERTOOL_SHARDED_SCHED", "lockstep");
   l->h.sched = strcasecmp(sched, "free") == 0;
@@ -65,6 +72,15 @@ static ncclResult_t cn_listen(void* ctx, int dev, void* handle, void** lc) {
   *lc = l;
   return ncclSuccess;
 }
+
+static ncclResult_t cn_listen(void* ctx, int dev, void* handle, void** lc) {
+  (void)ctx;
+  return ct_collnet_listen_algo(dev, NULL, handle, lc);
+}
+
+/* Exported for collnet_bench and tests: what a connected comm really runs. */
+__attribute__((visibility("default"))) const char* ct_collnet_comm_algo(void* cc) { return cc ? ct_algo_name(((ct_coll_t*)cc)->algo) : "?"; }
+int ct_collnet_comm_servers(void* cc) { return cc ? ((ct_coll_t*)cc)->nserv : 0; }
 
 /* Unlike the net connect, NCCL calls CollNet connect once per group and takes a NULL
  * comm as "CollNet setup failed" (src/transport/coll_net.cc sharedConnect, then
@@ -119,8 +135,8 @@ static ncclResult_t wrap(ct_coll_t* c, ct_op_t* op, void** request) {
 
 static void count_op(ct_coll_t* c, const char* what, size_t bytes) {
   if (c->nops++ == 0)
-    CT_INFO("CollNet rank %d/%d: first %s (%zu bytes) running, algorithm %s", c->rank, c->nranks, what, bytes,
-            c->algo == CT_ALGO_RING ? "ring" : "sharded");
+    CT_INFO("CollNet rank %d/%d: first %s (%zu bytes) running, algorithm %s%s", c->rank, c->nranks, what, bytes,
+            ct_algo_name(c->algo), c->nrules ? " (collnet_algo rules may pick another per size)" : "");
   c->nbytes += bytes;
 }
 

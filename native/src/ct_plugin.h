@@ -27,6 +27,13 @@ ncclNet_v12_t* ct_fwd_table(void* lib, int* version);
  * the same interface) + a filled ct_handle_t; the NCCL handle buffer is zeroed. */
 ncclResult_t ct_plugin_listen(int dev, void* handle, int* fd_out, ct_handle_t* h);
 
+/* CollNet listen with an explicit algorithm ("sharded", "ring", "servers"; NULL or ""
+ * for the environment's), for the ctypes entry point (ct_allreduce_api.c). */
+ncclResult_t ct_collnet_listen_algo(int dev, const char* algo, void* handle, void** lc);
+/* A connected CollNet comm's default algorithm after any fallback, and its server count. */
+const char* ct_collnet_comm_algo(void* cc);
+int ct_collnet_comm_servers(void* cc);
+
 /* The one implementation every exported ABI version adapts. */
 extern ncclNet_v12_t ncclNetPlugin_v12;
 extern ncclCollNet_v12_t ncclCollNetPlugin_v12;

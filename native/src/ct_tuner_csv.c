@@ -71,6 +71,7 @@ int ct_tune_parse_line(const char* line, ct_tune_rule_t* r, char* err, size_t er
   }
   for (int i = 0; i < n; i++) f[i] = trim(f[i]);
   if (n >= 1 && !strcasecmp(f[0], "collective")) return 0;  /* header */
+  if (n >= 1 && !strcasecmp(f[0], "collnet_algo")) return 0;  /* the net plugin's per-size CollNet rule */
   if (n != 8) BAD("want 8 fields, got %d", n);
   if ((r->coll = lookup(f[0], COLLS, 5)) < 0) BAD("unknown collective '%s'", f[0]);
   if (parse_size(f[1], &r->min_bytes)) BAD("bad min bytes '%s'", f[1]);

@@ -31,6 +31,7 @@ for v in 11 10 9; do   # OFI plugins exporting only an older net ABI are forward
   run "test_net_forward_ofi_v$v" "$B/test_net" "$B" "$B/fake/v$v/libnccl-net-ofi.so"
 done
 run test_abi_versions "$B/test_abi_versions" "$B"
+run test_reducer "$B/test_reducer" "$B"
 for np in 2 3 4; do
   run "test_coll_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_coll_mpi" "$B"
 done

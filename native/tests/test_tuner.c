@@ -22,6 +22,8 @@ static void test_parse_good(void) {
   CHECK(ct_tune_parse_line("collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks", &r, err,
                            sizeof err) == 0, "header skipped");
   CHECK(ct_tune_parse_line("   # only a comment", &r, err, sizeof err) == 0, "comment skipped");
+  CHECK(ct_tune_parse_line("collnet_algo,0,1M,sharded", &r, err, sizeof err) == 0,
+        "the net plugin's collnet_algo row is not the tuner's: skipped, not malformed");
   CHECK(ct_tune_parse_line("\n", &r, err, sizeof err) == 0, "blank skipped");
 }
 
@@ -54,6 +56,7 @@ static const char* TABLE =
     "this line is broken\n"
     "allreduce,64K,1G,collnet_direct,simple,8,4,-1\n"
     "allreduce,64K,1G,ring,simple,-1,-1,-1\n"
+    "collnet_algo,0,1M,ring\n"
     "allgather,0,1G,ring,simple,-1,-1,-1,extra\n"
     "allgather,0,1G,pat,simple,-1,2,-1\n";
 

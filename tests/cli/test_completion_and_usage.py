@@ -74,7 +74,7 @@ def test_show_completion_prints_the_script_for_the_users_shell(shell_env):
 COMMANDS = ["up", "down", "status", "ls", "hostfile", "stop", "start", "repin", "ssh", "exec", "copy", "sync-s3",
             "play", "inventory", "run", "jobs", "logs", "attach", "kill", "reboot", "clean", "fetch", "doctor",
             "bench", "bench scaling", "bench allreduce", "plugin", "plugin build", "plugin deploy", "plugin status",
-            "plugin env"]
+            "plugin env", "plugin check"]
 USAGE = {
     "copy": "SRC DEST", "sync-s3": "s3://BUCKET/PREFIX DEST", "exec": "-- COMMAND...", "run": "-- COMMAND...",
     "bench scaling": "-- COMMAND...", "ssh": "[NODE] [-- COMMAND...]", "logs": "JOB", "attach": "JOB",

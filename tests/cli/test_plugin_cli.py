@@ -54,3 +54,20 @@ def test_plugin_build_rejects_unknown_place(known):
 def test_help_mentions_what_the_plugin_replaces_on_aws(known):
     out = run_cli("plugin", "deploy", "--help", env=known).stdout
     assert "EFA" in out and "tuner" in out
+
+
+def test_plugin_check_before_deploy_says_how(known):
+    _one_error(run_cli("plugin", "check", "-c", "plug", env=known), "not deployed", "plugin deploy")
+
+
+@pytest.mark.parametrize("args,words", [(["--sizes", "64M:1M"], "MIN:MAX"), (["--sizes", "6:6"], "multiple of 4"),
+                                        (["--sizes", "lots"], "not a size"), (["-n", "0"], "--iters")])
+def test_plugin_check_rejects_bad_input_before_touching_a_node(known, args, words):
+    proc = run_cli("plugin", "check", "-c", "plug", *args, env=known)
+    _one_error(proc, words)
+    assert proc.returncode == 2
+
+
+def test_plugin_check_help_says_what_it_reports_and_the_gpu_less_fallback(known):
+    out = run_cli("plugin", "check", "--help", env=known).stdout
+    assert "ABI" in out and "CollNet" in out and "collnet_bench stand-in" in out

@@ -1,6 +1,7 @@
 """The foundation end to end, as a user runs it: up, exec, status, ssh wiring, down."""
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -23,6 +24,30 @@ def test_exec_hostname_prints_every_node_and_down_leaves_nothing(ct_env, local_c
     assert down.returncode == 0, down.stderr
     assert local_leftovers(name) == []
     assert not state.exists(name)
+
+
+def test_a_repeated_exec_goes_through_the_running_masters_and_says_what_ssh_says(ct_env, local_cluster):
+    """Warm calls speak to each node's ControlMaster directly (remote/mux.py): no ssh process per
+    node, same output and exit codes as spawning ssh (CLUSTERTOOL_NO_MUX), and down ends them."""
+    from clustertool.remote.transport import master_socket
+
+    name = local_cluster(3)
+    cmd = ("exec", "-c", name, "--no-live", "--", "echo out-$(hostname); echo err >&2; exit $(hostname | cut -d- -f2)")
+    with_ssh = run_cli(*cmd, env=dict(ct_env, CLUSTERTOOL_NO_MUX="1"))
+    old = dict(os.environ)
+    os.environ.update(ct_env)
+    try:
+        sockets = [master_socket(name, node) for node in state.load(name).nodes]
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert all(path.exists() for path in sockets)  # masters run: the next call goes through them
+    through_master = run_cli(*cmd, env=ct_env)
+    assert (through_master.returncode, through_master.stdout) == (with_ssh.returncode, with_ssh.stdout) == (
+        3, with_ssh.stdout)
+    assert "out-node-2" in through_master.stdout and "err" in through_master.stdout
+    assert run_cli("down", "-c", name, "--yes", env=ct_env).returncode == 0
+    assert not any(path.exists() for path in sockets) and local_leftovers(name) == []
 
 
 def test_exit_code_is_the_highest_remote_one(ct_env, local_cluster):

@@ -70,6 +70,8 @@ def test_strategy_delivers_identical_trees_to_four_nodes_and_rerun_sends_nothing
     assert code == 0, err
     assert data["strategy"] == strategy and data["verified"] is True
     assert data["bytes_sent"] >= 6 * 300000
+    # verified as written (the relay's hashes, rsync's checksums): no file was read a second time
+    assert all(n["files_verified_in_stream"] == n["files_checked"] == 8 for n in data["nodes"]), data["nodes"]
     assert all(n["status"] == "ok" for n in data["nodes"]) and len(data["nodes"]) == 4
     want = sh(ct_env, name, "leader", FINGERPRINT, "/scratch/src")
     assert "l 777 ./link-to-a -> a.txt" in want and "d 755 ./empty dir" in want and ODD in want
@@ -192,6 +194,72 @@ def test_silent_corruption_is_a_mismatch_naming_node_and_file(ct_env, local_clus
     assert "node-3: content differs: a.txt" in proc.stderr
     code, data, _ = copy_json(ct_env, "-c", name, "/scratch/src", "/scratch/dst", "--delete")
     assert code == 1 and nodes_of(data)["node-2"]["status"] == "ok"
+
+
+# A node whose copy stream gets one byte flipped on the way into its relay (as bad memory would):
+# its python3 is a wrapper (first on PATH through ~/.bashrc, which bash reads for ssh commands).
+FLIP = r"""import os, sys
+at, seen = int(sys.argv[1]), 0
+while True:
+    block = os.read(0, 1 << 16)
+    if not block:
+        break
+    if seen <= at < seen + len(block):
+        block = block[:at - seen] + bytes([block[at - seen] ^ 0xFF]) + block[at - seen + 1:]
+    seen += len(block)
+    os.write(1, block)
+"""
+FAULTY = r"""set -e
+real=$(command -v python3)
+mkdir -p /root/faulty
+printf '%s' "$1" > /root/faulty/flip.py
+cat > /root/faulty/python3 <<EOF
+#!/bin/sh
+case "\$1" in
+  *relay.py) if [ "\$#" = 1 ]; then $real /root/faulty/flip.py 200000 | exec $real "\$@"; exit; fi ;;
+esac
+exec $real "\$@"
+EOF
+chmod +x /root/faulty/python3
+echo 'export PATH=/root/faulty:$PATH' >> /root/.bashrc
+"""
+
+
+def test_a_hop_that_corrupts_the_stream_is_caught_in_the_stream_and_the_next_copy_repairs_it(ct_env, local_cluster):
+    name = local_cluster(5)
+    sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "2", "1000000")
+    sh(ct_env, name, "node-3", FAULTY, FLIP)
+    code, data, err = copy_json(ct_env, "-c", name, "--strategy", "chain", "/scratch/src", "/scratch/dst")
+    by = nodes_of(data)
+    assert code == 1, err
+    assert by["node-2"]["status"] == "ok" and by["node-2"]["files_verified_in_stream"] == 4
+    bad = "content differs (written bytes do not hash as sent): sub/deeper/blob 1"
+    for node in ("node-3", "node-4", "node-5"):  # node-3 forwarded what it got: the nodes after it too
+        assert by[node]["status"] == "mismatch" and bad in by[node]["problems"], by[node]
+    sh(ct_env, name, "node-3", "rm -rf /root/faulty /root/.bashrc")
+    code, again, err = copy_json(ct_env, "-c", name, "--strategy", "chain", "/scratch/src", "/scratch/dst")
+    assert code == 0, err
+    assert again["bytes_sent"] == 1000000  # only the bad file, once, through the three nodes
+    want = sh(ct_env, name, "leader", FINGERPRINT, "/scratch/src")
+    for node in members(5):
+        assert sh(ct_env, name, node, FINGERPRINT, "/scratch/dst") == want
+
+
+def test_verify_only_rereads_and_names_a_byte_changed_on_a_nodes_disk_after_the_copy(ct_env, local_cluster):
+    name = local_cluster(3)
+    sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "2", "100000")
+    code, first, _ = copy_json(ct_env, "-c", name, "/scratch/src", "/scratch/dst")
+    assert code == 0 and all(n["files_verified_in_stream"] == n["files_checked"] == 4 for n in first["nodes"])
+    code, clean, _ = copy_json(ct_env, "-c", name, "--verify-only", "/scratch/src", "/scratch/dst")
+    assert code == 0 and clean["bytes_sent"] == 0 and clean["verify"] == "reread"
+    sh(ct_env, name, "node-3", "cd /scratch/dst/sub/deeper && cp -p 'blob 2' /tmp/ref && "
+       "printf Z | dd of='blob 2' bs=1 seek=5000 conv=notrunc status=none && touch -r /tmp/ref 'blob 2'")
+    proc = run_cli("copy", "-c", name, "--verify-only", "/scratch/src", "/scratch/dst", env=ct_env)
+    assert proc.returncode == 1 and "node-3: content differs: sub/deeper/blob 2" in proc.stderr
+    code, data, _ = copy_json(ct_env, "-c", name, "--verify-only", "/scratch/src", "/scratch/dst")
+    by = nodes_of(data)
+    assert code == 1 and data["strategy"] == "none" and data["bytes_sent"] == 0
+    assert by["node-2"]["status"] == "ok" and by["node-3"]["problems"] == ["content differs: sub/deeper/blob 2"]
 
 
 def test_delete_removes_what_src_no_longer_has(ct_env, local_cluster):

@@ -44,8 +44,9 @@ def test_clean_cluster_is_reported_clean_by_every_check(cluster):
     code, report = doctor(cluster)
     assert code == 0 and report["clean"], problems(report)
     assert [c["name"] for c in report["checks"]] == [
-        "reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links"]
-    assert all(c["skipped"] is None and c["status"] == "ok" for c in report["checks"])
+        "reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links", "plugin-nccl"]
+    assert all(c["skipped"] is None and c["status"] == "ok" for c in report["checks"][:-1])
+    assert (report["checks"][-1]["status"], report["checks"][-1]["skipped"]) == ("skipped", "no GPU")
     pairs = next(c for c in report["checks"] if c["name"] == "links")["data"]["pairs_bits_per_s"]
     assert len(pairs) == 6  # every pair of 4 nodes was measured
 

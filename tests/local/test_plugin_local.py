@@ -71,3 +71,38 @@ def test_leader_build_deploys_and_bench_allreduce_is_correct(local_cluster, ct_e
     # the table goes out with the plugin and the job environment points at it
     assert run_cli("plugin", "deploy", "-c", name, "--tuner-table", str(table), env=ct_env).returncode == 0
     assert f"CLUSTERTOOL_TUNER_CONFIG={LIB}/tuner.csv" in run_cli("plugin", "env", "-c", name, env=ct_env).stdout
+
+
+def test_plugin_check_without_gpus_says_so_and_the_standin_is_correct(local_cluster, ct_env):
+    """The issue's done-when: build, deploy and `plugin check` on 4 local nodes, which have no GPU: one
+    line says so, the collnet_bench stand-in runs (as a clustertool job) with #wrong = 0, and doctor's
+    plugin-nccl check is skipped for the same reason. NCCL itself cannot run here (no GPU)."""
+    name = local_cluster(4)
+    assert run_cli("plugin", "build", "-c", name, env=ct_env, timeout=600).returncode == 0
+    assert run_cli("plugin", "deploy", "-c", name, env=ct_env).returncode == 0
+    args = ("plugin", "check", "-c", name, "--sizes", "64K:256K", "-n", "2", "-w", "1")
+    proc = run_cli(*args, env=ct_env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout.splitlines()
+    assert out[0] == "no GPU on node-[1-4]: running the collnet_bench stand-in (not NCCL)"
+    assert out[-1] == "ok: #wrong 0; NCCL did not run (no GPU)"
+
+    doc = json.loads(run_cli(*args, "--json", env=ct_env, timeout=600).stdout)
+    assert doc["mode"] == "standin" and doc["nccl"] is None and doc["ok"] and doc["wrong"] == 0
+    assert doc["ranks"] == 4 and doc["evidence"][0].startswith("# collnet_bench: 4 ranks, plugin " + LIB)
+    assert {(r["algo"], r["size"]) for r in doc["rows"]} == {
+        (a, s) for a in ("sharded", "ring", "mpi") for s in (65536, 131072, 262144)}
+    assert all(r["wrong"] == 0 and r["busbw"] > 0 for r in doc["rows"])
+    jobs = json.loads(run_cli("jobs", "-c", name, "--json", env=ct_env).stdout)["jobs"]
+    assert [j["name"] for j in jobs].count("plugin-check") == 2
+
+    proc = run_cli("doctor", "-c", name, "--check", "plugin-nccl", "--json", env=ct_env)
+    check = next(c for c in json.loads(proc.stdout)["checks"] if c["name"] == "plugin-nccl")
+    assert proc.returncode == 0 and (check["status"], check["skipped"]) == ("skipped", "no GPU")
+
+    # a node whose library changed since the deploy: one error line, nothing runs
+    run_cli("exec", "-c", name, "-n", "node-2", "--", f"echo x >> {LIB}/libnccl-net-clustertool.so", env=ct_env)
+    proc = run_cli(*args, env=ct_env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")] == [
+        "error: the plugin on the nodes is not the one deployed: node-2: libnccl-net-clustertool.so differs"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from clustertool.doctor import analyze
-from clustertool.doctor.facts import Disk, NodeFacts, Proc
 from clustertool.doctor.model import CheckResult, Diagnosis, Finding
+from clustertool.facts import Disk, NodeFacts, Proc
 
 pytestmark = pytest.mark.unit
 

@@ -7,10 +7,12 @@ import subprocess
 
 import pytest
 
+from clustertool import doctor
 from clustertool.doctor import fixes, network
-from clustertool.doctor.facts import facts_script, parse_facts
+from clustertool.errors import UsageError
+from clustertool.facts import facts_script, parse_facts
 from clustertool.model import Cluster, Node
-from clustertool.remote.mesh import mesh_script
+from clustertool.remote.mesh import mesh_peers, mesh_script
 
 pytestmark = pytest.mark.unit
 
@@ -95,7 +97,7 @@ def test_mesh_host_key_failures_are_fixable():
 
 def test_mesh_script_reaches_every_target_by_address():
     script = mesh_script(nodes(3)[1:])
-    assert "ssh -o ConnectTimeout=5 -o BatchMode=yes 10.0.0.2 true" in script
+    assert "ssh -o ConnectTimeout=10 -o BatchMode=yes 10.0.0.2 true" in script
     assert "10.0.0.3" in script and "10.0.0.1" not in script
 
 
@@ -109,3 +111,49 @@ def test_fix_kills_only_pids_whose_command_is_unchanged():
         assert sleeper.wait(timeout=5) == -9
     finally:
         sleeper.kill()
+
+
+def test_the_mesh_is_every_pair_on_small_clusters_and_a_ring_sample_on_large_ones():
+    small = mesh_peers(nodes(16))
+    assert all(len(peers) == 15 for peers in small.values())
+    big = nodes(254)
+    peers = mesh_peers(big)
+    assert all(len(p) == 4 and name not in {q.name for q in p} for name, p in peers.items())
+    tried_by = {n.name: 0 for n in big}
+    for p in peers.values():
+        for q in p:
+            tried_by[q.name] += 1
+    assert set(tried_by.values()) == {4}  # every node is tried by four others: a bad one shows from four sides
+    assert sum(map(len, peers.values())) == 254 * 4  # O(n) handshakes, not 254 * 253
+    reached, todo = {"node-1"}, ["node-1"]  # the tried pairs connect everything: any split is crossed
+    while todo:
+        for q in peers[todo.pop()]:
+            if q.name not in reached:
+                reached.add(q.name)
+                todo.append(q.name)
+    assert len(reached) == 254
+
+
+def test_a_sampled_mesh_says_no_node_can_reach_a_target_when_all_that_tried_it_failed():
+    cluster = Cluster("c", "local", nodes=nodes(40))
+    assert mesh_script(nodes(3), parallel=False).count(" &") == 0
+    peers = mesh_peers(cluster.nodes)
+    target = cluster.nodes[20]
+    sources = [n for n in cluster.nodes if target in peers[n.name]]
+    outputs = {s.name: f"fail {target.address} ssh: connect to host port 22: Connection refused\n" for s in sources}
+    found = network.mesh_findings(cluster, [n for n in cluster.nodes if n is not target], outputs, {target.name}, peers)
+    assert [f.node for f in found] == [target.name] and found[0].message.startswith(f"no node can ssh to {target.name}")
+
+
+@pytest.mark.parametrize("check,skip,want", [
+    (["reach,mesh"], [], ("reach", "ssh-mesh")),
+    (["reach", "ssh-mesh"], [], ("reach", "ssh-mesh")),
+    ([], ["links,mpi-smoke"], ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "plugin-nccl")),
+])
+def test_checks_come_repeated_or_comma_separated_with_short_names(check, skip, want):
+    assert doctor.choose_checks(check, skip) == want
+
+
+def test_an_unknown_check_is_a_usage_error():
+    with pytest.raises(UsageError, match="unknown check 'meshh'"):
+        doctor.choose_checks(["reach,meshh"], [])

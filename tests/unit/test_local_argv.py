@@ -17,10 +17,12 @@ def test_names_fit_linux_interface_name_limit_even_at_the_largest_slot_and_node(
     assert net.bridge_name(250) == "ctbr250"
 
 
-def test_addresses_put_nodes_and_bridge_in_the_slot_subnet():
-    assert net.node_address(7, 3) == "10.213.7.3"
-    assert net.bridge_address(7) == "10.213.7.254"
+def test_addresses_give_nodes_the_whole_slot_subnet_and_the_bridge_an_address_outside_it():
+    assert net.node_address(7, 3) == "10.213.7.3" and net.node_address(7, 254) == "10.213.7.254"
+    assert net.MAX_NODES == 254
+    assert net.bridge_address(7) == "10.213.255.8" and net.bridge_address(net.MAX_SLOT) == "10.213.255.251"
     assert net.subnet(7) == "10.213.7.0/24"
+    assert all(not net.bridge_address(s).startswith(f"10.213.{s}.") for s in range(net.MAX_SLOT + 1))
 
 
 def test_netns_pattern_matches_only_this_clusters_namespaces():
@@ -82,27 +84,43 @@ def test_batch_argv_reads_stdin_optionally_inside_a_namespace():
 
 def test_bridge_lines_create_tag_address_and_raise_the_bridge():
     assert net.bridge_lines(3, "clustertool:a:ff") == [
-        "link add ctbr3 type bridge",
+        "link add ctbr3 address 02:c7:03:00:01:00 type bridge",
         "link set ctbr3 alias clustertool:a:ff",
-        "addr add 10.213.3.254/24 dev ctbr3",
+        "link set ctbr3 addrgenmode none",
+        "addr add 10.213.255.4/32 dev ctbr3",
         "link set ctbr3 up",
+        "route add 10.213.3.0/24 dev ctbr3 src 10.213.255.4",
     ]
 
 
 def test_host_node_lines_make_namespace_and_veth_with_eth0_inside():
     assert net.host_node_lines("a", 3, 2, "clustertool:a:ff") == [
         "netns add ct-a-2",
-        "link add ct3n2 type veth peer name eth0 netns ct-a-2",
+        "link add ct3n2 type veth peer name eth0 address 02:c7:03:00:00:02 netns ct-a-2",
         "link set ct3n2 alias clustertool:a:ff",
+        "link set ct3n2 addrgenmode none",
         "link set ct3n2 master ctbr3",
         "link set ct3n2 up",
+        "neigh replace 10.213.3.2 lladdr 02:c7:03:00:00:02 dev ctbr3 nud permanent",
     ]
 
 
 def test_node_lines_raise_lo_and_address_eth0_without_a_default_route():
-    lines = net.node_lines(3, 2)
-    assert lines == ["link set lo up", "addr add 10.213.3.2/24 dev eth0", "link set eth0 up"]
+    lines = net.node_lines(3, 2, 3)
+    assert lines[:5] == ["link set lo up", "link set eth0 addrgenmode none", "addr add 10.213.3.2/24 dev eth0",
+                         "link set eth0 up", "route add 10.213.255.4/32 dev eth0"]
     assert not any("default" in line for line in lines)
+
+
+def test_every_node_knows_its_peers_and_the_bridge_by_mac_so_nothing_is_broadcast():
+    lines = net.node_lines(3, 2, 254)
+    neigh = [ln for ln in lines if ln.startswith("neigh replace")]
+    assert len(neigh) == 254  # 253 peers and the bridge, none for itself
+    assert "neigh replace 10.213.255.4 lladdr 02:c7:03:00:01:00 dev eth0 nud permanent" in neigh
+    assert "neigh replace 10.213.3.254 lladdr 02:c7:03:00:00:fe dev eth0 nud permanent" in neigh
+    assert not any(" 10.213.3.2 " in ln for ln in neigh)
+    macs = {net.node_mac(s, i) for s in (0, 250) for i in range(1, 255)} | {net.bridge_mac(0), net.bridge_mac(250)}
+    assert len(macs) == 2 * 254 + 2 and all(m.startswith("02:") for m in macs)
 
 
 def test_teardown_lines_delete_namespaces_then_links_then_bridge():
@@ -245,7 +263,7 @@ def test_check_names_missing_programs_and_their_apt_packages(monkeypatch):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("count", [0, -1, 254])
+@pytest.mark.parametrize("count", [0, -1, 255])
 def test_check_refuses_node_counts_outside_the_subnet(as_root_with_tools, count):
     with pytest.raises(UsageError) as info:
         local_mod.LocalProvider().check(_request(count=count))

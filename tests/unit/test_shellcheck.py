@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.doctor.facts import facts_script
+from clustertool.facts import facts_script
 from clustertool.jobs import scripts
 from clustertool.model import Cluster, Node
 from clustertool.remote import keys
-from clustertool.transfer import chain
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +26,7 @@ NASTY = "/data/my set 'v2' \"q\" ü; rm -rf /"
 
 
 def test_the_node_programs_are_there():
-    assert {p.name for p in SHELL_FILES} >= {"hop.sh", "wire.sh", "facts.sh", "kill.sh", "job_status.sh"}
+    assert {p.name for p in SHELL_FILES} >= {"wire.sh", "facts.sh", "kill.sh", "job_status.sh"}
 
 
 @pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: p.name)
@@ -46,15 +45,13 @@ QUOTED = "'/data/my set '\"'\"'v2'\"'\"' \"q\" ü; rm -rf /'"
 
 
 @pytest.mark.parametrize("shell, script, quoted", [
-    ("bash", chain.hop_script(NASTY, "s", "node-2", True, ("10.0.0.3", "s3"), "aes128-gcm@openssh.com"),
-     f"DEST={QUOTED}\n"),
     ("sh", keys.wire_script(_cluster(), "key", "ssh-ed25519 AAAA c", "h slots=1\n"), "PUBLIC='ssh-ed25519 AAAA c'\n"),
     ("sh", keys.unwire_script(_cluster(), "ssh-ed25519 AAAA c"), "MODE=unwire\n"),
     ("sh", facts_script(NASTY, [NASTY, "/scratch"]), f"PLUGIN={QUOTED}\n"),
     ("sh", facts_script(NASTY, [NASTY, "/scratch"]), f"set -- {QUOTED} /scratch\n"),
     ("sh", scripts.kill_script("j1-a", "TERM", 1.5), "TENTHS=15\n"),
     ("sh", scripts.status_script(), "JOB_ENV=CLUSTERTOOL_JOB\n"),
-], ids=["hop", "wire", "unwire", "facts", "facts-args", "kill", "job_status"])
+], ids=["wire", "unwire", "facts", "facts-args", "kill", "job_status"])
 def test_a_program_with_its_inputs_is_valid_shell_and_quotes_them(shell, script, quoted):
     assert subprocess.run([shell, "-n"], input=script.encode()).returncode == 0
     lines = script.splitlines()

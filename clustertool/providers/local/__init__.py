@@ -114,7 +114,8 @@ class LocalProvider:
         name, n = request.cluster.name, request.count
         rate, delay = self._link_options(request.cluster)
         lines = [
-            "bridge ctbr<k> with 10.213.<k>.254/24, k = first free slot of 0..250 on this machine",
+            "bridge ctbr<k> with 10.213.255.<k+1>/32 and a route to 10.213.<k>.0/24, k = first free slot of "
+            "0..250 on this machine",
             f"{n} node(s) node-1..node-{n}: network namespace ct-{name}-<i>, veth ct<k>n<i> <-> eth0, "
             f"address 10.213.<k>.<i>",
             "each node: hostname node-<i>; private /root, /scratch, /tmp, /dev/shm; own PID namespace; "
@@ -231,7 +232,7 @@ class LocalProvider:
         jobs = []
         for i in indices:
             ns = net.netns_name(cluster.name, i)
-            jobs.append((net.ip_batch_argv(ns), "\n".join(net.node_lines(slot, i)) + "\n"))
+            jobs.append((net.ip_batch_argv(ns), "\n".join(net.node_lines(slot, i, max(indices))) + "\n"))
             node_tc = net.shaping_lines(net.NODE_IFACE, rate, delay)
             if node_tc:
                 jobs.append((net.tc_batch_argv(ns), "\n".join(node_tc) + "\n"))

@@ -4,9 +4,18 @@ Nothing here touches the system; every function returns data (argv lists, ``ip -
 / ``tc -batch`` lines, config text) so it can be unit-tested.
 
 Addressing: cluster slot ``k`` (0..250, chosen system-wide) owns ``10.213.k.0/24``; node
-``i`` is ``10.213.k.i`` and the bridge ``ctbr<k>`` is ``10.213.k.254``.  Nothing is ever
-routed outside ``10.213.0.0/16``: nodes have no default route and the host keeps an
+``i`` is ``10.213.k.i`` for i = 1..254, every usable address of the /24.  The bridge
+``ctbr<k>`` (this machine's side) sits outside it, at ``10.213.255.<k+1>/32``, with a route
+to the slot's /24 through the bridge; each node has the matching /32 route back.  Nothing
+is ever routed outside ``10.213.0.0/16``: nodes have no default route and the host keeps an
 ``unreachable`` route for the whole range while any local cluster exists.
+
+Neighbours are static: every node's eth0 and every bridge get a MAC address made from the slot
+and index, and each node knows all its peers' (and the bridge's) addresses from the start, as
+this machine knows every node's, so nothing is resolved by ARP.  Hundreds of nodes resolving
+each other by broadcast on one bridge flood the kernel's per-CPU packet backlog
+(netdev_max_backlog), which then drops ARP and SYN packets: "No route to host" between healthy
+nodes.  IPv6 link-local addresses are not made (no multicast either).
 """
 
 from __future__ import annotations
@@ -18,7 +27,8 @@ from pathlib import Path
 NET_PREFIX = "10.213"
 NET_RANGE = f"{NET_PREFIX}.0.0/16"
 MAX_SLOT = 250
-MAX_NODES = 253  # .1 .. .253; .254 is the bridge
+MAX_NODES = 254  # .1 .. .254: the whole /24 (the bridge's address is in 10.213.255.0/24)
+BRIDGE_NET = 255  # the third octet of the bridges' addresses (slots stop at MAX_SLOT = 250)
 BRIDGE_RE = re.compile(r"^ctbr(\d{1,3})$")
 NODE_IFACE = "eth0"
 SSHD = "/usr/sbin/sshd"
@@ -61,7 +71,17 @@ def node_address(slot: int, index: int) -> str:
 
 
 def bridge_address(slot: int) -> str:
-    return f"{NET_PREFIX}.{slot}.254"
+    """This machine's address on a slot's bridge: outside the slot's /24, so all 254 are nodes'."""
+    return f"{NET_PREFIX}.{BRIDGE_NET}.{slot + 1}"
+
+
+def node_mac(slot: int, index: int) -> str:
+    """A node's eth0 MAC: locally administered (02:...), made from slot and index."""
+    return f"02:c7:{slot:02x}:00:00:{index:02x}"
+
+
+def bridge_mac(slot: int) -> str:
+    return f"02:c7:{slot:02x}:00:01:00"
 
 
 def subnet(slot: int) -> str:
@@ -145,10 +165,12 @@ def carries(alias: str, tag: str) -> bool:
 def bridge_lines(slot: int, alias: str) -> list[str]:
     br = bridge_name(slot)
     return [
-        f"link add {br} type bridge",
+        f"link add {br} address {bridge_mac(slot)} type bridge",
         f"link set {br} alias {alias}",
-        f"addr add {bridge_address(slot)}/24 dev {br}",
+        f"link set {br} addrgenmode none",
+        f"addr add {bridge_address(slot)}/32 dev {br}",
         f"link set {br} up",
+        f"route add {subnet(slot)} dev {br} src {bridge_address(slot)}",
     ]
 
 
@@ -157,20 +179,30 @@ def host_node_lines(cluster: str, slot: int, index: int, tag: str) -> list[str]:
     ns, veth = netns_name(cluster, index), veth_name(slot, index)
     return [
         f"netns add {ns}",
-        f"link add {veth} type veth peer name {NODE_IFACE} netns {ns}",
+        f"link add {veth} type veth peer name {NODE_IFACE} address {node_mac(slot, index)} netns {ns}",
         f"link set {veth} alias {tag}",
+        f"link set {veth} addrgenmode none",
         f"link set {veth} master {bridge_name(slot)}",
         f"link set {veth} up",
+        f"neigh replace {node_address(slot, index)} lladdr {node_mac(slot, index)} dev {bridge_name(slot)} "
+        "nud permanent",
     ]
 
 
-def node_lines(slot: int, index: int) -> list[str]:
-    """Lines run inside the node's namespace (``ip -n NS -batch -``)."""
-    return [
+def node_lines(slot: int, index: int, count: int) -> list[str]:
+    """Lines run inside the node's namespace (``ip -n NS -batch -``): its address in the slot's
+    /24, a /32 route to the bridge (this machine), no default route; and the MAC of every other
+    node of the cluster (1..count) and of the bridge, so nothing is resolved by broadcast."""
+    lines = [
         "link set lo up",
+        f"link set {NODE_IFACE} addrgenmode none",
         f"addr add {node_address(slot, index)}/24 dev {NODE_IFACE}",
         f"link set {NODE_IFACE} up",
+        f"route add {bridge_address(slot)}/32 dev {NODE_IFACE}",
+        f"neigh replace {bridge_address(slot)} lladdr {bridge_mac(slot)} dev {NODE_IFACE} nud permanent",
     ]
+    return lines + [f"neigh replace {node_address(slot, j)} lladdr {node_mac(slot, j)} dev {NODE_IFACE} nud permanent"
+                    for j in range(1, count + 1) if j != index]
 
 
 def teardown_lines(netns: list[str], veths: list[str], bridge: str | None) -> list[str]:

@@ -1,4 +1,8 @@
-"""What doctor learns from each node in one SSH round: a shell program and its parser."""
+"""What a node has, learned in one SSH round: a shell program (nodeprogs/facts.sh) and its parser.
+
+Shared core: `doctor` reads every fact; `plugin check` reads the GPU count (and so decides
+between NCCL and the collnet_bench stand-in).
+"""
 
 from __future__ import annotations
 
@@ -43,6 +47,12 @@ def facts_script(plugin_path: str, disk_paths: list[str]) -> str:
     """nodeprogs/facts.sh: ``key=value``, ``df PATH TOTAL AVAIL MOUNT`` and ``proc PID COMM JOB ARGS`` lines."""
     return shell_script("facts", args=disk_paths, PLUGIN=plugin_path, JOBS_DIR=JOBS_DIR, JOB_ENV=JOB_ENV,
                         STRAY_RE=STRAY_RE)
+
+
+def gpu_count(facts: NodeFacts) -> int:
+    """GPUs nvidia-smi lists on the node (0 without nvidia-smi, or when it fails)."""
+    value = facts.values.get("gpus", "")
+    return int(value) if value.isdigit() else 0
 
 
 def parse_facts(node: str, text: str) -> NodeFacts:
