@@ -231,6 +231,8 @@ class Job:
     exit_code: int | None = None
     output_dir: str | None = None  # per-rank output files on each rank's node; None: only the log (older jobs)
     tag_output: bool = True  # show lines as [job,rank]<stream>:text
+    servers: list[str] = field(default_factory=list)  # server nodes running this job's reducers (run --plugin)
+    servers_lost: list[str] = field(default_factory=list)  # of those, the ones gone before the job ended
 
     @property
     def finished(self) -> bool:
