@@ -94,8 +94,9 @@ def _warn_shared_cpus(cluster, sizes, per_node) -> None:
 @bench_app.command("allreduce")
 def allreduce(
     sizes: str = typer.Option("1M:256M", "--sizes", help="MIN:MAX message sizes in bytes (K/M/G), doubling."),
-    algo: str = typer.Option("sharded,ring,mpi", "--algo", help="Comma list of sharded, ring (the plugin's) and mpi "
-                             "(Open MPI's MPI_Allreduce on the same ranks)."),
+    algo: str = typer.Option("sharded,ring,mpi", "--algo", help="Comma list of servers (the cluster's reduction "
+                             "servers), sharded, ring (the plugin's) and mpi (Open MPI's MPI_Allreduce on the same "
+                             "ranks)."),
     dtype: str = typer.Option("float", "--dtype", help="float, half, bfloat16, double, int32, int64, ..."),
     op: str = typer.Option("sum", "--op", help="sum, prod, min or max."),
     iters: int = typer.Option(5, "--iters", "-n", help="Timed iterations per size."),
@@ -132,21 +133,25 @@ def allreduce(
     if not deployed:
         raise ToolError(f"the plugin is not deployed on {c.name!r}", hint="clustertool plugin build && clustertool "
                                                                           "plugin deploy")
+    algos = core.parse_algos(algo)
+    core.check_servers(algos, c.name, len(c.servers))
     argv = core.bench_argv(f"{deployed['dest'].rstrip('/')}/{BENCH}", core.parse_sizes(sizes),
-                           core.parse_algos(algo), dtype=dtype, op=op, iters=iters, warmup=warmup)
+                           algos, dtype=dtype, op=op, iters=iters, warmup=warmup)
     extra = [f"CLUSTERTOOL_SOCKET_IFNAME={ifname}"] if ifname else []
     on_line = None if (quiet or json_output) else render.live_line
-    launch = launcher(c, env=extra + list(env), timeout=timeout, on_line=on_line)
-    code, output, error = launch(c.ordered_nodes(), 1, argv)
+    # servers: run as `run --plugin`, which starts this job's reducers on the server nodes
+    launch = launcher(c, env=extra + list(env), timeout=timeout, on_line=on_line, plugin="servers" in algos)
+    code, output, error = launch(c.workers, 1, argv)
     rows = core.parse_rows(output)
     if json_output:
         render.print_json({"exit_code": code, "error": error, "rows": [asdict(r) for r in rows]})
     elif rows:
-        render.table(core.COLUMNS, core.table_rows(rows), title=f"allreduce on {c.name} ({len(c.nodes)} ranks)")
+        render.table(core.COLUMNS, core.table_rows(rows), title=f"allreduce on {c.name} ({len(c.workers)} ranks"
+                     + (f", {len(c.servers)} reduction servers)" if "servers" in algos else ")"))
         render.table(core.side_by_side_columns(rows), core.side_by_side(rows), title="busbw (GB/s) side by side")
     if tuner_csv is not None and rows:
         tuner_csv.parent.mkdir(parents=True, exist_ok=True)
-        tuner_csv.write_text(core.tuner_csv(rows, len(c.nodes)))
+        tuner_csv.write_text(core.tuner_csv(rows, len(c.workers)))
         render.info(f"wrote {tuner_csv}")
     if error or code != 0 or not rows:
         raise ToolError(f"allreduce benchmark failed: {error or f'mpirun exit {code}' if code else 'no result rows'}",
