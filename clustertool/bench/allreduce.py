@@ -123,6 +123,14 @@ def side_by_side_columns(rows: Sequence[Row]) -> list[str]:
     return ["size"] + [f"{a} busbw" for a in algos] + ["plugin/mpi"]
 
 
+def link_ratios(rows: Sequence[Row], rate_bits: int) -> str:
+    """One line: busbw / B per algorithm at the largest size, B the cluster's link rate."""
+    size = max(r.size for r in rows)
+    b = rate_bits / 8 / 1e9  # GB/s, as busbw
+    parts = [f"{r.algo} {r.busbw / b:.2f}" for a in ALGOS for r in rows if r.size == size and r.algo == a]
+    return f"busbw/B at {size_text(size)} (B = link rate, {rate_bits / 1e6:g} Mbit/s): {', '.join(parts)}"
+
+
 def tuner_csv(rows: Sequence[Row], nodes: int) -> str:
     """A tuner table: for each measured size, CollNet where the plugin beat MPI_Allreduce,
     NCCL's ring otherwise; each row covers sizes up to the next measured one."""

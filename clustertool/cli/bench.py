@@ -149,6 +149,11 @@ def allreduce(
         render.table(core.COLUMNS, core.table_rows(rows), title=f"allreduce on {c.name} ({len(c.workers)} ranks"
                      + (f", {len(c.servers)} reduction servers)" if "servers" in algos else ")"))
         render.table(core.side_by_side_columns(rows), core.side_by_side(rows), title="busbw (GB/s) side by side")
+    rate = c.options.get("link_rate")
+    if rows and rate and not json_output:
+        from clustertool.providers.local.net import rate_bits
+
+        render.info(core.link_ratios(rows, rate_bits(str(rate))))
     if tuner_csv is not None and rows:
         tuner_csv.parent.mkdir(parents=True, exist_ok=True)
         tuner_csv.write_text(core.tuner_csv(rows, len(c.workers)))

@@ -97,3 +97,16 @@ def test_status_lines_name_the_lost_servers():
     out = "J j1 1 0 0 1 100 e30=\nS j1 server-2,server-3\n"
     assert records.parse_lost(out) == {"j1": ["server-2", "server-3"]}
     assert "j1" in records.parse_status(out)
+
+
+def test_bench_servers_needs_servers_and_ratios_use_the_link_rate():
+    from clustertool.bench import allreduce as ar
+
+    with pytest.raises(UsageError, match="cluster 'c' has no reduction servers"):
+        ar.check_servers(["servers", "ring"], "c", 0)
+    ar.check_servers(["ring"], "c", 0)
+    assert ar.parse_algos("servers,ring") == ["servers", "ring"]
+    out = "[1,0]<stdout>:    67108864  16777216   float    sum   servers  3540638.8  0.0190  0.0284  0\n"
+    rows = ar.parse_rows(out)
+    assert rows[0].algo == "servers" and rows[0].busbw == 0.0284
+    assert ar.link_ratios(rows, 200_000_000) == "busbw/B at 64M (B = link rate, 200 Mbit/s): servers 1.14"
