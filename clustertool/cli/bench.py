@@ -78,6 +78,65 @@ def scaling(
     raise typer.Exit(0 if result.ok else 1)
 
 
+@bench_app.command("compare", context_settings={"allow_interspersed_args": False})
+def compare(
+    command: List[str] = typer.Argument(
+        ..., metavar="-- COMMAND...",
+        help="The job, after --, with {} where the variant goes, e.g. python train_mlp.py --allreduce {}."),
+    variants: str = typer.Option(..., "--variants", "-V", help="Comma list of variants, the first the baseline, "
+                                                               "e.g. mpi,sharded,servers."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Run on the first N worker nodes (default: all)."),
+    per_node: Optional[int] = typer.Option(None, "--per-node", help="Ranks per node (default: the nodes' slots)."),
+    metric_regex: Optional[str] = typer.Option(
+        None, "--metric-regex", help="Regex with one group around the throughput number (default: images/sec, "
+                                     "samples/sec, img/sec ... figures)."),
+    env: List[str] = typer.Option([], "-x", "--env", help="VAR or VAR=VALUE exported to every rank (repeatable)."),
+    timeout: float = typer.Option(1800, "--timeout", help="Seconds per run before it counts as hung."),
+    repeat: int = typer.Option(1, "--repeat", "-r", help="Runs per variant, round-robin; the median counts."),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="PATH", help="Write the table as CSV here."),
+    json_path: Optional[Path] = typer.Option(None, "--json-file", metavar="PATH",
+                                             help="Write the result as JSON here."),
+    chart: Optional[Path] = typer.Option(None, "--chart", metavar="PATH",
+                                         help="Write a PNG bar chart (throughput per variant) here."),
+    log_dir: Optional[Path] = typer.Option(None, "--log-dir", metavar="DIR", help="Keep each run's output here."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not stream the job's output."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    plugin: bool = typer.Option(
+        False, "--plugin", help="Run with the deployed plugin's environment and the cluster's reduction servers "
+                                "(as `run --plugin`)."),
+    cluster: Optional[str] = ClusterOpt,
+) -> None:
+    """Run the same job under several variants side by side and compare their throughput.
+
+    Each variant is COMMAND with {} replaced by its name, run on the same nodes; with --repeat the
+    variants take turns. Exit code 1 if any variant failed or printed no figure.
+    """
+    from clustertool import state
+    from clustertool.bench import compare as core
+    from clustertool.bench.launch import launcher
+    from clustertool.cli import render
+
+    names = core.parse_variants(variants)
+    c = state.load(cluster_name(cluster))
+    on_line = None if (quiet or json_output) else render.live_line
+    launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
+    result = core.run_compare(c, names, command, launch=launch, nodes=nodes, per_node=per_node, regex=metric_regex,
+                              repeat=repeat, log_dir=log_dir, report=render.info)
+    if json_output:
+        sys.stdout.write(core.to_json(result) + "\n")
+    else:
+        render.table(core.COLUMNS, core.rows(result),
+                     title=f"{', '.join(names)} on {c.name} ({result.nodes} nodes): {result.command}")
+    for path, text in ((csv_path, core.to_csv), (json_path, core.to_json)):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text(result))
+            render.info(f"wrote {path}")
+    if chart is not None:
+        render.info(f"chart: {core.write_chart(result, chart)}")
+    raise typer.Exit(0 if result.ok else 1)
+
+
 def _warn_shared_cpus(cluster, sizes, per_node) -> None:
     """Local nodes share this machine's CPUs: past that many ranks, throughput cannot grow."""
     import os
