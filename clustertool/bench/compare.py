@@ -15,6 +15,7 @@ import json
 import re
 import shlex
 import statistics
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -172,7 +173,7 @@ def write_chart(result: CompareResult, path: str | Path, title: str | None = Non
     ax.set(ylabel="throughput (per second)", ylim=(0, top * 1.3),
            title=f"{result.nodes} node(s), {result.ranks} rank(s)")
     ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(title or f"{result.cluster}: {short_command(result.command)}"[:110], fontsize=9)
+    fig.suptitle(textwrap.fill(title or f"{result.cluster}: {short_command(result.command)}", 90), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
