@@ -1,11 +1,15 @@
-"""A CPU data-parallel training workload: a numpy MLP, gradients averaged with MPI Allreduce.
+"""A CPU data-parallel training workload: a numpy MLP, gradients averaged across ranks.
 
 Each rank trains the same model on its own shard of the data (synthetic, or a dataset made
 with ``--make-dataset`` and copied to every node); after every backward pass the gradients
-are summed across ranks with one ``Allreduce`` on a flat float32 buffer and divided by the
-number of ranks, as Horovod and DDP do.  Rank 0 prints, at the end::
+are summed across ranks with one allreduce on a flat float32 buffer and divided by the
+number of ranks, as Horovod and DDP do.  ``--allreduce`` picks who sums: ``mpi`` (Open MPI's
+``MPI_Allreduce``, the default) or the clustertool plugin through its C entry point
+(``plugin_allreduce.py``): ``servers`` (reduction servers named by ``CLUSTERTOOL_REDUCERS``),
+``sharded`` or ``ring``.  Rank 0 prints, at the end::
 
     ranks: 4
+    allreduce: servers (plugin, 4 reduction servers)
     step: 182.1 ms (compute 150.3 ms, allreduce 31.8 ms)
     loss: 2.3026 -> 1.1840
     samples/sec: 5623.4
@@ -14,7 +18,7 @@ number of ranks, as Horovod and DDP do.  Rank 0 prints, at the end::
 more ranks means more samples per step (weak scaling, like the seeds' GPU benchmarks).
 Each rank uses one BLAS thread so one rank is one core's worth of compute.
 
-    mpirun -np 4 python train_mlp.py --steps 20 [--data /scratch/data/train.npz]
+    mpirun -np 4 python train_mlp.py --steps 20 [--data /scratch/data/train.npz] [--allreduce servers]
     python train_mlp.py --make-dataset /scratch/data [--samples 20000]
 
 Runs without mpi4py as a single process (ranks: 1).
@@ -32,6 +36,11 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+try:  # run as a script on a node: the sibling file (stdlib + numpy), no clustertool install needed
+    import plugin_allreduce  # noqa: E402
+except ImportError:
+    from clustertool.workloads import plugin_allreduce  # noqa: E402
 
 FEATURES, CLASSES = 256, 10
 
@@ -54,6 +63,9 @@ class _SingleComm:
     def allreduce(self, value, op=None):
         return value
 
+    def allgather(self, value):
+        return [value]
+
 
 def _comm():
     try:
@@ -61,6 +73,17 @@ def _comm():
     except ImportError:
         return _SingleComm(), None
     return MPI.COMM_WORLD, MPI
+
+
+def make_reducer(comm, mpi, how: str, library: str | None):
+    """The gradient sum: (label, function summing a float32 array in place, closer)."""
+    if how == "mpi":
+        if comm.Get_size() == 1:
+            return "mpi", (lambda flat: None), (lambda: None)
+        return "mpi", (lambda flat: comm.Allreduce(mpi.IN_PLACE, flat, op=mpi.SUM)), (lambda: None)
+    ar = plugin_allreduce.PluginAllreduce(comm, algo=how, library=library, strict=True)
+    label = f"{ar.algorithm} (plugin" + (f", {ar.servers} reduction servers)" if ar.servers else ")")
+    return label, ar.allreduce, ar.close
 
 
 def teacher_data(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -131,6 +154,11 @@ def train(args) -> int:
         return 2
     params = init_params(args.hidden, args.layers)
     flat = np.empty(sum(p.size for p in params), dtype=np.float32)
+    try:
+        label, reduce_sum, close = make_reducer(comm, mpi, args.allreduce, args.plugin_lib)
+    except RuntimeError as exc:  # PluginAllreduceError: one line, no traceback
+        sys.stderr.write(f"rank {rank}: --allreduce {args.allreduce}: {exc}\n")
+        return 2
     compute = reduce_time = 0.0
     losses = []
     rng = np.random.default_rng(rank)
@@ -148,7 +176,12 @@ def train(args) -> int:
             offset += g.size
         t1 = time.perf_counter()
         if world > 1:
-            comm.Allreduce(mpi.IN_PLACE, flat, op=mpi.SUM)
+            try:
+                reduce_sum(flat)
+            except RuntimeError as exc:  # the plugin's error: one line (it names the server), exit 1
+                sys.stderr.write(f"rank {rank}: step {step}: {exc}\n")
+                close()
+                return 1
             flat /= world
         t2 = time.perf_counter()
         offset = 0
@@ -159,10 +192,12 @@ def train(args) -> int:
         reduce_time += t2 - t1
         losses.append(loss)
     comm.Barrier()
+    close()
     elapsed = comm.allreduce(time.perf_counter() - start, op=mpi.MAX if mpi else None)
     if rank == 0:
         steps = args.steps
         print(f"ranks: {world}")
+        print(f"allreduce: {label}")
         print(f"params: {flat.size} ({flat.nbytes / 2**20:.1f} MiB of gradients per step)")
         print(f"step: {1000 * elapsed / steps:.1f} ms (compute {1000 * compute / steps:.1f} ms, "
               f"allreduce {1000 * reduce_time / steps:.1f} ms)")
@@ -172,13 +207,18 @@ def train(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="numpy MLP, data parallel over MPI Allreduce")
+    p = argparse.ArgumentParser(description="numpy MLP, data parallel over MPI Allreduce or the clustertool plugin")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--batch", type=int, default=512, help="samples per rank per step")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=2, help="hidden layers")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--allreduce", choices=["mpi", "servers", "sharded", "ring"], default="mpi",
+                   help="who sums the gradients: Open MPI, or the clustertool plugin's algorithm "
+                        "(servers needs CLUSTERTOOL_REDUCERS)")
+    p.add_argument("--plugin-lib", help="path of libnccl-net-clustertool.so (default: CLUSTERTOOL_PLUGIN_LIB, "
+                                        "the loader's path, this checkout's native/build)")
     p.add_argument("--data", help="a train.npz made by --make-dataset (default: synthetic)")
     p.add_argument("--make-dataset", metavar="DIR", help="write DIR/train.npz and exit")
     p.add_argument("--samples", type=int, default=20000, help="samples for --make-dataset")

@@ -141,15 +141,19 @@ static void* recv_main(void* arg) {
       pthread_mutex_unlock(&s->mu);
       break;
     }
-    if (r < 0) bad = why();
+    int gone = 0;   /* the rank's connection went away (it failed or exited), not a protocol fault */
+    if (r < 0) { gone = errno == ECONNRESET || errno == EPIPE; bad = why(); }
     else if (h->magic != CT_RMSG_MAGIC || h->type != CT_RMSG_DATA) bad = "not a data message";
     else if (h->len > s->chunk || !ct_reduce_supported((ncclDataType_t)h->dtype, (ncclRedOp_t)h->redop) ||
              h->len % ct_dtype_size((ncclDataType_t)h->dtype))
       bad = "bad chunk length, type or op";
-    else if (h->len && recv_full(c->fd, s->in + ((size_t)w * (size_t)s->W + slot) * s->chunk, h->len, tmo, 0) <= 0)
+    else if (h->len && recv_full(c->fd, s->in + ((size_t)w * (size_t)s->W + slot) * s->chunk, h->len, tmo, 0) <= 0) {
+      gone = errno == ECONNRESET || errno == EPIPE;
       bad = why();
+    }
     pthread_mutex_lock(&s->mu);
-    if (bad) stop_locked(s, "rank %d (%s): receive: %s", w, c->peer, bad);
+    if (bad && gone) stop_locked(s, "rank %d (%s) closed its connection mid-collective (receive: %s)", w, c->peer, bad);
+    else if (bad) stop_locked(s, "rank %d (%s): receive: %s", w, c->peer, bad);
     else s->recvd[w] = g + 1;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -274,7 +278,10 @@ static void* send_main(void* arg) {
     int err = errno;
     pthread_mutex_lock(&s->mu);
     s->sending[w] = 0;
-    if (rc) stop_locked(s, "rank %d (%s): %s: %s", w, c->peer, what, err == ETIMEDOUT ? "not reading (timed out)" : strerror(err));
+    if (rc && (err == EPIPE || err == ECONNRESET))
+      stop_locked(s, "rank %d (%s) closed its connection mid-collective (%s: %s)", w, c->peer, what, strerror(err));
+    else if (rc)
+      stop_locked(s, "rank %d (%s): %s: %s", w, c->peer, what, err == ETIMEDOUT ? "not reading (timed out)" : strerror(err));
     else if (ready) s->sent[w] = ++g;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);

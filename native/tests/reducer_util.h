@@ -35,8 +35,9 @@ static int reducer_start(reducer_t* r, const char* build, const char* dir, const
   memset(r, 0, sizeof *r);
   char exe[512];
   snprintf(exe, sizeof exe, "%s/clustertool-reducer", build);
-  snprintf(r->port_file, sizeof r->port_file, "%s/%s.port", dir, name);
-  snprintf(r->log, sizeof r->log, "%s/%s.log", dir, name);
+  if (snprintf(r->port_file, sizeof r->port_file, "%s/%s.port", dir, name) >= (int)sizeof r->port_file ||
+      snprintf(r->log, sizeof r->log, "%s/%s.log", dir, name) >= (int)sizeof r->log)
+    return -1;
   const char* argv[32] = {exe, "--bind", "127.0.0.1", "--port", "0", "--port-file", r->port_file};
   int n = 7;
   for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
@@ -81,7 +82,7 @@ static int reducer_stop(reducer_t* r, int sig, int timeout_ms) {
 }
 
 /* 1 when the reducer's log has a line containing every given piece (NULL-ended). */
-static int reducer_log_has(const reducer_t* r, const char* const* pieces) {
+__attribute__((unused)) static int reducer_log_has(const reducer_t* r, const char* const* pieces) {
   FILE* f = fopen(r->log, "r");
   if (!f) return 0;
   char line[2048];
@@ -96,7 +97,7 @@ static int reducer_log_has(const reducer_t* r, const char* const* pieces) {
 }
 
 /* Waits up to timeout_ms for such a line (the reducer writes it when a session ends). */
-static int reducer_log_wait(const reducer_t* r, const char* const* pieces, int timeout_ms) {
+__attribute__((unused)) static int reducer_log_wait(const reducer_t* r, const char* const* pieces, int timeout_ms) {
   for (long end = ru_now_ms() + timeout_ms;; usleep(10000)) {
     if (reducer_log_has(r, pieces)) return 1;
     if (ru_now_ms() > end) return 0;

@@ -35,6 +35,9 @@ run test_reducer "$B/test_reducer" "$B"
 for np in 2 3 4; do
   run "test_coll_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_coll_mpi" "$B"
 done
+for np in 2 3 4; do   # K = 1, 2, n, n+1 reduction servers (real clustertool-reducers), fallback, a server dying
+  run "test_servers_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_servers_mpi" "$B"
+done
 for np in 2 3; do
   run "test_coll_versions_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np \
     "$B/test_coll_versions_mpi" "$B"

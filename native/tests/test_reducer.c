@@ -74,10 +74,13 @@ static int w_data(int fd, uint32_t seq, uint32_t chunk, const void* p, uint32_t 
   return w_send(fd, &h, sizeof h) || w_send(fd, p, len);
 }
 
-/* Next non-heartbeat message; *hb counts heartbeats skipped. 1 ok, 0 closed, -1 error. */
+/* Next non-heartbeat message within tmo ms; *hb counts heartbeats skipped. 1 ok, 0 closed, -1 error/timeout. */
 static int w_msg(int fd, ct_rmsg_t* h, void* buf, size_t cap, int tmo, int* hb) {
+  long end = ru_now_ms() + tmo;   /* tmo bounds the whole wait, heartbeats included */
   for (;;) {
-    int r = w_recv(fd, h, sizeof *h, tmo);
+    long left = end - ru_now_ms();
+    if (left <= 0) return -1;
+    int r = w_recv(fd, h, sizeof *h, (int)left);
     if (r != 1) return r;
     if (h->magic != CT_RMSG_MAGIC || h->len > cap) return -1;
     if (h->type == CT_RMSG_HEARTBEAT) { if (hb) (*hb)++; continue; }

@@ -44,6 +44,10 @@ def test_make_test_passes_with_multi_rank_collnet():
     assert proc.returncode == 0 and failed == 0 and passed > 1000, proc.stdout[-3000:] + proc.stderr[-2000:]
     for np in (2, 3, 4):
         assert f"test_coll_mpi np={np}: " in proc.stdout
+        # the servers algorithm against real reducers: K = 1, 2, n, n+1, fallback, a server dying
+        servers = f"== test_servers_mpi np={np}: "
+        assert servers in proc.stdout and f"{servers}0 passed" not in proc.stdout
+    assert "== test_reducer: " in proc.stdout and "== test_reducer: 0 passed" not in proc.stdout
     # every ABI version at 2 and 3 ranks, CollNet/net pairing, logger flags, non-blocking connect
     for name in ("test_coll_versions_mpi np=2", "test_coll_versions_mpi np=3", "test_abi_versions",
                  "test_collnet_pairing", "test_collnet_pairing_forward", "test_net_nonblocking"):
@@ -68,6 +72,9 @@ def test_libraries_export_nccl_symbols():
     assert " ncclNetPlugin_v12" in net and " ncclCollNetPlugin_v12" in net
     assert " ncclTunerPlugin_v6" in tuner and " ncclTunerPlugin_v5" in tuner
     assert "ct_reduce" not in net, "internal symbols must stay hidden"
+    for entry in ("ct_allreduce_open", "ct_allreduce_connect", "ct_allreduce", "ct_allreduce_close"):
+        assert f" {entry}\n" in net, f"{entry}: the C entry point for non-NCCL programs"
+    assert (NATIVE / "build/clustertool-reducer").is_file()
 
 
 def _nccl_headers_installed() -> bool:
