@@ -82,7 +82,7 @@ def test_servers_have_their_role_and_stay_out_of_hostfiles(cluster):
 
 
 def test_run_plugin_gives_each_job_its_own_reducers_and_stops_them_when_it_ends(cluster):
-    a = start(cluster, "sh", "-c", "echo REDUCERS=$CLUSTERTOOL_REDUCERS; sleep 3")
+    a = start(cluster, "sh", "-c", "echo REDUCERS=$CLUSTERTOOL_REDUCERS; sleep 10")  # still running while b starts
     b = start(cluster, "sh", "-c", "echo REDUCERS=$CLUSTERTOOL_REDUCERS", extra=("--allow-concurrent",))
     assert len(reducers_on(cluster, "server-1")) >= 1
     lists = {}
