@@ -129,3 +129,17 @@ def test_server_type_without_servers_and_servers_with_adoption_are_one_line_erro
     code, _, err = aws.ct("up", "-p", "aws", "-N", "2", "--instance-type", "p4d.24xlarge", "--name", "x",
                           "--server-type", "c5n.9xlarge", "--dry-run")
     assert code == 2 and "--server-type goes with --reduction-servers" in err
+
+
+def test_sweep_counts_and_removes_a_lost_clusters_servers(aws):
+    from clustertool import state
+
+    name = unique("srvsw")
+    assert aws.ct("up", "-p", "aws", "-N", "1", "--instance-type", "g4dn.12xlarge", "--name", name, "--no-ssh",
+                  "--reduction-servers", "2")[0] == 0
+    state.state_path(name).unlink()  # this machine no longer knows it
+    code, out, err = aws.ct("down", "--sweep", "--yes", "--json")
+    assert code == 0, err
+    found = [c for c in json.loads(out)["orphans"] if c["name"] == name]
+    assert found and len(found[0]["resources"]["instance"]) == 3, out  # its GPU node and both servers are counted
+    assert aws.total_leaks(name) == 0, aws.leaks(name)
