@@ -82,8 +82,8 @@ def render(entries: list[tuple[str, int]], fmt: str) -> str:
 
 
 def render_cluster(cluster: "Cluster", fmt: str = "openmpi") -> str:
-    """The cluster's hostfile: leader first, private addresses, each node's slots."""
-    return render([(n.address, n.slots) for n in cluster.ordered_nodes()], fmt)
+    """The cluster's hostfile: leader first, private addresses, each node's slots (servers are not ranks)."""
+    return render([(n.address, n.slots) for n in cluster.workers], fmt)
 
 
 def _positive(text: str, what: str, where: str) -> int:

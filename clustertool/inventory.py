@@ -30,13 +30,15 @@ def ansible(cluster: Cluster, paths: ClusterPaths) -> str:
     common = shlex.quote(f"-F {shlex.quote(str(paths.ssh_config))}")  # ansible unquotes, then splits
     lines = [f"# clustertool inventory for cluster {cluster.name} (generated; ssh goes through its ssh_config)",
              f"# access: {access.describe(cluster)}"]
-    for suffix, nodes in (("leader", [cluster.leader]), ("members", cluster.members)):
+    groups = [("leader", [cluster.leader]), ("members", cluster.members)]
+    groups += [("servers", cluster.servers)] if cluster.servers else []
+    for suffix, nodes in groups:
         lines.append(f"[{group}_{suffix}]")
         for node in nodes:
             lines.append(f"{node.name} ansible_host={alias(cluster.name, node)} private_address={node.address} "
                          f"slots={node.slots}")
         lines.append("")
-    lines += [f"[{group}:children]", f"{group}_leader", f"{group}_members", "",
+    lines += [f"[{group}:children]", *(f"{group}_{suffix}" for suffix, _ in groups), "",
               f"[{group}:vars]", f"ansible_user={cluster.user}", f"ansible_ssh_common_args={common}",
               f"ansible_ssh_private_key_file={paths.key}", ""]
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from clustertool.errors import StateError, UsageError
 
 LEADER = "leader"
 MEMBER = "member"
+SERVER = "server"  # a reduction server: reached by ssh like any node, but never a rank
 REASON_MAX = 200  # characters of a command's last stderr line kept in a node's failure reason
 
 Reporter = Callable[[str], None]  # progress lines for the user; the CLI prints them, --json drops them
@@ -59,6 +60,10 @@ class Node:
         return self.role == LEADER
 
     @property
+    def is_server(self) -> bool:
+        return self.role == SERVER
+
+    @property
     def reach_host(self) -> str:
         return self.ssh_host or self.address
 
@@ -99,11 +104,22 @@ class Cluster:
 
     @property
     def members(self) -> list[Node]:
-        return [n for n in self.nodes if not n.is_leader]
+        """The workers other than the leader (servers are not members)."""
+        return [n for n in self.nodes if not n.is_leader and not n.is_server]
+
+    @property
+    def workers(self) -> list[Node]:
+        """The nodes that run ranks, leader first (what hostfiles and jobs use)."""
+        return [n for n in self.ordered_nodes() if not n.is_server]
+
+    @property
+    def servers(self) -> list[Node]:
+        """The reduction servers, by index: reached by ssh, never ranks."""
+        return [n for n in self.ordered_nodes() if n.is_server]
 
     @property
     def total_slots(self) -> int:
-        return sum(n.slots for n in self.nodes)
+        return sum(n.slots for n in self.nodes if not n.is_server)
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -113,8 +129,8 @@ class Cluster:
                          hint="see `clustertool status` for node names")
 
     def ordered_nodes(self) -> list[Node]:
-        """Leader first, then members by index (the hostfile order)."""
-        return sorted(self.nodes, key=lambda n: (not n.is_leader, n.index))
+        """Leader first, then members by index (the hostfile order), then servers."""
+        return sorted(self.nodes, key=lambda n: (n.is_server, not n.is_leader, n.index))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -216,6 +232,8 @@ class Job:
     exit_code: int | None = None
     output_dir: str | None = None  # per-rank output files on each rank's node; None: only the log (older jobs)
     tag_output: bool = True  # show lines as [job,rank]<stream>:text
+    servers: list[str] = field(default_factory=list)  # server nodes running this job's reducers (run --plugin)
+    servers_lost: list[str] = field(default_factory=list)  # of those, the ones gone before the job ended
 
     @property
     def finished(self) -> bool:

@@ -28,7 +28,7 @@ _PATTERN_CHARS = re.compile(r"^[A-Za-z0-9._\-\[\],]+$")
 _BAD_CHAR = re.compile(r"[^A-Za-z0-9._\-\[\],]")
 _LAST_NUMBER = re.compile(r"^(.*?)(\d+)(\D*)$")
 _CHUNKS = re.compile(r"(\d+)")
-_KEYWORDS = ("all", "leader", "members")
+_KEYWORDS = ("all", "leader", "members", "workers", "servers")
 
 
 def natural_key(name: str) -> tuple:
@@ -183,6 +183,10 @@ def _resolve(cluster: "Cluster", token: str) -> list["Node"] | None:
         return [cluster.leader] if cluster.nodes else []
     if token in ("members", f"{cluster.name}-members"):
         return cluster.members
+    if token in ("workers", f"{cluster.name}-workers"):
+        return cluster.workers
+    if token in ("servers", f"{cluster.name}-servers"):
+        return cluster.servers
     alias = token[len(cluster.name) + 1:] if token.startswith(f"{cluster.name}-") else None
     for node in cluster.nodes:
         if token == node.name or (alias is not None and alias == node.name):
@@ -195,6 +199,7 @@ def select(cluster: "Cluster", selection: str | None) -> list["Node"]:
     """The nodes a selection names, in cluster order (leader first), without duplicates.
 
     ``None`` or ``all`` is every node; otherwise a comma list of ``leader``, ``members``,
+    ``workers`` (leader and members: the nodes that run ranks), ``servers`` (reduction servers),
     node names, ranges (``node-[2-5]``), the ssh aliases ``<cluster>-leader`` and
     ``<cluster>-node-3``, or node addresses.
     """

@@ -13,10 +13,11 @@ from typing import Sequence
 
 from clustertool.errors import UsageError
 
-ALGOS = ("sharded", "ring", "mpi")
+ALGOS = ("servers", "sharded", "ring", "mpi")
+PLUGIN_ALGOS = ("servers", "sharded", "ring")
 DTYPES = ("float", "half", "bfloat16", "double", "int32", "uint32", "int64", "uint64", "int8", "uint8")
 COLUMNS = ("size", "count", "type", "redop", "algo", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong")
-_ROW_RE = re.compile(r"(\d+)\s+(\d+)\s+([a-z0-9]+)\s+(sum|prod|max|min)\s+(sharded|ring|mpi)\s+"
+_ROW_RE = re.compile(r"(\d+)\s+(\d+)\s+([a-z0-9]+)\s+(sum|prod|max|min)\s+(servers|sharded|ring|mpi)\s+"
                      r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(-?\d+)\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -56,6 +57,14 @@ def parse_algos(text: str) -> list[str]:
     if bad or not algos:
         raise UsageError(f"--algo: unknown {', '.join(bad) or '(empty)'}", hint=f"choose from {', '.join(ALGOS)}")
     return algos
+
+
+def check_servers(algos: Sequence[str], cluster_name: str, servers: int) -> None:
+    """``servers`` needs reduction servers in the cluster: one line saying how to get them."""
+    if "servers" in algos and servers == 0:
+        raise UsageError(f"--algo servers: cluster {cluster_name!r} has no reduction servers",
+                         hint="bring one up with `clustertool up ... --reduction-servers K` (static: --servers "
+                              "HOST,HOST), or leave servers out of --algo")
 
 
 def bench_argv(bench_path: str, sizes: tuple[int, int], algos: Sequence[str], *, dtype: str = "float",
@@ -103,7 +112,7 @@ def side_by_side(rows: Sequence[Row]) -> list[list[str]]:
     for s in sizes:
         bw = {r.algo: r.busbw for r in rows if r.size == s}
         line = [size_text(s)] + [f"{bw[a]:.4f}" if a in bw else "-" for a in algos]
-        best = max((bw[a] for a in ("sharded", "ring") if a in bw), default=None)
+        best = max((bw[a] for a in PLUGIN_ALGOS if a in bw), default=None)
         line.append(f"{best / bw['mpi']:.2f}x" if best and bw.get("mpi") else "-")
         out.append(line)
     return out
@@ -114,6 +123,14 @@ def side_by_side_columns(rows: Sequence[Row]) -> list[str]:
     return ["size"] + [f"{a} busbw" for a in algos] + ["plugin/mpi"]
 
 
+def link_ratios(rows: Sequence[Row], rate_bits: int) -> str:
+    """One line: busbw / B per algorithm at the largest size, B the cluster's link rate."""
+    size = max(r.size for r in rows)
+    b = rate_bits / 8 / 1e9  # GB/s, as busbw
+    parts = [f"{r.algo} {r.busbw / b:.2f}" for a in ALGOS for r in rows if r.size == size and r.algo == a]
+    return f"busbw/B at {size_text(size)} (B = link rate, {rate_bits / 1e6:g} Mbit/s): {', '.join(parts)}"
+
+
 def tuner_csv(rows: Sequence[Row], nodes: int) -> str:
     """A tuner table: for each measured size, CollNet where the plugin beat MPI_Allreduce,
     NCCL's ring otherwise; each row covers sizes up to the next measured one."""
@@ -121,7 +138,7 @@ def tuner_csv(rows: Sequence[Row], nodes: int) -> str:
     lines = ["collective,min_bytes,max_bytes,algorithm,protocol,channels,nodes,ranks"]
     for i, s in enumerate(sizes):
         bw = {r.algo: r.busbw for r in rows if r.size == s}
-        plugin = max((bw[a] for a in ("sharded", "ring") if a in bw), default=0.0)
+        plugin = max((bw[a] for a in PLUGIN_ALGOS if a in bw), default=0.0)
         algo = "collnet_direct" if plugin > bw.get("mpi", 0.0) else "ring"
         lo = 0 if i == 0 else s
         hi = sizes[i + 1] - 1 if i + 1 < len(sizes) else 1 << 40

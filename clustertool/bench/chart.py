@@ -9,8 +9,8 @@ from clustertool.bench.scaling import ScalingResult
 from clustertool.errors import MissingPrerequisite
 
 
-def write_chart(report: ScalingResult, path: str | Path, title: str | None = None) -> Path:
-    """Two panels: throughput (with the linear ideal) and scaling efficiency, both vs ranks."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display), or a one-line error saying how to get it."""
     try:
         import matplotlib
 
@@ -18,6 +18,12 @@ def write_chart(report: ScalingResult, path: str | Path, title: str | None = Non
         import matplotlib.pyplot as plt
     except ImportError:
         raise MissingPrerequisite("the chart needs matplotlib", hint="pip install 'clustertool[train]'") from None
+    return plt
+
+
+def write_chart(report: ScalingResult, path: str | Path, title: str | None = None) -> Path:
+    """Two panels: throughput (with the linear ideal) and scaling efficiency, both vs ranks."""
+    plt = pyplot()
     points = [p for p in report.points if p.ok]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -183,7 +183,7 @@ def run_scaling(cluster, sizes: list[int], per_node: int | None, command: Sequen
     With ``repeat`` > 1 the sizes run round-robin (1, 2, 4, 1, 2, 4 ...), so drifting load on a
     shared machine hits every size alike, and each size reports the median of its runs.
     """
-    ordered = cluster.ordered_nodes()
+    ordered = cluster.workers  # servers are not ranks
     if sizes[-1] > len(ordered):
         raise UsageError(f"--nodes asks for {sizes[-1]} nodes; cluster {cluster.name!r} has {len(ordered)}")
     if repeat < 1:

@@ -78,6 +78,65 @@ def scaling(
     raise typer.Exit(0 if result.ok else 1)
 
 
+@bench_app.command("compare", context_settings={"allow_interspersed_args": False})
+def compare(
+    command: List[str] = typer.Argument(
+        ..., metavar="-- COMMAND...",
+        help="The job, after --, with {} where the variant goes, e.g. python train_mlp.py --allreduce {}."),
+    variants: str = typer.Option(..., "--variants", "-V", help="Comma list of variants, the first the baseline, "
+                                                               "e.g. mpi,sharded,servers."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Run on the first N worker nodes (default: all)."),
+    per_node: Optional[int] = typer.Option(None, "--per-node", help="Ranks per node (default: the nodes' slots)."),
+    metric_regex: Optional[str] = typer.Option(
+        None, "--metric-regex", help="Regex with one group around the throughput number (default: images/sec, "
+                                     "samples/sec, img/sec ... figures)."),
+    env: List[str] = typer.Option([], "-x", "--env", help="VAR or VAR=VALUE exported to every rank (repeatable)."),
+    timeout: float = typer.Option(1800, "--timeout", help="Seconds per run before it counts as hung."),
+    repeat: int = typer.Option(1, "--repeat", "-r", help="Runs per variant, round-robin; the median counts."),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="PATH", help="Write the table as CSV here."),
+    json_path: Optional[Path] = typer.Option(None, "--json-file", metavar="PATH",
+                                             help="Write the result as JSON here."),
+    chart: Optional[Path] = typer.Option(None, "--chart", metavar="PATH",
+                                         help="Write a PNG bar chart (throughput per variant) here."),
+    log_dir: Optional[Path] = typer.Option(None, "--log-dir", metavar="DIR", help="Keep each run's output here."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not stream the job's output."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    plugin: bool = typer.Option(
+        False, "--plugin", help="Run with the deployed plugin's environment and the cluster's reduction servers "
+                                "(as `run --plugin`)."),
+    cluster: Optional[str] = ClusterOpt,
+) -> None:
+    """Run the same job under several variants side by side and compare their throughput.
+
+    Each variant is COMMAND with {} replaced by its name, run on the same nodes; with --repeat the
+    variants take turns. Exit code 1 if any variant failed or printed no figure.
+    """
+    from clustertool import state
+    from clustertool.bench import compare as core
+    from clustertool.bench.launch import launcher
+    from clustertool.cli import render
+
+    names = core.parse_variants(variants)
+    c = state.load(cluster_name(cluster))
+    on_line = None if (quiet or json_output) else render.live_line
+    launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
+    result = core.run_compare(c, names, command, launch=launch, nodes=nodes, per_node=per_node, regex=metric_regex,
+                              repeat=repeat, log_dir=log_dir, report=render.info)
+    if json_output:
+        sys.stdout.write(core.to_json(result) + "\n")
+    else:
+        render.table(core.COLUMNS, core.rows(result),
+                     title=f"{', '.join(names)} on {c.name} ({result.nodes} nodes): {result.command}")
+    for path, text in ((csv_path, core.to_csv), (json_path, core.to_json)):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text(result))
+            render.info(f"wrote {path}")
+    if chart is not None:
+        render.info(f"chart: {core.write_chart(result, chart)}")
+    raise typer.Exit(0 if result.ok else 1)
+
+
 def _warn_shared_cpus(cluster, sizes, per_node) -> None:
     """Local nodes share this machine's CPUs: past that many ranks, throughput cannot grow."""
     import os
@@ -94,8 +153,9 @@ def _warn_shared_cpus(cluster, sizes, per_node) -> None:
 @bench_app.command("allreduce")
 def allreduce(
     sizes: str = typer.Option("1M:256M", "--sizes", help="MIN:MAX message sizes in bytes (K/M/G), doubling."),
-    algo: str = typer.Option("sharded,ring,mpi", "--algo", help="Comma list of sharded, ring (the plugin's) and mpi "
-                             "(Open MPI's MPI_Allreduce on the same ranks)."),
+    algo: str = typer.Option("sharded,ring,mpi", "--algo", help="Comma list of servers (the cluster's reduction "
+                             "servers), sharded, ring (the plugin's) and mpi (Open MPI's MPI_Allreduce on the same "
+                             "ranks)."),
     dtype: str = typer.Option("float", "--dtype", help="float, half, bfloat16, double, int32, int64, ..."),
     op: str = typer.Option("sum", "--op", help="sum, prod, min or max."),
     iters: int = typer.Option(5, "--iters", "-n", help="Timed iterations per size."),
@@ -132,21 +192,30 @@ def allreduce(
     if not deployed:
         raise ToolError(f"the plugin is not deployed on {c.name!r}", hint="clustertool plugin build && clustertool "
                                                                           "plugin deploy")
+    algos = core.parse_algos(algo)
+    core.check_servers(algos, c.name, len(c.servers))
     argv = core.bench_argv(f"{deployed['dest'].rstrip('/')}/{BENCH}", core.parse_sizes(sizes),
-                           core.parse_algos(algo), dtype=dtype, op=op, iters=iters, warmup=warmup)
+                           algos, dtype=dtype, op=op, iters=iters, warmup=warmup)
     extra = [f"CLUSTERTOOL_SOCKET_IFNAME={ifname}"] if ifname else []
     on_line = None if (quiet or json_output) else render.live_line
-    launch = launcher(c, env=extra + list(env), timeout=timeout, on_line=on_line)
-    code, output, error = launch(c.ordered_nodes(), 1, argv)
+    # servers: run as `run --plugin`, which starts this job's reducers on the server nodes
+    launch = launcher(c, env=extra + list(env), timeout=timeout, on_line=on_line, plugin="servers" in algos)
+    code, output, error = launch(c.workers, 1, argv)
     rows = core.parse_rows(output)
     if json_output:
         render.print_json({"exit_code": code, "error": error, "rows": [asdict(r) for r in rows]})
     elif rows:
-        render.table(core.COLUMNS, core.table_rows(rows), title=f"allreduce on {c.name} ({len(c.nodes)} ranks)")
+        render.table(core.COLUMNS, core.table_rows(rows), title=f"allreduce on {c.name} ({len(c.workers)} ranks"
+                     + (f", {len(c.servers)} reduction servers)" if "servers" in algos else ")"))
         render.table(core.side_by_side_columns(rows), core.side_by_side(rows), title="busbw (GB/s) side by side")
+    rate = c.options.get("link_rate")
+    if rows and rate and not json_output:
+        from clustertool.providers.local.net import rate_bits
+
+        render.info(core.link_ratios(rows, rate_bits(str(rate))))
     if tuner_csv is not None and rows:
         tuner_csv.parent.mkdir(parents=True, exist_ok=True)
-        tuner_csv.write_text(core.tuner_csv(rows, len(c.nodes)))
+        tuner_csv.write_text(core.tuner_csv(rows, len(c.workers)))
         render.info(f"wrote {tuner_csv}")
     if error or code != 0 or not rows:
         raise ToolError(f"allreduce benchmark failed: {error or f'mpirun exit {code}' if code else 'no result rows'}",

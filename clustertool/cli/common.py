@@ -33,7 +33,8 @@ ClusterOpt = typer.Option(None, "-c", "--cluster", metavar="NAME", autocompletio
                           help="Cluster to act on (default: the only one known).")
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON on stdout.")
 NodesOpt = typer.Option(None, "--nodes", "-n", metavar="SEL",
-                        help="Node selection: all (default), leader, members, node-[2-5], comma lists.")
+                        help="Node selection: all (default), leader, members, workers, servers, node-[2-5], "
+                             "comma lists.")
 
 
 def fill_bare_values(args: list[str], bare: dict[str, str], takes_value: set[str]) -> list[str]:

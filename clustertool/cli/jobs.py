@@ -136,11 +136,13 @@ def _duration(job) -> str:
 
 
 def _state_text(job) -> str:
+    lost = getattr(job, "servers_lost", None)
+    gone = f", reduction server {', '.join(lost)} gone" if lost else ""
     if job.state == "failed":
-        return f"failed (exit {job.exit_code})"
+        return f"failed (exit {job.exit_code}{gone})"
     if job.state == "killed" and job.exit_code is not None:
-        return f"killed (exit {job.exit_code})"
-    return job.state
+        return f"killed (exit {job.exit_code}{gone})"
+    return job.state + (f" ({gone[2:]})" if gone else "")
 
 
 def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:

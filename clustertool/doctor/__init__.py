@@ -66,8 +66,14 @@ def _timed(name: str, fn) -> CheckResult:
 def _reach(cluster: Cluster, transport: Transport) -> tuple[CheckResult, list[Node]]:
     result = run_on_nodes(cluster.name, cluster.nodes, "true", timeout=15, transport=transport)
     bad = {r.node: r for r in result.failed()}
+    servers = {n.name for n in cluster.servers}
     findings = [Finding("reach", name, "error", f"not reachable over SSH: {r.reason}",
                         fix=f"is the machine up and sshd running? `clustertool reboot --nodes {name}`")
+                if name not in servers else
+                Finding("reach", name, "error", f"reduction server not reachable over SSH: {r.reason}; "
+                        "`run --plugin` cannot start its reducer, so jobs with the plugin will not start",
+                        fix=f"`clustertool reboot --nodes {name}` (or `clustertool stop` + `start`); until it "
+                            "answers, run jobs without --plugin")
                 for name, r in bad.items()]
     return CheckResult("reach", findings), [n for n in cluster.nodes if n.name not in bad]
 
@@ -188,10 +194,11 @@ def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: 
     if any(c in checks for c in NEEDS_FACTS):  # one round on every node, only when a check reads it
         facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"], transport)
     slots = {n.name: n.slots for n in cluster.nodes}
+    servers = {n.name for n in cluster.servers}
     steps = {
         "ssh-mesh": lambda: _mesh(cluster, reachable, transport),
         "disk": lambda: analyze.disk_findings(facts),
-        "sameness": lambda: CheckResult("sameness", analyze.sameness_findings(facts, slots),
+        "sameness": lambda: CheckResult("sameness", analyze.sameness_findings(facts, slots, servers),
                                         data={f.node: f.values for f in facts}),
         "strays": lambda: analyze.stray_findings(facts, running_job_ids(cluster, transport)),
         "clock": lambda: _clock(cluster, reachable, transport),

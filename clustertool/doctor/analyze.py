@@ -57,28 +57,40 @@ def disk_findings(facts: Iterable[NodeFacts]) -> list[Finding]:
     return out
 
 
-def sameness_findings(facts: list[NodeFacts], slots: dict[str, int]) -> list[Finding]:
+ROLE_KEYS = ("nproc", "gpus", "driver", "cuda", "nccl", "instance_type")  # compared within workers, within servers
+
+
+def sameness_findings(facts: list[NodeFacts], slots: dict[str, int], servers: set[str] = frozenset()) -> list[Finding]:
+    """Findings for nodes that differ from the others. Reduction servers (``servers``) are CPU
+    machines: their hardware is compared among themselves; the plugin, MPI and AZ with every node."""
     out = []
     for key, (label, severity) in SAME_KEYS.items():
         values = {f.node: f.values[key] for f in facts if key in f.values}
-        if len(set(values.values())) <= 1:
-            continue
-        common, _ = Counter(values.values()).most_common(1)[0]
-        for node, value in values.items():
-            if value != common:
-                out.append(Finding(
-                    "sameness", node, severity,
-                    f"{label} is {value or 'empty'!s} here, {common or 'empty'} on the other nodes",
-                    fix=("redeploy the plugin to every node (`clustertool plugin deploy`)" if key == "plugin"
-                         else f"make {label} the same on every node (same AMI/image, same packages)"),
-                    data={"key": key, "value": value, "common": common}))
+        groups = ([{n: v for n, v in values.items() if (n in servers) == side} for side in (False, True)]
+                  if key in ROLE_KEYS else [values])
+        for group in groups:
+            out += _differing(group, key, label, severity, "servers" if set(group) <= servers and servers else "nodes")
     for f in facts:
         gpus = f.values.get("gpus", "none")
+        if f.node in servers:
+            continue
         if gpus.isdigit() and f.node in slots and int(gpus) != slots[f.node]:
             out.append(Finding("sameness", f.node, "warning",
                                f"{gpus} GPU(s) but {slots[f.node]} slot(s) in the hostfile",
                                fix="bring the cluster up with --slots matching the GPUs (or none: slots = GPUs)"))
     return out
+
+
+def _differing(values: dict[str, str], key: str, label: str, severity: str, others: str) -> list[Finding]:
+    if len(set(values.values())) <= 1:
+        return []
+    common, _ = Counter(values.values()).most_common(1)[0]
+    return [Finding("sameness", node, severity,
+                    f"{label} is {value or 'empty'!s} here, {common or 'empty'} on the other {others}",
+                    fix=("redeploy the plugin to every node (`clustertool plugin deploy`)" if key == "plugin"
+                         else f"make {label} the same on every node (same AMI/image, same packages)"),
+                    data={"key": key, "value": value, "common": common})
+            for node, value in values.items() if value != common]
 
 
 def stray_findings(facts: Iterable[NodeFacts], running_jobs: set[str]) -> list[Finding]:

@@ -50,7 +50,7 @@ def mesh_findings(cluster: Cluster, sources: list[Node], outputs: dict[str, str]
 
 def smoke_test(cluster: Cluster, timeout: float = 90.0, transport: Transport = SSH) -> list[Finding]:
     """`mpirun hostname` over every slot: each rank must answer, every node must appear."""
-    nodes = cluster.ordered_nodes()
+    nodes = cluster.workers  # servers run no ranks
     opts = MpiOptions(command=["hostname"], as_root=cluster.user == "root", tag_output=False, unbuffered=False,
                       subnet=cluster_subnet([n.address for n in nodes]))
     argv = build_argv([(n.address, n.slots) for n in nodes], opts)

@@ -96,7 +96,8 @@ def kill(cluster_name: str, ref: str | None = None, *, signal: str = "TERM", gra
     job = pick_running(records.refresh(cluster, transport=transport), ref)
     if grace < 0:
         raise UsageError("--grace must be 0 or more")
-    nodes = [cluster.node(n) for n in job.nodes if n in {x.name for x in cluster.nodes}]
+    names = list(job.nodes) + [s for s in job.servers if s not in job.nodes]  # its reducers: on the servers
+    nodes = [cluster.node(n) for n in names if n in {x.name for x in cluster.nodes}]
     script = scripts.kill_script(job.id, signal.upper(), 0 if signal.upper() == "KILL" else grace)
     result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=grace + 60, stdin_data=script.encode(),
                           transport=transport)

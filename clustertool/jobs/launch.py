@@ -15,10 +15,11 @@ from typing import Callable
 
 from clustertool import nodeset, state
 from clustertool.errors import RemoteError, ToolError, UsageError
-from clustertool.jobs import logs, output, records, scripts
+from clustertool.jobs import logs, output, records, reducers, scripts
 from clustertool.jobs import sync as jobsync
 from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile, split_command
 from clustertool.model import Cluster, Job, Node, Reporter, silent
+from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.remote.transport import SSH, Transport
@@ -66,6 +67,17 @@ def plan(cluster: Cluster, nodes: list[Node], opts: MpiOptions, job_id: str) -> 
     opts.hostfile = f"$HOME/{JOBS_DIR}/{job_id}/hostfile"
     opts.output_dir = f"$HOME/{JOBS_DIR}/{job_id}/out"
     return build_argv([(n.address, n.slots) for n in ordered], opts)
+
+
+def rank_nodes(cluster: Cluster, selection: str | None) -> list[Node]:
+    """The nodes a job's ranks run on: the selection (default: every worker); servers are never ranks."""
+    nodes = cluster.workers if selection is None else nodeset.select(cluster, selection)
+    servers = [n.name for n in nodes if n.is_server]
+    if servers:
+        what = "is a reduction server" if len(servers) == 1 else "are reduction servers"
+        raise UsageError(f"{nodeset.fold(servers)} {what}, not rank nodes",
+                         hint="leave servers out of --nodes (`run --plugin` starts the reducers on them itself)")
+    return nodes
 
 
 def _finalize_argv(argv: list[str], home: str) -> list[str]:
@@ -119,17 +131,20 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
     """Start the job (after sending ``sync``, a local folder, to ``sync_to`` or its own path on the nodes)."""
     synced_dir = _sync_target(opts, sync, sync_to)
     cluster = state.ready_cluster(cluster_name)
-    nodes = nodeset.select(cluster, selection)
+    nodes = rank_nodes(cluster, selection)
     opts.command = split_command(opts.command)
+    servers = cluster.servers if use_plugin else []
     if use_plugin:
         opts.plugin_env = plugin_env(cluster)
+        if servers:  # the real ports are known once the reducers listen (after preflight)
+            opts.plugin_env[reducers.ENV_LIST] = ",".join(f"{n.address}:PORT" for n in servers)
     job_id = records.new_id()
     argv = plan(cluster, nodes, opts, job_id)
     ordered = [n for n in cluster.ordered_nodes() if n in nodes]
     job = Job(id=job_id, cluster=cluster.name, command=list(opts.command), argv=argv,
               nodes=[n.name for n in ordered], np=int(argv[argv.index("-np") + 1]), name=name,
               leader=cluster.leader.name, workdir=opts.workdir, started=time.time(), output_dir=opts.output_dir,
-              tag_output=opts.tag_output)
+              tag_output=opts.tag_output, servers=[n.name for n in servers])
     if dry_run:
         return Launch(job, argv, dry_run=True, sync=synced_dir)
     report(f"preflight on {nodeset.fold(job.nodes)}")
@@ -139,10 +154,28 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
         report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(job.nodes)}")
         synced = jobsync.sync(cluster.name, *synced_dir, ordered, report=report, on_progress=on_progress,
                               transport=transport)
+    started = []
+    if servers:
+        started = reducers.start(cluster, job_id, plugin_env_dest(cluster), report=report, transport=transport)
+        opts.plugin_env.update(reducers.env(started))
+        argv = plan(cluster, nodes, opts, job_id)
+    try:
+        return _start(cluster, job, argv, home, ordered, opts, started, synced_dir, synced, report, transport)
+    except BaseException:
+        reducers.stop(cluster, job_id, [r.node for r in started], transport=transport)
+        raise
+
+
+def plugin_env_dest(cluster: Cluster) -> str:
+    return load_record(cluster.name)["deployed"]["dest"]
+
+
+def _start(cluster, job, argv, home, ordered, opts, started, synced_dir, synced, report, transport) -> Launch:
+    job_id = job.id
     job.argv = argv = _finalize_argv(argv, home)
     job.output_dir = _finalize_argv([job.output_dir], home)[0]
     hostfile = job_hostfile([(n.address, opts.per_node or n.slots) for n in ordered])
-    launch_sh = scripts.launch_script(job_id, argv, opts.workdir)
+    launch_sh = scripts.launch_script(job_id, argv, opts.workdir, epilogue=reducers.epilogue_lines(job_id, started))
     job.launcher = "pending"
     script = scripts.install_and_start_script(job_id, launch_sh, hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job))

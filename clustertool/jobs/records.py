@@ -108,6 +108,16 @@ def parse_status(output: str) -> dict[str, tuple[str, bool, bool, bool, float | 
     return out
 
 
+def parse_lost(output: str) -> dict[str, list[str]]:
+    """Job id -> the reduction servers its launch script found gone at the end (``S ID A,B`` lines)."""
+    out = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "S":
+            out[parts[1]] = [n for n in parts[2].split(",") if n]
+    return out
+
+
 def refresh(cluster: Cluster, timeout: float = 20.0, transport: Transport = SSH) -> list[Job]:
     """Ask the leader for every job's state; merge into local records; return all jobs.
 
@@ -119,6 +129,7 @@ def refresh(cluster: Cluster, timeout: float = 20.0, transport: Transport = SSH)
     if not result.ok:
         return sorted(local.values(), key=lambda j: j.started)
     now = time.time()
+    lost = parse_lost(result.stdout)
     for job_id, (code, alive, killed, launched, ended, record) in parse_status(result.stdout).items():
         job = local.get(job_id)
         if job is None:
@@ -129,6 +140,7 @@ def refresh(cluster: Cluster, timeout: float = 20.0, transport: Transport = SSH)
             local[job_id] = job
             continue
         job.state, job.exit_code = derive_state(code, alive, killed, launched, job.started, now)
+        job.servers_lost = lost.get(job_id, [])
         if job.finished and job.ended is None:
             job.ended = ended or now
         local[job_id] = job

@@ -44,13 +44,14 @@ def _write_file(path_sh: str, text: str, mode: str | None = None) -> str:
     return line + (f" && chmod {mode} {path_sh}" if mode else "")
 
 
-def launch_script(job_id: str, argv: list[str], workdir: str | None) -> str:
+def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: list[str] = ()) -> str:
     """launch.sh: record its ids, run mpirun into the log, then record the exit code.
 
     The exit file is written only after the log is complete, so whoever sees ``exit`` sees the
     whole log.  In tmux, ``pane.py`` (when the job has one and python exists) shows the job's
     lines on the leader -- its ranks' and mpirun's -- whole, in the pane `attach` joins;
-    otherwise the pane shows mpirun's output as it comes.
+    otherwise the pane shows mpirun's output as it comes.  ``epilogue`` (shell lines) runs after
+    mpirun and before the exit file (the job's reduction servers are stopped there).
     """
     d = job_dir_sh(job_id)
     cd = f"cd {shlex.quote(workdir)}" if workdir else 'cd "$HOME"'
@@ -67,6 +68,7 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None) -> str:
         '  "$py" "$d/pane.py" & pane=$!',
         "fi",
         f'if [ -n "$pane" ]; then {mpirun} >> "$d/log" 2>&1; else {mpirun} 2>&1 | tee -a "$d/log"; fi',
+        *epilogue,
         'mv "$d/exit.tmp" "$d/exit"',
         '[ -z "$pane" ] || wait "$pane"',
         "",

@@ -1,6 +1,6 @@
 """`plugin build`: compile the native NCCL plugin (native/) here or on the leader, and the record.
 
-The build is a folder with the three artefacts (net+CollNet plugin, tuner, collnet_bench).
+The build is a folder with the four artefacts (net+CollNet plugin, tuner, collnet_bench, clustertool-reducer).
 The last build and deploy of a cluster are recorded in ``<cluster dir>/plugin.json``.
 """
 
@@ -29,7 +29,8 @@ NET_NAME = "clustertool"  # NCCL_NET_PLUGIN=<name> loads libnccl-net-<name>.so
 NET_LIB = f"libnccl-net-{NET_NAME}.so"
 TUNER_LIB = "libnccl-tuner-clustertool.so"
 BENCH = "collnet_bench"
-ARTEFACTS = (NET_LIB, TUNER_LIB, BENCH)
+REDUCER = "clustertool-reducer"  # the reduction server (run --plugin starts one per server node)
+ARTEFACTS = (NET_LIB, TUNER_LIB, BENCH, REDUCER)
 TUNER_TABLE = "tuner.csv"
 VERSION_MARK = b"clustertool-nccl-plugin "
 

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from clustertool import hostfile as hostfiles
 from clustertool import nodeset
 from clustertool.errors import ProviderError, UsageError
-from clustertool.model import LEADER, MEMBER, Cluster, Node
+from clustertool.model import LEADER, MEMBER, SERVER, Cluster, Node
 from clustertool.providers.base import OptionSpec, ProvisionRequest
 
 _HINT = "e.g. --hosts 10.0.1.5,10.0.1.6 --key ~/.ssh/mykey.pem, or --hostfile hosts.txt"
@@ -132,6 +132,8 @@ class StaticProvider:
                                      "agent/config)."),
         "leader": OptionSpec(str, None, "Which listed host is the leader (default: the first)."),
         "port": OptionSpec(int, 22, "SSH port of the existing machines."),
+        "servers": OptionSpec(str, None, "Existing machines to adopt as reduction servers (role server, not ranks): "
+                                         "a,b (host or host:port)."),
     }
 
     def __init__(self, reach_timeout: float = 20.0, **_ignored: Any):
@@ -182,13 +184,29 @@ class StaticProvider:
         key = check_key(str(options["key"])) if options.get("key") else None
         return targets, leader, key
 
+    def server_targets(self, options: dict[str, Any], targets: list[Target]) -> list[Target]:
+        """--servers a,b: adopted reduction servers; none of them may also be a node."""
+        if not options.get("servers"):
+            return []
+        found = parse_hosts(str(options["servers"]), _port(options.get("port") or 22, "--port"))
+        taken = {(t.host, t.port) for t in targets}
+        for target in found:
+            if (target.host, target.port) in taken:
+                raise UsageError(f"static provider: host {target.label} is listed twice (a node and a server, or "
+                                 "twice in --servers)")
+            taken.add((target.host, target.port))
+        return found
+
     def check(self, request: ProvisionRequest) -> None:
-        self._checked(request)
+        targets, _, _ = self._checked(request)
+        self.server_targets(request.cluster.options, targets)
 
     def plan(self, request: ProvisionRequest) -> list[str]:
         targets, leader, key = self._checked(request)
         lines = [f"adopt node-{i} = {t.label}{' (leader)' if i - 1 == leader else ''}, "
                  f"slots {request.slots or t.slots or 1}" for i, t in enumerate(targets, 1)]
+        servers = self.server_targets(request.cluster.options, targets)
+        lines += [f"adopt server-{j} = {t.label} (reduction server, not a rank)" for j, t in enumerate(servers, 1)]
         lines.append(f"reach them as {request.cluster.user} with "
                      f"{'key ' + key if key else 'your ssh agent / default keys'}")
         lines.append("machines are adopted, never created, stopped or terminated by clustertool")
@@ -203,14 +221,18 @@ class StaticProvider:
             cluster.ssh_key = key
         if cluster.options.get("hostfile"):
             cluster.options["hostfile"] = os.path.abspath(os.path.expanduser(str(cluster.options["hostfile"])))
-        cluster.provider_state["adopted"] = [t.label for t in targets]
+        servers = self.server_targets(cluster.options, targets)
+        cluster.provider_state["adopted"] = [t.label for t in targets + servers]
         request.save()
-        return [
+        nodes = [
             Node(name=f"node-{i}", index=i, address=t.host, role=LEADER if i - 1 == leader else MEMBER,
                  slots=request.slots or t.slots or 1, ssh_host=t.host, ssh_port=t.port,
                  state="running", extra={"adopted": True})
             for i, t in enumerate(targets, 1)
         ]
+        return nodes + [Node(name=f"server-{j}", index=len(targets) + j, address=t.host, role=SERVER, slots=0,
+                             ssh_host=t.host, ssh_port=t.port, state="running", extra={"adopted": True})
+                        for j, t in enumerate(servers, 1)]
 
     def wait_instances(self, cluster: Cluster, timeout: float = 600.0) -> list[Node]:
         """Every node's SSH port must accept a TCP connection within a bounded time."""

@@ -23,10 +23,13 @@ def test_dry_run_prints_every_command_and_runs_nothing(ct_env):
     proc = run_cli("play", "playbooks/quickstart-local.yaml", "--dry-run", "--var", "nodes=2",
                    "--var", "sizes=1,2", env=ct_env)
     assert proc.returncode == 0, proc.stderr
-    up = "step 1 (up 2 local nodes): clustertool up --provider local --nodes 2 --slots 1 --name quickstart"
+    up = ("step 1 (up 2 local nodes): clustertool up --provider local --nodes 2 --slots 1 --reduction-servers 4 "
+          "--link-rate 100mbit --name quickstart")
     assert up in proc.stdout
     assert "always step 1 (remove the local cluster): clustertool down --cluster quickstart --yes" in proc.stdout
     assert "bench scaling --nodes 1,2" in proc.stdout
+    assert "bench compare --variants mpi,sharded,servers --plugin --nodes 2" in proc.stdout
+    assert "--allreduce {}'" in proc.stdout
 
 
 def test_dry_run_json(ct_env):

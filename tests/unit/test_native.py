@@ -81,7 +81,7 @@ def test_read_version_finds_the_compiled_string():
 
 def test_describe_names_missing_artefacts(tmp_path):
     (tmp_path / native.NET_LIB).write_bytes(b"x")
-    with pytest.raises(ToolError, match="missing libnccl-tuner-clustertool.so, collnet_bench"):
+    with pytest.raises(ToolError, match="missing libnccl-tuner-clustertool.so, collnet_bench, clustertool-reducer"):
         native.describe(tmp_path)
 
 
@@ -89,7 +89,8 @@ def test_describe_hashes_every_artefact(tmp_path):
     for a in native.ARTEFACTS:
         (tmp_path / a).write_bytes(a.encode() + b" clustertool-nccl-plugin 1.2.3\0")
     b = native.describe(tmp_path)
-    assert b.version == "1.2.3" and b.sha256 == b.files[native.NET_LIB] and len(b.files) == 3
+    assert b.version == "1.2.3" and b.sha256 == b.files[native.NET_LIB] and len(b.files) == 4
+    assert native.REDUCER in b.files  # the reduction server ships with the plugin
 
 
 def test_build_local_failure_carries_makes_tail(tmp_path):

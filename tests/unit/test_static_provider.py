@@ -57,7 +57,7 @@ def test_static_is_registered_and_adopts_rather_than_owns():
     cls = provider_class("static")
     assert cls is StaticProvider
     assert cls.name == "static" and cls.owns_machines is False
-    assert set(cls.OPTIONS) == {"hosts", "hostfile", "key", "leader", "port"}
+    assert set(cls.OPTIONS) == {"hosts", "hostfile", "key", "leader", "port", "servers"}
     assert cls.OPTIONS["port"].default == 22
 
 
@@ -296,3 +296,25 @@ def test_terminate_leaves_machines_running_and_says_so():
 def test_stop_and_start_are_refused(verb):
     with pytest.raises(ProviderError, match="not managed by clustertool"):
         getattr(StaticProvider(), verb)(cluster_of([2201]))
+
+
+# --- reduction servers (--servers) ------------------------------------------------------------
+
+def test_servers_are_adopted_with_role_server_after_the_nodes_and_stay_out_of_the_hostfile():
+    from clustertool import hostfile
+
+    req = request_for({"hosts": "10.0.0.5,10.0.0.6", "servers": "10.0.0.9,10.0.0.10:2222"}, slots=8)
+    nodes = StaticProvider().run_instances(req)
+    assert [(n.name, n.role, n.slots, n.ssh_port) for n in nodes] == [
+        ("node-1", "leader", 8, 22), ("node-2", "member", 8, 22), ("server-1", "server", 0, 22),
+        ("server-2", "server", 0, 2222)]
+    req.cluster.nodes = nodes
+    assert hostfile.render_cluster(req.cluster) == "10.0.0.5 slots=8\n10.0.0.6 slots=8\n"
+    assert req.cluster.provider_state["adopted"][-1] == "10.0.0.10:2222"
+    plan = StaticProvider().plan(request_for({"hosts": "a,b", "servers": "c"}))
+    assert "adopt server-1 = c:22 (reduction server, not a rank)" in plan
+
+
+def test_a_server_that_is_also_a_node_is_refused():
+    with pytest.raises(UsageError, match="b:22 is listed twice"):
+        StaticProvider().check(request_for({"hosts": "a,b", "servers": "b"}))

@@ -52,6 +52,9 @@ class AwsProvider:
         "leader": OptionSpec(str, None, "Which listed host is the leader (default: the first)."),
         "key": OptionSpec(str, None, "Private key that reaches the existing machines (default: your ssh "
                                      "agent/config)."),
+        "reduction_servers": OptionSpec(int, 0, "K CPU instances as reduction servers (role server, not ranks) in the "
+                                                "nodes' zone, subnet, security group and placement group."),
+        "server_type": OptionSpec(str, None, "Instance type of the reduction servers (default: c6in.8xlarge)."),
         "skip_quota_check": OptionSpec(bool, False, "Do not compare the request with the account's vCPU quota "
                                                     "first (RunInstances decides)."),
     }

@@ -8,12 +8,13 @@ from typing import Iterable
 
 from clustertool import interrupts
 from clustertool.errors import ProviderError
-from clustertool.model import LEADER, MEMBER, Node
+from clustertool.model import LEADER, MEMBER, SERVER, Node
 from clustertool.providers.aws import tags
 from clustertool.providers.aws.client import Aws, aws_errors, poll_interval, wait_timeout
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 NOT_RUNNING = {"terminated", "shutting-down", "stopped", "stopping"}
+SERVER_TAG = "clustertool:server"  # a reduction server's number (servers.SERVER)
 BEGIN_KEYS, END_KEYS = "-----BEGIN SSH HOST KEY KEYS-----", "-----END SSH HOST KEY KEYS-----"
 
 
@@ -163,10 +164,13 @@ def console_host_keys(aws: Aws, instance_id: str) -> list[str]:
     return host_keys_from_console(output)
 
 
-def to_node(inst: dict, *, index: int, leader: bool, slots: int) -> Node:
+def to_node(inst: dict, *, index: int, leader: bool, slots: int, server: int = 0) -> Node:
+    """``server`` > 0: reduction server number ``server`` (named server-<j>, no slots)."""
     private = inst.get("PrivateIpAddress") or ""
+    role = SERVER if server else LEADER if leader else MEMBER
     return Node(
-        name=f"node-{index}", index=index, address=private, role=LEADER if leader else MEMBER, slots=slots,
+        name=f"server-{server}" if server else f"node-{index}", index=index, address=private, role=role,
+        slots=0 if server else slots,
         ssh_host=inst.get("PublicIpAddress") or private or None, state=state_of(inst),
         instance_id=inst["InstanceId"],
         extra={"az": inst.get("Placement", {}).get("AvailabilityZone", ""),
@@ -185,7 +189,8 @@ def nodes_from_tags(instances: list[dict], slots: int) -> list[Node]:
         values = tags.as_dict(inst.get("Tags"))
         index = int(values.get(tags.NODE, "0") or 0) or k
         leader = values.get(tags.ROLE) == "leader" if tagged_leader else k == 1
-        nodes.append(to_node(inst, index=index, leader=leader, slots=slots))
+        server = int(values.get(SERVER_TAG, "0") or 0) if values.get(tags.ROLE) == SERVER else 0
+        nodes.append(to_node(inst, index=index, leader=leader and not server, slots=slots, server=server))
     return sorted(nodes, key=lambda n: n.index)
 
 
@@ -199,7 +204,8 @@ def refresh(aws: Aws, nodes: list[Node], *, keep_keys: bool = True) -> list[Node
             node.state = "missing"
             out.append(node)
             continue
-        fresh = to_node(inst, index=node.index, leader=node.is_leader, slots=node.slots)
+        server = int(node.name.rsplit("-", 1)[1]) if node.is_server else 0
+        fresh = to_node(inst, index=node.index, leader=node.is_leader, slots=node.slots, server=server)
         fresh.name = node.name
         fresh.host_keys = node.host_keys if keep_keys else []
         out.append(fresh)

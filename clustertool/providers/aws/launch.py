@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from clustertool.errors import ProviderError
 from clustertool.model import Cluster, Reporter
-from clustertool.providers.aws import capacity, leader, network, placement, tags, teardown
+from clustertool.providers.aws import capacity, leader, network, placement, servers, tags, teardown
 from clustertool.providers.aws.client import NEXT_AZ_CODES, Aws, aws_errors, is_code
 from clustertool.providers.aws.images import Image
 
@@ -101,9 +101,11 @@ def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: I
 
 def launch_in_order(aws: Aws, cluster: Cluster, *, stamp: tags.Stamp, count: int, info: capacity.TypeInfo,
                     image: Image, azs: list[str], group_id: str, key_name: str, suffix: str,
-                    record: Callable[[str, str], None], report: Reporter,
-                    public_key: str = "") -> tuple[str, list[dict]]:
-    """Try each AZ in order; return (az, instances) of the first that launches all N."""
+                    record: Callable[[str, str], None], report: Reporter, public_key: str = "",
+                    server_plan: servers.ServerPlan | None = None,
+                    server_image: Image | None = None) -> tuple[str, list[dict], list[dict]]:
+    """Try each AZ in order; return (az, instances, server instances) of the first that launches all N
+    (and all K reduction servers, by a second RunInstances in the same subnet and placement group)."""
     from botocore.exceptions import ClientError
 
     tried: list[tuple[str, str]] = []
@@ -119,8 +121,24 @@ def launch_in_order(aws: Aws, cluster: Cluster, *, stamp: tags.Stamp, count: int
                                placement_group=group, options=cluster.options,
                                token=f"{stamp.id}-{az}", public_key=public_key, efa_interfaces=info.efa_interfaces)
         report(f"{az}: launching {count} x {info.name}" + (f" in placement group {group}" if group else ""))
+        server_insts: list[dict] = []
         try:
             instances = aws.call("run_instances", **params)["Instances"]
+            for inst in instances:
+                record("instances", inst["InstanceId"])
+            if server_plan is not None:
+                sparams = launch_params(stamp=stamp, count=server_plan.count, instance_type=server_plan.info.name,
+                                        image=server_image or image, subnet=subnet, group_id=group_id,
+                                        key_name=key_name, az=az, placement_group=group,
+                                        options=servers.launch_options(cluster.options),
+                                        token=f"{stamp.id}-{az}-servers",
+                                        public_key=public_key)
+                sparams["TagSpecifications"][0] = stamp.spec("instance", **{"clustertool__role": "server"})
+                report(f"{az}: launching {server_plan.count} x {server_plan.info.name} (reduction servers) "
+                       "beside them")
+                server_insts = aws.call("run_instances", **sparams)["Instances"]
+                for inst in server_insts:
+                    record("instances", inst["InstanceId"])
         except ClientError as exc:
             if not is_code(exc, *NEXT_AZ_CODES):
                 with aws_errors(f"launching {count} x {info.name} in {az}"):
@@ -132,10 +150,9 @@ def launch_in_order(aws: Aws, cluster: Cluster, *, stamp: tags.Stamp, count: int
             if group:
                 unrecord(cluster, "placement_groups", group)
             continue
-        for inst in instances:
-            record("instances", inst["InstanceId"])
-        return az, instances
+        return az, instances, server_insts
     raise capacity.launch_failure(tried, count, info.name)
+
 
 
 def tag_nodes(aws: Aws, cluster: str, instances: list[dict]) -> list[dict]:

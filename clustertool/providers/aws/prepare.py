@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clustertool.errors import ToolError, UsageError
-from clustertool.providers.aws import adopt, capacity, images, leader, network, owner, pricing, quota, tags
+from clustertool.providers.aws import adopt, capacity, images, leader, network, owner, pricing, quota, servers, tags
 from clustertool.providers.aws.client import Aws, error_code, error_message
 from clustertool.providers.aws.launch import launch_params, volume
 from clustertool.providers.base import ProvisionRequest
@@ -27,6 +27,7 @@ class Prep:
     me: owner.Owner | None = None  # the caller: the owner of what this up makes
     stamp: tags.Stamp | None = None
     limits: quota.Quota | None = None
+    servers: servers.ServerPlan | None = None  # --reduction-servers K: their type and quota
 
 
 def validate(options: dict, count: int | None) -> None:
@@ -70,6 +71,9 @@ def prepare(request: ProvisionRequest) -> Prep:
     aws = Aws(region=options.get("region"), profile=options.get("profile"), report=request.report)
     if options.get("adopt_tag") or options.get("adopt_ids"):
         found = adopt.find(aws, options)
+        if servers.count(options):
+            raise UsageError("--reduction-servers launches new instances: it does not go with adopting",
+                             hint="adopt the GPU nodes, or launch the cluster with --instance-type")
         adopt.to_nodes(found, options.get("leader"), 1)  # --leader must name one of them
         return Prep(aws=aws, adopting=True, adopted=found)
     info = capacity.type_info(aws, options["instance_type"])
@@ -82,6 +86,7 @@ def prepare(request: ProvisionRequest) -> Prep:
             raise UsageError(f"--subnet {options['subnet']} is in {subnet_zone}, not --az {az}")
         az = subnet_zone
     azs = capacity.az_order(aws, info.name, az)
+    server_plan, azs = servers.prepare(aws, options, azs)
     # behind a --jump bastion the SSH source is the VPC's own range (found at launch) unless given
     cidr = None if options.get("jump") and not options.get("ssh_cidr") else network.ssh_cidr(options.get("ssh_cidr"))
     if options.get("key_name"):
@@ -90,7 +95,7 @@ def prepare(request: ProvisionRequest) -> Prep:
     owner.check_name_free(aws, request.cluster.name, me, request.report)
     held = None if options.get("skip_quota_check") else quota.check(aws, info, request.count, bool(options.get("spot")))
     return Prep(aws=aws, info=info, azs=azs, cidr=cidr, me=me, stamp=owner.stamp_for(request.cluster, me),
-                limits=held)
+                limits=held, servers=server_plan)
 
 
 def network_line(info: capacity.TypeInfo, options: dict) -> str:
@@ -113,8 +118,14 @@ def _cidr(prep: Prep) -> str:
 
 
 def hourly_line(prep: Prep, options: dict, count: int) -> str:
-    spot = pricing.spot(prep.aws, prep.info.name, prep.azs[0] if prep.azs else None) if options.get("spot") else None
-    return pricing.describe_hourly(prep.info.name, count, spot_price=spot, is_spot=bool(options.get("spot")))
+    is_spot, az = bool(options.get("spot")), prep.azs[0] if prep.azs else None
+    spot = pricing.spot(prep.aws, prep.info.name, az) if is_spot else None
+    total, basis = pricing.hourly(prep.info.name, count, spot_price=spot, is_spot=is_spot)
+    if prep.servers is not None:
+        sinfo, k = prep.servers.info, prep.servers.count
+        sspot = pricing.spot(prep.aws, sinfo.name, az) if is_spot else None
+        total, basis = servers.combine((total, basis), pricing.hourly(sinfo.name, k, spot_price=sspot, is_spot=is_spot))
+    return f"${total:,.2f}/h ({basis})" if total is not None else basis
 
 
 def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
@@ -151,6 +162,7 @@ def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
         f"clustertool:role, clustertool:node, Name={name}-leader / {name}-node-K",
         "quota: " + (prep.limits.describe() if prep.limits else "not checked"
                      + (" (--skip-quota-check)" if options.get("skip_quota_check") else " (nothing could say)")),
+        *servers.plan_lines(prep.servers, options),
         f"hourly cost: {hourly_line(prep, options, count)}",
     ]
     lines += dry_run_checks(prep, request, image)

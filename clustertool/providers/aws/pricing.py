@@ -20,6 +20,9 @@ ON_DEMAND_USD: dict[str, float] = {
     "g5.12xlarge": 5.672, "g5.16xlarge": 4.096, "g5.24xlarge": 8.144, "g5.48xlarge": 16.288,
     "g6.xlarge": 0.8048, "g6.2xlarge": 0.9776, "g6.4xlarge": 1.3232, "g6.8xlarge": 2.0144,
     "g6.12xlarge": 4.6016, "g6.16xlarge": 3.3968, "g6.24xlarge": 6.6752, "g6.48xlarge": 13.3504,
+    # CPU types for reduction servers (network-optimized)
+    "c6in.4xlarge": 0.9072, "c6in.8xlarge": 1.8144, "c6in.16xlarge": 3.6288, "c6in.32xlarge": 7.2576,
+    "c5n.9xlarge": 1.944, "c5n.18xlarge": 3.888, "c7gn.8xlarge": 1.9968, "c7gn.16xlarge": 3.9936,
 }
 
 

@@ -16,6 +16,7 @@ from clustertool.providers.aws import (
     network,
     owner,
     pricing,
+    servers,
     tags,
     teardown,
 )
@@ -43,6 +44,8 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     suffix = ps.setdefault("suffix", stamp.id.rsplit("-", 1)[-1] if stamp.id else launch.new_suffix())
     ps["instance_type"] = info.name
     ps["slots"] = request.slots or info.gpus or 1  # before launch: a killed up's status still knows
+    if prep.servers is not None:
+        ps["server_type"], ps["servers"] = prep.servers.info.name, prep.servers.count
     ps["owner"] = {"arn": prep.me.arn, "home": prep.me.home}
     request.save()
     held = lease.Lease(aws)
@@ -60,13 +63,21 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     leader_group = leader.create_group(aws, stamp, vpc, cidr, record) if behind else None
     owner.check_race(aws, stamp, prep.me)
     key_name = cluster.options.get("key_name") or network.import_key_pair(aws, stamp, request.public_key, record)
-    az, launched = launch.launch_in_order(aws, cluster, stamp=stamp, count=request.count, info=info, image=image,
-                                          azs=prep.azs, group_id=group_id, key_name=key_name, suffix=suffix,
-                                          record=record, report=report, public_key=request.public_key)
+    server_image = None
+    if prep.servers is not None:
+        server_image = image if prep.servers.info.arch == info.arch else images.resolve(
+            aws, cluster.options.get("ami"), prep.servers.info.arch)
+    az, launched, server_insts = launch.launch_in_order(
+        aws, cluster, stamp=stamp, count=request.count, info=info, image=image, azs=prep.azs, group_id=group_id,
+        key_name=key_name, suffix=suffix, record=record, report=report, public_key=request.public_key,
+        server_plan=prep.servers, server_image=server_image)
     ps["az"] = az
     request.save()
     ordered = launch.tag_nodes(aws, cluster.name, launched)
-    report(f"launched {len(ordered)} x {info.name} in {az}; hourly: {_hourly(aws, cluster, len(ordered))}")
+    ordered += servers.tag(aws, cluster.name, server_insts, len(ordered))
+    what = f"{request.count} x {info.name}" + (f" and {len(server_insts)} x {ps['server_type']} (servers)"
+                                                if server_insts else "")
+    report(f"launched {what} in {az}; hourly: {_hourly(aws, cluster, request.count)}")
     if leader_group:
         eni = leader.attach(aws, ordered[0], [group_id, leader_group])
         if leader.gets_elastic_ip(cluster.options):
@@ -193,7 +204,9 @@ def terminate(cluster: Cluster, report: Reporter = silent) -> list[str]:
     owned = teardown.owned(aws, cluster)
     lines: list[str] = []
     if owned.instances and cluster.provider_state.get("instance_type"):
-        lines.append(f"stopping the bill of {_hourly(aws, cluster, len(owned.instances))}")
+        workers = len(owned.instances) - (sum(1 for n in cluster.nodes if n.is_server)
+                                          or int(cluster.provider_state.get("servers") or 0))
+        lines.append(f"stopping the bill of {_hourly(aws, cluster, max(workers, 0))}")
     removed = teardown.remove(aws, owned, report)
     lines += removed
     adopted = cluster.provider_state.get("adopted", [])
@@ -206,25 +219,33 @@ def terminate(cluster: Cluster, report: Reporter = silent) -> list[str]:
 
 
 def _hourly(aws: Aws | None, cluster: Cluster, count: int) -> str:
+    """The cluster's price per hour: ``count`` GPU nodes, plus its reduction servers."""
     ps, opts = cluster.provider_state, cluster.options
-    itype = ps.get("instance_type") or ""
-    spot = pricing.spot(aws, itype, ps.get("az")) if opts.get("spot") and aws is not None else None
-    return pricing.describe_hourly(itype, count, spot_price=spot, is_spot=bool(opts.get("spot")))
+    itype, is_spot = ps.get("instance_type") or "", bool(opts.get("spot"))
+    spot = pricing.spot(aws, itype, ps.get("az")) if is_spot and aws is not None else None
+    sspot = (pricing.spot(aws, ps["server_type"], ps.get("az"))
+             if is_spot and aws is not None and ps.get("server_type") else None)
+    total, basis = servers.combine(pricing.hourly(itype, count, spot_price=spot, is_spot=is_spot),
+                                   servers.hourly(cluster, is_spot, sspot))
+    return f"${total:,.2f}/h ({basis})" if total is not None else basis
 
 
 def describe(cluster: Cluster) -> dict:
     """Status lines: hourly price and the cost so far since launch."""
     ps, opts = cluster.provider_state, cluster.options
-    itype, count = ps.get("instance_type") or "", len(cluster.nodes)
+    itype, count = ps.get("instance_type") or "", len([n for n in cluster.nodes if not n.is_server])
     if not itype:
         return {"hourly price": "unknown (mixed or unknown instance types)"}
-    spot = None
+    spot = sspot = None
     if opts.get("spot"):
         try:
             spot = pricing.spot(session_for(cluster), itype, ps.get("az"))
+            sspot = pricing.spot(session_for(cluster), ps["server_type"], ps.get("az")) if ps.get("server_type") \
+                else None
         except Exception:  # status still works without the spot price
             spot = None
-    total, basis = pricing.hourly(itype, count, spot_price=spot, is_spot=bool(opts.get("spot")))
+    total, basis = servers.combine(pricing.hourly(itype, count, spot_price=spot, is_spot=bool(opts.get("spot"))),
+                                   servers.hourly(cluster, bool(opts.get("spot")), sspot))
     hourly = f"${total:,.2f}/h ({basis})" if total is not None else basis
     since = cluster.created or time.time()
     if cluster.status == "stopped":

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from clustertool import state
 from clustertool.errors import MissingPrerequisite, ProviderError, UsageError
-from clustertool.model import LEADER, MEMBER, Cluster, Node
+from clustertool.model import LEADER, MEMBER, SERVER, Cluster, Node
 from clustertool.providers.base import OptionSpec, ProvisionRequest
 from clustertool.providers.local import access as local_access
 from clustertool.providers.local import net, sysops
@@ -68,6 +68,8 @@ class LocalProvider:
         "access": OptionSpec(str, "all", ACCESS_HELP, ("leader", "all")),
         "jump": OptionSpec(str, None, "Your own bastion, USER@HOST[:PORT]: the leader (with --access all, every "
                                       "node) is reached through it (its host key must be in ~/.ssh/known_hosts)."),
+        "reduction_servers": OptionSpec(int, 0, "K more nodes (server-1..server-K, role server) on the same bridge "
+                                        "and links, for the plugin's reduction servers; not ranks"),
     }
 
     WAIT_LIMIT: ClassVar[float] = 60.0
@@ -88,8 +90,10 @@ class LocalProvider:
             pkgs = sorted({pkg for _, pkg in missing})
             raise MissingPrerequisite(
                 f"the local provider needs {', '.join(t for t, _ in missing)}: apt-get install {' '.join(pkgs)}")
-        if not 1 <= request.count <= net.MAX_NODES:
-            raise UsageError(f"the local provider makes 1 to {net.MAX_NODES} nodes, not {request.count}")
+        servers = _servers(request.cluster)
+        if not 1 <= request.count + servers <= net.MAX_NODES:
+            raise UsageError(f"the local provider makes 1 to {net.MAX_NODES} nodes (servers included), "
+                             f"not {request.count + servers}")
         rate, delay = self._link_options(request.cluster)
         if request.cluster.options.get("jump"):
             remote_access.parse_jump(request.cluster.options["jump"])
@@ -135,6 +139,9 @@ class LocalProvider:
             "each node: hostname node-<i>; private /root, /scratch, /tmp, /dev/shm; own PID namespace; "
             "sshd on port 22 (root, key only) with a fresh ed25519 host key",
             f"slots per node: {request.slots or 1}",
+            *([f"{k} reduction server(s) server-1..server-{k}: namespaces ct-{name}-<{n}+j>, address "
+               f"10.213.<k>.<{n}+j>, same bridge, links and sshd; role server (not in hostfiles)"]
+              if (k := _servers(request.cluster)) else []),
             f"route: unreachable {net.NET_RANGE} while any local cluster exists",
         ]
         if self._behind_leader(request.cluster):
@@ -160,21 +167,23 @@ class LocalProvider:
         ps["nodes_dir"] = str(nodes_dir)
         request.save()
         slot = self._allocate(request)
-        indices = list(range(1, request.count + 1))
+        indices = list(range(1, request.count + _servers(cluster) + 1))
         ps["count"] = request.count
+        ps["servers"] = _servers(cluster)
         ps["netns"] = [net.netns_name(cluster.name, i) for i in indices]
         ps["veths"] = [net.veth_name(slot, i) for i in indices]
         request.save()
         keygens = self._write_node_files(request, slot, indices)
         self._make_network(cluster, slot, indices)
-        host_keys = self._collect_host_keys(nodes_dir, keygens)
-        cluster.nodes = [self._node(slot, i, request.slots, host_keys[i], nodes_dir) for i in indices]
+        host_keys = self._collect_host_keys(nodes_dir, keygens, request.count)
+        cluster.nodes = [self._node(slot, i, request.count, request.slots, host_keys[i], nodes_dir) for i in indices]
         request.save()
         ps["pids"] = {}
-        for i in indices:
-            ps["pids"][f"node-{i}"] = self._start_node(cluster, i)
+        for node in cluster.nodes:
+            ps["pids"][node.name] = self._start_node(cluster, node.index)
         request.save()
-        request.report(f"started {len(indices)} local node(s) on bridge {net.bridge_name(slot)}")
+        what = f" and {ps['servers']} server(s)" if ps["servers"] else ""
+        request.report(f"started {request.count} local node(s){what} on bridge {net.bridge_name(slot)}")
         return cluster.nodes
 
     def _allocate(self, request: ProvisionRequest) -> int:
@@ -204,22 +213,24 @@ class LocalProvider:
         nodes_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(nodes_dir, 0o700)  # host private keys live here
         hosts = nodes_dir / "hosts"
-        hosts.write_text(net.hosts_text([(f"node-{i}", net.node_address(slot, i)) for i in indices]))
+        count = request.count
+        hosts.write_text(net.hosts_text([(node_name(i, count), net.node_address(slot, i)) for i in indices]))
         os.chmod(hosts, 0o644)
         keygens = {}
         for i in indices:
-            node_dir = nodes_dir / f"node-{i}"
+            name = node_name(i, count)
+            node_dir = nodes_dir / name
             self._node_dirs(node_dir, request.public_key)
             etc_ssh = node_dir / "ssh"
             _seed_etc_ssh(etc_ssh)
             (etc_ssh / "sshd_config").write_text(net.sshd_config_text(
-                net.node_address(slot, i), f"{request.cluster.name} node-{i}"))
-            init = net.init_config(f"node-{i}", node_dir, hosts, shared=_host_software())
+                net.node_address(slot, i), f"{request.cluster.name} {name}"))
+            init = net.init_config(name, node_dir, hosts, shared=_host_software())
             (node_dir / "init.json").write_text(json.dumps(init, indent=1))
             key = etc_ssh / "ssh_host_ed25519_key"
             for old in (key, key.with_suffix(".pub")):
                 old.unlink(missing_ok=True)
-            keygens[i] = subprocess.Popen(net.keygen_argv(key, f"{request.cluster.name}-node-{i}"),
+            keygens[i] = subprocess.Popen(net.keygen_argv(key, f"{request.cluster.name}-{name}"),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE)
         return keygens
@@ -259,27 +270,29 @@ class LocalProvider:
             sysops.run_parallel(jobs[start:start + 16])
 
     @staticmethod
-    def _collect_host_keys(nodes_dir: Path, keygens: dict[int, subprocess.Popen]) -> dict[int, list[str]]:
+    def _collect_host_keys(nodes_dir: Path, keygens: dict[int, subprocess.Popen], count: int) -> dict[int, list[str]]:
         keys = {}
         for i, proc in keygens.items():
             _, err = proc.communicate(timeout=60)
+            name = node_name(i, count)
             if proc.returncode != 0:
-                raise ProviderError(f"ssh-keygen failed for node-{i}: {err.decode(errors='replace').strip()}")
-            pub = (nodes_dir / f"node-{i}" / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
+                raise ProviderError(f"ssh-keygen failed for {name}: {err.decode(errors='replace').strip()}")
+            pub = (nodes_dir / name / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
             keys[i] = [f"{pub[0]} {pub[1]}"]
         return keys
 
     @staticmethod
-    def _node(slot: int, i: int, slots: int | None, host_keys: list[str], nodes_dir: Path) -> Node:
+    def _node(slot: int, i: int, count: int, slots: int | None, host_keys: list[str], nodes_dir: Path) -> Node:
         address = net.node_address(slot, i)
-        return Node(name=f"node-{i}", index=i, address=address, role=LEADER if i == 1 else MEMBER,
-                    slots=slots or 1, ssh_host=address, ssh_port=22, state="running",
-                    instance_id=None, host_keys=host_keys,
-                    extra={"log": str(nodes_dir / f"node-{i}" / "node.log")})
+        name = node_name(i, count)
+        role = SERVER if i > count else LEADER if i == 1 else MEMBER
+        return Node(name=name, index=i, address=address, role=role,
+                    slots=0 if role == SERVER else slots or 1, ssh_host=address, ssh_port=22, state="running",
+                    instance_id=None, host_keys=host_keys, extra={"log": str(nodes_dir / name / "node.log")})
 
     def _start_node(self, cluster: Cluster, index: int) -> int:
         """Launch node ``index`` (its PID 1 and sshd) in a new session; return the launcher pid."""
-        node_dir = Path(cluster.provider_state["nodes_dir"]) / f"node-{index}"
+        node_dir = Path(cluster.provider_state["nodes_dir"]) / node_name(index, cluster.provider_state["count"])
         argv = net.node_start_argv(net.netns_name(cluster.name, index), sys.executable,
                                    INIT_SCRIPT, node_dir / "init.json")
         with open(node_dir / "node.log", "ab") as log:
@@ -373,6 +386,18 @@ class LocalProvider:
                                "poweroff.json").read_text())
         except (OSError, ValueError, TypeError):
             return None
+
+
+def node_name(index: int, count: int) -> str:
+    """node-1..node-<count> for workers, then server-1, server-2 ... for the indices past them."""
+    return f"node-{index}" if index <= count else f"server-{index - count}"
+
+
+def _servers(cluster: Cluster) -> int:
+    value = cluster.options.get("reduction_servers") or 0
+    if not isinstance(value, int) or value < 0:
+        raise UsageError(f"option reduction_servers: expected 0 or a positive integer, got {value!r}")
+    return value
 
 
 def _seed_etc_ssh(etc_ssh: Path, host_etc: Path = Path("/etc/ssh")) -> None:

@@ -1,0 +1,65 @@
+"""`bench compare`: variants substituted into the command, round-robin runs, medians, ratios, outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from clustertool.bench import compare
+from clustertool.errors import UsageError
+from clustertool.model import LEADER, MEMBER, SERVER, Cluster, Node
+
+pytestmark = pytest.mark.unit
+
+
+def _cluster() -> Cluster:
+    return Cluster("c", "local", nodes=[Node("node-1", 1, "a", LEADER), Node("node-2", 2, "b", MEMBER),
+                                        Node("server-1", 3, "s", SERVER, 0)])
+
+
+def test_variants_fill_every_placeholder_and_a_command_without_one_is_refused():
+    assert compare.variant_argv(["python t.py --allreduce {} --tag x{}"], "servers") == \
+        ["python", "t.py", "--allreduce", "servers", "--tag", "xservers"]
+    with pytest.raises(UsageError, match="no {} for the variant"):
+        compare.variant_argv(["python", "t.py"], "mpi")
+    with pytest.raises(UsageError, match="appears twice"):
+        compare.parse_variants("mpi,mpi")
+    with pytest.raises(UsageError):
+        compare.parse_variants("mpi,bad name")
+
+
+def test_runs_take_turns_on_the_workers_and_report_medians_against_the_first():
+    calls = []
+    figures = {"mpi": iter([100.0, 120.0, 110.0]), "servers": iter([150.0, 180.0, 160.0])}
+
+    def launch(nodes, per_node, argv):
+        calls.append((argv[-1], [n.name for n in nodes], per_node))
+        return 0, f"[1,0]<stdout>:samples/sec: {next(figures[argv[-1]])}\n", None
+
+    result = compare.run_compare(_cluster(), ["mpi", "servers"], ["python t.py --allreduce {}"], launch=launch,
+                                 repeat=3)
+    assert [c[0] for c in calls] == ["mpi", "servers"] * 3
+    assert all(c[1] == ["node-1", "node-2"] and c[2] == 1 for c in calls)  # servers are not ranks
+    mpi, servers = result.variants
+    assert (mpi.throughput, servers.throughput) == (110.0, 160.0)
+    assert mpi.ratio == 1.0 and servers.ratio == pytest.approx(160 / 110)
+    assert result.ok and compare.rows(result)[1][3] == "1.45x"
+    assert "servers,2,2,160.0,1.455" in compare.to_csv(result)
+
+
+def test_a_failing_variant_is_named_and_the_result_is_not_ok():
+    def launch(nodes, per_node, argv):
+        if argv[-1] == "servers":
+            return 1, "reducer gone", None
+        return 0, "samples/sec: 10\n", None
+
+    result = compare.run_compare(_cluster(), ["mpi", "servers"], ["t --a {}"], launch=launch)
+    assert not result.ok and result.variants[1].error == "exit 1" and result.variants[1].ratio is None
+
+
+def test_chart_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    result = compare.run_compare(_cluster(), ["mpi", "servers"], ["t --a {}"],
+                                 launch=lambda n, p, a: (0, "samples/sec: 10\n" if a[-1] == "mpi" else
+                                                         "samples/sec: 15\n", None))
+    path = compare.write_chart(result, tmp_path / "c.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
