@@ -4,12 +4,14 @@
 For each node count (default 4 and 8, one rank per node): bring up a local cluster whose
 links are shaped to RATE (tc tbf at both ends), measure one TCP stream between two nodes
 with iperf3 (that is B), build and deploy the plugin, then in one `bench allreduce` run
-time 64 MiB float32 allreduce with the plugin's sharded and ring algorithms and Open MPI's
+time 64 MiB float32 allreduce with the plugin's servers (K = n reduction servers; then K = n/2 on a
+second cluster), sharded and ring algorithms and Open MPI's
 default MPI_Allreduce, and in a second run Open MPI's ring
 (coll_tuned_use_dynamic_rules=1, coll_tuned_allreduce_algorithm=4). Prints busbw and
-busbw/B for each and checks the targets: sharded >= 0.93 B and >= 1.5x Open MPI default.
+busbw/B for each and checks the targets: sharded >= 0.93 B and >= 1.5x Open MPI default, servers
+with K = n >= 1.4 B at n = 4 and >= 1.6 B at n = 8.
 
-    sudo .venv/bin/python bench/allreduce.py [--nodes 4,8] [--rate 200mbit] [--size 64M] [--iters 3]
+    sudo .venv/bin/python bench/allreduce.py [--nodes 4,8] [--rate 200mbit] [--size 64M] [--iters 3] [--servers n,n/2]
 
 Results also go to bench/results/allreduce-<time>.json. The cluster is removed at the end.
 """
@@ -66,19 +68,24 @@ def rows(proc) -> list[dict]:
         raise SystemExit(f"bench allreduce gave no rows:\n{proc.stderr.strip()[-1500:]}")
 
 
-def run_size(nodes: int, rate: str, size: str, iters: int, env) -> dict:
+def run_size(nodes: int, rate: str, size: str, iters: int, env, servers: int = 0, full: bool = True) -> dict:
+    """One cluster of ``nodes`` workers (+ ``servers`` reduction servers); ``full``: every algorithm,
+    else only the servers algorithm (a second K on the same n)."""
     name = f"arb-{uuid.uuid4().hex[:5]}"
-    ct(["up", "--provider", "local", "--nodes", str(nodes), "--name", name, "--link-rate", rate], env)
+    ct(["up", "--provider", "local", "--nodes", str(nodes), "--name", name, "--link-rate", rate]
+       + (["--reduction-servers", str(servers)] if servers else []), env)
     try:
         bits = single_stream_bits(name, env)
         ct(["plugin", "build", "-c", name], env)
         ct(["plugin", "deploy", "-c", name], env)
         base = ["bench", "allreduce", "-c", name, "--sizes", f"{size}:{size}", "-n", str(iters), "--json"]
-        main = rows(ct(base + ["--algo", "sharded,ring,mpi"], env, check=False))
-        ring = rows(ct(base + ["--algo", "mpi"] + OMPI_RING, env, check=False))
+        algos = ["servers"] if servers else []
+        algos += ["sharded", "ring", "mpi"] if full else []
+        main = rows(ct(base + ["--algo", ",".join(algos)], env, check=False))
+        ring = rows(ct(base + ["--algo", "mpi"] + OMPI_RING, env, check=False)) if full else []
     finally:
         ct(["down", "-c", name, "--yes"], env, check=False)
-    results = {r["algo"]: r for r in main}
+    results = {(f"servers K={servers}" if r["algo"] == "servers" else r["algo"]): r for r in main}
     if ring:
         results["mpi-ring"] = ring[0]
     return {"nodes": nodes, "rate": rate, "single_stream_bits": bits, "rows": results}
@@ -99,10 +106,12 @@ def report(res: dict) -> list[str]:
              + (f"{b / 1e6:.1f} Mbit/s" if b else "n/a (no iperf3)")]
     lines.append(f"  {'algorithm':<22} {'busbw GB/s':>10} {'Mbit/s':>8} {'busbw/B':>8} {'#wrong':>6}")
     names = {"sharded": "plugin sharded", "ring": "plugin ring", "mpi": "Open MPI default", "mpi-ring": "Open MPI ring"}
-    for key in ("sharded", "ring", "mpi", "mpi-ring"):
+    servers = sorted((k for k in res["rows"] if k.startswith("servers")), key=lambda k: -int(k.split("=")[1]))
+    for key in (*servers, "sharded", "ring", "mpi", "mpi-ring"):
         r = res["rows"].get(key)
         if not r:
             continue
+        names.setdefault(key, f"plugin {key}")
         ratio = f"{r['busbw'] / b_gbs:.3f}" if b_gbs else "-"
         lines.append(f"  {names[key]:<22} {r['busbw']:>10.5f} {r['busbw'] * 8e3:>8.1f} {ratio:>8} {r['wrong']:>6}")
     s, m = res["rows"].get("sharded"), res["rows"].get("mpi")
@@ -110,7 +119,28 @@ def report(res: dict) -> list[str]:
         ok1, ok2 = s["busbw"] >= 0.93 * b_gbs, s["busbw"] >= 1.5 * m["busbw"]
         lines.append(f"  targets: sharded >= 0.93 B: {'yes' if ok1 else 'NO'} ({s['busbw'] / b_gbs:.3f}); "
                      f">= 1.5x Open MPI default: {'yes' if ok2 else 'NO'} ({s['busbw'] / m['busbw']:.2f}x)")
+    target = {4: 1.4, 8: 1.6}.get(n)
+    full_k = res["rows"].get(f"servers K={n}")
+    if full_k and b_gbs and target:
+        lines.append(f"  target: servers K=n >= {target} B: {'yes' if full_k['busbw'] >= target * b_gbs else 'NO'} "
+                     f"({full_k['busbw'] / b_gbs:.3f})")
     return lines
+
+
+def server_count(spec: str, n: int) -> int:
+    """K from 'n', 'n/2' (any divisor) or a number."""
+    spec = spec.strip()
+    if spec.startswith("n"):
+        return n // int(spec[2:]) if spec[1:2] == "/" else n
+    return int(spec)
+
+
+def merge(results: list[dict]) -> dict:
+    """The runs of one n (one cluster per K) as one table."""
+    out = dict(results[0], rows={})
+    for res in results:
+        out["rows"].update(res["rows"])
+    return out
 
 
 def main() -> None:
@@ -119,6 +149,8 @@ def main() -> None:
     ap.add_argument("--rate", default="200mbit")
     ap.add_argument("--size", default="64M")
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--servers", default="n,n/2",
+                    help="reduction server counts K per node count n, e.g. n,n/2 (one cluster each); 0 or '' for none")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (the local provider makes network namespaces)")
@@ -126,7 +158,9 @@ def main() -> None:
     env = dict(os.environ, CLUSTERTOOL_HOME=home, CLUSTERTOOL_HOSTFILE_DIR=os.path.join(home, "hostfiles"))
     all_results = []
     for n in [int(x) for x in args.nodes.split(",")]:
-        res = run_size(n, args.rate, args.size, args.iters, env)
+        ks = [server_count(k, n) for k in args.servers.split(",") if k.strip()] or [0]
+        res = merge([run_size(n, args.rate, args.size, args.iters, env, servers=k, full=(i == 0))
+                     for i, k in enumerate(ks)])
         all_results.append(res)
         print("\n".join(report(res)), flush=True)
     out = REPO / "bench" / "results" / f"allreduce-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -54,7 +54,7 @@ def test_autodown_launches_terminate_on_shutdown_and_down_after_the_power_off_le
     assert code == 0, err
     assert [c["status"] for c in json.loads(out) if c["name"] == name] == ["autodowned"]
     left = aws.leaks(name)
-    assert left["security_groups"] == left["key_pairs"] == left["placement_groups"] == 0, left
+    assert left["security_groups"] == left["key_pairs"] == left["placement_groups"] == left["addresses"] == 0, left
 
     code, out, err = aws.ct("down", "-c", name, "--yes")
     assert code == 0, err
@@ -74,7 +74,8 @@ def test_autostop_launches_stop_on_shutdown_and_status_shows_the_cluster_autosto
     code, out, err = aws.ct("status", "-c", name, "--no-check")
     assert code == 0, err
     assert "autostopped" in out and "stop every node after 45m idle" in out
-    assert aws.leaks(name)["security_groups"] == 1  # stopped, not gone: everything is kept for `start`
+    kept = aws.leaks(name)  # stopped, not gone: everything is kept for `start`
+    assert kept["security_groups"] == 2 and kept["addresses"] == 1, kept  # the cluster's and the leader's; its EIP
 
     code, out, err = aws.ct("cost", "--json")
     assert code == 0, err
