@@ -62,20 +62,10 @@ def scaling(
     launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
     result = core.run_scaling(c, sizes, per_node, command, launch=launch, regex=metric_regex,
                               log_dir=log_dir, repeat=repeat, report=render.info)
-    if json_output:
-        sys.stdout.write(core.to_json(result) + "\n")
-    else:
-        render.table(core.COLUMNS, core.rows(result), title=f"scaling on {c.name}: {result.command}")
-    for path, text in ((csv_path, core.to_csv), (json_path, core.to_json)):
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text(result))
-            render.info(f"wrote {path}")
-    if chart is not None:
-        from clustertool.bench.chart import write_chart
+    from clustertool.bench.chart import write_chart
 
-        render.info(f"chart: {write_chart(result, chart)}")
-    raise typer.Exit(0 if result.ok else 1)
+    _finish(core, result, f"scaling on {c.name}: {result.command}", json_output, csv_path, json_path, chart,
+            write_chart)
 
 
 @bench_app.command("compare", context_settings={"allow_interspersed_args": False})
@@ -122,18 +112,25 @@ def compare(
     launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
     result = core.run_compare(c, names, command, launch=launch, nodes=nodes, per_node=per_node, regex=metric_regex,
                               repeat=repeat, log_dir=log_dir, report=render.info)
+    _finish(core, result, f"{', '.join(names)} on {c.name} ({result.nodes} nodes): {result.command}", json_output,
+            csv_path, json_path, chart, core.write_chart)
+
+
+def _finish(core, result, title, json_output, csv_path, json_path, chart, write_chart) -> None:
+    """Print a bench result (table, or JSON on stdout), write its CSV/JSON/chart files, exit 0 or 1."""
+    from clustertool.cli import render
+
     if json_output:
         sys.stdout.write(core.to_json(result) + "\n")
     else:
-        render.table(core.COLUMNS, core.rows(result),
-                     title=f"{', '.join(names)} on {c.name} ({result.nodes} nodes): {result.command}")
+        render.table(core.COLUMNS, core.rows(result), title=title)
     for path, text in ((csv_path, core.to_csv), (json_path, core.to_json)):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text(result))
             render.info(f"wrote {path}")
     if chart is not None:
-        render.info(f"chart: {core.write_chart(result, chart)}")
+        render.info(f"chart: {write_chart(result, chart)}")
     raise typer.Exit(0 if result.ok else 1)
 
 

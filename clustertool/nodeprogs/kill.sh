@@ -48,8 +48,16 @@ left=$(procs | tr '\n' ' ')
 # shellcheck disable=SC2086  # a list of pids
 [ -n "$left" ] && kill -KILL $left 2>/dev/null
 echo "forced $left"
+# a job that was still starting can spawn a process after the lists above: KILL those too
 i=0
-while [ $i -lt 30 ] && [ -n "$(procs)" ]; do sleep 0.1; i=$((i+1)); done
+while [ $i -lt 30 ]; do
+  late=$(procs | tr '\n' ' ')
+  [ -z "$late" ] && break
+  # shellcheck disable=SC2086  # a list of pids
+  kill -KILL $late 2>/dev/null
+  sleep 0.1
+  i=$((i+1))
+done
 echo "remaining $(for p in $(procs); do printf "%s:%s " "$p" "$(cat "/proc/$p/comm" 2>/dev/null)"; done)"
 if command -v nvidia-smi >/dev/null 2>&1; then
   held=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \

@@ -46,29 +46,6 @@ const char* ct_algo_name(int algo) {
   return algo == CT_ALGO_RING ? "ring" : algo == CT_ALGO_SERVERS ? "servers" : "sharded";
 }
 
-static char* trim(char* s) {
-  while (isspace((unsigned char)*s)) s++;
-  char* e = s + strlen(s);
-  while (e > s && isspace((unsigned char)e[-1])) *--e = 0;
-  return s;
-}
-
-static int parse_size(const char* s, uint64_t* out) {
-  if (!*s || *s == '-') return -1;
-  char* end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s) return -1;
-  unsigned long long mul = 1;
-  if (*end == 'k' || *end == 'K') mul = 1ull << 10;
-  else if (*end == 'm' || *end == 'M') mul = 1ull << 20;
-  else if (*end == 'g' || *end == 'G') mul = 1ull << 30;
-  if (mul != 1) end++;
-  if (*end || (v && mul > ~0ull / v)) return -1;
-  *out = v * mul;
-  return 0;
-}
-
 /* Rows "collnet_algo,MIN_BYTES,MAX_BYTES,ALGORITHM" of the tuner table (the tuner
  * skips them); the first row whose inclusive range holds a collective's size wins. */
 int ct_algo_rules_load(const char* path, ct_algo_rule_t* rules, int max) {
@@ -79,7 +56,7 @@ int ct_algo_rules_load(const char* path, ct_algo_rule_t* rules, int max) {
   for (int lineno = 1; fgets(line, sizeof line, f); lineno++) {
     char* hash = strchr(line, '#');
     if (hash) *hash = 0;
-    char* s = trim(line);
+    char* s = ct_trim(line);
     if (strncasecmp(s, "collnet_algo", 12) || (s[12] != ',' && !isspace((unsigned char)s[12]))) continue;
     char* fld[5];
     int k = 0;
@@ -88,11 +65,11 @@ int ct_algo_rules_load(const char* path, ct_algo_rule_t* rules, int max) {
       p = strchr(p, ',');
       if (p) *p++ = 0;
     }
-    for (int i = 0; i < k; i++) fld[i] = trim(fld[i]);
+    for (int i = 0; i < k; i++) fld[i] = ct_trim(fld[i]);
     ct_algo_rule_t r = {0, 0, 0, 0};
     int algo = k == 4 ? ct_algo_parse(fld[3]) : -1;
     const char* bad = k != 4 ? "want 4 fields: collnet_algo,min_bytes,max_bytes,sharded|ring|servers"
-                      : parse_size(fld[1], &r.min) || parse_size(fld[2], &r.max) || r.min > r.max ? "bad size range"
+                      : ct_parse_size(fld[1], &r.min) || ct_parse_size(fld[2], &r.max) || r.min > r.max ? "bad size range"
                       : algo < 0 ? "unknown algorithm (sharded, ring or servers)"
                       : n == max ? "too many collnet_algo rules" : NULL;
     if (bad) { CT_WARN("tuner table %s:%d: %s; line skipped", path, lineno, bad); continue; }

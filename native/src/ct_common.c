@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "ct_common.h"
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -190,5 +191,28 @@ int ct_recv_all(int fd, void* buf, size_t len) {
     p += r;
     len -= (size_t)r;
   }
+  return 0;
+}
+
+char* ct_trim(char* s) {
+  while (isspace((unsigned char)*s)) s++;
+  char* e = s + strlen(s);
+  while (e > s && isspace((unsigned char)e[-1])) *--e = 0;
+  return s;
+}
+
+int ct_parse_size(const char* s, uint64_t* out) {
+  if (!*s || *s == '-') return -1;
+  char* end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s) return -1;
+  unsigned long long mul = 1;
+  if (*end == 'k' || *end == 'K') mul = 1ull << 10;
+  else if (*end == 'm' || *end == 'M') mul = 1ull << 20;
+  else if (*end == 'g' || *end == 'G') mul = 1ull << 30;
+  if (mul != 1) end++;
+  if (*end || (v && mul > ~0ull / v)) return -1;
+  *out = v * mul;
   return 0;
 }

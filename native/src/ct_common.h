@@ -24,6 +24,10 @@ void ct_log(ncclDebugLogLevel lvl, const char* file, int line, const char* fmt, 
 
 long ct_env_long(const char* name, long dflt, long lo, long hi);
 const char* ct_env_str(const char* name, const char* dflt);
+/* Strip leading and trailing white space in place. */
+char* ct_trim(char* s);
+/* Integer with an optional K/M/G suffix (powers of 1024); 0 or -1 (bad or overflowing). */
+int ct_parse_size(const char* s, uint64_t* out);
 
 /* Address this process binds to: CLUSTERTOOL_SOCKET_ADDR, else the IPv4 address of
  * CLUSTERTOOL_SOCKET_IFNAME (or NCCL_SOCKET_IFNAME), else the first non-loopback

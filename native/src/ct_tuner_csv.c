@@ -17,30 +17,6 @@ static int lookup(const char* s, const char** names, int n) {
   return -1;
 }
 
-static char* trim(char* s) {
-  while (isspace((unsigned char)*s)) s++;
-  char* e = s + strlen(s);
-  while (e > s && isspace((unsigned char)e[-1])) *--e = 0;
-  return s;
-}
-
-/* Integer with optional K/M/G suffix (powers of 1024). */
-static int parse_size(const char* s, size_t* out) {
-  if (!*s || *s == '-') return -1;
-  char* end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s) return -1;
-  unsigned long long mul = 1;
-  if (*end == 'k' || *end == 'K') mul = 1ull << 10;
-  else if (*end == 'm' || *end == 'M') mul = 1ull << 20;
-  else if (*end == 'g' || *end == 'G') mul = 1ull << 30;
-  if (mul != 1) end++;
-  if (*end || (v && mul > ~0ull / v)) return -1;
-  *out = (size_t)(v * mul);
-  return 0;
-}
-
 static int parse_int(const char* s, int* out) {
   char* end;
   errno = 0;
@@ -58,7 +34,7 @@ int ct_tune_parse_line(const char* line, ct_tune_rule_t* r, char* err, size_t er
   strcpy(buf, line);
   char* hash = strchr(buf, '#');
   if (hash) *hash = 0;
-  char* s = trim(buf);
+  char* s = ct_trim(buf);
   if (!*s) return 0;
   char* f[9];
   int n = 0;
@@ -69,13 +45,16 @@ int ct_tune_parse_line(const char* line, ct_tune_rule_t* r, char* err, size_t er
     *comma = 0;
     p = comma + 1;
   }
-  for (int i = 0; i < n; i++) f[i] = trim(f[i]);
+  for (int i = 0; i < n; i++) f[i] = ct_trim(f[i]);
   if (n >= 1 && !strcasecmp(f[0], "collective")) return 0;  /* header */
   if (n >= 1 && !strcasecmp(f[0], "collnet_algo")) return 0;  /* the net plugin's per-size CollNet rule */
   if (n != 8) BAD("want 8 fields, got %d", n);
   if ((r->coll = lookup(f[0], COLLS, 5)) < 0) BAD("unknown collective '%s'", f[0]);
-  if (parse_size(f[1], &r->min_bytes)) BAD("bad min bytes '%s'", f[1]);
-  if (parse_size(f[2], &r->max_bytes)) BAD("bad max bytes '%s'", f[2]);
+  uint64_t lo, hi;
+  if (ct_parse_size(f[1], &lo)) BAD("bad min bytes '%s'", f[1]);
+  if (ct_parse_size(f[2], &hi)) BAD("bad max bytes '%s'", f[2]);
+  r->min_bytes = (size_t)lo;
+  r->max_bytes = (size_t)hi;
   if (r->min_bytes > r->max_bytes) BAD("min bytes above max bytes");
   if ((r->algo = lookup(f[3], ALGOS, 7)) < 0) BAD("unknown algorithm '%s'", f[3]);
   if ((r->proto = lookup(f[4], PROTOS, 3)) < 0) BAD("unknown protocol '%s'", f[4]);
