@@ -133,23 +133,20 @@ def _release(version: str | None) -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
+def _newest(version: str | None, column: int) -> int | None:
+    """Column 1 (net/CollNet) or 2 (tuner) of the newest _ABI_BY_RELEASE row the release reaches."""
+    rel = _release(version)
+    found = [row[column] for row in _ABI_BY_RELEASE if rel is not None and rel >= row[0]]
+    return found[-1] if found else None
+
+
 def newest_net_abi(version: str | None) -> int | None:
     """The net/CollNet ABI version a release tries first (2.19 -> 7 ... 2.30 -> 12)."""
-    rel = _release(version)
-    found = None
-    for first, net, _tuner in _ABI_BY_RELEASE:
-        if rel is not None and rel >= first:
-            found = net
-    return found
+    return _newest(version, 1)
 
 
 def newest_tuner_abi(version: str | None) -> int | None:
-    rel = _release(version)
-    found = None
-    for first, _net, tuner in _ABI_BY_RELEASE:
-        if rel is not None and rel >= first:
-            found = tuner
-    return found
+    return _newest(version, 2)
 
 
 def _algo_name(raw: str, table: tuple[str, ...]) -> str:
