@@ -111,8 +111,10 @@ class Extractor:
                 problem = "content differs (written bytes do not hash as sent)"
         try:
             self._meta(rec, fd=handle.fd)
-            if problem is None:  # a bad file keeps a fresh mtime: the next copy checks it by hash, resends it
-                os.utime(handle.fd, ns=(rec["m"], rec["m"]))
+            # A bad file gets an mtime no source file has within a second (the quick check compares
+            # whole seconds): 1970, or a second later if the source is from 1970. The next copy resends it.
+            mtime = rec["m"] if problem is None else (0 if rec["m"] >= 10**9 else 10**9)
+            os.utime(handle.fd, ns=(mtime, mtime))
         except OSError as exc:
             self.tally.error(rec["p"], exc)
         finally:

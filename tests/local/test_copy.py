@@ -238,7 +238,7 @@ def test_a_hop_that_corrupts_the_stream_is_caught_in_the_stream_and_the_next_cop
         assert by[node]["status"] == "mismatch" and bad in by[node]["problems"], by[node]
     sh(ct_env, name, "node-3", "rm -rf /root/faulty /root/.bashrc")
     code, again, err = copy_json(ct_env, "-c", name, "--strategy", "chain", "/scratch/src", "/scratch/dst")
-    assert code == 0, err
+    assert code == 0, (err, again["nodes"])
     assert again["bytes_sent"] == 1000000  # only the bad file, once, through the three nodes
     want = sh(ct_env, name, "leader", FINGERPRINT, "/scratch/src")
     for node in members(5):

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from clustertool.nodeprogs import extract, link, program_text, stream
-from clustertool.transfer import chain
+from clustertool.transfer import chain, plan
 from clustertool.transfer import manifest as mf
 
 pytestmark = pytest.mark.unit
@@ -101,6 +101,12 @@ def test_a_byte_changed_in_transit_is_named_and_the_rest_still_verifies(tmp_path
     tally = unpack(bad, tmp_path / "dst")
     assert tally.bad == [["content differs (written bytes do not hash as sent)", "sub/deeper/blob 1"]]
     assert (tally.files, tally.verified, tally.errors) == (6, 5, [])
+    # the bad file must not look current to the next copy's quick check (size and whole-second
+    # mtime), even when the source file was written in the same second as the copy
+    src_m = os.stat(tmp_path / "src" / "sub/deeper/blob 1").st_mtime
+    assert int(os.stat(tmp_path / "dst" / "sub/deeper/blob 1").st_mtime) != int(src_m)
+    again = plan.plan_node("n", mf.local(str(tmp_path / "src")), mf.local(str(tmp_path / "dst")))
+    assert again.hash_check == ["sub/deeper/blob 1"] and again.send == [], again
 
 
 def test_without_verification_nothing_is_hashed_but_everything_is_written(tmp_path):
