@@ -121,8 +121,10 @@ def check_cmd(
     job with NCCL_DEBUG=INFO, then NCCL's version, the plugin and ABI version NCCL loaded,
     CollNet on (or NCCL's reason for off), algorithm/protocol and busbw per size and #wrong
     against a CPU reference. Without GPUs: says so and runs the collnet_bench stand-in (not
-    NCCL). Exit code 1 if NCCL did not load the plugin, a run failed or #wrong > 0; the plugin
-    must be deployed (and unchanged) on every node.
+    NCCL). With reduction servers (`up --reduction-servers K`) the job starts their reducers: the
+    GPU report names the plugin's CollNet algorithm (servers, or what it fell back to); the
+    stand-in runs servers beside sharded, ring and mpi. Exit code 1 if NCCL did not load the
+    plugin, a run failed or #wrong > 0; the plugin must be deployed (and unchanged) on every node.
     """
     from clustertool.cli import render
     from clustertool.cli.common import reporter

@@ -158,6 +158,8 @@ def check_report(report) -> None:
                   else f"NOT loaded: {n.fallback or f'NCCL used {n.network}'}")
         pairs += [("NCCL", n.version or "?"), ("network", n.network or "?"), ("net plugin", loaded),
                   ("CollNet", f"{'on' if n.collnet_on else 'off'}: {n.collnet_reason}"),
+                  ("CollNet algorithm", (n.plugin_algorithm or "no CollNet operation logged")
+                   + (f" ({report.servers} reduction server(s) in the cluster)" if report.servers else "")),
                   ("tuner", f"{n.tuner_plugin} (v{n.tuner_abi or '?'})" if n.tuner_plugin
                    else "none loaded (NCCL's own tuning)")]
     kv(pairs)
@@ -167,7 +169,8 @@ def check_report(report) -> None:
     rows = [[size_text(r.size), r.algo] + ([r.proto] if gpu else [])
             + [f"{r.time_us:.1f}", f"{r.algbw:.3f}", f"{r.busbw:.3f}", str(r.wrong)] for r in report.rows]
     if rows:
-        what = "NCCL's choice per size" if gpu else "collnet_bench: the plugin's sharded and ring, Open MPI's mpi"
+        what = "NCCL's choice per size" if gpu else (
+            f"collnet_bench: the plugin's {'servers, ' if report.servers else ''}sharded and ring, Open MPI's mpi")
         table(columns, rows, title=f"allreduce float32 sum on {report.ranks} rank(s): {what}")
     if report.evidence:
         sys.stdout.write("what the log says:\n" + "".join(f"  {line}\n" for line in report.evidence))

@@ -84,8 +84,11 @@ def _finalize_argv(argv: list[str], home: str) -> list[str]:
     return [a.replace("$HOME", home, 1) if a.startswith("$HOME/") else a for a in argv]
 
 
-def preflight(cluster: Cluster, nodes: list[Node], allow_concurrent: bool, transport: Transport = SSH) -> str:
-    """Every node answers; no other clustertool job has processes there. Returns the leader's $HOME."""
+ENDING_GRACE_S = 10.0  # how long a job that has ended may take to lose its last processes
+
+
+def _scan(cluster: Cluster, nodes: list[Node], transport: Transport):
+    """(the scan's result, {job id: [nodes with its processes]})."""
     result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=20, stdin_data=scripts.scan_script().encode(),
                           transport=transport)
     down = result.failed()
@@ -93,11 +96,31 @@ def preflight(cluster: Cluster, nodes: list[Node], allow_concurrent: bool, trans
         detail = ", ".join(f"{r.node} ({r.reason})" for r in down)
         raise RemoteError(f"preflight: {len(down)} node(s) not ready: {detail}",
                           hint="`clustertool doctor` says more")
-    busy = {}
+    busy: dict[str, list[str]] = {}
     for r in result.results:
         for line in r.stdout.splitlines():
             if line.startswith("running "):
                 busy.setdefault(line.split("=", 1)[1], []).append(r.node)
+    return result, busy
+
+
+def _ended(cluster: Cluster, job_ids, transport: Transport) -> bool:
+    """Every one of these jobs has its exit recorded on the leader (it ended; its last processes
+    may still be exiting, e.g. ranks after mpirun returned)."""
+    line = " && ".join(f"test -f {scripts.job_dir_sh(j)}/exit" for j in sorted(job_ids))
+    return run_on_node(cluster.name, cluster.leader, line, timeout=20, transport=transport).ok
+
+
+def preflight(cluster: Cluster, nodes: list[Node], allow_concurrent: bool, transport: Transport = SSH,
+              grace: float = ENDING_GRACE_S) -> str:
+    """Every node answers; no other clustertool job has processes there. Returns the leader's $HOME.
+
+    Processes of a job that has ended (the one before, in a loop of jobs) get ``grace`` seconds to go."""
+    result, busy = _scan(cluster, nodes, transport)
+    deadline = time.monotonic() + grace
+    while busy and not allow_concurrent and time.monotonic() < deadline and _ended(cluster, busy, transport):
+        time.sleep(0.3)
+        busy = _scan(cluster, [n for n in nodes if any(n.name in w for w in busy.values())], transport)[1]
     if busy and not allow_concurrent:
         job_id, where = next(iter(busy.items()))
         raise UsageError(f"job {job_id} is still running on {nodeset.fold(where)}",

@@ -9,6 +9,8 @@
    Learning AMIs have torch; native/gpu/nccl_plugin_allreduce would need nvcc and NCCL's
    headers on the leader and would link the system NCCL, not torch's.
    No GPU: the collnet_bench stand-in (what `bench allreduce` runs), one rank per node.
+   Reduction servers run no rank: ranks are the workers; with servers the job is a `run --plugin`
+   job in both modes (its reducers start on the servers), and the stand-in runs `servers` too.
 4. The report (check_report.py): NCCL version, plugin and ABI, CollNet on or why not, algorithm
    and protocol per size, busbw, #wrong, problems with fixes. doctor's `plugin-nccl` reuses it.
 """
@@ -137,9 +139,9 @@ def verify_deployed(cluster: Cluster, deployed: dict, transport: Transport = SSH
 
 
 def probe_gpus(cluster: Cluster, dest: str, transport: Transport = SSH) -> dict[str, int]:
-    """{node: GPUs} from the node facts doctor reads."""
+    """{worker: GPUs} from the node facts doctor reads (reduction servers run no rank)."""
     script = facts_script(f"{dest.rstrip('/')}/{NET_LIB}", []).encode()
-    group = run_on_nodes(cluster.name, cluster.ordered_nodes(), "sh -s", stdin_data=script, timeout=60,
+    group = run_on_nodes(cluster.name, cluster.workers, "sh -s", stdin_data=script, timeout=60,
                          transport=transport)
     down = [f"{r.node} ({r.reason})" for r in group.failed()]
     if down:
@@ -153,7 +155,7 @@ def find_python(cluster: Cluster, python: str | None, transport: Transport = SSH
     worker = WORKER.read_bytes() if WORKER.is_file() else None
     if worker is None:
         raise MissingPrerequisite(f"{WORKER} is missing", hint="plugin check runs from the clustertool repository")
-    group = run_on_nodes(cluster.name, cluster.ordered_nodes(), python_probe([python] if python else PYTHONS),
+    group = run_on_nodes(cluster.name, cluster.workers, python_probe([python] if python else PYTHONS),
                          stdin_data=worker, timeout=120, transport=transport)
     down = [f"{r.node} ({r.reason})" for r in group.failed()]
     if down:
@@ -172,7 +174,7 @@ def find_python(cluster: Cluster, python: str | None, transport: Transport = SSH
 def _default_launch(cluster: Cluster, timeout: float, on_line) -> Launch:
     def launch(env, argv, plugin, per_node):
         run = jobs_launcher(cluster, env=env, timeout=timeout, on_line=on_line, plugin=plugin, name="plugin-check")
-        return run(cluster.ordered_nodes(), per_node, argv)
+        return run(cluster.workers, per_node, argv)  # `run --plugin` starts the servers' reducers
     return launch
 
 
@@ -185,36 +187,42 @@ def check(cluster: Cluster, *, sizes: str = "1M:64M", iters: int = 5, warmup: in
         raise UsageError("--iters must be >= 1 and --warmup >= 0")
     deployed = deployed_record(cluster)
     plugin = {k: deployed.get(k) for k in ("dest", "version", "sha256")}
-    names = [n.name for n in cluster.ordered_nodes()]
-    report(f"comparing the plugin on {nodeset.fold(names)} with the deploy")
+    names = [n.name for n in cluster.workers]
+    servers = len(cluster.servers)
+    with_servers = f" and {servers} reduction server(s)" if servers else ""
+    report(f"comparing the plugin on {nodeset.fold([n.name for n in cluster.ordered_nodes()])} with the deploy")
     verify_deployed(cluster, deployed, transport)
     gpus = gpus if gpus is not None else probe_gpus(cluster, deployed["dest"], transport)
     launch = launch or _default_launch(cluster, timeout, None)
     if not any(gpus.get(n, 0) for n in names):
-        note = f"no GPU on {nodeset.fold(names)}: running the collnet_bench stand-in (not NCCL)"
-        report(f"no GPU: collnet_bench on {len(names)} rank(s), {sizes}, as job plugin-check")
+        note = f"no GPU on {nodeset.fold(names)}: running the collnet_bench stand-in (not NCCL){with_servers}"
+        report(f"no GPU: collnet_bench on {len(names)} rank(s){with_servers}, {sizes}, as job plugin-check")
+        # with servers: the plugin's default algorithm there, run as `run --plugin` (which starts
+        # this job's reducers on the server nodes and stops them after)
+        algos = (("servers",) if servers else ()) + STANDIN_ALGOS
         argv = bench_argv(f"{deployed['dest'].rstrip('/')}/{BENCH}", (size_values[0], size_values[-1]),
-                          STANDIN_ALGOS, iters=iters, warmup=warmup)
-        code, output, error = launch([], argv, False, 1)
-        return standin_report(cluster.name, names, output, code, error, plugin, note)
+                          algos, iters=iters, warmup=warmup)
+        code, output, error = launch([], argv, bool(servers), 1)
+        return standin_report(cluster.name, names, output, code, error, plugin, note, servers=servers)
     _check_slots(cluster, gpus)
     report("finding python with torch on every node")
     py = find_python(cluster, python, transport)
-    ranks = sum(n.slots for n in cluster.nodes)
-    note = f"NCCL allreduce on {ranks} GPU rank(s) over {len(names)} node(s) ({py})"
+    ranks = cluster.total_slots
+    note = f"NCCL allreduce on {ranks} GPU rank(s) over {len(names)} node(s){with_servers} ({py})"
     report(f"{note}, {sizes}, as job plugin-check")
     code, output, error = launch(gpu_env(cluster.leader.address, rendezvous_port()),
                                  worker_argv(py, size_values, iters, warmup), True, None)
-    return nccl_report(cluster.name, names, ranks, output, code, error, plugin, note)
+    return nccl_report(cluster.name, names, ranks, output, code, error, plugin, note, servers=servers)
 
 
 def _check_slots(cluster: Cluster, gpus: dict[str, int]) -> None:
-    """One rank per slot and one GPU per rank: every node needs GPUs, at least as many as slots."""
-    none = [n.name for n in cluster.nodes if not gpus.get(n.name)]
+    """One rank per slot and one GPU per rank: every worker needs GPUs, at least as many as slots
+    (reduction servers run no rank: they need none)."""
+    none = [n.name for n in cluster.workers if not gpus.get(n.name)]
     if none:
         raise ToolError(f"no GPU on {nodeset.fold(none)} while the other nodes have GPUs",
                         hint="NCCL runs over every node: fix or remove the nodes without GPUs (`clustertool doctor`)")
-    over = [f"{n.name} ({n.slots} slots, {gpus[n.name]} GPUs)" for n in cluster.nodes if n.slots > gpus[n.name]]
+    over = [f"{n.name} ({n.slots} slots, {gpus[n.name]} GPUs)" for n in cluster.workers if n.slots > gpus[n.name]]
     if over:
         raise ToolError(f"more slots than GPUs on {', '.join(over)}: NCCL needs one GPU per rank",
                         hint="slots come from `clustertool up --slots N` (or the spec's `slots:`): one per GPU")

@@ -22,6 +22,8 @@ RESULT_MARK = "ct-nccl-result "     # the rank wrapper prints the worker's JSON 
 NET_ABIS = "v5-v12"                 # what the plugin exports (native/README.md)
 _BENCH_HEAD_RE = re.compile(r"# collnet_bench: (\d+) ranks, plugin (\S+)")
 _BENCH_DEV_RE = re.compile(r"# device (\S+) speed (\d+) Mbps")
+_BENCH_SERVERS_RE = re.compile(r"# reduction servers: (\S+)")
+_BENCH_FELL_BACK_RE = re.compile(r"collnet_bench: asked for servers, the plugin runs (\w+).*")
 
 
 @dataclass
@@ -58,6 +60,7 @@ class NcclSummary:
     fallback: str | None            # NCCL's words for using its own net instead
     collnet_on: bool
     collnet_reason: str
+    plugin_algorithm: str | None = None     # the plugin's CollNet algorithm (its first-op line), if CollNet ran
 
 
 @dataclass
@@ -72,6 +75,7 @@ class CheckReport:
     rows: list[SizeRow] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)   # the log lines that show it
     problems: list[Problem] = field(default_factory=list)
+    servers: int = 0                # reduction servers in the cluster (their reducers ran with the job)
 
     @property
     def wrong(self) -> int:
@@ -163,8 +167,24 @@ def _summary(logs: list[NcclLog], docs: list[dict]) -> NcclSummary:
     log = logs[0]
     on, why = nl.collnet_state(log)
     version = log.version or next((d.get("nccl") for d in docs if d.get("nccl")), None)
+    algo = next((x.plugin_algorithm for x in logs if x.plugin_algorithm), None)
     return NcclSummary(version, log.network, all(nl.plugin_loaded(x) for x in logs), log.net_plugin, log.net_abi,
-                       log.collnet_plugin, log.collnet_abi, log.tuner_plugin, log.tuner_abi, log.no_plugin, on, why)
+                       log.collnet_plugin, log.collnet_abi, log.tuner_plugin, log.tuner_abi, log.no_plugin, on, why,
+                       algo)
+
+
+def servers_problem(logs: list[NcclLog], servers: int) -> Problem | None:
+    """The cluster has reduction servers but a rank's CollNet ran another algorithm: its servers did
+    not answer and it fell back to sharded (the plugin WARNs why), or a rule picked another one."""
+    other = [(i, x.plugin_algorithm) for i, x in enumerate(logs) if x.plugin_algorithm not in (None, "servers")]
+    if not servers or not other:
+        return None
+    i, algo = other[0]
+    warned = [w for x in logs for w in x.warnings if "server" in w.lower()][:1]
+    return Problem("warning", f"the cluster has {servers} reduction server(s) but the plugin's CollNet ran {algo} "
+                              f"(rank {i})" + (f": {warned[0]}" if warned else ""),
+                   "`clustertool doctor` checks the servers (`clustertool reboot` brings a stopped one back); "
+                   "a collnet_algo rule in the tuner table can also pick another algorithm for some sizes")
 
 
 def _nccl_problems(logs: list[NcclLog], summary: NcclSummary, rows: list[SizeRow], dest: str) -> list[Problem]:
@@ -187,7 +207,7 @@ def _nccl_problems(logs: list[NcclLog], summary: NcclSummary, rows: list[SizeRow
 
 
 def nccl_report(cluster: str, nodes: list[str], ranks: int, output: str, code: int | None, error: str | None,
-                plugin: dict, note: str) -> CheckReport:
+                plugin: dict, note: str, servers: int = 0) -> CheckReport:
     """The GPU run's report from the job's whole output (every rank's NCCL log and result line)."""
     texts = split_ranks(output)
     rank_texts = [texts.get(r, "") for r in range(ranks)]
@@ -197,12 +217,13 @@ def nccl_report(cluster: str, nodes: list[str], ranks: int, output: str, code: i
     rows = [SizeRow(r["size"], *choice.get(r["size"], ("-", "-")), r["time_us"], r["algbw"], r["busbw"], r["wrong"])
             for r in merge_sizes(docs)]
     report = CheckReport(cluster, "nccl", note, nodes, ranks, plugin, rows=rows,
-                         evidence=nl.key_lines(rank_texts[0]) if rank_texts else [])
+                         evidence=nl.key_lines(rank_texts[0]) if rank_texts else [], servers=servers)
     failed = error or (f"mpirun exit {code}" if code else None) or (
         f"{ranks - len(docs)} of {ranks} rank(s) reported no result" if len(docs) < ranks else None)
     if any(log.version or log.network for log in logs):
         report.nccl = _summary(logs, docs)
         report.problems += _nccl_problems(logs, report.nccl, rows, plugin.get("dest", "?"))
+        report.problems += [p for p in (servers_problem(logs, servers),) if p]
     if failed:
         warns = [w for log in logs for w in log.warnings][:3]
         report.problems.insert(0, Problem("error", f"the NCCL allreduce failed: {failed}"
@@ -216,15 +237,24 @@ def nccl_report(cluster: str, nodes: list[str], ranks: int, output: str, code: i
 
 
 def standin_report(cluster: str, nodes: list[str], output: str, code: int | None, error: str | None,
-                   plugin: dict, note: str) -> CheckReport:
-    """collnet_bench's table (sharded, ring: the plugin's CollNet; mpi: Open MPI's allreduce)."""
+                   plugin: dict, note: str, servers: int = 0) -> CheckReport:
+    """collnet_bench's table (servers, sharded, ring: the plugin's CollNet; mpi: Open MPI's allreduce).
+
+    With reduction servers, collnet_bench stops rather than print sharded's rows as servers' when
+    the servers do not answer: that is the run's error, with the plugin's WARN in the output."""
     rows = [SizeRow(r.size, r.algo, None, r.time_us, r.algbw, r.busbw, r.wrong) for r in parse_rows(output)]
     head = _BENCH_HEAD_RE.search(output)
-    evidence = [m.group(0) for m in (head, _BENCH_DEV_RE.search(output)) if m]
+    evidence = [m.group(0) for m in (head, _BENCH_DEV_RE.search(output), _BENCH_SERVERS_RE.search(output)) if m]
     report = CheckReport(cluster, "standin", note, nodes, int(head.group(1)) if head else len(nodes), plugin,
-                         rows=rows, evidence=evidence)
+                         rows=rows, evidence=evidence, servers=servers)
     failed = error or (f"mpirun exit {code}" if code else None) or (None if rows else "collnet_bench printed no rows")
-    if failed:
+    fell_back = _BENCH_FELL_BACK_RE.search(output)
+    if failed and fell_back:
+        report.problems.append(Problem("error", f"the reduction servers did not answer: the plugin ran "
+                                                f"{fell_back.group(1)} instead of servers ({failed})",
+                                       "`clustertool doctor` checks the servers (`clustertool reboot` brings a "
+                                       "stopped one back); `clustertool logs JOB` shows the plugin's WARN"))
+    elif failed:
         report.problems.append(Problem("error", f"the collnet_bench stand-in failed: {failed}",
                                        "`clustertool logs JOB` shows its output; `clustertool doctor` checks the "
                                        "cluster"))

@@ -122,6 +122,7 @@ class NcclLog:
     setup_failed: bool = False
     algos: tuple[AlgoChoice, ...] = ()
     plugin_collnet_ops: tuple[str, ...] = ()    # the plugin's "first <op> running" lines
+    plugin_algorithm: str | None = None         # the plugin's CollNet algorithm in the first such line
     plugin_net_line: str | None = None
     warnings: tuple[str, ...] = field(default=())
 
@@ -198,6 +199,7 @@ def parse_log(text: str) -> NcclLog:
                                          _algo_name(m.group("algo"), ALGOS), _algo_name(m.group("proto"), PROTOS)))
         if m := _CT_FIRST_OP_RE.search(line):
             f["plugin_collnet_ops"].append(m.group(3))
+            f.setdefault("plugin_algorithm", m.group(5))
         if m := _CT_NET_RE.search(line):
             f.setdefault("plugin_net_line", m.group(0))
         if m := _WARN_RE.search(line):

@@ -132,6 +132,19 @@ def test_bench_allreduce_servers_is_correct_and_beside_ring(cluster):
     assert reducers_on(cluster, "server-1") == []
 
 
+def test_plugin_check_runs_servers_beside_the_rest_on_the_workers_and_stops_the_reducers(cluster):
+    """No GPU here: the collnet_bench stand-in (not NCCL), on the 2 workers, with this job's reducers."""
+    proc = cli(cluster, "plugin check", "--sizes", "64K:128K", "-n", "2", "-w", "1", "--json", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["mode"] == "standin" and doc["ranks"] == 2 and doc["servers"] == 2 and doc["ok"]
+    assert {(r["algo"], r["size"]) for r in doc["rows"]} == {
+        (a, s) for a in ("servers", "sharded", "ring", "mpi") for s in (65536, 131072)}
+    assert all(r["wrong"] == 0 and r["busbw"] > 0 for r in doc["rows"])
+    assert any(e.startswith("# reduction servers: ") for e in doc["evidence"]), doc["evidence"]
+    assert reducers_on(cluster, "server-1") == [] and reducers_on(cluster, "server-2") == []
+
+
 def test_doctor_reports_an_unreachable_server_with_its_fix_and_reboot_brings_it_back(cluster):
     name, env = cluster
     ns = local_net.netns_name(name, 4)  # server-2: the 4th namespace

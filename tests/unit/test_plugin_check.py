@@ -20,12 +20,13 @@ import pytest
 from clustertool import state
 from clustertool.errors import ToolError
 from clustertool.jobs import launch as jobs_launch
+from clustertool.model import SERVER, Node
 from clustertool.plugin import check
 from clustertool.plugin import check_report as cr
 from clustertool.plugin.build import ARTEFACTS, save_record
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Reply, ScriptedTransport
-from tests.unit.test_nccl_log import LOG_2_19, LOG_2_26, LOG_2_30_MISMATCH, info
+from tests.unit.test_nccl_log import LOG_2_19, LOG_2_26, LOG_2_30_MISMATCH, info, warn
 
 pytestmark = pytest.mark.unit
 
@@ -318,3 +319,84 @@ def test_a_node_whose_files_differ_from_the_deploy_stops_the_check(gpu_cluster, 
     assert exc.value.message == ("the plugin on the nodes is not the one deployed: node-2: "
                                  "libnccl-net-clustertool.so differs, collnet_bench missing")
     assert calls == []
+
+
+# ---- reduction servers: not ranks; their reducers start with the check's job ---------------------
+
+@pytest.fixture
+def served(ct_env):
+    """2 workers (8 slots each) and 2 reduction servers, the plugin deployed."""
+    c = saved_cluster("rs", 2)
+    for n in c.nodes:
+        n.slots = 8
+    c.nodes += [Node(f"server-{i}", 2 + i, f"10.0.0.{10 + i}", SERVER, 0) for i in (1, 2)]
+    state.save(c)
+    deployed("rs")
+    return c
+
+
+def first_op(algo: str) -> str:
+    return info(f"clustertool: CollNet rank 0/16: first iallreduce (1048576 bytes) running, algorithm {algo}")
+
+
+def test_with_servers_the_standin_runs_servers_too_on_the_workers_only(served, fake):
+    """Real path down to mpirun (dry run): ranks are the workers, the job is `run --plugin` (which
+    names the servers' reducers to every rank) and collnet_bench runs servers beside the rest."""
+    fake.on("nproc=", facts("none"))
+    real_run, seen = jobs_launch.run, {}
+
+    def dry(cluster_name, opts, **kw):
+        seen["launch"], seen["kw"] = real_run(cluster_name, opts, dry_run=True, **kw), kw
+        raise ToolError("dry run: nothing started")
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(jobs_launch, "run", dry)
+    try:
+        r = check.check(served, sizes="64K:64K", transport=fake)
+    finally:
+        monkeypatch.undo()
+    argv = seen["launch"].argv
+    assert seen["kw"]["selection"] == "node-1,node-2" and seen["kw"]["use_plugin"]
+    assert argv[argv.index("-np") + 1] == "2" and argv[argv.index("-a") + 1] == "servers,sharded,ring,mpi"
+    xs = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+    assert "CLUSTERTOOL_REDUCERS=10.0.0.11:PORT,10.0.0.12:PORT" in xs, xs
+    assert r.servers == 2 and r.note.endswith("(not NCCL) and 2 reduction server(s)")
+    # the GPU probe asked the workers only: servers have no GPU and need none
+    assert {c.node for c in fake.calls if "nproc=" in (c.stdin or "")} == {"node-1", "node-2"}
+
+
+def test_a_standin_whose_servers_did_not_answer_says_so_with_the_fix(served, fake):
+    fake.on("nproc=", facts("none"))
+    out = "\n".join([tagged(0, "# collnet_bench: 2 ranks, plugin /x/libnccl-net-clustertool.so"),
+                     "[1,0]<stderr>:collnet_bench: asked for servers, the plugin runs sharded (see the WARN above)"])
+    launch, calls = launch_recorder(out, code=1)
+    r = check.check(served, sizes="64K:64K", transport=fake, launch=launch)
+    assert calls[0][2] is True  # plugin: the reducers start with the job
+    assert r.exit_code == 1 and r.problems[0].message.startswith(
+        "the reduction servers did not answer: the plugin ran sharded instead of servers (mpirun exit 1)")
+    assert "clustertool doctor" in r.problems[0].fix
+
+
+def test_gpu_workers_with_cpu_servers_run_nccl_and_name_the_plugins_algorithm(served, fake):
+    fake.on("nproc=", facts("8"))  # asked of workers only: a server without GPU stops nothing
+    out = job_output([LOG_2_26 + "\n" + first_op("servers")] * 16, [[(MB, 300.0, 0)]] * 16)
+    launch, calls = launch_recorder(out)
+    r = check.check(served, sizes="1M:1M", transport=fake, launch=launch)
+    assert calls[0][2] is True and r.ranks == 16 and r.servers == 2
+    assert r.note.startswith("NCCL allreduce on 16 GPU rank(s) over 2 node(s) and 2 reduction server(s)")
+    assert r.nccl.plugin_algorithm == "servers" and r.problems == [] and r.exit_code == 0
+    assert {c.node for c in fake.calls if "nccl_gpu_worker.py" in c.command} == {"node-1", "node-2"}
+
+
+def test_gpu_ranks_that_fell_back_from_servers_are_a_warning_with_the_plugins_reason(served, fake):
+    why = ("clustertool: rank 1/16: reduction server 10.0.0.12:4001 (server 2 of 2) unreachable from rank 1 "
+           "(Connection refused); CollNet uses sharded instead of servers on every rank")
+    log = LOG_2_26 + "\n" + warn(why, "ct_coll_settings.c:149") + "\n" + first_op("sharded")
+    r = cr.nccl_report("rs", ["node-1", "node-2"], 2, job_output([log] * 2, [[(MB, 300.0, 0)]] * 2), 0, None,
+                       {"dest": DEST}, "note", servers=2)
+    assert r.nccl.plugin_algorithm == "sharded" and r.exit_code == 0   # right sums, slower: a warning
+    assert [(p.severity, p.message) for p in r.problems] == [
+        ("warning", f"the cluster has 2 reduction server(s) but the plugin's CollNet ran sharded (rank 0): {why}")]
+    plain = cr.nccl_report("gc", ["node-1"], 2, job_output([log] * 2, [[(MB, 300.0, 0)]] * 2), 0, None,
+                           {"dest": DEST}, "note")
+    assert plain.problems == []   # no servers in the cluster: sharded is the plugin's default

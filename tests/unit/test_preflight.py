@@ -1,0 +1,61 @@
+"""`run`'s preflight: a job still running refuses the start; the last processes of a job that has
+ended (the previous one of a loop of jobs, e.g. `bench scaling`) get a moment to go.
+
+Nodes are ScriptedTransport homes: the scan's answer is scripted, the leader's job folder is real."""
+
+from __future__ import annotations
+
+import pytest
+
+from clustertool.errors import UsageError
+from clustertool.jobs import launch
+from tests.fakes.cluster import saved_cluster
+from tests.fakes.transport import Reply, ScriptedTransport
+
+pytestmark = pytest.mark.unit
+
+
+def scanning(fake, answers):
+    """Scans answer from ``answers`` in turn (the last one from then on): the job ids seen running."""
+    seen = []
+
+    def reply(call):
+        ids = answers[min(len(seen), len(answers) - 1)]
+        seen.append(call.node)
+        return Reply("home=/home/u\n" + "".join(f"running CLUSTERTOOL_JOB={i}\n" for i in ids))
+    fake.on(lambda c: c.stdin is not None and "CLUSTERTOOL_JOB" in c.stdin, reply)
+    return seen
+
+
+def ended(fake, job_id):
+    d = fake.home("node-1") / ".clustertool" / "jobs" / job_id
+    d.mkdir(parents=True)
+    (d / "exit").write_text("0\n")
+
+
+def test_leftovers_of_a_job_that_ended_are_waited_for(ct_env, tmp_path):
+    c = saved_cluster("pf", 2)
+    fake = ScriptedTransport(tmp_path / "nodes")
+    ended(fake, "j1-aaaa")
+    seen = scanning(fake, [["j1-aaaa"], ["j1-aaaa"], []])
+    assert launch.preflight(c, c.nodes, False, fake) == "/home/u"
+    assert len(seen) > 2  # scanned again until they were gone
+
+
+def test_a_job_still_running_refuses_at_once_and_names_it(ct_env, tmp_path):
+    c = saved_cluster("pf", 2)
+    fake = ScriptedTransport(tmp_path / "nodes")
+    seen = scanning(fake, [["j2-bbbb"]])
+    with pytest.raises(UsageError, match=r"job j2-bbbb is still running on node-\[1-2\]"):
+        launch.preflight(c, c.nodes, False, fake)
+    assert len(seen) == 2  # no exit recorded: no waiting
+
+
+def test_leftovers_that_outlive_the_grace_are_refused_with_the_fix(ct_env, tmp_path):
+    c = saved_cluster("pf", 2)
+    fake = ScriptedTransport(tmp_path / "nodes")
+    ended(fake, "j3-cccc")
+    scanning(fake, [["j3-cccc"]])
+    with pytest.raises(UsageError, match="job j3-cccc is still running") as exc:
+        launch.preflight(c, c.nodes, False, fake, grace=0.5)
+    assert "doctor --fix" in exc.value.hint
