@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from clustertool import autostop as autostops
 from clustertool import lifecycle, nodeset, state
 from clustertool import spec as specs
+from clustertool import status as clusterstatus
 from clustertool.errors import RemoteError, UsageError
 from clustertool.jobs import kill as jobkill
 from clustertool.jobs import launch, records
@@ -131,9 +132,9 @@ class Cluster:
         self.record = state.load(self.name)
         return self
 
-    def status(self, *, check_ssh: bool = True) -> lifecycle.ClusterStatus:
+    def status(self, *, check_ssh: bool = True) -> clusterstatus.ClusterStatus:
         """Nodes with role, address, slots, state and reachability (`status`; ``to_dict()`` is its --json)."""
-        result = lifecycle.status(self.name, check_ssh=check_ssh)
+        result = clusterstatus.status(self.name, check_ssh=check_ssh)
         self.record = result.cluster
         return result
 

@@ -24,6 +24,7 @@ from clustertool.providers.base import ProvisionRequest, get_provider
 from clustertool.remote import access, keys, mesh, mux, reach
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport, control_exit_argv, forget_warm, master_socket, write_ssh_config
+from clustertool.status import list_all
 
 
 @dataclass
@@ -333,87 +334,6 @@ def unwire(cluster: Cluster, transport: Transport = SSH) -> list[str]:
     return [f"{r.node}: removed clustertool key and ssh config" if r.ok
             else f"{r.node}: could not remove clustertool key ({r.reason})"
             for r in result.results]
-
-
-@dataclass
-class NodeStatus:
-    node: str
-    role: str
-    address: str
-    slots: int
-    state: str
-    reachable: bool | None
-    detail: str = ""
-
-
-@dataclass
-class ClusterStatus:
-    cluster: Cluster
-    nodes: list[NodeStatus]
-    extra: dict = field(default_factory=dict)  # what the provider adds (instance type, price, cost so far)
-
-    @property
-    def unreachable(self) -> list[str]:
-        return [r.node for r in self.nodes if r.reachable is False]
-
-    def to_dict(self) -> dict:
-        """What `status --json` prints."""
-        c = self.cluster
-        return {"cluster": c.name, "provider": c.provider, "status": c.status, "hostfile": c.hostfile_path,
-                "nodes": jsonable(self.nodes), **jsonable(self.extra)}
-
-
-def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transport: Transport = SSH,
-           report: Reporter = silent) -> ClusterStatus:
-    """Nodes as the provider sees them now; a provider that cannot be reached is an error.
-
-    Of a cluster whose `up` did not finish (killed, or its rollback failed) the nodes are what
-    the provider finds by the cluster's id, not the (possibly empty) list the state recorded."""
-    cluster = state.load(name)
-    provider = get_provider(cluster.provider, report=report)
-    queried = provider.query_instances(cluster)
-    unfinished = cluster.status in ("provisioning", "failed")
-    if unfinished:
-        cluster.nodes = queried  # shown, not saved
-    for line in autostop.reconcile_locked(cluster, provider, queried):
-        report(line)
-    states = {n.name: n.state for n in queried}
-    reach: dict[str, tuple[bool, str]] = {}
-    if check_ssh and cluster.status == "ready":
-        for r in run_on_nodes(cluster.name, cluster.nodes, "true", timeout=timeout, transport=transport).results:
-            reach[r.node] = (r.ok, r.reason)
-    rows = [
-        NodeStatus(n.name, n.role, n.address, n.slots, states.get(n.name, "missing"),
-                   reach.get(n.name, (None, ""))[0], reach.get(n.name, (None, ""))[1])
-        for n in cluster.ordered_nodes()
-    ]
-    describe = getattr(provider, "describe", None)
-    extra = describe(cluster) if describe else {}
-    extra["access"] = access.describe(cluster)
-    extra.update(autostop.status_extra(cluster, check_ssh, transport))
-    if unfinished:
-        extra["up"] = _unfinished(cluster)
-    return ClusterStatus(cluster, rows, extra)
-
-
-def _unfinished(cluster: Cluster) -> str:
-    held = state.holder(cluster.name)
-    if held and held[1] == "up":
-        return f"in progress (pid {held[0]})"
-    live = [n for n in cluster.nodes if n.state not in ("terminated", "missing")]
-    what = "did not finish (its process is gone)" if cluster.status == "provisioning" else "and its cleanup failed"
-    return (f"{what}: {len(live)} node(s) still exist; `clustertool down -c {cluster.name} --yes` removes them "
-            "and everything else it made")
-
-
-def list_all() -> list[Cluster]:
-    out = []
-    for name in state.list_clusters():
-        try:
-            out.append(state.load(name))
-        except ToolError:
-            continue
-    return out
 
 
 def stop(name: str, *, report: Reporter = silent, force_owner: bool = False) -> None:

@@ -80,11 +80,12 @@ def cost(
     """Every cluster this machine made, live or gone: node type and count, hours up and stopped, and an
     estimated cost (approximate: the price table `up` shows), with the hours autostop saved."""
     from clustertool import autostop as core
-    from clustertool import ledger, lifecycle
+    from clustertool import ledger
     from clustertool.cli import render
+    from clustertool.status import list_all
 
-    core.refresh(lifecycle.list_all())  # a cluster its watcher powered off counts as off
-    result = ledger.report(since=_since(since), known=lifecycle.list_all())
+    core.refresh(list_all())  # a cluster its watcher powered off counts as off
+    result = ledger.report(since=_since(since), known=list_all())
     if json_output:
         render.print_json(result.to_dict())
         return

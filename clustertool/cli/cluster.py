@@ -68,8 +68,9 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
     elif provider == "aws":
         from clustertool import autostop, lifecycle
         from clustertool.providers.aws import sweep
+        from clustertool.status import list_all
 
-        for line in autostop.refresh([c for c in lifecycle.list_all() if c.provider == "aws"]):
+        for line in autostop.refresh([c for c in list_all() if c.provider == "aws"]):
             reporter(json_output)(line)
         ids, names = lifecycle.known()
         orphans = sweep.find(region=region, profile=profile, known_ids=ids, known_names=names,
@@ -121,10 +122,10 @@ def status(
     no_check: bool = typer.Option(False, "--no-check", help="Do not test SSH reachability."),
 ) -> None:
     """Nodes of a cluster: role, address, slots, state, SSH reachability (and cost where known)."""
-    from clustertool import lifecycle
+    from clustertool import status as clusterstatus
     from clustertool.cli import render
 
-    report = lifecycle.status(cluster_name(cluster), check_ssh=not no_check, report=reporter(json_output))
+    report = clusterstatus.status(cluster_name(cluster), check_ssh=not no_check, report=reporter(json_output))
     c, rows, extra = report.cluster, report.nodes, report.extra
     if json_output:
         render.print_json(report.to_dict())
@@ -142,12 +143,13 @@ def status(
 
 def ls(json_output: bool = JsonOpt) -> None:
     """Clusters this machine knows."""
-    from clustertool import autostop, lifecycle
+    from clustertool import autostop
     from clustertool.cli import render
+    from clustertool.status import list_all
 
-    for line in autostop.refresh(lifecycle.list_all(), report=reporter(json_output)):
+    for line in autostop.refresh(list_all(), report=reporter(json_output)):
         reporter(json_output)(line)
-    clusters = lifecycle.list_all()
+    clusters = list_all()
     if json_output:
         render.print_json([{"name": c.name, "id": c.id, "provider": c.provider, "status": c.status,
                             "nodes": len(c.nodes),

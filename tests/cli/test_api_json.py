@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from clustertool import lifecycle
+from clustertool import status as clusterstatus
 from clustertool.cli.app import run as cli
 from clustertool.cli.common import fill_bare_values
 from clustertool.jobs.launch import Launch
@@ -42,9 +43,9 @@ def test_exec_json_is_the_group_results_to_dict(monkeypatch, capsys):
 
 def test_status_json_is_the_status_to_dict(monkeypatch, capsys):
     cluster = Cluster("x", "local", nodes=[Node("node-1", 1, "10.0.0.1", role="leader")], status="ready")
-    report = lifecycle.ClusterStatus(cluster, [lifecycle.NodeStatus("node-1", "leader", "10.0.0.1", 1, "running",
-                                                                    True)], {"price": "$0/h"})
-    monkeypatch.setattr("clustertool.lifecycle.status", lambda *a, **k: report)
+    row = clusterstatus.NodeStatus("node-1", "leader", "10.0.0.1", 1, "running", True)
+    report = clusterstatus.ClusterStatus(cluster, [row], {"price": "$0/h"})
+    monkeypatch.setattr("clustertool.status.status", lambda *a, **k: report)
     code, data = printed(capsys, "status", "-c", "x", "--json")
     assert code == 0 and data == report.to_dict()
     assert data["nodes"][0]["reachable"] is True and data["price"] == "$0/h"
@@ -186,6 +187,6 @@ def test_the_readmes_api_section_compiles_and_names_only_real_methods():
     script = section.split("```python\n", 1)[1].split("```", 1)[0]
     compile(script, "README.md", "exec")
     named = set(re.findall(r"[`,] ?`?(?:Cluster|Job)?\.(\w+)\(", section))
-    owners = (ApiCluster, ApiJob, GroupResult, lifecycle.ClusterStatus)
+    owners = (ApiCluster, ApiJob, GroupResult, clusterstatus.ClusterStatus)
     assert named >= {"up", "load", "status", "exec", "copy", "run", "wait", "logs", "kill", "fabric", "down"}
     assert sorted(m for m in named if not any(hasattr(o, m) for o in owners)) == []
