@@ -302,3 +302,23 @@ def test_nodes_start_with_a_fresh_machines_environment_not_the_callers_credentia
             "AWS_SESSION_TOKEN": "t", "GITHUB_TOKEN": "g", "HOME": "/root", "CLUSTERTOOL_HOME": "/x"}
     assert net.node_environment(host) == {"PATH": "/p", "LANG": "C.UTF-8"}
     assert "PATH" in net.node_environment({})
+
+
+def test_a_node_launcher_outside_any_namespace_is_found_by_its_config_path(tmp_path):
+    """teardown's second net: a node whose launcher has not (or no longer) a netns of ours is still
+    found by the init.json it was started with, and only ours are."""
+    import subprocess
+
+    from clustertool.providers.local import sysops
+
+    ours, other = tmp_path / "a" / "local", tmp_path / "b" / "local"
+    procs = [subprocess.Popen(["sh", "-c", "sleep 30", "ct-node", str(d / "node-2" / "init.json")])
+             for d in (ours, other)]
+    try:
+        found = sysops.pids_starting_nodes_of(ours)
+        assert procs[0].pid in found and procs[1].pid not in found
+        assert sysops.pids_starting_nodes_of(tmp_path / "a") == []  # the nodes dir itself, not a prefix
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

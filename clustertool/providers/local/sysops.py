@@ -122,6 +122,26 @@ def pids_in_netns(names: Iterable[str]) -> dict[str, list[int]]:
     return found
 
 
+def pids_starting_nodes_of(nodes_dir: Path | str) -> list[int]:
+    """Live pids whose argv names a node config under ``nodes_dir`` (``.../node-N/init.json``): a
+    node's launcher and its init, also while they are between namespaces (not yet, or no longer,
+    in the node's netns) -- what a scan by netns alone can miss right after a start."""
+    prefix = os.fsencode(str(nodes_dir).rstrip("/") + "/")
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(a.startswith(prefix) and a[len(prefix):].count(b"/") == 1 and a.endswith(b"/init.json")
+               for a in args):
+            found.append(int(entry))
+    return found
+
+
 def comm(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()

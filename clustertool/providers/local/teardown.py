@@ -78,8 +78,14 @@ def teardown(cluster: Cluster, reap: Callable[[], None] = lambda: None, files: b
     tag = net.link_tag(cluster.name, ps["token"])
     removed: list[str] = []
     namespaces = _our_namespaces(cluster)
-    pids = [p for group in sysops.pids_in_netns(namespaces).values() for p in group]
-    killed = sysops.kill_all(pids, reap=reap)
+    killed: list[int] = []
+    for _ in range(5):  # again until none is found: a node started a moment ago may be mid-launch
+        pids = {p for group in sysops.pids_in_netns(namespaces).values() for p in group}
+        pids.update(sysops.pids_starting_nodes_of(nodes_dir))
+        pids.difference_update(killed)
+        if not pids:
+            break
+        killed += sysops.kill_all(sorted(pids), reap=reap)
     if killed:
         removed.append(f"killed {len(killed)} node process(es) (PID 1, sshd, sessions)")
     links = _our_links(cluster, tag)
