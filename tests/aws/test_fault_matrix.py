@@ -363,7 +363,8 @@ def test_a_refusing_endpoint_gives_one_error_line_fast_and_keeps_the_state(fx, b
         result = fx.run(*args, env=env)
         assert result.code != 0 and len(result.errors) == 1, result.err
         assert result.errors[0].startswith("error: cannot reach AWS at http://127.0.0.1:")
-        assert "retrying" in result.err and "(2/5)" in result.err and result.seconds < float(budget or 60)
+        # within the budget, plus the process's own start (imports), which a loaded machine slows
+        assert "retrying" in result.err and "(2/5)" in result.err and result.seconds < float(budget or 60) + 3
         record(f"refusing endpoint ({budget or 'default 60'} s budget): {args[0]} in {result.seconds:.0f}s",
                result.code, "-", 0)
     assert state.state_path(name).read_text() == saved
