@@ -45,15 +45,9 @@ def primary_interface(instance: dict) -> str:
 
 def create_group(aws: Aws, stamp: tags.Stamp, vpc_id: str, cidr: str, record: Record) -> str:
     """The leader's own security group: SSH from ``cidr`` only."""
-    name = f"clustertool-{stamp.id}-leader"
-    with aws_errors("creating the leader's security group"):
-        group_id = aws.call("create_security_group", GroupName=name, VpcId=vpc_id,
-                            Description=f"clustertool cluster {stamp.cluster}: SSH to the leader from {cidr}",
-                            TagSpecifications=[stamp.spec("security-group", name)])["GroupId"]
-    record("security_groups", group_id)
-    with aws_errors("adding the leader's SSH rule"):
-        aws.call("authorize_security_group_ingress", GroupId=group_id, IpPermissions=network.ssh_rules(cidr))
-    return group_id
+    return network.tagged_group(aws, stamp, vpc_id, f"clustertool-{stamp.id}-leader",
+                                f"clustertool cluster {stamp.cluster}: SSH to the leader from {cidr}",
+                                lambda _group_id: network.ssh_rules(cidr), record, "the leader's security group")
 
 
 def attach(aws: Aws, leader: dict, groups: list[str]) -> str:

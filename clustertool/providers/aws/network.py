@@ -145,17 +145,23 @@ def vpc_cidr(aws: Aws, vpc_id: str) -> str:
     return vpcs[0]["CidrBlock"]
 
 
-def create_security_group(aws: Aws, stamp: tags.Stamp, vpc_id: str, cidr: str | None, record: Record) -> str:
-    name = f"clustertool-{stamp.id}"
-    what = f"SSH from {cidr}" if cidr else "SSH only to the leader"
-    with aws_errors("creating the security group"):
-        group_id = aws.call("create_security_group", GroupName=name, VpcId=vpc_id,
-                            Description=f"clustertool cluster {stamp.cluster}: members talk freely, {what}",
+def tagged_group(aws: Aws, stamp: tags.Stamp, vpc_id: str, name: str, description: str, rules, record: Record,
+                 what: str = "the security group") -> str:
+    """Create a tagged security group, record it the moment it exists, then add ``rules(group_id)``."""
+    with aws_errors(f"creating {what}"):
+        group_id = aws.call("create_security_group", GroupName=name, VpcId=vpc_id, Description=description,
                             TagSpecifications=[stamp.spec("security-group", name)])["GroupId"]
     record("security_groups", group_id)
-    with aws_errors("adding security group rules"):
-        aws.call("authorize_security_group_ingress", GroupId=group_id, IpPermissions=security_rules(group_id, cidr))
+    with aws_errors(f"adding the rules of {what}"):
+        aws.call("authorize_security_group_ingress", GroupId=group_id, IpPermissions=rules(group_id))
     return group_id
+
+
+def create_security_group(aws: Aws, stamp: tags.Stamp, vpc_id: str, cidr: str | None, record: Record) -> str:
+    what = f"SSH from {cidr}" if cidr else "SSH only to the leader"
+    return tagged_group(aws, stamp, vpc_id, f"clustertool-{stamp.id}",
+                        f"clustertool cluster {stamp.cluster}: members talk freely, {what}",
+                        lambda group_id: security_rules(group_id, cidr), record)
 
 
 def import_key_pair(aws: Aws, stamp: tags.Stamp, public_key: str, record: Record) -> str:
