@@ -10,6 +10,12 @@ import typer
 
 from clustertool.cli.common import ClusterOpt, cluster_name
 
+# options `bench scaling` and `bench compare` share (both run a user's job and read its throughput)
+PerNodeOpt = typer.Option(None, "--per-node", help="Ranks per node (default: the nodes' slots).")
+MetricRegexOpt = typer.Option(None, "--metric-regex", help="Regex with one group around the throughput number "
+                                                           "(default: images/sec, samples/sec, img/sec ... figures).")
+RankEnvOpt = typer.Option([], "-x", "--env", help="VAR or VAR=VALUE exported to every rank (repeatable).")
+
 bench_app = typer.Typer(name="bench", no_args_is_help=True, add_completion=False,
                         help="Benchmarks across the cluster: scaling of a training job, allreduce bandwidth.")
 
@@ -21,11 +27,9 @@ def scaling(
         help="The job, after --: run by mpirun at each size. One argument is split like a shell line."),
     nodes: str = typer.Option(
         "1,2,4", "--nodes", "-N", help="Cluster sizes to run at, e.g. 1,2,4 (first N nodes, leader first)."),
-    per_node: Optional[int] = typer.Option(None, "--per-node", help="Ranks per node (default: the nodes' slots)."),
-    metric_regex: Optional[str] = typer.Option(
-        None, "--metric-regex", help="Regex with one group around the throughput number (default: images/sec, "
-                                     "samples/sec, img/sec ... figures)."),
-    env: List[str] = typer.Option([], "-x", "--env", help="VAR or VAR=VALUE exported to every rank (repeatable)."),
+    per_node: Optional[int] = PerNodeOpt,
+    metric_regex: Optional[str] = MetricRegexOpt,
+    env: List[str] = RankEnvOpt,
     timeout: float = typer.Option(1800, "--timeout", help="Seconds per size before the run counts as hung."),
     repeat: int = typer.Option(
         1, "--repeat", "-r", help="Runs per size, round-robin over the sizes; the median counts (for noisy, shared "
@@ -76,11 +80,9 @@ def compare(
     variants: str = typer.Option(..., "--variants", "-V", help="Comma list of variants, the first the baseline, "
                                                                "e.g. mpi,sharded,servers."),
     nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Run on the first N worker nodes (default: all)."),
-    per_node: Optional[int] = typer.Option(None, "--per-node", help="Ranks per node (default: the nodes' slots)."),
-    metric_regex: Optional[str] = typer.Option(
-        None, "--metric-regex", help="Regex with one group around the throughput number (default: images/sec, "
-                                     "samples/sec, img/sec ... figures)."),
-    env: List[str] = typer.Option([], "-x", "--env", help="VAR or VAR=VALUE exported to every rank (repeatable)."),
+    per_node: Optional[int] = PerNodeOpt,
+    metric_regex: Optional[str] = MetricRegexOpt,
+    env: List[str] = RankEnvOpt,
     timeout: float = typer.Option(1800, "--timeout", help="Seconds per run before it counts as hung."),
     repeat: int = typer.Option(1, "--repeat", "-r", help="Runs per variant, round-robin; the median counts."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="PATH", help="Write the table as CSV here."),
