@@ -55,7 +55,7 @@ def pdsh_env(home: Home, name: str) -> dict:
     """pdsh as users run it: the cluster's ssh config without clustertool's tuning."""
     cfg = Path(home.path) / "clusters" / name / "ssh_config"
     plain = Path(home.path) / f"{name}-plain_ssh_config"
-    tuned = ("ControlMaster", "ControlPath", "ControlPersist", "KexAlgorithms")
+    tuned = ("ControlMaster", "ControlPath", "ControlPersist", "KexAlgorithms", "HostKeyAlgorithms")
     plain.write_text("".join(ln for ln in cfg.read_text().splitlines(keepends=True)
                              if ln.strip().split(" ")[0] not in tuned))
     args = f"-F {plain} -o ControlMaster=no -o ControlPath=none -l%u %h"

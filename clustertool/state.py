@@ -67,11 +67,14 @@ class ClusterPaths:
 
     @property
     def key(self) -> Path:
-        return self.root / "id_ed25519"
+        """The cluster's private key: ECDSA P-256 since the handshake profile moved to P-256;
+        a cluster made before keeps its ed25519 key."""
+        older = self.root / "id_ed25519"
+        return older if older.exists() else self.root / "id_ecdsa"
 
     @property
     def pubkey(self) -> Path:
-        return self.root / "id_ed25519.pub"
+        return self.key.with_name(self.key.name + ".pub")
 
     @property
     def known_hosts(self) -> Path:

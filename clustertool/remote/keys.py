@@ -1,6 +1,7 @@
 """Cluster keys and pinned host keys, and wiring them onto every node.
 
-* One ed25519 key pair per cluster, made here, stored 0600 in the cluster's directory.
+* One ECDSA P-256 key pair per cluster (transport.KEYGEN_TYPE: the fast handshake), made here,
+  stored 0600 in the cluster's directory; clusters made before keep their ed25519 pair.
 * Host keys are pinned per cluster: from the provider when it knows them (local nodes,
   AWS console output), else collected once on first contact (ssh-keyscan) and kept.
 * ``wire_script``/``unwire_script`` are nodeprogs/wire.sh, sent on ssh's stdin (secrets never
@@ -20,12 +21,20 @@ from clustertool.model import Cluster, Node
 from clustertool.nodeprogs import shell_script
 from clustertool.remote import access
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import KEX_PREFERENCE, SSH, Transport, alias, leader_alias, write_ssh_config
+from clustertool.remote.transport import (
+    KEX_PREFERENCE,
+    KEYGEN_TYPE,
+    SSH,
+    Transport,
+    alias,
+    leader_alias,
+    write_ssh_config,
+)
 from clustertool.state import ClusterPaths
 
 
 def keygen_argv(path: Path, comment: str) -> list[str]:
-    return ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)]
+    return ["ssh-keygen", "-q", *KEYGEN_TYPE, "-N", "", "-C", comment, "-f", str(path)]
 
 
 def ensure_keypair(cluster_name: str) -> ClusterPaths:

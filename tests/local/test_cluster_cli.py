@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -99,17 +100,33 @@ def test_leader_has_hostfile_and_reaches_every_member_by_address(ct_env, local_c
 def test_private_key_on_nodes_is_0600_and_known_hosts_pinned(ct_env, local_cluster):
     name = local_cluster(2)
     proc = run_cli("exec", "-c", name, "--nodes", "node-2", "--no-live", "--",
-                   f"stat -c %a ~/.ssh/clustertool-{name}; grep -c ssh-ed25519 ~/.ssh/clustertool-{name}.known_hosts",
+                   f"stat -c %a ~/.ssh/clustertool-{name}; "
+                   f"grep -c ecdsa-sha2-nistp256 ~/.ssh/clustertool-{name}.known_hosts",
                    env=ct_env)
     assert proc.stdout.splitlines()[1:] == ["600", "2"]
     assert (state.ClusterPaths(name).key.stat().st_mode & 0o777) == 0o600
+
+
+def test_every_handshake_is_p256_from_here_and_between_nodes(ct_env, local_cluster):
+    """The cheap handshake (transport.KEX_PREFERENCE): P-256 key exchange, host key and user key."""
+    name = local_cluster(2)
+    paths = state.ClusterPaths(name)
+    here = subprocess.run(["ssh", "-v", "-F", str(paths.ssh_config), "-o", "ControlMaster=no", "-o",
+                           "ControlPath=none", f"{name}-node-2", "true"], capture_output=True, text=True, env=ct_env)
+    between = run_cli("exec", "-c", name, "--nodes", "leader", "--no-live", "--", "ssh -v node-2 true 2>&1",
+                      env=ct_env)
+    for proc, log in ((here, here.stderr), (between, between.stdout)):
+        assert proc.returncode == 0, log
+        assert "kex: algorithm: ecdh-sha2-nistp256" in log
+        assert "kex: host key algorithm: ecdsa-sha2-nistp256" in log
+        assert re.search(r"Server accepts key: \S+ ECDSA ", log), log
 
 
 def test_a_changed_host_key_is_refused_and_said(ct_env, local_cluster):
     name = local_cluster(2)
     paths = state.ClusterPaths(name)
     subprocess.run(["ssh", "-F", str(paths.ssh_config), "-O", "exit", f"{name}-node-2"], capture_output=True)
-    other = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(paths.root / "imposter")],
+    other = subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", str(paths.root / "imposter")],
                            check=True)
     fake = (paths.root / "imposter.pub").read_text().split()[:2]
     lines = [ln if not ln.startswith(f"{name}-node-2 ") else f"{name}-node-2 {' '.join(fake)}"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from clustertool.providers.local import net
+from clustertool.remote import keys
 
 pytestmark = pytest.mark.unit
 
@@ -172,10 +174,12 @@ def test_netem_probe_runs_in_a_throwaway_namespace():
     assert "netem" in argv
 
 
-def test_keygen_argv_makes_an_unencrypted_ed25519_key_quietly():
-    argv = net.keygen_argv(Path("/x/ssh/ssh_host_ed25519_key"), "demo-node-1")
-    assert argv == ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "demo-node-1",
-                    "-f", "/x/ssh/ssh_host_ed25519_key"]
+def test_host_keys_are_unencrypted_p256_keys_made_quietly(tmp_path):
+    key = tmp_path / net.HOST_KEY
+    proc = subprocess.run(keys.keygen_argv(key, "demo-node-1"), capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == ""
+    assert (tmp_path / f"{net.HOST_KEY}.pub").read_text().split()[::2] == ["ecdsa-sha2-nistp256", "demo-node-1"]
+    assert "ENCRYPTED" not in key.read_text()
 
 
 def test_sshd_argv_stays_in_foreground_logging_to_stderr():
@@ -201,7 +205,7 @@ def test_sshd_config_is_key_only_root_with_room_for_fan_out():
                      "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
                      "StrictModes yes", "AuthorizedKeysFile .ssh/authorized_keys",
                      "MaxSessions 64", "MaxStartups 100:30:200",
-                     "HostKey /etc/ssh/ssh_host_ed25519_key", "PidFile /etc/ssh/sshd.pid"):
+                     "HostKey /etc/ssh/ssh_host_ecdsa_key", "PidFile /etc/ssh/sshd.pid"):
         assert expected in lines
     assert not any(line.startswith("PermitRootLogin yes") for line in lines)
 

@@ -28,6 +28,42 @@ def test_config_pins_host_keys_and_multiplexes(ct_env):
     assert "ControlMaster auto" in text and "BatchMode yes" in text
 
 
+def test_each_host_offers_only_the_algorithms_of_its_pinned_keys_p256_first():
+    pinned = ["ssh-rsa AAAAr", "ssh-ed25519 AAAAe", "ecdsa-sha2-nistp256 AAAAp"]
+    assert transport.host_key_algorithms(pinned) == "ecdsa-sha2-nistp256,ssh-ed25519,rsa-sha2-512,rsa-sha2-256"
+    assert transport.host_key_algorithms(["ssh-ed25519 AAAAe"]) == "ssh-ed25519"
+    assert transport.host_key_algorithms([]) is None  # nothing pinned yet: ssh's own order
+    assert transport.host_key_algorithms(["ssh-dss AAAAd", "ssh-ed25519 AAAAe"]) is None  # a type we don't rank
+
+
+def test_the_config_names_each_nodes_host_key_algorithms(ct_env):
+    cluster = _cluster()
+    cluster.nodes[1].host_keys = ["ssh-ed25519 AAAAm2", "ecdsa-sha2-nistp256 AAAAp2"]
+    blocks = transport.render_ssh_config(cluster, ClusterPaths("demo")).split("\nHost ")
+    assert "  HostKeyAlgorithms ssh-ed25519" in blocks[1].splitlines()
+    assert "  HostKeyAlgorithms ecdsa-sha2-nistp256,ssh-ed25519" in blocks[2].splitlines()
+
+
+def test_key_exchange_prefers_p256_to_curve25519_and_never_offers_sha1(monkeypatch):
+    monkeypatch.delenv("CLUSTERTOOL_SSH_KEX", raising=False)
+    transport.kex_algorithms.cache_clear()
+    chosen = transport.kex_algorithms().split(",")
+    transport.kex_algorithms.cache_clear()
+    assert chosen.index("ecdh-sha2-nistp256") < chosen.index("curve25519-sha256")
+    assert not any("sha1" in k for k in chosen)
+
+
+def test_a_new_cluster_key_is_p256_and_an_older_clusters_ed25519_key_is_kept(ct_env):
+    fresh = keys.ensure_keypair("fresh")
+    assert fresh.key.name == "id_ecdsa" and fresh.pubkey.read_text().startswith("ecdsa-sha2-nistp256 ")
+    older = ClusterPaths("older")
+    older.root.mkdir(parents=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(older.root / "id_ed25519")], check=True)
+    assert keys.ensure_keypair("older").key == older.root / "id_ed25519"
+    assert older.pubkey.read_text().startswith("ssh-ed25519 ")
+    assert not (older.root / "id_ecdsa").exists()
+
+
 def test_ssh_argv_passes_the_command_as_one_word(ct_env):
     argv = transport.ssh_argv("demo", _cluster().nodes[0], "echo 'a b'; true")
     assert argv[:3] == ["ssh", "-F", str(ClusterPaths("demo").ssh_config)]

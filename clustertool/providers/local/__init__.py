@@ -33,6 +33,7 @@ from clustertool.providers.local import access as local_access
 from clustertool.providers.local import net, sysops
 from clustertool.providers.local.teardown import teardown
 from clustertool.remote import access as remote_access
+from clustertool.remote import keys as remote_keys
 
 INIT_SCRIPT = Path(__file__).with_name("init.py")
 _TOOLS = (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
@@ -137,7 +138,7 @@ class LocalProvider:
             f"{n} node(s) node-1..node-{n}: network namespace ct-{name}-<i>, veth ct<k>n<i> <-> eth0, "
             f"address 10.213.<k>.<i>",
             "each node: hostname node-<i>; private /root, /scratch, /tmp, /dev/shm; own PID namespace; "
-            "sshd on port 22 (root, key only) with a fresh ed25519 host key",
+            "sshd on port 22 (root, key only) with a fresh ECDSA P-256 host key",
             f"slots per node: {request.slots or 1}",
             *([f"{k} reduction server(s) server-1..server-{k}: namespaces ct-{name}-<{n}+j>, address "
                f"10.213.<k>.<{n}+j>, same bridge, links and sshd; role server (not in hostfiles)"]
@@ -227,10 +228,10 @@ class LocalProvider:
                 net.node_address(slot, i), f"{request.cluster.name} {name}"))
             init = net.init_config(name, node_dir, hosts, shared=_host_software())
             (node_dir / "init.json").write_text(json.dumps(init, indent=1))
-            key = etc_ssh / "ssh_host_ed25519_key"
+            key = etc_ssh / net.HOST_KEY
             for old in (key, key.with_suffix(".pub")):
                 old.unlink(missing_ok=True)
-            keygens[i] = subprocess.Popen(net.keygen_argv(key, f"{request.cluster.name}-{name}"),
+            keygens[i] = subprocess.Popen(remote_keys.keygen_argv(key, f"{request.cluster.name}-{name}"),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE)
         return keygens
@@ -277,7 +278,7 @@ class LocalProvider:
             name = node_name(i, count)
             if proc.returncode != 0:
                 raise ProviderError(f"ssh-keygen failed for {name}: {err.decode(errors='replace').strip()}")
-            pub = (nodes_dir / name / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
+            pub = (nodes_dir / name / "ssh" / f"{net.HOST_KEY}.pub").read_text().split()
             keys[i] = [f"{pub[0]} {pub[1]}"]
         return keys
 

@@ -259,10 +259,6 @@ def netem_probe_argv() -> list[str]:
 
 # ---- processes ----------------------------------------------------------------------
 
-def keygen_argv(key_path: Path, comment: str) -> list[str]:
-    return ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key_path)]
-
-
 def sshd_argv(config_path: Path) -> list[str]:
     return [SSHD, "-D", "-e", "-f", str(config_path)]
 
@@ -294,6 +290,7 @@ def node_environment(host_env: dict[str, str]) -> dict[str, str]:
 # ---- files --------------------------------------------------------------------------
 
 NODE_ETC_SSH = Path("/etc/ssh")  # each node sees its own /etc/ssh (host key, sshd_config)
+HOST_KEY = "ssh_host_ecdsa_key"  # the node's one host key, made by keys.keygen_argv (P-256)
 NODE_BOOT = "/root/.clustertool/boot.sh"  # run by the node's init at every start (the autostop watcher's loop)
 # A node powers itself off by ending its sshd: init (PID 1) then exits and the kernel ends every
 # process of the node's PID namespace -- what `stop` does, seen from inside.
@@ -305,7 +302,7 @@ def sshd_config_text(address: str, title: str) -> str:
     return "\n".join([
         f"# {title} -- written by clustertool's local provider",
         f"ListenAddress {address}:22",
-        f"HostKey {NODE_ETC_SSH / 'ssh_host_ed25519_key'}",
+        f"HostKey {NODE_ETC_SSH / HOST_KEY}",
         f"PidFile {NODE_ETC_SSH / 'sshd.pid'}",
         "PermitRootLogin prohibit-password",
         "PubkeyAuthentication yes",
