@@ -10,8 +10,9 @@ the contenders, several rounds, and prints medians and ratios to pdsh:
   ssh loop                for h in ...; do ssh $h true; done (the seeds' runclust)
 
 pdsh and the loop use the cluster's ssh config (pinned host keys, the cluster key) minus what
-clustertool tunes (ControlMaster, KexAlgorithms): that is what they do for users. One more row,
-pdsh given clustertool's key-exchange choice too, shows how much of the gain is that choice.
+clustertool tunes (ControlMaster, KexAlgorithms, HostKeyAlgorithms): that is what they do for
+users. One more row, pdsh given clustertool's key-exchange choice too, shows how much of the gain
+is that choice.
 
     sudo .venv/bin/python bench/exec_fanout.py [--nodes 32] [--rounds 5]
 """
@@ -72,7 +73,7 @@ def main() -> None:
 def run_rounds(name, home, env, args):
     cfg = f"{home}/clusters/{name}/ssh_config"
     plain = f"{home}/plain_ssh_config"
-    tuned = ("ControlMaster", "ControlPath", "ControlPersist", "KexAlgorithms")
+    tuned = ("ControlMaster", "ControlPath", "ControlPersist", "KexAlgorithms", "HostKeyAlgorithms")
     Path(plain).write_text("".join(line for line in open(cfg, encoding="utf-8").readlines()
                                    if line.strip().split(" ")[0] not in tuned))
     kex = next(line.split()[1] for line in open(cfg, encoding="utf-8") if line.strip().startswith("KexAlgorithms"))
