@@ -85,7 +85,7 @@ def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = 
             raise _already(cluster.name)
         try:
             provider.check(request)
-            keys.ensure_keypair(cluster.name)
+            keys.ensure_keypair(cluster.name, getattr(provider, "key_type", keys.KEYGEN_TYPE))
             request.public_key = paths.pubkey.read_text().strip()
             state.save(cluster)
             state.write_marker(cluster.name, cluster.id)

@@ -67,8 +67,8 @@ class ClusterPaths:
 
     @property
     def key(self) -> Path:
-        """The cluster's private key: ECDSA P-256 since the handshake profile moved to P-256;
-        a cluster made before keeps its ed25519 key."""
+        """The cluster's private key: ECDSA P-256 (transport.KEYGEN_TYPE); ed25519 on AWS, whose
+        key pairs cannot be ECDSA, and for clusters made before the handshake moved to P-256."""
         older = self.root / "id_ed25519"
         return older if older.exists() else self.root / "id_ecdsa"
 

@@ -62,6 +62,8 @@ class Provider(Protocol):
     OPTIONS: ClassVar[dict[str, OptionSpec]]
     default_user: ClassVar[str]
     owns_machines: ClassVar[bool]  # False for adopted machines: down never terminates them
+    # optional key_type: ClassVar[tuple[str, ...]], ssh-keygen's -t/-b for the cluster key when the
+    # default (transport.KEYGEN_TYPE, P-256) will not do
 
     def check(self, request: ProvisionRequest) -> None: ...
 

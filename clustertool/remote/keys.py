@@ -1,7 +1,8 @@
 """Cluster keys and pinned host keys, and wiring them onto every node.
 
-* One ECDSA P-256 key pair per cluster (transport.KEYGEN_TYPE: the fast handshake), made here,
-  stored 0600 in the cluster's directory; clusters made before keep their ed25519 pair.
+* One key pair per cluster, made here, stored 0600 in the cluster's directory: ECDSA P-256
+  (transport.KEYGEN_TYPE: the fast handshake), or what the provider needs (AWS: ed25519);
+  clusters made before keep their ed25519 pair.
 * Host keys are pinned per cluster: from the provider when it knows them (local nodes,
   AWS console output), else collected once on first contact (ssh-keyscan) and kept.
 * ``wire_script``/``unwire_script`` are nodeprogs/wire.sh, sent on ssh's stdin (secrets never
@@ -33,18 +34,19 @@ from clustertool.remote.transport import (
 from clustertool.state import ClusterPaths
 
 
-def keygen_argv(path: Path, comment: str) -> list[str]:
-    return ["ssh-keygen", "-q", *KEYGEN_TYPE, "-N", "", "-C", comment, "-f", str(path)]
+def keygen_argv(path: Path, comment: str, key_type: tuple[str, ...] = KEYGEN_TYPE) -> list[str]:
+    return ["ssh-keygen", "-q", *key_type, "-N", "", "-C", comment, "-f", str(path)]
 
 
-def ensure_keypair(cluster_name: str) -> ClusterPaths:
+def ensure_keypair(cluster_name: str, key_type: tuple[str, ...] = KEYGEN_TYPE) -> ClusterPaths:
+    """The cluster's key pair, made once: ``key_type`` (ssh-keygen's -t/-b) names its file, id_<type>."""
     paths = ClusterPaths(cluster_name)
     paths.root.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.root, 0o700)
     if not paths.key.exists():
         try:
-            subprocess.run(keygen_argv(paths.key, f"clustertool-{cluster_name}"), check=True,
-                           capture_output=True)
+            subprocess.run(keygen_argv(paths.root / f"id_{key_type[1]}", f"clustertool-{cluster_name}", key_type),
+                           check=True, capture_output=True)
         except FileNotFoundError:
             raise MissingPrerequisite("ssh-keygen not found",
                                       hint="install the OpenSSH client (apt-get install openssh-client)") from None

@@ -64,6 +64,14 @@ def test_a_new_cluster_key_is_p256_and_an_older_clusters_ed25519_key_is_kept(ct_
     assert not (older.root / "id_ecdsa").exists()
 
 
+def test_an_aws_cluster_key_is_ed25519_because_ec2_imports_no_ecdsa_key_pair(ct_env):
+    from clustertool.providers.aws import AwsProvider
+
+    paths = keys.ensure_keypair("onaws", AwsProvider.key_type)
+    assert paths.key.name == "id_ed25519" and paths.pubkey.read_text().startswith("ssh-ed25519 ")
+    assert (paths.key.stat().st_mode & 0o777) == 0o600
+
+
 def test_ssh_argv_passes_the_command_as_one_word(ct_env):
     argv = transport.ssh_argv("demo", _cluster().nodes[0], "echo 'a b'; true")
     assert argv[:3] == ["ssh", "-F", str(ClusterPaths("demo").ssh_config)]

@@ -22,6 +22,7 @@ class AwsProvider:
     name: ClassVar[str] = "aws"
     default_user: ClassVar[str] = "ubuntu"  # the Ubuntu Deep Learning AMI's user
     owns_machines: ClassVar[bool] = True
+    key_type: ClassVar[tuple[str, ...]] = ("-t", "ed25519")  # EC2 imports only RSA and ED25519 key pairs
     count_from_options: ClassVar[bool] = True  # adoption counts what it finds; launch checks --nodes itself
     PATH_OPTIONS: ClassVar[tuple[str, ...]] = ("key",)
     OPTIONS: ClassVar[dict[str, OptionSpec]] = {
