@@ -111,7 +111,7 @@ def test_three_nodes_answer_ssh_with_pinned_host_keys_and_their_own_hostnames(ma
         assert (node.name, node.index, node.address, node.ssh_host, node.ssh_port, node.slots) == (
             f"node-{i}", i, f"10.213.{slot}.{i}", f"10.213.{slot}.{i}", 22, 1)
         assert node.role == ("leader" if i == 1 else "member")
-        assert node.host_keys and node.host_keys[0].startswith("ssh-ed25519 ")
+        assert node.host_keys and node.host_keys[0].startswith("ecdsa-sha2-nistp256 ")
         result = m.ssh(i, "hostname")
         assert (result.returncode, result.stdout.strip()) == (0, f"node-{i}"), result.stderr
     assert [n.state for n in m.provider.query_instances(m.cluster)] == ["running"] * 3
