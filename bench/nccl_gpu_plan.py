@@ -74,6 +74,32 @@ def parse_rate(text: str) -> int | None:
     return int(float(m.group(1)) * {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[m.group(2)])
 
 
+# What the proof itself sets per rank and variant: --nccl-env may not change these.
+RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NCCL_HOSTID", "NCCL_NET",
+                "NCCL_NET_PLUGIN", "NCCL_COLLNET_ENABLE", "NCCL_TUNER_PLUGIN", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
+                "NCCL_DEBUG_FILE", "CLUSTERTOOL_TUNER_CONFIG", "CLUSTERTOOL_COLLNET_ALGO")
+
+
+def parse_nccl_env(items: list[str]) -> dict[str, str]:
+    """['NCCL_P2P_DISABLE=1', ...] -> {name: value}; a malformed or reserved name is a ValueError."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"bad --nccl-env {item!r} (want NAME=VALUE, e.g. NCCL_P2P_DISABLE=1)")
+        if name in RESERVED_ENV:
+            raise ValueError(f"--nccl-env {name}: the proof sets {name} itself for each variant")
+        env[name] = value
+    return env
+
+
+def variant_shares(remaining: float, variants_left: int, cap: float | None = None) -> float:
+    """Seconds the next variant may take: an even share of what is left (later variants inherit
+    what an earlier one did not use), at most `cap`."""
+    share = max(remaining, 0.0) / max(variants_left, 1)
+    return min(share, cap) if cap else share
+
+
 def tbf(bits: int) -> list[str]:
     """tc tbf arguments for `bits` per second (the local provider's shaping: burst >= 192 KiB)."""
     burst = max(bits // 800, 196608)
@@ -147,8 +173,18 @@ def tuner_table_text() -> str:
 
 
 def variant_env(variant: str, base: dict[str, str], *, rank: int, world: int, mode: str, port: int, tag: str,
-                build: Path, table: Path | None, buffsize: int | None = None) -> dict[str, str]:
-    """The whole environment of one rank of one variant."""
+                build: Path, table: Path | None, buffsize: int | None = None,
+                extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of one rank of one variant: inherited NCCL_* settings are dropped
+    (a stray NCCL_NET would change what is measured), `extra` (--nccl-env) is added last."""
+    env = _variant_env(variant, base, rank=rank, world=world, mode=mode, port=port, tag=tag, build=build,
+                       table=table, buffsize=buffsize)
+    env.update(extra or {})
+    return env
+
+
+def _variant_env(variant: str, base: dict[str, str], *, rank: int, world: int, mode: str, port: int, tag: str,
+                 build: Path, table: Path | None, buffsize: int | None) -> dict[str, str]:
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r} (choose from {', '.join(VARIANTS)})")
     ifname = "eth0" if mode == "netns" else "lo"
@@ -187,6 +223,8 @@ class VariantRun:
     error: str | None = None
     nccl: str | None = None
     torch: str | None = None
+    share_s: float = 0.0                                 # the seconds of the budget it was given
+    stopped_before: int | None = None                   # the first size the budget left out
 
 
 def merge_ranks(per_rank: list[dict]) -> list[dict]:
@@ -201,11 +239,15 @@ def merge_ranks(per_rank: list[dict]) -> list[dict]:
     return [by_size[s] for s in sorted(by_size)]
 
 
-def verdict(runs: list[VariantRun], nl) -> tuple[int, list[str]]:
-    """(exit code, problems): the plugin must be NCCL's net where asked, CollNet must run where
-    asked, and every element must be right."""
-    problems = []
+def verdict(runs: list[VariantRun], nl, asked: list[str] | None = None) -> tuple[int, list[str]]:
+    """(exit code, problems): every variant asked for ran, the plugin is NCCL's net where asked,
+    CollNet ran where asked, and every element is right."""
+    ran = {run.name for run in runs}
+    problems = [f"{name}: not run (the budget or an interrupt ended the proof first)"
+                for name in (asked or []) if name not in ran]
     for run in runs:
+        if not run.results and not run.error:
+            problems.append(f"{run.name}: no allreduce finished")
         if run.error:
             problems.append(f"{run.name}: {run.error}")
         wrong = sum(r["wrong"] for r in run.results)
@@ -248,6 +290,9 @@ def format_report(runs: list[VariantRun], nl, header: str) -> str:
             algo = "/".join(choice.get(r["size"], ("-", "-")))
             lines.append(f"{run.name:<16} {_fmt_size(r['size']):>6} {r['time_us']:>11.1f} {r['algbw']:>11.3f} "
                          f"{r['busbw']:>11.3f} {r['wrong']:>7}  {algo}")
+        if run.stopped_before:
+            lines.append(f"{run.name:<16} stopped before {_fmt_size(run.stopped_before)}: the next size would "
+                         f"not end inside its {run.share_s:.0f} s share of --budget")
         if run.error:
             lines.append(f"{run.name:<16} failed: {run.error}")
     sizes = sorted({r["size"] for run in runs for r in run.results})

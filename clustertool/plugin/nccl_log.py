@@ -52,11 +52,18 @@ _USING_NETWORK_RE = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 #   plugin_open.cc 2.26.2 .. 2.30.7 "%s/Plugin: Could not find:%s%s%s" (with "NET")
 #   net.cc 2.19.3 .. 2.25.1 "NET/Plugin: Failed to find ncclNetPlugin symbol (>= v5). ..."
 #   plugin/net.cc 2.26.2 .. 2.30.7 "External network plugin %s is unsupported"
+# A library NCCL found but could not load (dlopen failed for another reason than ENOENT):
+#   net.cc 2.19.3, 2.20.5  "NET/Plugin : Plugin load returned %d : %s." (errno, dlerror())
+#   net.cc 2.21.5 .. 2.25.1 "NET/Plugin: %s" (dlerror(): "<path>: <reason>")
+#   plugin_open.cc 2.26.2 .. 2.30.7 "%s/Plugin: %s: %s" (library name, dlerror())
 _NO_PLUGIN_RES = (
     re.compile(r"NET/Plugin : dlerror=.*No plugin found \(([^)]*)\)"),
+    re.compile(r"NET/Plugin : Plugin load returned (-?\d+ : .*?)\.?\s*$"),
     re.compile(r"NET/Plugin: Could not find: ?(.*?)\.? ?(?:Using internal network plugin\.)?\s*$"),
     re.compile(r"NET/Plugin: Failed to find ncclNetPlugin symbol \(>= v5\)()"),
     re.compile(r"External network plugin (.+?) is unsupported"),
+    re.compile(r"NET/Plugin: (?!Plugin name set by env)(?!Loaded )(?!Using )(?!Could not find)"
+               r"(\S+\.so\S*: .+?)\s*$"),
 )
 # Tuner: misc/tuner.cc 2.19.3/2.20.5 "Opened tuner: '%s'"; 2.21.5 .. 2.29.7 "TUNER/Plugin: Using tuner
 # plugin %s"; plugin/tuner/tuner_vN.cc 2.30.7 "TUNER/Plugin: Using %s (v%d)"
@@ -76,10 +83,12 @@ _TOO_MANY_GPUS_RE = re.compile(r"CollNet currently only supports up to (\d+) GPU
 _MISMATCH_RE = re.compile(r"Detected mixed local CollNet device counts across ranks \(min (\d+), max (\d+)\)")
 # transport.cc (2.19.3 .. 2.30.7) WARN "Cannot initialize CollNet, using point-to-point network instead"
 _SETUP_FAILED_RE = re.compile(r"Cannot initialize CollNet, using point-to-point network instead")
-# coll_net.cc (2.19.3 .. 2.30.7) "CollNet %02d/%1d : %d [send] via COLLNET/%s/%d%s%s";
-# "rank %d Connected CollNet" (coll_net.cc 2.23.4 .. 2.30.7, init.cc 2.19.3 .. 2.22.3)
+# coll_net.cc (2.19.3 .. 2.30.7) "CollNet %02d/%1d : %d [send] via COLLNET/%s/%d%s%s": printed by each
+# channel's setup, BEFORE the connect that may still fail, so it names the device, not success.
+# Success: "rank %d Connected CollNet" (coll_net.cc 2.23.4 .. 2.30.7, init.cc 2.19.3 .. 2.22.3) and
+# "Connected Collnet Chains %s" (coll_net.cc 2.23.4 .. 2.30.7; one GPU per node sets up chains only).
 _COLLNET_CONN_RE = re.compile(r"CollNet \d+/\d+ : \d+ \[(?:send|receive)\] via COLLNET/(\S+?)/(\d+)")
-_CONNECTED_RE = re.compile(r"rank \d+ Connected CollNet")
+_CONNECTED_RE = re.compile(r"rank \d+ Connected CollNet|Connected Collnet Chains")
 # enqueue.cc: 2.20.5 .. 2.22.3 "%ld Bytes -> Algo %d proto %d time %f" (rank 0 only up to 2.22);
 #             2.23.4 "%s: %ld Bytes -> Algo %d proto %d time %f";
 #             2.24.3 .. 2.30.7 "%s: %ld Bytes -> Algo %s proto %s channel{Lo..Hi}={%d..%d}".
@@ -188,7 +197,6 @@ def parse_log(text: str) -> NcclLog:
         if _SETUP_FAILED_RE.search(line):
             f["setup_failed"] = True
         if m := _COLLNET_CONN_RE.search(line):
-            f["collnet_connected"] = True
             via = f"{m.group(1)}/{m.group(2)}"
             if via not in f["collnet_via"]:
                 f["collnet_via"].append(via)
@@ -229,7 +237,10 @@ def plugin_loaded(log: NcclLog, name: str = "clustertool") -> bool:
 
 
 def collnet_state(log: NcclLog) -> tuple[bool, str]:
-    """(CollNet used?, why or why not) in words a user can act on."""
+    """(CollNet used?, why or why not) in words a user can act on. A failed connect wins over
+    "via COLLNET" and even over a connect line: NCCL then falls back to point-to-point."""
+    if log.setup_failed:
+        return False, "CollNet setup failed on some rank (see the plugin's WARN lines)"
     if log.collnet_connected:
         via = ", ".join(log.collnet_via)
         return True, f"CollNet connected{f' via {via}' if via else ''}"
@@ -245,8 +256,6 @@ def collnet_state(log: NcclLog) -> tuple[bool, str]:
         return False, "more than 8 GPUs per node"
     if log.mismatch:
         return False, f"ranks report different CollNet device counts ({log.mismatch[0]}..{log.mismatch[1]})"
-    if log.setup_failed:
-        return False, "CollNet setup failed on some rank (see the plugin's WARN lines)"
     if log.collnet_env is None:
         return False, "NCCL_COLLNET_ENABLE is not set to 1 (or the log lacks the ENV/INIT lines)"
     return False, ("NCCL found no CollNet channel: its graph search needs a CollNet device named like a "

@@ -1,10 +1,12 @@
 """The GPU proof's namespace mode for real (root): one namespace per rank on shaped veth
-links, ranks meeting at rank 0's address, everything removed afterwards. The ranks are the
+links, ranks meeting at rank 0's address, everything removed afterwards; and the fallback to
+loopback when the kernel refuses a namespace link or `ip`/`tc` are missing. The ranks are the
 stand-in of tests/cli/nccl_gpu_standin.py (no GPU or NCCL here); it binds and connects on the
 10.213.249.0/24 addresses, which exist only inside the namespaces this mode builds."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -20,29 +22,67 @@ pytestmark = pytest.mark.local
 STANDIN = REPO / "tests" / "cli" / "nccl_gpu_standin.py"
 
 
-def test_netns_mode_runs_ranks_on_shaped_links_and_removes_them(monkeypatch, tmp_path, capsys):
+@pytest.fixture
+def proof_env(monkeypatch, tmp_path):
     build = tmp_path / "native" / "build"
     build.mkdir(parents=True)
     for lib in (plan.NET_LIB, plan.TUNER_LIB):
         (build / lib).write_bytes(b"")
     monkeypatch.setattr(plan, "WORKER", STANDIN)
     monkeypatch.setattr(plan, "NATIVE", tmp_path / "native")
-    monkeypatch.setattr(nccl_gpu, "preflight", lambda python: None)
-    monkeypatch.setattr(nccl_gpu, "build_plugin", lambda build: None)
+    monkeypatch.setattr(nccl_gpu, "preflight", lambda python: {"tools": {}, "gpu": "stand-in"})
+    monkeypatch.setattr(nccl_gpu, "build_plugin", lambda build: "prebuilt (test)")
     created = []
     real_run = nccl_gpu._run
 
     def spy(cmds, check=True):
-        created.extend(c for c in cmds if c[:3] == ["ip", "netns", "add"])
+        created.extend(c[3] for c in cmds if c[:3] == ["ip", "netns", "add"])
         return real_run(cmds, check)
 
     monkeypatch.setattr(nccl_gpu, "_run", spy)
-    code = nccl_gpu.main(["--mode", "netns", "--ranks", "3", "--rate", "200mbit", "--sizes", "1M",
-                          "--variants", "socket,collnet-sharded"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert "each rank in its own network namespace on a shaped veth link, links 200mbit" in out.splitlines()[0]
-    names = [c[3] for c in created]
-    assert len(names) == 4 and names[0].endswith("sw")
+    return created
+
+
+def assert_none_left(names: list[str]) -> None:
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not [n for n in names if n in left], f"namespaces left behind: {left}"
+
+
+def test_netns_mode_runs_ranks_on_shaped_links_and_removes_them(proof_env, tmp_path, capsys):
+    code = nccl_gpu.main(["--mode", "netns", "--ranks", "3", "--rate", "200mbit", "--sizes", "1M",
+                          "--variants", "socket,collnet-sharded", "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "each rank in its own network namespace on a shaped veth link, links 200mbit" in out
+    assert len(proof_env) == 4 and proof_env[0].endswith("sw")
+    assert_none_left(proof_env)
+
+
+def test_a_kernel_that_refuses_veth_falls_back_to_loopback_and_cleans_up(proof_env, monkeypatch, tmp_path, capsys):
+    """As on a GPU machine whose kernel lacks veth: the bridge namespace is made, the link is refused."""
+    def refused(tag, n, bits):
+        sw = plan.netns_names(tag, n)[0]
+        return [["ip", "netns", "add", sw], ["ip", "-n", sw, "link", "add", "v0", "type", "ct-no-such-kind"]]
+
+    monkeypatch.setattr(plan, "netns_setup_argvs", refused)
+    code = nccl_gpu.main(["--ranks", "2", "--sizes", "1M", "--variants", "socket,collnet-ring",
+                          "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "ranks on loopback with distinct NCCL_HOSTID (namespace/tc setup failed: ip -n" in out
+    assert "links unshaped" in out
+    doc = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert doc["mode"] == "hostid" and doc["verdict"] == "PASS"
+    assert len(proof_env) == 1
+    assert_none_left(proof_env)
+
+
+def test_without_ip_and_tc_the_proof_runs_on_loopback(proof_env, monkeypatch, tmp_path, capsys):
+    real_which = nccl_gpu.shutil.which
+    monkeypatch.setattr(nccl_gpu.shutil, "which", lambda name: None if name in ("ip", "tc") else real_which(name))
+    code = nccl_gpu.main(["--ranks", "2", "--sizes", "1M", "--variants", "net,collnet-sharded",
+                          "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "ranks on loopback with distinct NCCL_HOSTID (no ip/tc)" in out
+    assert proof_env == []

@@ -219,3 +219,21 @@ def test_arguments_are_checked_before_anything_runs(capsys):
             nccl_gpu.parse_args(bad)
         assert e.value.code == 2
     assert "choose from socket, net, collnet-sharded, collnet-ring" in capsys.readouterr().err
+
+
+def test_nccl_env_settings_are_checked_and_added_last():
+    extra = plan.parse_nccl_env(["NCCL_P2P_DISABLE=1", "NCCL_IB_HCA==mlx5_0"])
+    assert extra == {"NCCL_P2P_DISABLE": "1", "NCCL_IB_HCA": "=mlx5_0"}
+    env = plan.variant_env("net", {"NCCL_NET": "IB"}, rank=0, world=2, mode="hostid", port=1, tag="t",
+                           build=Path("/b"), table=None, extra={"NCCL_SOCKET_IFNAME": "eth9"})
+    assert env["NCCL_SOCKET_IFNAME"] == "eth9" and "NCCL_NET" not in env
+    for bad in (["NCCL_NET=Socket"], ["NCCL_HOSTID=h"], ["=1"], ["NCCL X=1"], ["NCCL_P2P_DISABLE"]):
+        with pytest.raises(ValueError):
+            plan.parse_nccl_env(bad)
+
+
+def test_each_variant_gets_an_even_share_of_what_is_left():
+    assert plan.variant_shares(400, 4) == 100
+    assert plan.variant_shares(330, 3) == 110          # the first left 10 s unused: the rest inherit it
+    assert plan.variant_shares(400, 4, cap=60) == 60
+    assert plan.variant_shares(-5, 2) == 0

@@ -195,3 +195,46 @@ def test_most_frequent_choice_wins_across_ranks():
     a = nl.parse_log(info("AllReduce: 1024 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}"))
     b = nl.parse_log(info("AllReduce: 1024 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..0}"))
     assert nl.algos_by_size([a, a, b]) == {1024: ("RING", "LL")}
+
+
+@pytest.mark.parametrize("line,tag", [
+    # net.cc 2.19.3 / 2.20.5 "NET/Plugin : Plugin load returned %d : %s." (errno, dlerror())
+    ("NET/Plugin : Plugin load returned 2 : /opt/ct/libnccl-net-clustertool.so: version `GLIBC_2.34' not found "
+     "(required by /opt/ct/libnccl-net-clustertool.so).", "2.19.3"),
+    # net.cc 2.21.5 .. 2.25.1 "NET/Plugin: %s" (dlerror())
+    ("NET/Plugin: /opt/ct/libnccl-net-clustertool.so: undefined symbol: ct_missing", "2.23.4"),
+    # plugin_open.cc 2.26.2 .. 2.30.7 "%s/Plugin: %s: %s" (library name, dlerror())
+    ("NET/Plugin: libnccl-net-clustertool.so: /opt/ct/libnccl-net-clustertool.so: wrong ELF class: ELFCLASS32",
+     "2.28.9"),
+])
+def test_a_plugin_found_but_not_loadable_is_named_with_its_dlopen_error(line, tag):
+    log = nl.parse_log("\n".join([
+        info(f"NCCL version {tag}+cuda12.4"), info("NET/Plugin: Plugin name set by env to libnccl-net-clustertool.so"),
+        info(line), info("NET/Plugin: Could not find: clustertool. Using internal network plugin."),
+        info("Using network Socket")]))
+    assert not nl.plugin_loaded(log)
+    assert log.no_plugin == line.rstrip(".") or log.no_plugin == line, log.no_plugin
+    assert "libnccl-net-clustertool.so" in log.no_plugin
+
+
+def test_via_collnet_then_a_failed_connect_is_a_setup_failure():
+    """coll_net.cc prints "via COLLNET" for each channel's setup, before the connect that fails."""
+    log = nl.parse_log("\n".join([
+        info("NCCL version 2.28.9+cuda12.9"), info("NET/Plugin: Loaded net plugin clustertool (v11)"),
+        info("NET/Plugin: Loaded collnet plugin clustertool (v11)"), info("Using network clustertool"),
+        info("NCCL_COLLNET_ENABLE set by environment to 1."),
+        info("CollNet 00/0 : 0 [receive] via COLLNET/clustertool/0"),
+        info("CollNet 00/0 : 0 [send] via COLLNET/clustertool/0"),
+        warn("Cannot initialize CollNet, using point-to-point network instead", "transport.cc:399"),
+    ]))
+    assert not log.collnet_connected and log.collnet_via == ("clustertool/0",)
+    assert nl.collnet_state(log) == (False, "CollNet setup failed on some rank (see the plugin's WARN lines)")
+
+
+def test_connected_collnet_chains_is_success_from_2_23():
+    log = nl.parse_log("\n".join([
+        info("NCCL version 2.30.7+cuda13.0"), info("NET/Plugin: Loaded net plugin clustertool (v12)"),
+        info("Using network clustertool"), info("CollNet 00/0 : 1 [send] via COLLNET/clustertool/0"),
+        info("Connected Collnet Chains  [0] 0->1->-1 [1] 0->1->-1"),                 # coll_net.cc
+    ]))
+    assert nl.collnet_state(log) == (True, "CollNet connected via clustertool/0")
