@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/random.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include "ct_coll.h"
 
@@ -125,6 +125,20 @@ static int xfer(int fd, void* buf, size_t len, int tmo_ms, int sending) {
   return 0;
 }
 
+/* 8 random bytes for the session id. The system call, not getrandom(): that function
+ * needs glibc 2.25, and the libraries load on 2.17 (ct_glibc_compat.h). */
+static int random_u64(uint64_t* v) {
+#ifdef SYS_getrandom
+  if (syscall(SYS_getrandom, v, sizeof *v, 0) == (long)sizeof *v) return 0;
+#endif
+  /* kernels before 3.17 have no getrandom */
+  FILE* f = fopen("/dev/urandom", "rb");
+  if (!f) return -1;
+  size_t n = fread(v, 1, sizeof *v, f);
+  fclose(f);
+  return n == sizeof *v ? 0 : -1;
+}
+
 static int peer_fd(const ct_coll_t* c, int p) { return c->fds[p * c->nsocks]; }
 
 /* Every rank's status reaches rank 0; rank 0's verdict (the first failure) reaches all. */
@@ -165,7 +179,7 @@ int ct_coll_settings(ct_coll_t* c, int tmo) {
     int want = c->algo == CT_ALGO_SERVERS;
     for (int i = 0; i < c->nrules; i++) want |= c->rules[i].algo == CT_ALGO_SERVERS;
     h.want_servers = (uint32_t)(want && *list);
-    if (getrandom(&h.session, sizeof h.session, 0) != (ssize_t)sizeof h.session)
+    if (random_u64(&h.session))
       h.session = ((uint64_t)getpid() << 32) ^ (uint64_t)ct_now_ms() ^ (uint64_t)(uintptr_t)c;
     for (int p = 1; p < c->nranks; p++)
       if (xfer(peer_fd(c, p), &h, sizeof h, tmo, 1) ||

@@ -85,18 +85,22 @@ static ncclResult_t tn_get_v2(void* ctx, ncclFunc_t coll, size_t nBytes, int col
 }
 static ncclResult_t tn_destroy(void* ctx) { return tn_finalize(ctx); }
 
-static void* g_v1_ctx;   /* v1 keeps no context: the last init's table serves */
+/* v1 gives the plugin no context, yet NCCL 2.19/2.20 call its init and destroy once per
+ * communicator (2.19.3 src/init.cc). So every communicator shares one table, counted:
+ * the first init loads it (with that communicator's node and rank counts; v1's
+ * getCollInfo cannot tell communicators apart), later inits share it, and only the
+ * last destroy frees it. Freeing it at the first destroy left the other communicators
+ * with NCCL's defaults, silently. */
+static void* g_v1_ctx;
+static int g_v1_refs;   /* live communicators */
 static pthread_mutex_t g_v1_mu = PTHREAD_MUTEX_INITIALIZER;
 static ncclResult_t tn_init_v1(size_t nRanks, size_t nNodes, ncclDebugLogger_t log) {
-  void* ctx = NULL;
-  ncclResult_t r = tn_init_v4(nRanks, nNodes, log, &ctx);
-  if (r != ncclSuccess) return r;
+  ncclResult_t r = ncclSuccess;
   pthread_mutex_lock(&g_v1_mu);
-  void* old = g_v1_ctx;
-  g_v1_ctx = ctx;
+  if (g_v1_refs == 0) r = tn_init_v4(nRanks, nNodes, log, &g_v1_ctx);
+  if (r == ncclSuccess) g_v1_refs++;
   pthread_mutex_unlock(&g_v1_mu);
-  if (old) tn_finalize(old);
-  return ncclSuccess;
+  return r;
 }
 static ncclResult_t tn_get_v1(ncclFunc_t coll, size_t nBytes, int collNetSupport, int nvlsSupport, int numPipeOps,
                               int* algorithm, int* protocol, int* nChannels) {
@@ -108,11 +112,14 @@ static ncclResult_t tn_get_v1(ncclFunc_t coll, size_t nBytes, int collNetSupport
   return r;
 }
 static ncclResult_t tn_destroy_v1(void) {
+  void* last = NULL;
   pthread_mutex_lock(&g_v1_mu);
-  void* old = g_v1_ctx;
-  g_v1_ctx = NULL;
+  if (g_v1_refs > 0 && --g_v1_refs == 0) {   /* a destroy without an init changes nothing */
+    last = g_v1_ctx;
+    g_v1_ctx = NULL;
+  }
   pthread_mutex_unlock(&g_v1_mu);
-  return old ? tn_finalize(old) : ncclSuccess;
+  return last ? tn_finalize(last) : ncclSuccess;
 }
 
 #define EXPORT __attribute__((visibility("default")))

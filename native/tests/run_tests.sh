@@ -15,10 +15,11 @@ run() {
   fi
   p=${line%% passed*}; f=${line#*passed, }; f=${f%% failed*}
   [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && f=1
-  printf '%s\n' "$out" | grep -E '^FAIL|WARN|ERROR|runtime error' | head -20
+  printf '%s\n' "$out" | grep -E '^FAIL|^SKIP|WARN|ERROR|runtime error' | head -20
   echo "== $name: $line"
   pass=$((pass + p)); fail=$((fail + f))
 }
+run glibc_versions sh "$(dirname "$0")/check_glibc.sh" "$B"   # the libraries and the reducer load on glibc 2.17+ (x86-64)
 run test_abi "$B/test_abi" "$B"
 run test_reduce "$B/test_reduce"
 run test_tuner "$B/test_tuner" "$B"

@@ -1,10 +1,12 @@
 #define _GNU_SOURCE
-/* Tuner CSV parsing (good and malformed lines), matching, and the plugin's
- * effect on NCCL's cost table through the exported v6/v5 tables. */
+/* Tuner CSV parsing (good and malformed lines), matching, the plugin's effect on
+ * NCCL's cost table through the exported v6/v5 tables, and v1's one table shared by
+ * every communicator. */
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "ct_nccl_abi_compat.h"
 #include "ct_tuner.h"
 #include "ct_test.h"
 
@@ -132,6 +134,45 @@ static void test_plugin(const char* dir, const char* file) {
   dlclose(h);
 }
 
+/* v1's answer for a small allreduce: ring/LL with 2 channels from the table, else -1s. */
+static int v1_small_allreduce(const ncclTuner_v1_t* t1, int* algo, int* proto) {
+  int ch = 0;
+  *algo = *proto = -1;
+  t1->getCollInfo(ncclFuncAllReduce, 100, 0, 0, 1, algo, proto, &ch);
+  return ch;
+}
+
+/* NCCL 2.19/2.20 call v1's init and destroy once per communicator, and v1 has no
+ * context: destroying one communicator must leave the table to the others. */
+static void test_v1_communicators(const char* dir, const char* file) {
+  char lib[512];
+  snprintf(lib, sizeof lib, "%s/libnccl-tuner-clustertool.so", dir);
+  void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  const ncclTuner_v1_t* t1 = h ? dlsym(h, "ncclTunerPlugin_v1") : NULL;
+  CHECK(t1 != NULL, "dlopen tuner, ncclTunerPlugin_v1");
+  if (!t1) { if (h) dlclose(h); return; }
+  setenv("CLUSTERTOOL_TUNER_CONFIG", file, 1);
+  int algo, proto, ch;
+  CHECK(t1->init(32, 4, NULL) == ncclSuccess && t1->init(32, 4, NULL) == ncclSuccess, "v1: two communicators");
+  ch = v1_small_allreduce(t1, &algo, &proto);
+  CHECK(algo == NCCL_ALGO_RING && proto == NCCL_PROTO_LL && ch == 2, "v1: table's choice with two communicators");
+  CHECK(t1->destroy() == ncclSuccess, "v1: first communicator destroyed");
+  ch = v1_small_allreduce(t1, &algo, &proto);
+  CHECK(algo == NCCL_ALGO_RING && proto == NCCL_PROTO_LL && ch == 2,
+        "v1: the live communicator still gets the table's choice (got algo %d proto %d ch %d)", algo, proto, ch);
+  CHECK(t1->destroy() == ncclSuccess, "v1: last communicator destroyed");
+  ch = v1_small_allreduce(t1, &algo, &proto);
+  CHECK(algo == -1 && proto == -1 && ch == 0, "v1: no communicator, no table: NCCL decides");
+  CHECK(t1->destroy() == ncclSuccess, "v1: a destroy too many is harmless");
+  CHECK(t1->init(32, 4, NULL) == ncclSuccess, "v1: a new communicator after the last one went");
+  ch = v1_small_allreduce(t1, &algo, &proto);
+  CHECK(algo == NCCL_ALGO_RING && proto == NCCL_PROTO_LL && ch == 2, "v1: the new communicator loads the table");
+  CHECK(t1->destroy() == ncclSuccess, "v1: destroyed");
+  ch = v1_small_allreduce(t1, &algo, &proto);
+  CHECK(algo == -1 && proto == -1, "v1: one destroy per init is enough (the extra one did not go negative)");
+  dlclose(h);
+}
+
 int main(int argc, char** argv) {
   const char* dir = argc > 1 ? argv[1] : "build";
   test_parse_good();
@@ -141,6 +182,7 @@ int main(int argc, char** argv) {
   if (file) {
     test_load_and_match(file);
     test_plugin(dir, file);
+    test_v1_communicators(dir, file);
     unlink(file);
   }
   return CT_SUMMARY();
