@@ -310,7 +310,7 @@ def format_report(runs: list[VariantRun], nl, header: str) -> str:
     return "\n".join(lines)
 
 
-def format_evidence(runs: list[VariantRun], nl, limit: int = 14) -> str:
+def format_evidence(runs: list[VariantRun], nl, limit: int = 16) -> str:
     lines = ["", "What NCCL's logs say (rank 0, and the reason where a rank differs)"]
     for run in runs:
         if not run.logs:

@@ -237,3 +237,27 @@ def test_each_variant_gets_an_even_share_of_what_is_left():
     assert plan.variant_shares(330, 3) == 110          # the first left 10 s unused: the rest inherit it
     assert plan.variant_shares(400, 4, cap=60) == 60
     assert plan.variant_shares(-5, 2) == 0
+
+
+RECORDED = REPO / "tests" / "unit" / "data" / "nccl-2.28.9-h200"
+
+
+def test_recorded_h200_logs_of_nccl_2_28_9_pass_the_verdict():
+    """The logs of the first run on a GPU (one H200, NCCL 2.28.9 from torch 2.11, 4 ranks on
+    loopback), ranks 0 and 1 of each variant: what real NCCL printed, not a stand-in."""
+    runs = []
+    for name in plan.VARIANTS:
+        texts = [(RECORDED / f"{name}.rank{r}.log").read_text() for r in (0, 1)]
+        run = plan.VariantRun(name, texts=texts, logs=[nl.parse_log(t) for t in texts],
+                              results=[{"size": 1 << 20, "time_us": 1.0, "algbw": 1.0, "busbw": 1.0, "wrong": 0}])
+        runs.append(run)
+    assert plan.verdict(runs, nl) == (0, [])
+    sharded = runs[2].logs[0]
+    assert (sharded.version, sharded.net_plugin, sharded.net_abi, sharded.tuner_abi) == ("2.28.9", "clustertool", 11, 5)
+    assert nl.collnet_state(sharded) == (True, "CollNet connected via clustertool/0")
+    big = {n: a for n, a in nl.algos_by_size(runs[2].logs).items() if n >= 1 << 20}   # the timed sizes
+    assert sorted(big) == [1 << k for k in range(20, 29)] and set(big.values()) == {("COLLNET_CHAIN", "SIMPLE")}
+    assert {a for n, a in nl.algos_by_size(runs[0].logs).items() if n >= 1 << 20} == {("RING", "SIMPLE")}
+    assert runs[0].logs[0].network == "Socket" and nl.collnet_state(runs[1].logs[0]) == (False, "NCCL_COLLNET_ENABLE=0")
+    evidence = plan.format_evidence(runs, nl)
+    assert "Connected Collnet Chains" in evidence and "TUNER/Plugin: Using clustertool (v5)" in evidence
