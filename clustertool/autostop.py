@@ -266,8 +266,7 @@ def reconcile(cluster: Cluster, provider, queried: list[Node]) -> list[str]:
     event = powered_off(cluster, queried)
     if event is None:
         return []
-    record = getattr(provider, "autostop_record", None)
-    done = (record(cluster) if record else None) or {}
+    done = provider.autostop_record(cluster) or {}
     when = float(done.get("t") or time.time())
     lines = [f"{cluster.name}: the cluster's watcher {'terminated' if event == 'autodown' else 'stopped'} it"
              + (f" ({done['why']})" if done.get("why") else "")]
@@ -289,13 +288,12 @@ def reconcile(cluster: Cluster, provider, queried: list[Node]) -> list[str]:
 # ---- the verbs ----------------------------------------------------------------------------
 
 def poweroff_command(provider) -> str:
-    return getattr(provider, "POWEROFF", None) or DEFAULT_POWEROFF
+    return provider.POWEROFF or DEFAULT_POWEROFF
 
 
 def check_allowed(cluster: Cluster, provider, setting: Setting | None) -> None:
     """Autostop powers machines off: only machines clustertool made, and (to stop) not one-time spot."""
-    owns = getattr(provider, "owns_cluster", None)
-    if not (owns(cluster) if owns else provider.owns_machines) or cluster.provider_state.get("adopted"):
+    if not provider.owns_cluster(cluster) or cluster.provider_state.get("adopted"):
         raise UsageError(f"autostop is for machines clustertool made; {cluster.name!r} adopted existing ones",
                          hint="stop them yourself (clustertool never powers off machines it adopted)")
     if setting and not setting.down and cluster.options.get("spot"):
@@ -306,9 +304,8 @@ def check_allowed(cluster: Cluster, provider, setting: Setting | None) -> None:
 def apply(cluster: Cluster, provider, setting: Setting | None, transport: Transport = SSH) -> str:
     """Give a ready cluster the setting (None: cancel): the provider's shutdown behaviour, then the
     leader's watcher.  Returns how the watcher runs."""
-    change = getattr(provider, "set_shutdown_behavior", None)
-    if change and setting is not None:
-        change(cluster, "terminate" if setting.down else "stop")
+    if setting is not None:
+        provider.set_shutdown_behavior(cluster, "terminate" if setting.down else "stop")
     how = install(cluster, setting, poweroff_command(provider), transport)
     cluster.options["autostop"] = setting.to_dict() if setting else None
     return how

@@ -43,6 +43,10 @@ class SpecError(UsageError):
     """A cluster spec or playbook that does not validate; the message names file and key."""
 
 
+class NotSupported(UsageError):
+    """A verb this provider (or machine) does not have; the hint says what to do instead."""
+
+
 class StateError(ToolError):
     """Unknown cluster, corrupt or locked state."""
 

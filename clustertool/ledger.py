@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from clustertool import state
 from clustertool.model import Cluster
-from clustertool.providers.aws import pricing
+from clustertool.providers.base import REGISTRY, provider_class
 
 RUNNING_FROM = ("up", "start")
 STOPPED_FROM = ("stop", "autostop")
@@ -120,12 +120,9 @@ def _round(value: float | None) -> float | None:
 
 def hourly_price(provider: str, node_type: str, nodes: int, spot: bool) -> float | None:
     """USD per hour for the cluster: the price table `up` uses (approximate); local nodes cost nothing."""
-    if provider == "local":
-        return 0.0
-    if provider != "aws" or spot:
-        return None  # machines you already have (static); spot prices change by the hour
-    each = pricing.on_demand(node_type)
-    return None if each is None else each * nodes
+    if provider not in REGISTRY:
+        return None  # a provider this version does not know (a ledger written by another one)
+    return provider_class(provider).hourly_price(node_type, nodes, spot)
 
 
 def _span(start: float, end: float, since: float) -> float:

@@ -51,7 +51,7 @@ def _new_cluster(spec, report: Reporter = silent) -> tuple[Cluster, object]:
         name=spec.name, provider=spec.provider, user=spec.user or provider.default_user,
         options=dict(spec.options), created=time.time(), id=f"{spec.name}-{secrets.token_hex(3)}",
     )
-    if getattr(spec, "autostop", None):
+    if spec.autostop:
         cluster.options["autostop"] = dict(spec.autostop)
     return cluster, provider
 
@@ -85,7 +85,7 @@ def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = 
             raise _already(cluster.name)
         try:
             provider.check(request)
-            keys.ensure_keypair(cluster.name, getattr(provider, "key_type", keys.KEYGEN_TYPE))
+            keys.ensure_keypair(cluster.name, provider.key_type or keys.KEYGEN_TYPE)
             request.public_key = paths.pubkey.read_text().strip()
             state.save(cluster)
             state.write_marker(cluster.name, cluster.id)
@@ -116,9 +116,7 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
             wire(cluster)
             timings["wire"] = time.monotonic() - t1
         autostop.install_at_up(cluster, provider, no_ssh, report)
-        finish = getattr(provider, "finish", None)
-        if finish:
-            finish(cluster)
+        provider.finish(cluster)
         cluster.status = "ready" if not no_ssh else "provisioned"
         state.save(cluster)
     except BaseException as exc:
@@ -292,9 +290,7 @@ def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = Fals
 
 
 def _confirm_owner(provider, cluster: Cluster, force: bool, verb: str) -> None:
-    confirm = getattr(provider, "confirm_owner", None)
-    if confirm:
-        confirm(cluster, force, verb)
+    provider.confirm_owner(cluster, force, verb)
 
 
 def forget_leftovers(name: str, cluster_id: str) -> list[str]:
@@ -320,8 +316,7 @@ def known() -> tuple[set[str], set[str]]:
 
 def _owns(provider, cluster: Cluster) -> bool:
     """Whether down terminates the machines (False for adopted / static ones)."""
-    owns = getattr(provider, "owns_cluster", None)
-    return owns(cluster) if owns else provider.owns_machines
+    return provider.owns_cluster(cluster)
 
 
 def unwire(cluster: Cluster, transport: Transport = SSH) -> list[str]:

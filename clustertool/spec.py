@@ -157,7 +157,7 @@ def _provider_options(provider: str) -> tuple[dict[str, base.OptionSpec], type]:
         cls = base.provider_class(provider)
     except (ImportError, AttributeError) as exc:
         raise SpecError(f"provider {provider!r} is not available here: {exc}") from None
-    return dict(getattr(cls, "OPTIONS", {}) or {}), cls
+    return dict(cls.OPTIONS), cls
 
 
 def _flag(key: str) -> str:
@@ -202,9 +202,9 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
     for key, spec in option_specs.items():
         value = src.checked(key, lambda v, s=spec: _check_option(v, s))
         options[key] = spec.default if value is None else value
-        if key in getattr(cls, "PATH_OPTIONS", ()) and isinstance(options[key], str):
+        if key in cls.PATH_OPTIONS and isinstance(options[key], str):
             options[key] = src.absolute(key, options[key])
-    if values["nodes"] is None and not getattr(cls, "count_from_options", False):
+    if values["nodes"] is None and not cls.count_from_options:
         where = f"{path}: nodes" if path is not None else "--nodes"
         raise SpecError(f"{where}: required for provider {provider!r}: a positive integer")
     return ClusterSpec(name=values["name"] or provider, provider=provider, nodes=values["nodes"],

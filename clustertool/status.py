@@ -66,8 +66,7 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transpor
                    reach.get(n.name, (None, ""))[0], reach.get(n.name, (None, ""))[1])
         for n in cluster.ordered_nodes()
     ]
-    describe = getattr(provider, "describe", None)
-    extra = describe(cluster) if describe else {}
+    extra = provider.describe(cluster)
     extra["access"] = access.describe(cluster)
     extra.update(autostop.status_extra(cluster, check_ssh, transport))
     if unfinished:

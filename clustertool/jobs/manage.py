@@ -60,12 +60,12 @@ def reboot(cluster_name: str, selection: str | None, *, timeout: float = 600.0,
         provider = get_provider(cluster.provider)
         subset = dataclasses.replace(cluster, nodes=nodes)
         close_masters(subset)
-        if cluster.provider == "local":
+        if provider.REBOOT == "restart":
             report(f"restarting {nodeset.fold(n.name for n in nodes)} (all processes end, sshd starts again)")
             provider.stop_instances(subset)
             provider.start_instances(subset)
             _wait_ssh(cluster, nodes, timeout, False, transport)
-        elif hasattr(provider, "reboot_instances"):
+        elif provider.REBOOT == "provider":
             report(f"rebooting {nodeset.fold(n.name for n in nodes)} through the {cluster.provider} provider")
             provider.reboot_instances(subset)
             _wait_ssh(cluster, nodes, timeout, True, transport)

@@ -1,7 +1,12 @@
-"""The provider protocol: a handful of verbs, dataclasses in and out, an explicit registry.
+"""The provider interface: every hook the core calls, declared here with its default.
 
 A provider makes machines exist and go away; everything after "a node answers SSH"
-(keys, known_hosts, hostfiles, exec) is provider-independent and lives elsewhere.
+(keys, known_hosts, hostfiles, exec) is provider-independent and lives elsewhere. The core
+calls these methods and reads these class attributes, and nothing else: a new provider
+subclasses ``Provider``, implements the eight verbs marked required, and overrides the
+optional hooks it supports. An optional hook's default is the behaviour of a provider
+without that capability (a no-op, "not ours", no extra lines), or a ``NotSupported``
+error whose hint names what to do instead.
 
 Lifecycle, as driven by ``clustertool.lifecycle``::
 
@@ -13,9 +18,7 @@ Lifecycle, as driven by ``clustertool.lifecycle``::
     wait_instances(cluster)   until every node answers on its SSH port (only until "running"
                               when cluster.options.get("no_ssh")); fills ssh_host, and
                               host_keys when the provider knows them
-    owns_cluster(cluster)     optional: False when down must not terminate (adopted machines);
-                              defaults to the class attribute owns_machines
-    describe(cluster)         optional: dict of extra status lines (hourly cost, cost so far)
+    finish(cluster)           `up` succeeded (AWS: its lease becomes done)
     query_instances(cluster)  current node states (status)
     stop_instances / start_instances   keep disks; start returns refreshed nodes
     terminate_instances(cluster)       remove everything the provider made; idempotent,
@@ -28,9 +31,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Literal
 
-from clustertool.errors import UsageError
+from clustertool.errors import NotSupported, UsageError
 from clustertool.model import Cluster, Node, Reporter, silent
 
 
@@ -57,29 +60,99 @@ class ProvisionRequest:
     dry_run: bool = False
 
 
-class Provider(Protocol):
+Reboot = Literal["ssh", "restart", "provider"]
+
+
+class Provider:
+    """Base of every provider; see the module doc for the lifecycle."""
+
     name: ClassVar[str]
-    OPTIONS: ClassVar[dict[str, OptionSpec]]
     default_user: ClassVar[str]
-    owns_machines: ClassVar[bool]  # False for adopted machines: down never terminates them
-    # optional key_type: ClassVar[tuple[str, ...]], ssh-keygen's -t/-b for the cluster key when the
-    # default (transport.KEYGEN_TYPE, P-256) will not do
+    OPTIONS: ClassVar[dict[str, OptionSpec]] = {}
+    PATH_OPTIONS: ClassVar[tuple[str, ...]] = ()  # options holding a file path, made absolute from the spec's folder
+    count_from_options: ClassVar[bool] = False  # True: the options say how many nodes (adoption), --nodes optional
+    owns_machines: ClassVar[bool] = True  # False for adopted machines: down never terminates them
+    key_type: ClassVar[tuple[str, ...] | None] = None  # ssh-keygen -t/-b for the cluster key; None: P-256
+    POWEROFF: ClassVar[str | None] = None  # what the autostop watcher runs to power a node off; None: shutdown -h
+    REBOOT: ClassVar[Reboot] = "ssh"  # ssh: `reboot` on the node; restart: stop+start here; provider: reboot_instances
 
-    def check(self, request: ProvisionRequest) -> None: ...
+    def __init__(self, report: Reporter = silent, **_ignored: object) -> None:
+        self.report = report
 
-    def plan(self, request: ProvisionRequest) -> list[str]: ...
+    # ---- required verbs -------------------------------------------------------------------
+    def check(self, request: ProvisionRequest) -> None:
+        raise NotImplementedError
 
-    def run_instances(self, request: ProvisionRequest) -> list[Node]: ...
+    def plan(self, request: ProvisionRequest) -> list[str]:
+        raise NotImplementedError
 
-    def wait_instances(self, cluster: Cluster, timeout: float = 600.0) -> list[Node]: ...
+    def run_instances(self, request: ProvisionRequest) -> list[Node]:
+        raise NotImplementedError
 
-    def query_instances(self, cluster: Cluster) -> list[Node]: ...
+    def wait_instances(self, cluster: Cluster, timeout: float = 600.0) -> list[Node]:
+        raise NotImplementedError
 
-    def stop_instances(self, cluster: Cluster) -> None: ...
+    def query_instances(self, cluster: Cluster) -> list[Node]:
+        raise NotImplementedError
 
-    def start_instances(self, cluster: Cluster) -> list[Node]: ...
+    def stop_instances(self, cluster: Cluster) -> None:
+        raise NotImplementedError
 
-    def terminate_instances(self, cluster: Cluster) -> list[str]: ...
+    def start_instances(self, cluster: Cluster) -> list[Node]:
+        raise NotImplementedError
+
+    def terminate_instances(self, cluster: Cluster) -> list[str]:
+        raise NotImplementedError
+
+    # ---- optional hooks, with the default of a provider that lacks them -------------------
+    def finish(self, cluster: Cluster) -> None:
+        """`up` succeeded."""
+
+    def confirm_owner(self, cluster: Cluster, force: bool, verb: str) -> None:
+        """Refuse (unless ``force``) to ``verb`` a cluster another owner made."""
+
+    def owns_cluster(self, cluster: Cluster) -> bool:
+        """Whether down terminates the machines (False for adopted ones)."""
+        return self.owns_machines
+
+    def describe(self, cluster: Cluster) -> dict[str, Any]:
+        """Extra status lines (hourly cost, cost so far, ...)."""
+        return {}
+
+    def autostop_record(self, cluster: Cluster) -> dict[str, Any] | None:
+        """What the cluster's watcher left when it powered the cluster off (when, why)."""
+        return None
+
+    def set_shutdown_behavior(self, cluster: Cluster, behavior: str) -> None:
+        """What each machine does when its OS powers off: "stop" or "terminate" (autostop/autodown)."""
+
+    def reboot_instances(self, cluster: Cluster) -> None:
+        """Reboot the cluster's (or a subset's) machines through the provider (REBOOT = "provider")."""
+        raise NotSupported(f"the {self.name} provider has no reboot of its own", hint="reboot over SSH")
+
+    @classmethod
+    def hourly_price(cls, node_type: str, nodes: int, spot: bool) -> float | None:
+        """USD per hour for ``nodes`` machines of ``node_type``; None: unknown (the ledger says so)."""
+        return None
+
+    # ---- verbs the next features use: declared now, so every provider answers them --------
+    def replace_node(self, cluster: Cluster, node: str, keep_old: bool = False) -> Node:
+        """A new machine takes ``node``'s name, role, slots and place; the old one goes (or stops)."""
+        raise NotSupported(f"the {self.name} provider cannot replace a node",
+                           hint="run on the other nodes (`-w` selects them), or `down` and `up` again")
+
+    def shared_fs(self, cluster: Cluster, kind: str, size_gb: int | None = None) -> dict[str, Any]:
+        """Make (or find) a filesystem every node mounts; returns how to mount it."""
+        raise NotSupported(f"the {self.name} provider has no shared filesystem",
+                           hint="copy the data to every node with `clustertool copy`")
+
+    def reservations(self, request: ProvisionRequest) -> list[dict[str, Any]]:
+        """Capacity reservations / blocks the request may launch into."""
+        return []
+
+    def topology(self, cluster: Cluster) -> dict[str, list[str]]:
+        """Network topology per node, outermost layer first (empty: unknown)."""
+        return {}
 
 
 REGISTRY: dict[str, str] = {
@@ -89,7 +162,7 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def provider_class(name: str) -> type:
+def provider_class(name: str) -> type[Provider]:
     try:
         target = REGISTRY[name]
     except KeyError:

@@ -24,7 +24,7 @@ from clustertool import hostfile as hostfiles
 from clustertool import nodeset
 from clustertool.errors import ProviderError, UsageError
 from clustertool.model import LEADER, MEMBER, SERVER, Cluster, Node
-from clustertool.providers.base import OptionSpec, ProvisionRequest
+from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
 
 _HINT = "e.g. --hosts 10.0.1.5,10.0.1.6 --key ~/.ssh/mykey.pem, or --hostfile hosts.txt"
 
@@ -115,7 +115,7 @@ def check_key(path: str) -> str:
     return full
 
 
-class StaticProvider:
+class StaticProvider(Provider):
     """Machines that already exist: listed, checked, adopted; never created or destroyed."""
 
     name: ClassVar[str] = "static"
@@ -137,6 +137,7 @@ class StaticProvider:
     }
 
     def __init__(self, reach_timeout: float = 20.0, **_ignored: Any):
+        super().__init__()
         self.reach_timeout = reach_timeout
 
     # -- validation -------------------------------------------------------------------------

@@ -206,4 +206,7 @@ def test_a_local_node_powers_off_by_ending_its_own_sshd_never_by_shutdown():
     command = autostop.poweroff_command(LocalProvider())
     assert command == 'kill -TERM "$(cat /etc/ssh/sshd.pid)"'  # the node's own /etc/ssh, its init then exits
     assert "shutdown" not in command  # /run is the host's: a shutdown there would reach the host's init
-    assert autostop.poweroff_command(object()) == autostop.DEFAULT_POWEROFF
+    from clustertool.providers.base import Provider
+
+    assert Provider.POWEROFF is None   # a provider that declares no command of its own gets shutdown -h
+    assert autostop.poweroff_command(Provider()) == autostop.DEFAULT_POWEROFF

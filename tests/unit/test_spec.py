@@ -16,7 +16,7 @@ from clustertool.spec import ClusterSpec, load_spec
 pytestmark = pytest.mark.unit
 
 
-class FakeProvider:
+class FakeProvider(base.Provider):
     name: ClassVar[str] = "fake"
     default_user: ClassVar[str] = "ubuntu"
     owns_machines: ClassVar[bool] = True

@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from clustertool.model import Cluster, Node, Reporter, silent
-from clustertool.providers.base import OptionSpec, ProvisionRequest
+from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
 
 
-class AwsProvider:
+class AwsProvider(Provider):
     name: ClassVar[str] = "aws"
     default_user: ClassVar[str] = "ubuntu"  # the Ubuntu Deep Learning AMI's user
     owns_machines: ClassVar[bool] = True
@@ -61,8 +61,8 @@ class AwsProvider:
     }
 
     def __init__(self, report: Reporter = silent, **_ignored: object) -> None:
+        super().__init__(report)
         self._prep = None
-        self.report = report
 
     def _prepared(self, request: ProvisionRequest):
         from clustertool.providers.aws import prepare
@@ -145,3 +145,11 @@ class AwsProvider:
         from clustertool.providers.aws import provision
 
         return provision.describe(cluster)
+
+    @classmethod
+    def hourly_price(cls, node_type: str, nodes: int, spot: bool) -> float | None:
+        """On-demand list price (approximate); spot prices change by the hour: unknown."""
+        from clustertool.providers.aws import pricing
+
+        each = None if spot else pricing.on_demand(node_type)
+        return None if each is None else each * nodes

@@ -28,7 +28,7 @@ from typing import ClassVar
 from clustertool import state
 from clustertool.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.model import LEADER, MEMBER, SERVER, Cluster, Node
-from clustertool.providers.base import OptionSpec, ProvisionRequest
+from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
 from clustertool.providers.local import access as local_access
 from clustertool.providers.local import net, sysops
 from clustertool.providers.local.teardown import teardown
@@ -58,7 +58,7 @@ ACCESS_HELP = ("Who takes SSH from this machine: 'leader' (members only through 
                "or 'all' (default: leader on aws, all on local).")
 
 
-class LocalProvider:
+class LocalProvider(Provider):
     name: ClassVar[str] = "local"
     default_user: ClassVar[str] = "root"
     owns_machines: ClassVar[bool] = True
@@ -74,10 +74,12 @@ class LocalProvider:
     }
 
     WAIT_LIMIT: ClassVar[float] = 60.0
-    POWEROFF: ClassVar[str] = net.NODE_POWEROFF  # what the autostop watcher runs to power a node off
+    POWEROFF: ClassVar[str | None] = net.NODE_POWEROFF  # what the autostop watcher runs to power a node off
+    REBOOT = "restart"  # a node is its sshd: stop and start it again
 
-    def __init__(self, **_: object) -> None:
-        pass
+    @classmethod
+    def hourly_price(cls, node_type: str, nodes: int, spot: bool) -> float | None:
+        return 0.0  # namespaces on this machine
 
     # ---- checks and plan ------------------------------------------------------------
 
