@@ -21,10 +21,9 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Cluster": "clustertool.api", "Job": "clustertool.api",
-    "GroupResult": "clustertool.model", "HostResult": "clustertool.model",
-    "ToolError": "clustertool.errors", "UsageError": "clustertool.errors", "SpecError": "clustertool.errors",
-    "StateError": "clustertool.errors", "ProviderError": "clustertool.errors", "RemoteError": "clustertool.errors",
-    "MissingPrerequisite": "clustertool.errors",
+    "GroupResult": "clustertool.core.model", "HostResult": "clustertool.core.model",
+    **{name: "clustertool.core.errors" for name in ("ToolError", "UsageError", "SpecError", "StateError",
+                                                     "ProviderError", "RemoteError", "MissingPrerequisite")},
 }
 __all__ = sorted(_EXPORTS)
 

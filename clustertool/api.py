@@ -11,7 +11,7 @@
 Every method calls the same core function as the matching command (``up`` -> lifecycle.up,
 ``exec`` -> remote.execute.execute, ``copy`` -> transfer.copy.copy, ``run`` -> jobs.launch.run ...)
 and returns its result objects, whose ``to_dict()`` is what the command prints with ``--json``.
-Failures raise clustertool.errors (``ToolError`` and its kinds: ``.message``, ``.hint``); a node that
+Failures raise clustertool.core.errors (``ToolError`` and its kinds: ``.message``, ``.hint``); a node that
 failed a command is a value in the result (``HostResult.reason``), not an exception, unless
 ``check=True``.  Progress lines go to ``report`` (a callable taking one str) when one is given;
 by default the API prints nothing.
@@ -22,23 +22,24 @@ from __future__ import annotations
 import os
 from typing import Callable, Iterable, Mapping, Sequence
 
-from clustertool import autostop as autostops
-from clustertool import lifecycle, nodeset, state
-from clustertool import spec as specs
-from clustertool import status as clusterstatus
-from clustertool.errors import RemoteError, UsageError
+from clustertool.cluster import autostop as autostops
+from clustertool.cluster import lifecycle
+from clustertool.cluster import spec as specs
+from clustertool.cluster import status as clusterstatus
+from clustertool.core import nodeset, state
+from clustertool.core.errors import RemoteError, UsageError
+from clustertool.core.model import Cluster as ClusterRecord
+from clustertool.core.model import GroupResult, Reporter, silent
+from clustertool.core.model import Job as JobRecord
 from clustertool.jobs import kill as jobkill
 from clustertool.jobs import launch, records
 from clustertool.jobs import logs as joblogs
 from clustertool.jobs.mpirun import MpiOptions
-from clustertool.model import Cluster as ClusterRecord
-from clustertool.model import GroupResult, Reporter, silent
-from clustertool.model import Job as JobRecord
 from clustertool.remote import fabricgroup
 from clustertool.remote.execute import execute
 from clustertool.transfer.chain import DEFAULT_CIPHER
 from clustertool.transfer.copy import copy as copy_tree
-from clustertool.transfer.model import CopyResult, ProgressCb
+from clustertool.transfer.results import CopyResult, ProgressCb
 
 LineFn = Callable[[str], None]
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 
 ALGOS = ("servers", "sharded", "ring", "mpi")
 PLUGIN_ALGOS = ("servers", "sharded", "ring")

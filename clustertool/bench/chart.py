@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 from clustertool.bench.scaling import ScalingResult
-from clustertool.errors import MissingPrerequisite
+from clustertool.core.errors import MissingPrerequisite
 
 
 def pyplot():

@@ -23,8 +23,8 @@ from typing import Sequence
 
 from clustertool.bench.chart import pyplot, short_command
 from clustertool.bench.scaling import Launcher, compile_metric, job_argv, parse_throughput
-from clustertool.errors import UsageError
-from clustertool.model import Reporter, silent
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Reporter, silent
 
 PLACEHOLDER = "{}"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")

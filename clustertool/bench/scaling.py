@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clustertool.errors import UsageError
-from clustertool.model import Reporter, silent
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Reporter, silent
 
 NUM = r"[0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 UNIT = r"(?:images|imgs?|samples|sequences|seqs|tokens|examples)"

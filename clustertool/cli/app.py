@@ -10,9 +10,10 @@ import traceback
 import click
 import typer
 
-from clustertool import __version__, interrupts
+from clustertool import __version__
 from clustertool.cli import usage
-from clustertool.errors import ExitStatus, ToolError
+from clustertool.core import interrupts
+from clustertool.core.errors import ExitStatus, ToolError
 
 
 def _click_modules() -> list:

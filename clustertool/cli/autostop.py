@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from clustertool.cli.common import ClusterOpt, JsonOpt, cluster_name, reporter
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 
 
 def autostop(
@@ -29,8 +29,8 @@ def autostop(
     """Stop (or with --down terminate) the cluster after IDLE with no job, no GPU use (nvidia-smi on every
     node) and, with --wait-for jobs-and-ssh, no interactive SSH session. The leader decides and powers
     the nodes off (members first), so it happens even when this machine is off."""
-    from clustertool import autostop as core
     from clustertool.cli import render
+    from clustertool.cluster import autostop as core
 
     if show and (idle is not None or cancel):
         raise UsageError("--show only shows: give it alone")
@@ -79,10 +79,10 @@ def cost(
 ) -> None:
     """Every cluster this machine made, live or gone: node type and count, hours up and stopped, and an
     estimated cost (approximate: the price table `up` shows), with the hours autostop saved."""
-    from clustertool import autostop as core
-    from clustertool import ledger
     from clustertool.cli import render
-    from clustertool.status import list_all
+    from clustertool.cluster import autostop as core
+    from clustertool.cluster import ledger
+    from clustertool.cluster.status import list_all
 
     core.refresh(list_all())  # a cluster its watcher powered off counts as off
     result = ledger.report(since=_since(since), known=list_all())

@@ -54,10 +54,10 @@ def scaling(
     lines, else the last "samples/sec: N"-like figure. Efficiency = speedup / (ranks / base ranks).
     Exit code 1 if any size failed or printed no figure.
     """
-    from clustertool import state
     from clustertool.bench import scaling as core
-    from clustertool.bench.launch import launcher
+    from clustertool.bench.benchjobs import launcher
     from clustertool.cli import render
+    from clustertool.core import state
 
     sizes = core.parse_sizes(nodes)
     c = state.load(cluster_name(cluster))
@@ -103,10 +103,10 @@ def compare(
     Each variant is COMMAND with {} replaced by its name, run on the same nodes; with --repeat the
     variants take turns. Exit code 1 if any variant failed or printed no figure.
     """
-    from clustertool import state
     from clustertool.bench import compare as core
-    from clustertool.bench.launch import launcher
+    from clustertool.bench.benchjobs import launcher
     from clustertool.cli import render
+    from clustertool.core import state
 
     names = core.parse_variants(variants)
     c = state.load(cluster_name(cluster))
@@ -179,11 +179,11 @@ def allreduce(
     """
     from dataclasses import asdict
 
-    from clustertool import state
     from clustertool.bench import allreduce as core
-    from clustertool.bench.launch import launcher
+    from clustertool.bench.benchjobs import launcher
     from clustertool.cli import render
-    from clustertool.errors import ToolError
+    from clustertool.core import state
+    from clustertool.core.errors import ToolError
     from clustertool.plugin.build import BENCH, load_record
 
     c = state.load(cluster_name(cluster))

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, reporter
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 
 ForceOwnerOpt = typer.Option(False, "--force-owner",
                              help="Act even on a cluster whose tags say another owner (AWS identity + "
@@ -33,8 +33,9 @@ def down(
     json_output: bool = JsonOpt,
 ) -> None:
     """Tear a cluster down (by its id), leaving nothing that costs money; forget adopted machines."""
-    from clustertool import lifecycle, state
     from clustertool.cli import render
+    from clustertool.cluster import lifecycle
+    from clustertool.core import state
 
     if sweep:
         _sweep(sweep_provider, region, profile, yes, json_output, force_owner)
@@ -58,18 +59,20 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
     from clustertool.cli import render
 
     if provider == "local":
-        from clustertool.providers.local import sweep
+        from clustertool.providers.local import strays
 
-        orphans = sweep.find_orphans(force_owner=force_owner)
+        finder = strays
+        orphans = strays.find_orphans(force_owner=force_owner)
         title = "local clusters no state of this clustertool home knows"
         rows = [(o.cluster, o.cluster_id or "-", o.id, o.home or "?", f"{o.action}: {o.why}") for o in orphans]
         columns = ["cluster", "id", "bridge", "home", "action"]
-        to_delete = [o for o in orphans if o.action == sweep.DELETE]
+        to_delete = [o for o in orphans if o.action == strays.DELETE]
     elif provider == "aws":
-        from clustertool import autostop, lifecycle
+        from clustertool.cluster import autostop, lifecycle
+        from clustertool.cluster.status import list_all
         from clustertool.providers.aws import sweep
-        from clustertool.status import list_all
 
+        finder = sweep
         for line in autostop.refresh([c for c in list_all() if c.provider == "aws"]):
             reporter(json_output)(line)
         ids, names = lifecycle.known()
@@ -94,7 +97,7 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
         if not sys.stdin.isatty():
             raise UsageError("refusing to delete orphaned resources without --yes")
         typer.confirm(f"Delete the {len(to_delete)} marked for deletion?", abort=True)
-    removed, lines = _delete_orphans(provider, sweep, to_delete, reporter(json_output))
+    removed, lines = _delete_orphans(provider, finder, to_delete, reporter(json_output))
     if json_output:
         render.print_json({"orphans": orphans, "removed": removed, "local": lines})
     else:
@@ -103,15 +106,15 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
         typer.echo(f"removed {len(removed)} {'cluster(s)' if provider == 'aws' else 'resource(s)'}")
 
 
-def _delete_orphans(provider: str, sweep, orphans, report) -> tuple[list, list[str]]:
+def _delete_orphans(provider: str, finder, orphans, report) -> tuple[list, list[str]]:
     """Delete; for clusters of this home, also their key, lock and hostfile on this machine."""
-    from clustertool import lifecycle
+    from clustertool.cluster import lifecycle
 
     if provider != "aws":
-        removed = sweep.delete_orphans(orphans, report=report)
+        removed = finder.delete_orphans(orphans, report=report)
         lines = [line for o in orphans if o.ours for line in lifecycle.forget_leftovers(o.cluster, o.cluster_id)]
         return removed, lines
-    removed = sweep.delete(orphans, report=report)
+    removed = finder.delete(orphans, report=report)
     lines = [line for o in removed if o.ours for line in lifecycle.forget_leftovers(o.name, o.id)]
     return [f"{o.name} ({o.id or 'no id'}): {o.count()} resource(s)" for o in removed], lines
 
@@ -122,8 +125,8 @@ def status(
     no_check: bool = typer.Option(False, "--no-check", help="Do not test SSH reachability."),
 ) -> None:
     """Nodes of a cluster: role, address, slots, state, SSH reachability (and cost where known)."""
-    from clustertool import status as clusterstatus
     from clustertool.cli import render
+    from clustertool.cluster import status as clusterstatus
 
     report = clusterstatus.status(cluster_name(cluster), check_ssh=not no_check, report=reporter(json_output))
     c, rows, extra = report.cluster, report.nodes, report.extra
@@ -143,9 +146,9 @@ def status(
 
 def ls(json_output: bool = JsonOpt) -> None:
     """Clusters this machine knows."""
-    from clustertool import autostop
     from clustertool.cli import render
-    from clustertool.status import list_all
+    from clustertool.cluster import autostop
+    from clustertool.cluster.status import list_all
 
     for line in autostop.refresh(list_all(), report=reporter(json_output)):
         reporter(json_output)(line)
@@ -178,7 +181,7 @@ def ssh(
     """Open a shell on a node (or run one command), with the cluster's pinned keys."""
     import shlex
 
-    from clustertool import nodeset, state
+    from clustertool.core import nodeset, state
     from clustertool.remote import transport
 
     c = state.load(cluster_name(cluster))
@@ -204,8 +207,8 @@ def hostfile(
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
 ) -> None:
     """Print (or write) the cluster's hostfile, leader first, private addresses, with slots."""
-    from clustertool import hostfile as hf
-    from clustertool import state
+    from clustertool.core import hostfile as hf
+    from clustertool.core import state
 
     if fmt not in hf.FORMATS:
         raise UsageError(f"unknown hostfile format {fmt!r}", hint=f"choose one of: {', '.join(hf.FORMATS)}")
@@ -220,8 +223,8 @@ def hostfile(
 
 def stop(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt) -> None:
     """Stop the nodes, keeping their disks (the prepared dataset survives)."""
-    from clustertool import lifecycle
     from clustertool.cli import render
+    from clustertool.cluster import lifecycle
 
     name = cluster_name(cluster)
     lifecycle.stop(name, report=render.info, force_owner=force_owner)
@@ -230,8 +233,8 @@ def stop(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt)
 
 def start(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt) -> None:
     """Start stopped nodes; refreshes hostfiles and known_hosts, as addresses may change."""
-    from clustertool import lifecycle
     from clustertool.cli import render
+    from clustertool.cluster import lifecycle
 
     c = lifecycle.start(cluster_name(cluster), report=render.info, force_owner=force_owner)
     typer.echo(f"cluster {c.name} started; hostfile {c.hostfile_path}")
@@ -239,7 +242,8 @@ def start(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt
 
 def repin(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt) -> None:
     """Re-collect host keys of nodes that were legitimately rebuilt, then re-wire."""
-    from clustertool import lifecycle, nodeset, state
+    from clustertool.cluster import lifecycle
+    from clustertool.core import nodeset, state
 
     name = cluster_name(cluster)
     picked = [n.name for n in nodeset.select(state.load(name), nodes)]

@@ -7,8 +7,8 @@ from typing import Optional
 import typer
 from typer.core import TyperCommand
 
-from clustertool import state
-from clustertool.model import Reporter, silent
+from clustertool.core import state
+from clustertool.core.model import Reporter, silent
 
 
 def complete_cluster(incomplete: str) -> list[str]:

@@ -25,8 +25,8 @@ def exec_(
     Output streams live as `node-3: line`, then identical outputs are printed once per node set
     (node-[1-3,5]). Exit code: the highest remote one; 255 if a node was unreachable or timed out.
     """
-    from clustertool import nodeset
     from clustertool.cli import render
+    from clustertool.core import nodeset
     from clustertool.remote.execute import execute
 
     on_line = None

@@ -20,8 +20,8 @@ def inventory(
     ansible: `ansible -i <(clustertool inventory) all -m ping`; groups <cluster>_leader,
     <cluster>_members and <cluster>. ssh-config: Host blocks for <cluster>-leader, <cluster>-node-K.
     """
-    from clustertool import inventory as core
-    from clustertool import state
+    from clustertool.cluster import inventory as core
+    from clustertool.core import state
 
     text = core.render(state.load(cluster_name(cluster)), fmt)
     if output is None:

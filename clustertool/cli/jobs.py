@@ -147,8 +147,8 @@ def _state_text(job) -> str:
 
 def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
     """Jobs of the cluster with their state and duration."""
-    from clustertool import state
     from clustertool.cli import render
+    from clustertool.core import state
     from clustertool.jobs import records
 
     all_jobs = records.refresh(state.load(cluster_name(cluster)))
@@ -196,7 +196,7 @@ def logs(
 def attach(job: str = typer.Argument(..., metavar="JOB", autocompletion=complete_job, help="Job id."),
            cluster: Optional[str] = ClusterOpt) -> None:
     """Attach to the job's tmux session on the leader (detach again with Ctrl-b d)."""
-    from clustertool.errors import UsageError
+    from clustertool.core.errors import UsageError
     from clustertool.jobs.logs import find_job
     from clustertool.remote.transport import session_argv
 
@@ -241,8 +241,8 @@ def reboot(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
            timeout: float = typer.Option(600, "--timeout", help="Seconds to wait for SSH."),
            yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask.")) -> None:
     """Reboot nodes (local: restart the node's processes and sshd), wait for SSH, re-check."""
-    from clustertool import nodeset
-    from clustertool.errors import UsageError
+    from clustertool.core import nodeset
+    from clustertool.core.errors import UsageError
     from clustertool.jobs import manage
 
     name = cluster_name(cluster)
@@ -259,7 +259,7 @@ def clean(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
           jobs_: bool = typer.Option(False, "--jobs", help="Remove whole records of finished jobs."),
           ) -> None:
     """Remove finished jobs' logs and/or records on every node (running jobs are kept)."""
-    from clustertool import nodeset
+    from clustertool.core import nodeset
     from clustertool.jobs import manage
 
     if not logs_ and not jobs_:

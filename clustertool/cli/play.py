@@ -7,7 +7,7 @@ from typing import List
 
 import typer
 
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 from clustertool.playbook.steps import CommandSpec, ParamSpec
 
 _TYPES = {"integer": "int", "float": "float", "boolean": "bool", "choice": "choice"}
@@ -77,7 +77,7 @@ def _pass_stderr(line: str) -> None:
 def _overrides(items: List[str]) -> dict:
     import yaml
 
-    from clustertool import yamlfile
+    from clustertool.core import yamlfile
 
     out = {}
     for item in items:

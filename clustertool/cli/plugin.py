@@ -23,9 +23,9 @@ def build_cmd(
     """Compile native/ and report the artefact's version and checksum."""
     from dataclasses import asdict
 
-    from clustertool import state
     from clustertool.cli import render
-    from clustertool.errors import UsageError
+    from clustertool.core import state
+    from clustertool.core.errors import UsageError
     from clustertool.plugin import build
 
     if on not in ("local", "leader"):
@@ -65,8 +65,8 @@ def deploy_cmd(
     calls are forwarded to libnccl-net-ofi.so when present) and NCCL_TUNER_PLUGIN
     replaces the EFA plugin's own tuner.
     """
-    from clustertool import state
     from clustertool.cli.common import reporter
+    from clustertool.core import state
     from clustertool.plugin import build, deploy
 
     c = state.load(cluster_name(cluster))
@@ -78,8 +78,8 @@ def deploy_cmd(
 @plugin_app.command("status")
 def status_cmd(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
     """Per node: installed version and checksum, and whether it matches the local build."""
-    from clustertool import state
-    from clustertool.errors import ToolError
+    from clustertool.core import state
+    from clustertool.core.errors import ToolError
     from clustertool.plugin import build, deploy
 
     c = state.load(cluster_name(cluster))
@@ -95,7 +95,7 @@ def status_cmd(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt)
 @plugin_app.command("env")
 def env_cmd(cluster: Optional[str] = ClusterOpt) -> None:
     """Print the job environment for the deployed plugin (NAME=VALUE lines)."""
-    from clustertool import state
+    from clustertool.core import state
     from clustertool.plugin.deploy import plugin_env
 
     for k, v in plugin_env(state.load(cluster_name(cluster))).items():

@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any, Iterable, Sequence
 
-from clustertool.model import GroupResult, jsonable
+from clustertool.core.model import GroupResult, jsonable
 
 _lock = threading.Lock()
 

@@ -66,9 +66,9 @@ def build_up_command() -> click.Command:
 
 def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_output, autostop, autodown, wait_for,
         **options):
-    from clustertool import lifecycle, spec
     from clustertool.cli import render
     from clustertool.cli.common import reporter
+    from clustertool.cluster import lifecycle, spec
     from clustertool.remote import access
 
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user,

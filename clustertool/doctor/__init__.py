@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import time
 
-from clustertool import state
-from clustertool.doctor import analyze, network
+from clustertool.cluster.facts import NodeFacts, facts_script, gpu_count, parse_facts
+from clustertool.core import state
+from clustertool.core.errors import ToolError, UsageError
+from clustertool.core.model import Cluster, Node, Reporter, silent
+from clustertool.doctor import analyze, netchecks
+from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
 from clustertool.doctor.fixes import apply_fixes
-from clustertool.doctor.model import CheckResult, Diagnosis, Finding
-from clustertool.errors import ToolError, UsageError
-from clustertool.facts import NodeFacts, facts_script, gpu_count, parse_facts
 from clustertool.jobs.records import running_job_ids
-from clustertool.model import Cluster, Node, Reporter, silent
 from clustertool.plugin import check as plugin_check
 from clustertool.plugin.build import NET_LIB, load_record
 from clustertool.plugin.deploy import default_dest
@@ -123,7 +123,7 @@ def _mesh(cluster: Cluster, reachable: list[Node], transport: Transport) -> Chec
     unreachable = {n.name for n in cluster.nodes} - {n.name for n in reachable}
     pairs = sum(len(peers[n.name]) for n in reachable)
     data = {"pairs_tried": pairs, "sampled": len(cluster.nodes) > FULL_MESH_MAX}
-    return CheckResult("ssh-mesh", network.mesh_findings(cluster, reachable, outputs, unreachable, peers), data=data)
+    return CheckResult("ssh-mesh", netchecks.mesh_findings(cluster, reachable, outputs, unreachable, peers), data=data)
 
 
 def _mesh_again(cluster: Cluster, reachable: list[Node], outputs: dict[str, str],
@@ -147,10 +147,10 @@ def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], tran
     if len(reachable) < 2:
         return CheckResult("links", skipped="fewer than two reachable nodes")
     parallel = cluster.provider != "local"  # local nodes share this machine's CPUs: one pair at a time
-    pairs, failed = network.link_check(cluster, reachable, parallel=parallel, transport=transport)
+    pairs, failed = netchecks.link_check(cluster, reachable, parallel=parallel, transport=transport)
     slow = {f.node for f in analyze.link_findings(pairs, {}) if f.node}
     if slow:  # measure the suspects' pairs once more and keep the better figure: noise is not a finding
-        again, _ = network.link_check(cluster, reachable, parallel=parallel, only=slow, transport=transport)
+        again, _ = netchecks.link_check(cluster, reachable, parallel=parallel, only=slow, transport=transport)
         pairs = {k: max(v, again.get(k, 0.0)) for k, v in pairs.items()}
     data = {"pairs_bits_per_s": {f"{a}<->{b}": bw for (a, b), bw in pairs.items()},
             "node_median_bits_per_s": analyze.node_scores(pairs)}
@@ -202,7 +202,7 @@ def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: 
                                         data={f.node: f.values for f in facts}),
         "strays": lambda: analyze.stray_findings(facts, running_job_ids(cluster, transport)),
         "clock": lambda: _clock(cluster, reachable, transport),
-        "mpi-smoke": lambda: (network.smoke_test(cluster, transport=transport) if len(reachable) == len(cluster.nodes)
+        "mpi-smoke": lambda: (netchecks.smoke_test(cluster, transport=transport) if len(reachable) == len(cluster.nodes)
                               else CheckResult("mpi-smoke", skipped="a node is unreachable")),
         "links": lambda: _links(cluster, reachable, facts, transport),
         "plugin-nccl": lambda: _plugin_nccl(cluster, reachable, facts, report, transport),

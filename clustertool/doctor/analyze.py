@@ -7,8 +7,8 @@ from collections import Counter
 from typing import Iterable
 
 from clustertool.bench.allreduce import size_text
-from clustertool.doctor.model import Finding
-from clustertool.facts import NodeFacts
+from clustertool.cluster.facts import NodeFacts
+from clustertool.doctor.findings import Finding
 from clustertool.plugin.check_report import CheckReport
 
 DISK_ERROR_PCT, DISK_ERROR_KB = 5.0, 512 * 1024

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import shlex
 
-from clustertool import lifecycle
-from clustertool.doctor.model import Finding
+from clustertool.cluster import lifecycle
+from clustertool.core.model import Cluster, Reporter, silent
+from clustertool.doctor.findings import Finding
 from clustertool.jobs import scripts
 from clustertool.jobs.records import running_job_ids
-from clustertool.model import Cluster, Reporter, silent
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
 

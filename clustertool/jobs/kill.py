@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clustertool import nodeset, state
-from clustertool.errors import ToolError, UsageError
+from clustertool.core import nodeset, state
+from clustertool.core.errors import ToolError, UsageError
+from clustertool.core.model import Cluster, GroupResult, Job, jsonable
 from clustertool.jobs import records, scripts
-from clustertool.model import Cluster, GroupResult, Job, jsonable
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
 

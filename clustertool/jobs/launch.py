@@ -13,17 +13,17 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from clustertool import nodeset, state
-from clustertool.errors import RemoteError, ToolError, UsageError
+from clustertool.core import nodeset, state
+from clustertool.core.errors import RemoteError, ToolError, UsageError
+from clustertool.core.model import Cluster, Job, Node, Reporter, silent
 from clustertool.jobs import logs, output, records, reducers, scripts
 from clustertool.jobs import sync as jobsync
 from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile, split_command
-from clustertool.model import Cluster, Job, Node, Reporter, silent
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.remote.transport import SSH, Transport
-from clustertool.transfer.model import CopyResult, ProgressCb
+from clustertool.transfer.results import CopyResult, ProgressCb
 
 
 @dataclass

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from clustertool import state
-from clustertool.errors import UsageError
+from clustertool.core import state
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Cluster, Job
 from clustertool.jobs import output, records
-from clustertool.model import Cluster, Job
 from clustertool.remote.transport import SSH, Transport
 
 

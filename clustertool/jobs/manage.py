@@ -18,11 +18,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from clustertool import nodeset, state
-from clustertool.errors import ToolError, UsageError
+from clustertool.cluster.lifecycle import check_leader_mesh, close_masters
+from clustertool.core import nodeset, state
+from clustertool.core.errors import ToolError, UsageError
+from clustertool.core.model import Cluster, GroupResult, Node, Reporter, silent
 from clustertool.jobs import records, scripts
-from clustertool.lifecycle import check_leader_mesh, close_masters
-from clustertool.model import Cluster, GroupResult, Node, Reporter, silent
 from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport

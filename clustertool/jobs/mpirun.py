@@ -21,10 +21,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
+from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 
-JOB_ENV = "CLUSTERTOOL_JOB"
-JOBS_DIR = ".clustertool/jobs"  # relative to the user's home on every node
 VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Records "pid ppid pgid sid" of the rank (after exec the wrapper's pid is the rank's) in

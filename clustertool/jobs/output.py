@@ -26,10 +26,10 @@ import threading
 from typing import Callable, Iterable
 
 from clustertool import nodeprogs
-from clustertool.errors import ToolError, UsageError
+from clustertool.core.errors import ToolError, UsageError
+from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
+from clustertool.core.model import Cluster, HostResult, Job, Node
 from clustertool.jobs import records, scripts
-from clustertool.jobs.mpirun import JOB_ENV, JOBS_DIR
-from clustertool.model import Cluster, HostResult, Job, Node
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.remote.transport import SSH, Transport, stop_process
 

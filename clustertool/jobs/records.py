@@ -15,10 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from clustertool import state
-from clustertool.errors import UsageError
+from clustertool.core import state
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Cluster, Job
 from clustertool.jobs import scripts
-from clustertool.model import Cluster, Job
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
 

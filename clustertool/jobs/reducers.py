@@ -13,10 +13,10 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from clustertool.errors import RemoteError
-from clustertool.jobs.mpirun import JOB_ENV
+from clustertool.core.errors import RemoteError
+from clustertool.core.jobpaths import JOB_ENV
+from clustertool.core.model import Cluster, Node, Reporter, silent
 from clustertool.jobs.scripts import check_id, job_dir_sh
-from clustertool.model import Cluster, Node, Reporter, silent
 from clustertool.plugin.build import REDUCER
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport

@@ -19,12 +19,11 @@ import base64
 import re
 import shlex
 
-from clustertool.errors import UsageError
-from clustertool.jobs.mpirun import JOB_ENV, JOBS_DIR
+from clustertool.core.errors import UsageError
+from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR, MPI_COMMS
 from clustertool.nodeprogs import shell_script
 
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
-MPI_COMMS = ("mpirun", "mpiexec", "orterun", "orted", "prted", "prterun", "hydra_pmi_proxy")
 
 
 def check_id(job_id: str) -> str:

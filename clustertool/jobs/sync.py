@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 
-from clustertool import nodeset
-from clustertool.errors import ToolError, UsageError
-from clustertool.model import Node, Reporter, silent
+from clustertool.core import nodeset
+from clustertool.core.errors import ToolError, UsageError
+from clustertool.core.model import Node, Reporter, silent
 from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer import ignore
 from clustertool.transfer.copy import copy
-from clustertool.transfer.model import CopyResult, ProgressCb
+from clustertool.transfer.results import CopyResult, ProgressCb
 
 
 def resolve(directory: str | None, dest: str | None = None) -> tuple[str, str]:

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clustertool import yamlfile
-from clustertool.errors import SpecError
+from clustertool.core import yamlfile
+from clustertool.core.errors import SpecError
 from clustertool.playbook.steps import GROUPS, KNOWN_COMMANDS, CommandSpec, Resolver, ValueProblem, param_argv, suggest
 from clustertool.workloads import DIR as WORKLOADS_DIR
 from clustertool.workloads import node_python

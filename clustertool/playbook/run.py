@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
-from clustertool import state
-from clustertool.errors import ExitStatus
+from clustertool.core import state
+from clustertool.core.errors import ExitStatus
 from clustertool.playbook.load import Playbook, Step
 
 GRACE = 60.0  # seconds a step gets to clean up after Ctrl-C / timeout before it is killed

@@ -17,9 +17,9 @@ import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from clustertool import state
-from clustertool.errors import MissingPrerequisite, ToolError
-from clustertool.model import Cluster
+from clustertool.core import state
+from clustertool.core.errors import MissingPrerequisite, ToolError
+from clustertool.core.model import Cluster
 from clustertool.plugin.remote import leader_build_command
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport

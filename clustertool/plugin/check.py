@@ -22,12 +22,12 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
-from clustertool import nodeset, state
 from clustertool.bench.allreduce import bench_argv, parse_sizes
-from clustertool.bench.launch import jobs_launcher
-from clustertool.errors import MissingPrerequisite, RemoteError, ToolError, UsageError
-from clustertool.facts import facts_script, gpu_count, parse_facts
-from clustertool.model import Cluster, Reporter, silent
+from clustertool.bench.benchjobs import jobs_launcher
+from clustertool.cluster.facts import facts_script, gpu_count, parse_facts
+from clustertool.core import nodeset, state
+from clustertool.core.errors import MissingPrerequisite, RemoteError, ToolError, UsageError
+from clustertool.core.model import Cluster, Reporter, silent
 from clustertool.plugin.build import ARTEFACTS, BENCH, NET_LIB, load_record
 from clustertool.plugin.check_report import RESULT_MARK, CheckReport, nccl_report, standin_report
 from clustertool.plugin.remote import mismatched, parse_sums, status_command

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from clustertool.errors import ToolError
-from clustertool.model import Cluster, GroupResult, HostResult, Reporter, silent
+from clustertool.core.errors import ToolError
+from clustertool.core.model import Cluster, GroupResult, HostResult, Reporter, silent
 from clustertool.plugin.build import (
     ARTEFACTS,
     NET_LIB,

@@ -8,7 +8,7 @@ optional hooks it supports. An optional hook's default is the behaviour of a pro
 without that capability (a no-op, "not ours", no extra lines), or a ``NotSupported``
 error whose hint names what to do instead.
 
-Lifecycle, as driven by ``clustertool.lifecycle``::
+Lifecycle, as driven by ``clustertool.cluster.lifecycle``::
 
     check(request)            fail fast on missing prerequisites / bad options
     plan(request)             lines describing what would be made (--dry-run)
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
-from clustertool.errors import NotSupported, UsageError
-from clustertool.model import Cluster, Node, Reporter, silent
+from clustertool.core.errors import NotSupported, UsageError
+from clustertool.core.model import Cluster, Node, Reporter, silent
 
 
 @dataclass(frozen=True)

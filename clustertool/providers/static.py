@@ -2,7 +2,7 @@
 
 The common case of instances launched by hand in a console: the user lists them with
 ``--hosts a,b,c`` (entries may be ``host:port`` or ranges such as ``10.0.1.[10-13]``) or
-``--hostfile FILE`` (any format ``clustertool.hostfile`` reads), names a private key that
+``--hostfile FILE`` (any format ``clustertool.core.hostfile`` reads), names a private key that
 reaches them with ``--key``, and the leader with ``--leader`` (default: the first).
 clustertool never starts, stops or terminates these machines: ``down`` only removes the
 tool's own keys from them (done by the lifecycle, not here).
@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from clustertool import hostfile as hostfiles
-from clustertool import nodeset
-from clustertool.errors import ProviderError, UsageError
-from clustertool.model import LEADER, MEMBER, SERVER, Cluster, Node
+from clustertool.core import hostfile as hostfiles
+from clustertool.core import nodeset
+from clustertool.core.errors import ProviderError, UsageError
+from clustertool.core.model import LEADER, MEMBER, SERVER, Cluster, Node
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
 
 _HINT = "e.g. --hosts 10.0.1.5,10.0.1.6 --key ~/.ssh/mykey.pem, or --hostfile hosts.txt"

@@ -16,8 +16,8 @@ import getpass
 import re
 from dataclasses import dataclass
 
-from clustertool.errors import UsageError
-from clustertool.model import Cluster, Node
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Cluster, Node
 
 MODES = ("leader", "all")
 JUMP_HINT = "--jump USER@HOST[:PORT], e.g. --jump ec2-user@bastion.example.com"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import shlex
 from typing import Sequence
 
-from clustertool import nodeset, state
-from clustertool.errors import UsageError
-from clustertool.model import GroupResult
+from clustertool.core import nodeset, state
+from clustertool.core.errors import UsageError
+from clustertool.core.model import GroupResult
 from clustertool.remote.group import LineCallback, run_on_nodes
 from clustertool.remote.transport import SSH, Transport
 

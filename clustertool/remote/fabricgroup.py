@@ -17,11 +17,11 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from clustertool.errors import StateError
-from clustertool.model import Cluster, Node
+from clustertool.core.errors import StateError
+from clustertool.core.model import Cluster, Node
+from clustertool.core.state import ClusterPaths
 from clustertool.remote import access
 from clustertool.remote.transport import alias
-from clustertool.state import ClusterPaths
 
 CONNECT_TIMEOUT = 10
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from clustertool.model import GroupResult, HostResult, Node
+from clustertool.core.model import GroupResult, HostResult, Node
 from clustertool.remote.transport import SSH, Transport, classify_ssh_failure, stop_process
 
 LineCallback = Callable[[str, str, str], None]  # (node name, "stdout"|"stderr", line)

@@ -17,8 +17,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from clustertool.errors import MissingPrerequisite, RemoteError
-from clustertool.model import Cluster, Node
+from clustertool.core.errors import MissingPrerequisite, RemoteError
+from clustertool.core.model import Cluster, Node
+from clustertool.core.state import ClusterPaths
 from clustertool.nodeprogs import shell_script
 from clustertool.remote import access
 from clustertool.remote.group import run_on_nodes
@@ -31,7 +32,6 @@ from clustertool.remote.transport import (
     leader_alias,
     write_ssh_config,
 )
-from clustertool.state import ClusterPaths
 
 
 def keygen_argv(path: Path, comment: str, key_type: tuple[str, ...] = KEYGEN_TYPE) -> list[str]:

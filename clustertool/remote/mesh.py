@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import shlex
 
-from clustertool.model import Node
+from clustertool.core.model import Node
 
 FULL_MESH_MAX = 16
 SAMPLE_OFFSETS = (1, 2, 4, 8)

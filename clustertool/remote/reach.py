@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from clustertool.errors import RemoteError
-from clustertool.model import Cluster, GroupResult
+from clustertool.core.errors import RemoteError
+from clustertool.core.model import Cluster, GroupResult
 from clustertool.remote import access, keys, mesh
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport, write_ssh_config

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from clustertool.model import GroupResult, HostResult, Node
+from clustertool.core.model import GroupResult, HostResult, Node
 from clustertool.remote.transport import SSH, Transport, classify_ssh_failure, stop_process
 
 Reply = Callable[[dict], None]

@@ -18,10 +18,10 @@ import threading
 import time
 from pathlib import Path
 
-from clustertool.model import Cluster, Node
+from clustertool.core.model import Cluster, Node
+from clustertool.core.state import ClusterPaths
 from clustertool.remote import access, mux
 from clustertool.remote.access import alias, leader_alias
-from clustertool.state import ClusterPaths
 
 __all__ = ["alias", "leader_alias"]  # named here for the modules that import them from the transport
 

@@ -13,9 +13,9 @@ import os
 import threading
 import time
 
-from clustertool import nodeset, state
-from clustertool.errors import UsageError
-from clustertool.model import Cluster, Node, Reporter, silent
+from clustertool.core import nodeset, state
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Cluster, Node, Reporter, silent
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
@@ -23,7 +23,7 @@ from clustertool.transfer import chain as chains
 from clustertool.transfer import drive, stations, verify
 from clustertool.transfer import manifest as mf
 from clustertool.transfer import plan as plans
-from clustertool.transfer.model import CopyResult, CopyRun, NodeCopy, ProgressCb, relative_remote
+from clustertool.transfer.results import CopyResult, CopyRun, NodeCopy, ProgressCb, relative_remote
 
 AUTO_CHAIN_MIN_BYTES = 32 << 20
 AUTO_CHAIN_MIN_NODES = 3

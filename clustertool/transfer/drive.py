@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 from typing import Callable
 
-from clustertool.model import Node
-from clustertool.state import ClusterPaths
+from clustertool.core.model import Node
+from clustertool.core.state import ClusterPaths
 from clustertool.transfer import chain as chains
 from clustertool.transfer import fanout, stations
 from clustertool.transfer import plan as plans
-from clustertool.transfer.model import CopyResult, CopyRun
+from clustertool.transfer.results import CopyResult, CopyRun
 
 TRUNCATED_MARKERS = ("unexpected end of stream", "stream cut")
 REPAIR_PASSES = 2

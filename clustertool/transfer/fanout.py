@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from clustertool.model import Node
+from clustertool.core.model import Node
 from clustertool.remote.transport import SSH, Transport, alias, classify_ssh_failure, warm_jump
 from clustertool.transfer.chain import DEFAULT_CIPHER, node_ssh_argv, status_dir
 

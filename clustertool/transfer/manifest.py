@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from clustertool.model import Node
+from clustertool.core.model import Node
 from clustertool.nodeprogs import manifest as nodeprog_manifest
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes

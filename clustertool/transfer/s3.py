@@ -15,14 +15,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from clustertool import nodeset, state
-from clustertool.errors import ToolError
-from clustertool.model import HostResult, Reporter, silent
+from clustertool.core import nodeset, state
+from clustertool.core.errors import ToolError
+from clustertool.core.model import HostResult, Reporter, silent
 from clustertool.nodeprogs import program_stream, stream_command
 from clustertool.remote.session import run_sessions
 from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer import manifest as mf
-from clustertool.transfer.model import ProgressCb, relative_remote
+from clustertool.transfer.results import ProgressCb, relative_remote
 from clustertool.transfer.s3bucket import Bucket, S3Object, folder_prefix, local_name, parse_url, shard_of
 
 DEFAULT_THREADS = 8

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from clustertool.errors import ToolError, UsageError
+from clustertool.core.errors import ToolError, UsageError
 
 MAX_EXPIRY = 7 * 24 * 3600  # what SigV4 presigned URLs allow
 SIZE_ONLY = -1

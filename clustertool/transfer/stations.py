@@ -13,12 +13,12 @@ from __future__ import annotations
 import sys
 import threading
 
-from clustertool.errors import RemoteError
-from clustertool.model import Node
+from clustertool.core.errors import RemoteError
+from clustertool.core.model import Node
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.transfer import chain as chains
-from clustertool.transfer.model import CopyRun
+from clustertool.transfer.results import CopyRun
 
 AHEAD = 0  # the pass number of stations prepared in the survey
 

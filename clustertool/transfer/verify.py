@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import threading
 
-from clustertool.errors import RemoteError
-from clustertool.model import Node
+from clustertool.core.errors import RemoteError
+from clustertool.core.model import Node
 from clustertool.transfer import manifest as mf
-from clustertool.transfer.model import CopyResult, CopyRun
+from clustertool.transfer.results import CopyResult, CopyRun
 
 
 def source_manifest(run: CopyRun, want_hash) -> mf.Manifest:

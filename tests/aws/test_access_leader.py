@@ -72,7 +72,7 @@ def test_only_the_leader_gets_a_tagged_elastic_ip_and_ssh_from_the_caller_and_do
     assert in_groups[leader["InstanceId"]] == {cluster_group["GroupId"], leader_group["GroupId"]}
     assert all(in_groups[m["InstanceId"]] == {cluster_group["GroupId"]} for m in members)
 
-    from clustertool import state
+    from clustertool.core import state
 
     saved = state.load(name)
     assert saved.options["access"] == "leader"
@@ -116,7 +116,7 @@ def test_a_failed_up_releases_the_elastic_ip_with_everything_else(aws, fail_at, 
 
 
 def test_a_lost_state_sweep_releases_the_elastic_ip(aws):
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique("eipsweep")
     assert aws.ct("up", "-p", "aws", "-N", "2", "--instance-type", "g5.12xlarge", "--name", name, "--no-ssh")[0] == 0

@@ -29,7 +29,7 @@ def test_capacity_failure_in_first_az_then_success_in_second_leaves_nothing_of_t
     assert zones == {"us-east-1b"} and len(aws.instances(name)) == 4
     assert [g for g in aws.pgs.created if "us-east-1a" in g] and not [g for g in aws.pgs.groups if "us-east-1a" in g]
     assert [g for g in aws.pgs.groups] == [g for g in aws.pgs.created if "us-east-1b" in g]
-    from clustertool import state
+    from clustertool.core import state
 
     assert not [g for g in state.load(name).provider_state["placement_groups"] if "us-east-1a" in g]
     assert aws.ct("down", "-c", name, "--yes")[0] == 0

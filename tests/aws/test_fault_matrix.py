@@ -80,7 +80,7 @@ class Harness:
 
     def recover(self, name: str) -> str:
         """The documented recovery: `down` when this home still knows the cluster."""
-        from clustertool import state
+        from clustertool.core import state
 
         if not state.exists(name):
             return "none needed"
@@ -127,7 +127,7 @@ def _all_clustertool_resources(aws) -> int:
 
 def signal_in_up(fx: Harness, sig_name: str, action: str, nth: int = 1) -> int:
     """One case: the signal after the nth call of ``action``; returns the leaked count after recovery."""
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique("su")
     fx.proxy.rules.clear()
@@ -156,7 +156,7 @@ def test_sigterm_and_sighup_in_up_roll_back_like_ctrl_c(fx, sig_name, action):
 
 
 def test_sigkill_after_run_instances_status_shows_the_real_instances_and_down_removes_them(fx):
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique("kill")
     fx.proxy.on("RunInstances", signal=signal.SIGKILL)
@@ -190,7 +190,7 @@ def test_every_signal_after_every_aws_call_of_up_leaves_nothing_after_recovery(f
 
 
 def signal_in_down(fx: Harness, sig_name: str, action: str, nth: int = 1) -> int:
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique("sd")
     assert fx.aws.ct(*UP, "--name", name)[0] == 0
@@ -315,7 +315,7 @@ def test_down_and_sweep_during_up_touch_nothing_and_the_up_succeeds(fx):
 
 
 def test_a_killed_up_of_another_home_is_kept_while_its_lease_lives_and_swept_after(fx):
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique("dead")
     bob = fx.tmp / "bob-home"
@@ -345,7 +345,7 @@ def test_a_killed_up_of_another_home_is_kept_while_its_lease_lives_and_swept_aft
 
 
 def _ready(fx: Harness, prefix: str) -> tuple[str, str]:
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique(prefix)
     assert fx.aws.ct(*UP, "--name", name)[0] == 0
@@ -355,7 +355,7 @@ def _ready(fx: Harness, prefix: str) -> tuple[str, str]:
 @pytest.mark.parametrize("budget", ["4", pytest.param(None, marks=pytest.mark.slow)])
 def test_a_refusing_endpoint_gives_one_error_line_fast_and_keeps_the_state(fx, budget):
     """A 4 s budget in the default run (fewer retries, a faster suite); the default 60 s in the slow one."""
-    from clustertool import state
+    from clustertool.core import state
 
     name, saved = _ready(fx, "refuse")
     env = fx.env(refusing_url(), **({"CLUSTERTOOL_AWS_API_TIMEOUT": budget} if budget else {}))
@@ -374,7 +374,7 @@ def test_a_refusing_endpoint_gives_one_error_line_fast_and_keeps_the_state(fx, b
 @pytest.mark.parametrize("budget", ["4", pytest.param(None, marks=pytest.mark.slow)])
 def test_a_hanging_endpoint_fails_status_and_down_within_the_budget(fx, budget):
     """CLUSTERTOOL_AWS_API_TIMEOUT=4 in the default run; the default budget (60 s) in the slow one."""
-    from clustertool import state
+    from clustertool.core import state
 
     name, saved = _ready(fx, "hang")
     fx.proxy.hang_all()
@@ -392,7 +392,7 @@ def test_a_hanging_endpoint_fails_status_and_down_within_the_budget(fx, budget):
 
 
 def test_an_endpoint_restarted_empty_during_up_fails_it_in_one_line_and_leaves_nothing(fx):
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique("empty")
     fx.proxy.on("RunInstances", reset=True)

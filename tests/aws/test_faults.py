@@ -66,7 +66,7 @@ def _all_clustertool_resources(aws) -> int:
 
 @pytest.mark.parametrize("kind", ["exception-before-call", "ctrl-c-after-call"])
 def test_fault_at_each_step_of_up_leaves_zero_tagged_resources(aws, kind):
-    from clustertool import state
+    from clustertool.core import state
     from clustertool.providers.aws import client
 
     ops = _up_ops(aws)
@@ -93,7 +93,8 @@ def test_fault_at_each_step_of_up_leaves_zero_tagged_resources(aws, kind):
 
 
 def test_ctrl_c_while_writing_the_hostfile_rolls_everything_back(aws, monkeypatch):
-    from clustertool import lifecycle, state
+    from clustertool.cluster import lifecycle
+    from clustertool.core import state
 
     def interrupted(cluster):
         raise KeyboardInterrupt
@@ -109,7 +110,7 @@ def test_ctrl_c_while_writing_the_hostfile_rolls_everything_back(aws, monkeypatc
 def test_failed_rollback_keeps_state_and_down_finishes(aws):
     """The run fails at RunInstances' successor and the rollback's TerminateInstances fails
     too: the state is kept, the error says to run down, and down leaves nothing."""
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique("rb")
     aws.faults.add("create_tags", RuntimeError("injected"))
@@ -123,7 +124,7 @@ def test_failed_rollback_keeps_state_and_down_finishes(aws):
 
 def test_down_interrupted_at_each_step_then_run_again_leaves_nothing(aws):
     """Ctrl-C at every AWS call of `down` (after the call ran); a second `down` finishes."""
-    from clustertool import state
+    from clustertool.core import state
     from clustertool.providers.aws import client
 
     name = unique("drec")

@@ -36,7 +36,7 @@ def _as(monkeypatch, tmp_path, home: str) -> None:
 
 
 def test_everything_up_makes_carries_the_id_owner_home_and_a_finished_lease(aws, tmp_path):
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique("id")
     code, _, err = aws.ct(*UP, "--name", name)
@@ -124,7 +124,7 @@ def test_down_of_a_cluster_another_owner_made_is_refused_unless_force_owner(aws,
 
 
 def test_sweep_of_a_lost_state_removes_the_cluster_and_its_key_lock_and_hostfile(aws, tmp_path):
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique("lost")
     assert aws.ct(*UP, "--name", name)[0] == 0
@@ -188,7 +188,7 @@ def test_sweep_never_deletes_a_cluster_whose_up_is_in_flight_and_that_up_then_su
 
 def test_up_fails_and_rolls_back_when_an_instance_terminates_during_the_status_wait(aws):
     """EC2 answers 'not-applicable' status checks for a terminated instance: not a pass."""
-    from clustertool import state
+    from clustertool.core import state
     from clustertool.providers.aws import client
 
     killed = []
@@ -210,7 +210,7 @@ def test_up_fails_and_rolls_back_when_an_instance_terminates_during_the_status_w
 
 def test_up_fails_when_an_instance_is_stopped_before_the_end(aws):
     """Stopped after the waits passed: the final check of up catches it."""
-    from clustertool import state
+    from clustertool.core import state
     from clustertool.providers.aws import client
 
     stopped = []
@@ -231,7 +231,7 @@ def test_up_fails_when_an_instance_is_stopped_before_the_end(aws):
 
 def _hold_up_lock(home, name, ready, release):
     os.environ["CLUSTERTOOL_HOME"] = home
-    from clustertool import state
+    from clustertool.core import state
 
     with state.locked(name, purpose="up"):
         ready.set()

@@ -132,7 +132,7 @@ def test_server_type_without_servers_and_servers_with_adoption_are_one_line_erro
 
 
 def test_sweep_counts_and_removes_a_lost_clusters_servers(aws):
-    from clustertool import state
+    from clustertool.core import state
 
     name = unique("srvsw")
     assert aws.ct("up", "-p", "aws", "-N", "1", "--instance-type", "g4dn.12xlarge", "--name", name, "--no-ssh",

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.aws
 
 
 def test_sweep_finds_and_deletes_clusters_this_home_lost_only(aws):
-    from clustertool import state
+    from clustertool.core import state
 
     kept, orphaned = unique("kept"), unique("orph")
     up = ("up", "-p", "aws", "-N", "2", "--instance-type", "g4dn.12xlarge", "--no-ssh")

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from clustertool.errors import ToolError
+from clustertool.core.errors import ToolError
 from clustertool.nodeprogs.s3lib import partial_name
 from clustertool.transfer.s3 import sync_s3
 from tests.fakes.cluster import saved_cluster

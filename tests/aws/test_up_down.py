@@ -124,7 +124,7 @@ def test_down_twice_first_interrupted_then_completed(aws):
 def test_terminate_is_idempotent_on_the_provider(aws):
     name = unique("idem")
     assert aws.ct("up", "-p", "aws", "-N", "1", "--instance-type", "g4dn.xlarge", "--name", name, "--no-ssh")[0] == 0
-    from clustertool import state
+    from clustertool.core import state
     from clustertool.providers.aws import AwsProvider
 
     cluster = state.load(name)
@@ -247,7 +247,7 @@ def test_host_keys_are_pinned_from_console_output_when_it_carries_them(aws):
                 + kwargs["InstanceId"][-6:] + " root@ip\n-----END SSH HOST KEY KEYS-----\n")
         return {"InstanceId": kwargs["InstanceId"], "Output": base64.b64encode(text.encode()).decode()}
 
-    from clustertool import state
+    from clustertool.core import state
     from clustertool.providers.aws import client
 
     client.HOOKS.insert(0, console)

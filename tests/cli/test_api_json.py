@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from clustertool import lifecycle
-from clustertool import status as clusterstatus
 from clustertool.cli.app import run as cli
 from clustertool.cli.common import fill_bare_values
+from clustertool.cluster import lifecycle
+from clustertool.cluster import status as clusterstatus
+from clustertool.core.model import Cluster, GroupResult, HostResult, Job, Node
 from clustertool.jobs.launch import Launch
-from clustertool.model import Cluster, GroupResult, HostResult, Job, Node
-from clustertool.transfer.model import CopyResult, NodeCopy
+from clustertool.transfer.results import CopyResult, NodeCopy
 from tests.conftest import REPO, run_cli
 from tests.fakes.cluster import saved_cluster
 
@@ -45,7 +45,7 @@ def test_status_json_is_the_status_to_dict(monkeypatch, capsys):
     cluster = Cluster("x", "local", nodes=[Node("node-1", 1, "10.0.0.1", role="leader")], status="ready")
     row = clusterstatus.NodeStatus("node-1", "leader", "10.0.0.1", 1, "running", True)
     report = clusterstatus.ClusterStatus(cluster, [row], {"price": "$0/h"})
-    monkeypatch.setattr("clustertool.status.status", lambda *a, **k: report)
+    monkeypatch.setattr("clustertool.cluster.status.status", lambda *a, **k: report)
     code, data = printed(capsys, "status", "-c", "x", "--json")
     assert code == 0 and data == report.to_dict()
     assert data["nodes"][0]["reachable"] is True and data["price"] == "$0/h"
@@ -89,7 +89,7 @@ def test_kill_json_is_the_kill_results_to_dict(monkeypatch, capsys):
 def test_up_json_is_the_up_results_to_dict(monkeypatch, capsys):
     result = lifecycle.UpResult(Cluster("x", "local", status="ready"), hostfile=REPO / "hostfiles" / "x",
                                 timings={"total": 1.0})
-    monkeypatch.setattr("clustertool.lifecycle.up", lambda *a, **k: result)
+    monkeypatch.setattr("clustertool.cluster.lifecycle.up", lambda *a, **k: result)
     code, data = printed(capsys, "up", "--provider", "local", "--nodes", "1", "--name", "x", "--json")
     assert code == 0 and data == result.to_dict() and data["hostfile"] == str(REPO / "hostfiles" / "x")
 

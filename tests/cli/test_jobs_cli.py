@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool import state
-from clustertool.model import Cluster, Node
+from clustertool.core import state
+from clustertool.core.model import Cluster, Node
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.cli

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from clustertool import state
-from clustertool.model import LEADER, MEMBER, Cluster, Node
+from clustertool.core import state
+from clustertool.core.model import LEADER, MEMBER, Cluster, Node
 
 
 def saved_cluster(name: str, nodes: int, provider: str = "static") -> Cluster:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from clustertool.model import Node
+from clustertool.core.model import Node
 from clustertool.remote.transport import Transport
 
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from clustertool import Cluster, StateError, ToolError, UsageError, state
+from clustertool import Cluster, StateError, ToolError, UsageError
+from clustertool.core import state
 from tests.conftest import REPO, run_cli, unique
 from tests.local.conftest import local_leftovers
 

@@ -137,7 +137,8 @@ def test_a_running_job_and_then_cancel_hold_the_cluster_up_and_start_brings_the_
 def test_wait_for_jobs_and_ssh_counts_an_interactive_session_set_through_the_api(local_cluster, env, monkeypatch):
     import subprocess
 
-    from clustertool import Cluster, state
+    from clustertool import Cluster
+    from clustertool.core import state
     from clustertool.remote import transport
 
     monkeypatch.setenv("CLUSTERTOOL_AUTOSTOP_INTERVAL", "1")

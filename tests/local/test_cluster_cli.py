@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from clustertool import state
+from clustertool.core import state
 from tests.conftest import run_cli, unique
 from tests.local.conftest import local_leftovers
 
@@ -207,8 +207,8 @@ def test_up_adds_an_include_so_plain_ssh_reaches_leader_and_nodes(ct_env, tmp_pa
 
 
 def test_past_32_nodes_up_checks_the_leader_by_sample_and_banner_and_a_dead_sshd_is_named(ct_env, local_cluster):
-    from clustertool.errors import RemoteError
-    from clustertool.lifecycle import check_leader_mesh
+    from clustertool.cluster.lifecycle import check_leader_mesh
+    from clustertool.core.errors import RemoteError
     from clustertool.remote.mesh import leader_targets
 
     name = local_cluster(40)  # up itself ran the sampled check against 40 real nodes

@@ -83,7 +83,7 @@ def test_full_disk_on_one_node_is_an_error(cluster):
 def test_different_plugin_checksum_on_one_node_is_an_error(cluster, where):
     """At the path `plugin deploy` uses on local nodes (each node's private home),
     or at a path given with --plugin-path."""
-    from clustertool.model import Cluster
+    from clustertool.core.model import Cluster
     from clustertool.plugin.build import NET_LIB
     from clustertool.plugin.deploy import default_dest
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.errors import MissingPrerequisite, ProviderError
-from clustertool.model import Cluster
+from clustertool.core.errors import MissingPrerequisite, ProviderError
+from clustertool.core.model import Cluster
 from clustertool.providers import local as local_mod
 from clustertool.providers.base import ProvisionRequest
 from clustertool.providers.local import LocalProvider, net, sysops

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from clustertool import state
-from clustertool.providers.local.sweep import BridgeOwner, parse_alias
+from clustertool.core import state
+from clustertool.providers.local.strays import BridgeOwner, parse_alias
 from tests.conftest import run_cli, unique
 from tests.local.conftest import local_leftovers
 

@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from clustertool import inventory
-from clustertool.errors import UsageError
-from clustertool.model import LEADER, Cluster, Node
-from clustertool.providers.local import access as local_access
+from clustertool.cluster import inventory
+from clustertool.core.errors import UsageError
+from clustertool.core.model import LEADER, Cluster, Node
+from clustertool.core.state import ClusterPaths
+from clustertool.providers.local import firewall as local_access
 from clustertool.remote import access, keys, mesh, transport
-from clustertool.state import ClusterPaths
 
 pytestmark = pytest.mark.unit
 

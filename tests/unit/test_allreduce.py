@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from clustertool.bench import allreduce as ar
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 
 pytestmark = pytest.mark.unit
 

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from clustertool import autostop, spec
-from clustertool.errors import SpecError, UsageError
-from clustertool.model import LEADER, MEMBER, Cluster, Node
+from clustertool.cluster import autostop, spec
+from clustertool.core.errors import SpecError, UsageError
+from clustertool.core.model import LEADER, MEMBER, Cluster, Node
 from clustertool.nodeprogs import DIR
-from clustertool.providers.aws import launch
+from clustertool.providers.aws import az_launch
 
 pytestmark = pytest.mark.unit
 
@@ -173,10 +173,10 @@ def test_powered_off_tells_autostop_from_autodown_and_waits_for_every_node(state
 
 
 def test_launch_shutdown_behaviour_follows_autodown_and_spot():
-    assert launch.shutdown_behavior({}) == "stop"
-    assert launch.shutdown_behavior({"autostop": {"idle_s": 60, "down": False}}) == "stop"
-    assert launch.shutdown_behavior({"autostop": {"idle_s": 60, "down": True}}) == "terminate"
-    assert launch.shutdown_behavior({"spot": True}) == "terminate"
+    assert az_launch.shutdown_behavior({}) == "stop"
+    assert az_launch.shutdown_behavior({"autostop": {"idle_s": 60, "down": False}}) == "stop"
+    assert az_launch.shutdown_behavior({"autostop": {"idle_s": 60, "down": True}}) == "terminate"
+    assert az_launch.shutdown_behavior({"spot": True}) == "terminate"
 
 
 def test_spec_reads_autostop_keys_and_refuses_autodown_alone(tmp_path):

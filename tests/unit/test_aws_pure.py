@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from clustertool.errors import UsageError
-from clustertool.providers.aws import adopt, capacity, instances, launch, lease, network, owner, pricing, quota, tags
+from clustertool.core.errors import UsageError
+from clustertool.providers.aws import adopt, az_launch, capacity, instances, lease, network, owner, pricing, quota, tags
 from clustertool.providers.aws.client import hint_for
 from clustertool.providers.aws.images import Image
 
@@ -18,7 +18,7 @@ STAMP = tags.Stamp("c", "c-abc123", owner="arn:aws:iam::1:user/u", home="h1", le
 
 
 def _params(efa_interfaces=0, **options):
-    return launch.launch_params(stamp=STAMP, count=4, instance_type="p4d.24xlarge", image=IMAGE, subnet="subnet-1",
+    return az_launch.launch_params(stamp=STAMP, count=4, instance_type="p4d.24xlarge", image=IMAGE, subnet="subnet-1",
                                 group_id="sg-1", key_name="k", az="us-east-1b", placement_group="pg",
                                 options=options, token="tok", efa_interfaces=efa_interfaces)
 
@@ -123,7 +123,7 @@ def test_help_and_provider_import_do_not_import_boto3():
 def test_wait_ssh_port_returns_when_a_loopback_listener_answers_and_times_out_otherwise(monkeypatch):
     import socket
 
-    from clustertool.errors import ProviderError
+    from clustertool.core.errors import ProviderError
 
     monkeypatch.setenv("CLUSTERTOOL_AWS_POLL", "0.01")
     with socket.socket() as srv:
@@ -136,7 +136,7 @@ def test_wait_ssh_port_returns_when_a_loopback_listener_answers_and_times_out_ot
 
 
 def test_with_an_existing_key_pair_the_cluster_key_rides_in_cloud_init_user_data():
-    p = launch.launch_params(stamp=STAMP, count=1, instance_type="g5.xlarge", image=IMAGE, subnet="s", group_id="g",
+    p = az_launch.launch_params(stamp=STAMP, count=1, instance_type="g5.xlarge", image=IMAGE, subnet="s", group_id="g",
                              key_name="mine", az="a", placement_group=None, options={"key_name": "mine"},
                              token="t", public_key="ssh-ed25519 AAAAC3 c@clustertool\n")
     assert p["KeyName"] == "mine"
@@ -219,7 +219,7 @@ def test_the_members_group_has_no_ssh_rule_and_the_leaders_has_only_ssh():
 
 
 def test_the_elastic_ip_goes_on_the_primary_interface_of_card_zero():
-    from clustertool.errors import ProviderError
+    from clustertool.core.errors import ProviderError
     from clustertool.providers.aws import leader
 
     inst = {"InstanceId": "i-1", "NetworkInterfaces": [

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from clustertool.bench import compare
-from clustertool.errors import UsageError
-from clustertool.model import LEADER, MEMBER, SERVER, Cluster, Node
+from clustertool.core.errors import UsageError
+from clustertool.core.model import LEADER, MEMBER, SERVER, Cluster, Node
 
 pytestmark = pytest.mark.unit
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from clustertool.cluster.facts import Disk, NodeFacts, Proc
 from clustertool.doctor import analyze
-from clustertool.doctor.model import CheckResult, Diagnosis, Finding
-from clustertool.facts import Disk, NodeFacts, Proc
+from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
 
 pytestmark = pytest.mark.unit
 

@@ -8,10 +8,10 @@ import subprocess
 import pytest
 
 from clustertool import doctor
-from clustertool.doctor import fixes, network
-from clustertool.errors import UsageError
-from clustertool.facts import facts_script, parse_facts
-from clustertool.model import Cluster, Node
+from clustertool.cluster.facts import facts_script, parse_facts
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Cluster, Node
+from clustertool.doctor import fixes, netchecks
 from clustertool.remote.mesh import mesh_peers, mesh_script
 
 pytestmark = pytest.mark.unit
@@ -49,22 +49,22 @@ def test_parse_facts_lines():
 def test_parse_iperf_takes_the_slower_direction():
     text = json.dumps({"end": {"sum_received": {"bits_per_second": 9e9},
                                "sum_received_bidir_reverse": {"bits_per_second": 1e9}}})
-    assert network.parse_iperf(text) == 1e9
+    assert netchecks.parse_iperf(text) == 1e9
     with pytest.raises(ValueError, match="unable to connect"):
-        network.parse_iperf(json.dumps({"error": "unable to connect to server", "end": {}}))
+        netchecks.parse_iperf(json.dumps({"error": "unable to connect to server", "end": {}}))
     with pytest.raises(ValueError):
-        network.parse_iperf("not json")
+        netchecks.parse_iperf("not json")
 
 
 def test_iperf_client_binds_to_the_source_and_targets_only_the_peer_address():
     a, b = nodes(2)
-    assert network.iperf_client_line(a, b, 41234) == (
+    assert netchecks.iperf_client_line(a, b, 41234) == (
         "iperf3 -c 10.0.0.2 -B 10.0.0.1 -p 41234 -t 1 --bidir -J --connect-timeout 3000")
 
 
 def test_all_pairs_up_to_eight_nodes_then_ring_plus_opposite():
-    assert len(network._pairs(nodes(4))) == 6
-    big = network._pairs(nodes(16))
+    assert len(netchecks._pairs(nodes(4))) == 6
+    big = netchecks._pairs(nodes(16))
     per_node = {}
     for a, b in big:
         per_node[a.name] = per_node.get(a.name, 0) + 1
@@ -73,7 +73,7 @@ def test_all_pairs_up_to_eight_nodes_then_ring_plus_opposite():
 
 
 def test_rounds_never_use_a_node_twice():
-    for r in network.rounds(network._pairs(nodes(6))):
+    for r in netchecks.rounds(netchecks._pairs(nodes(6))):
         used = [n.name for pair in r for n in pair]
         assert len(used) == len(set(used))
 
@@ -82,7 +82,7 @@ def test_mesh_findings_collapse_a_dead_target():
     cluster = Cluster("c", "local", nodes=nodes(3))
     outputs = {"node-1": "fail 10.0.0.3 ssh: connect to host 10.0.0.3 port 22: Connection refused\n",
                "node-2": "fail 10.0.0.3 ssh: connect to host 10.0.0.3 port 22: Connection refused\n"}
-    found = network.mesh_findings(cluster, cluster.nodes[:2], outputs, {"node-3"})
+    found = netchecks.mesh_findings(cluster, cluster.nodes[:2], outputs, {"node-3"})
     assert [(f.node, f.fixable) for f in found] == [("node-3", False)]
     assert found[0].message.startswith("no node can ssh to node-3")
 
@@ -90,7 +90,7 @@ def test_mesh_findings_collapse_a_dead_target():
 def test_mesh_host_key_failures_are_fixable():
     cluster = Cluster("c", "local", nodes=nodes(3))
     outputs = {"node-1": "fail 10.0.0.2 Host key verification failed.\n"}
-    found = network.mesh_findings(cluster, cluster.nodes, outputs, set())
+    found = netchecks.mesh_findings(cluster, cluster.nodes, outputs, set())
     assert [(f.node, f.fixable) for f in found] == [("node-2", True)]
     assert found[0].message.startswith("node-1 cannot ssh to node-2")
 
@@ -141,7 +141,8 @@ def test_a_sampled_mesh_says_no_node_can_reach_a_target_when_all_that_tried_it_f
     target = cluster.nodes[20]
     sources = [n for n in cluster.nodes if target in peers[n.name]]
     outputs = {s.name: f"fail {target.address} ssh: connect to host port 22: Connection refused\n" for s in sources}
-    found = network.mesh_findings(cluster, [n for n in cluster.nodes if n is not target], outputs, {target.name}, peers)
+    others = [n for n in cluster.nodes if n is not target]
+    found = netchecks.mesh_findings(cluster, others, outputs, {target.name}, peers)
     assert [f.node for f in found] == [target.name] and found[0].message.startswith(f"no node can ssh to {target.name}")
 
 

@@ -7,9 +7,10 @@ import subprocess
 
 import pytest
 
-from clustertool import api, state
-from clustertool.errors import StateError
-from clustertool.model import Cluster, Node
+from clustertool import api
+from clustertool.core import state
+from clustertool.core.errors import StateError
+from clustertool.core.model import Cluster, Node
 from clustertool.remote import fabricgroup
 from tests.fakes.cluster import saved_cluster
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from clustertool.model import Node
+from clustertool.core.model import Node
 from clustertool.remote import group
 from tests.fakes.transport import LocalShell
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clustertool.errors import SpecError, UsageError
-from clustertool.hostfile import FORMATS, HostEntry, parse, render, render_cluster, valid_host
-from clustertool.model import LEADER, Cluster, Node
+from clustertool.core.errors import SpecError, UsageError
+from clustertool.core.hostfile import FORMATS, HostEntry, parse, render, render_cluster, valid_host
+from clustertool.core.model import LEADER, Cluster, Node
 
 pytestmark = pytest.mark.unit
 

@@ -110,7 +110,7 @@ def _cycle(graph: dict[str, list[str]]) -> list[str] | None:
 def test_the_walk_sees_the_package():
     assert "clustertool.transfer.copy" in MODULES and "clustertool.cli.app" in MODULES
     assert "clustertool.transfer.drive" in GRAPH["clustertool.transfer.copy"]
-    assert "clustertool.remote.group" in GRAPH["clustertool.lifecycle"]
+    assert "clustertool.remote.group" in GRAPH["clustertool.cluster.lifecycle"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -127,3 +127,59 @@ def test_core_modules_import_clustertool_modules_at_the_top():
     lazy = sorted(f"{m} imports {t} inside a function" for m in MODULES for t, inside in _imports(m)
                   if inside and not m.startswith("clustertool.cli") and m not in LAZY_ALLOWED)
     assert lazy == []
+
+
+# The layers, lowest first: a module imports only modules of its own layer or below. A module's
+# layer is its longest prefix here. The plugin has two sides: what jobs need (the built and
+# deployed files, NCCL's log) sits below jobs; `plugin check`, which runs a job and reads a
+# bench, sits above bench.
+LAYERS = (
+    ("core", ("clustertool.core", "clustertool.nodeprogs", "clustertool.workloads")),
+    ("remote", ("clustertool.remote",)),
+    ("providers", ("clustertool.providers",)),
+    ("cluster", ("clustertool.cluster",)),
+    ("transfer", ("clustertool.transfer",)),
+    ("plugin files", ("clustertool.plugin.build", "clustertool.plugin.deploy", "clustertool.plugin.remote",
+                      "clustertool.plugin.nccl_log", "clustertool.plugin")),
+    ("jobs", ("clustertool.jobs",)),
+    ("bench", ("clustertool.bench",)),
+    ("plugin check", ("clustertool.plugin.check", "clustertool.plugin.check_report")),
+    ("doctor", ("clustertool.doctor",)),
+    ("playbook", ("clustertool.playbook",)),
+    ("api", ("clustertool.api", "clustertool")),
+    ("cli", ("clustertool.cli", "clustertool.__main__")),
+)
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    best = max(((len(p), i, name) for i, (name, prefixes) in enumerate(LAYERS) for p in prefixes
+                if module == p or module.startswith(p + ".")), default=None)
+    assert best is not None, f"{module} is in no layer: add its package to LAYERS"
+    return best[1], best[2]
+
+
+def test_every_module_has_a_layer_and_the_layers_are_folders():
+    assert layer_of("clustertool.core.state") == (0, "core")
+    assert layer_of("clustertool.plugin.check") == (8, "plugin check")
+    assert layer_of("clustertool.plugin.deploy") == (5, "plugin files")
+    roots = {p.name for p in PACKAGE.iterdir() if p.suffix == ".py"}
+    assert roots == {"__init__.py", "__main__.py", "api.py"}, "modules at the package root: " + ", ".join(roots)
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_imports_run_down_the_layers():
+    upward = sorted(f"{m} ({layer_of(m)[1]}) imports {t} ({layer_of(t)[1]})"
+                    for m, targets in GRAPH.items() for t in targets if layer_of(t)[0] > layer_of(m)[0])
+    assert upward == [], "imports that point up:\n" + "\n".join(upward)
+
+
+def test_module_names_are_unique():
+    """So every internal import reads the same everywhere, without an alias. The CLI's modules are
+    named after the commands users type and nothing imports them; nodeprogs/ are programs run on
+    nodes, never imported by the package."""
+    names: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if path.name != "__init__.py" and not module.startswith(("clustertool.cli.", "clustertool.nodeprogs.")):
+            names.setdefault(path.stem, []).append(module)
+    assert {n: m for n, m in names.items() if len(m) > 1} == {}

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from clustertool import interrupts, state
-from clustertool.errors import ProviderError, StateError
+from clustertool.core import interrupts, state
+from clustertool.core.errors import ProviderError, StateError
 from clustertool.providers.aws import retry
 
 pytestmark = pytest.mark.unit

@@ -8,9 +8,9 @@ import shlex
 
 import pytest
 
-from clustertool import inventory
-from clustertool.errors import UsageError
-from clustertool.model import LEADER, Cluster, Node
+from clustertool.cluster import inventory
+from clustertool.core.errors import UsageError
+from clustertool.core.model import LEADER, Cluster, Node
 
 pytestmark = pytest.mark.unit
 

@@ -11,11 +11,11 @@ import uuid
 
 import pytest
 
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Job
 from clustertool.jobs import kill as jobkill
 from clustertool.jobs import records, scripts
 from clustertool.jobs.manage import reboot_line, remote_path_sh, s3_upload_line
-from clustertool.model import Job
 
 pytestmark = pytest.mark.unit
 

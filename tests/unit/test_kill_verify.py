@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from clustertool.core.model import Job
 from clustertool.jobs import kill, records
-from clustertool.model import Job
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Call, Reply, ScriptedTransport
 

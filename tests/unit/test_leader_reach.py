@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from clustertool import nodeprogs
-from clustertool.model import Node
+from clustertool.core.model import Node
 from clustertool.remote.mesh import LEADER_FULL_MAX, failed_targets, leader_targets
 
 pytestmark = pytest.mark.unit

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool import ledger
-from clustertool.model import Cluster, Node
+from clustertool.cluster import ledger
+from clustertool.core.model import Cluster, Node
 
 pytestmark = pytest.mark.unit
 

@@ -228,8 +228,8 @@ def test_init_config_binds_private_dirs_over_the_node_view_and_runs_sshd():
 
 # ---- LocalProvider.check(): fails fast, in one line, before anything is made ----------------
 
-from clustertool.errors import MissingPrerequisite, UsageError  # noqa: E402
-from clustertool.model import Cluster  # noqa: E402
+from clustertool.core.errors import MissingPrerequisite, UsageError  # noqa: E402
+from clustertool.core.model import Cluster  # noqa: E402
 from clustertool.providers import local as local_mod  # noqa: E402
 from clustertool.providers.base import ProvisionRequest  # noqa: E402
 

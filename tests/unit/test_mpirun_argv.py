@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 from clustertool.jobs import scripts
 from clustertool.jobs.mpirun import (
     RANK_WRAPPER,

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from clustertool.errors import ToolError
-from clustertool.model import LEADER, Cluster, Node
+from clustertool.core.errors import ToolError
+from clustertool.core.model import LEADER, Cluster, Node
 from clustertool.plugin import build as native
 from clustertool.plugin import deploy
 from clustertool.plugin import remote as nr

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clustertool.errors import UsageError
-from clustertool.model import LEADER, Cluster, Node
-from clustertool.nodeset import expand, fold, natural_key, select
+from clustertool.core.errors import UsageError
+from clustertool.core.model import LEADER, Cluster, Node
+from clustertool.core.nodeset import expand, fold, natural_key, select
 
 pytestmark = pytest.mark.unit
 

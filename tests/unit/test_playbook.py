@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool import yamlfile
-from clustertool.errors import SpecError
+from clustertool.core import yamlfile
+from clustertool.core.errors import SpecError
 from clustertool.playbook import load as playbook
 from clustertool.playbook.steps import CommandSpec, ParamSpec
 

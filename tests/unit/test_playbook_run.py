@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool import yamlfile
+from clustertool.core import yamlfile
 from clustertool.playbook import load as playbook
 from clustertool.playbook import run as playbook_run
 from clustertool.playbook.steps import CommandSpec, ParamSpec
@@ -104,8 +104,8 @@ def test_progress_events_in_order(sh_steps):
 
 
 def test_failure_without_a_down_step_still_tears_down_a_cluster_that_exists(sh_steps, ct_env):
-    from clustertool import state
-    from clustertool.model import Cluster
+    from clustertool.core import state
+    from clustertool.core.model import Cluster
 
     state.save(Cluster("made-by-up", "local"))
     result = playbook_run.run(book("cluster: made-by-up\nsteps:\n  - exec: {command: 'exit 1'}\n"))
@@ -114,8 +114,8 @@ def test_failure_without_a_down_step_still_tears_down_a_cluster_that_exists(sh_s
 
 
 def test_success_without_a_down_step_keeps_the_cluster(sh_steps, ct_env):
-    from clustertool import state
-    from clustertool.model import Cluster
+    from clustertool.core import state
+    from clustertool.core.model import Cluster
 
     state.save(Cluster("kept", "local"))
     result = playbook_run.run(book("cluster: kept\nsteps:\n  - exec: {command: 'true'}\n"))

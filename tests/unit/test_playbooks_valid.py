@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from clustertool import yamlfile
 from clustertool.cli.play import resolver
+from clustertool.core import yamlfile
 from clustertool.playbook import load as playbook
 from clustertool.playbook.steps import KNOWN_COMMANDS
 

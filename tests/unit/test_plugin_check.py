@@ -17,10 +17,10 @@ import sys
 
 import pytest
 
-from clustertool import state
-from clustertool.errors import ToolError
+from clustertool.core import state
+from clustertool.core.errors import ToolError
+from clustertool.core.model import SERVER, Node
 from clustertool.jobs import launch as jobs_launch
-from clustertool.model import SERVER, Node
 from clustertool.plugin import check
 from clustertool.plugin import check_report as cr
 from clustertool.plugin.build import ARTEFACTS, save_record

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool.errors import ToolError
+from clustertool.core.errors import ToolError
 from clustertool.plugin import build, deploy
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Call, Reply, ScriptedTransport

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 from clustertool.jobs import launch
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Reply, ScriptedTransport

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.errors import NotSupported
-from clustertool.model import Cluster
+from clustertool.core.errors import NotSupported
+from clustertool.core.model import Cluster
 from clustertool.providers import base
 
 pytestmark = pytest.mark.unit

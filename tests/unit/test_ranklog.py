@@ -170,7 +170,7 @@ def test_rank_selections_read_as_lists_and_ranges(text, ranks):
 
 @pytest.mark.parametrize("text", ["x", "1-", "-2", "1,,2", "a-b"])
 def test_a_bad_rank_selection_is_a_usage_error(text):
-    from clustertool.errors import UsageError
+    from clustertool.core.errors import UsageError
     from clustertool.jobs.logs import parse_ranks
 
     with pytest.raises(UsageError, match="--rank"):

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from clustertool.bench import scaling
-from clustertool.errors import UsageError
-from clustertool.model import LEADER, Cluster, Node
+from clustertool.core.errors import UsageError
+from clustertool.core.model import LEADER, Cluster, Node
 
 pytestmark = pytest.mark.unit
 

@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 
-from clustertool import hostfile, nodeset
-from clustertool.errors import UsageError
+from clustertool.core import hostfile, nodeset
+from clustertool.core.errors import UsageError
+from clustertool.core.model import LEADER, MEMBER, SERVER, Cluster, Node
 from clustertool.jobs import launch, records, reducers, scripts
-from clustertool.model import LEADER, MEMBER, SERVER, Cluster, Node
 
 pytestmark = pytest.mark.unit
 

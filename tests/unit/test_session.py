@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from clustertool.model import Node
+from clustertool.core.model import Node
 from clustertool.remote.session import run_sessions
 from tests.fakes.transport import LocalShell
 

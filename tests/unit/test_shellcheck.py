@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.facts import facts_script
+from clustertool.cluster.facts import facts_script
+from clustertool.core.model import Cluster, Node
 from clustertool.jobs import scripts
-from clustertool.model import Cluster, Node
 from clustertool.remote import keys
 
 pytestmark = pytest.mark.unit

@@ -8,10 +8,10 @@ from typing import ClassVar
 
 import pytest
 
-from clustertool.errors import SpecError, UsageError
+from clustertool.cluster.spec import ClusterSpec, load_spec
+from clustertool.core.errors import SpecError, UsageError
 from clustertool.providers import base
 from clustertool.providers.base import OptionSpec
-from clustertool.spec import ClusterSpec, load_spec
 
 pytestmark = pytest.mark.unit
 

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from clustertool import state
-from clustertool.errors import StateError, UsageError
-from clustertool.model import Cluster, Node
+from clustertool.core import state
+from clustertool.core.errors import StateError, UsageError
+from clustertool.core.model import Cluster, Node
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.errors import ProviderError, UsageError
-from clustertool.model import Cluster
+from clustertool.core.errors import ProviderError, UsageError
+from clustertool.core.model import Cluster
 from clustertool.providers.base import ProvisionRequest, get_provider, provider_class
 from clustertool.providers.static import StaticProvider, Target, check_key, parse_hosts
 
@@ -301,7 +301,7 @@ def test_stop_and_start_are_refused(verb):
 # --- reduction servers (--servers) ------------------------------------------------------------
 
 def test_servers_are_adopted_with_role_server_after_the_nodes_and_stay_out_of_the_hostfile():
-    from clustertool import hostfile
+    from clustertool.core import hostfile
 
     req = request_for({"hosts": "10.0.0.5,10.0.0.6", "servers": "10.0.0.9,10.0.0.10:2222"}, slots=8)
     nodes = StaticProvider().run_instances(req)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 from clustertool.transfer import chain as chains
 from clustertool.transfer import drive
 from clustertool.transfer.copy import choose_strategy, copy

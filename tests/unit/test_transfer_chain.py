@@ -4,10 +4,10 @@ import subprocess
 
 import pytest
 
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 from clustertool.transfer import chain, fanout
 from clustertool.transfer import copy as copies
-from clustertool.transfer.model import relative_remote
+from clustertool.transfer.results import relative_remote
 
 pytestmark = pytest.mark.unit
 

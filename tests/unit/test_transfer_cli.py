@@ -2,8 +2,8 @@
 
 import pytest
 
-from clustertool import state
-from clustertool.model import Cluster, Node
+from clustertool.core import state
+from clustertool.core.model import Cluster, Node
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.unit, pytest.mark.cli]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 from clustertool.nodeprogs import DIR as NODEPROGS
 from clustertool.nodeprogs import program_stream, stream_command
 from clustertool.transfer import s3

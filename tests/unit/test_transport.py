@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from clustertool.model import Cluster, Node
+from clustertool.core.model import Cluster, Node
+from clustertool.core.state import ClusterPaths
 from clustertool.remote import keys, transport
-from clustertool.state import ClusterPaths
 
 pytestmark = pytest.mark.unit
 

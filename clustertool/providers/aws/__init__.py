@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from clustertool.model import Cluster, Node, Reporter, silent
+from clustertool.core.model import Cluster, Node, Reporter, silent
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
-from clustertool.errors import UsageError
-from clustertool.model import Node
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Node
 from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws import tags
 from clustertool.providers.aws.client import Aws

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from clustertool.errors import ProviderError, UsageError
+from clustertool.core.errors import ProviderError, UsageError
 from clustertool.providers.aws.client import Aws, aws_errors, error_code, error_message, is_code
 
 _TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")

@@ -17,8 +17,8 @@ import contextlib
 import os
 from typing import Any, Callable, Iterator
 
-from clustertool.errors import ProviderError, ToolError, UsageError
-from clustertool.model import Reporter, silent
+from clustertool.core.errors import ProviderError, ToolError, UsageError
+from clustertool.core.model import Reporter, silent
 from clustertool.providers.aws import retry
 
 Hook = Callable[[str, str, dict, Callable[[], Any]], Any]

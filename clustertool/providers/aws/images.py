@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clustertool.errors import ProviderError, UsageError
+from clustertool.core.errors import ProviderError, UsageError
 from clustertool.providers.aws.client import Aws, aws_errors, is_code
 
 # /aws/service/deeplearning/ami/<arch>/<ami type>/latest/ami-id (AWS DLAMI documentation)

@@ -6,9 +6,9 @@ import socket
 import time
 from typing import Iterable
 
-from clustertool import interrupts
-from clustertool.errors import ProviderError
-from clustertool.model import LEADER, MEMBER, SERVER, Node
+from clustertool.core import interrupts
+from clustertool.core.errors import ProviderError
+from clustertool.core.model import LEADER, MEMBER, SERVER, Node
 from clustertool.providers.aws import tags
 from clustertool.providers.aws.client import Aws, aws_errors, poll_interval, wait_timeout
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from clustertool.errors import ProviderError
+from clustertool.core.errors import ProviderError
 from clustertool.providers.aws import network, tags
 from clustertool.providers.aws.client import Aws, aws_errors
 

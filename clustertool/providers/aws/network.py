@@ -7,7 +7,7 @@ import os
 import socket
 from typing import Callable
 
-from clustertool.errors import ProviderError, UsageError
+from clustertool.core.errors import ProviderError, UsageError
 from clustertool.providers.aws import tags
 from clustertool.providers.aws.client import Aws, aws_errors, is_code
 

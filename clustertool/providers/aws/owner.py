@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from clustertool import state
-from clustertool.errors import ProviderError, UsageError
-from clustertool.model import Cluster, Reporter
+from clustertool.core import state
+from clustertool.core.errors import ProviderError, UsageError
+from clustertool.core.model import Cluster, Reporter
 from clustertool.providers.aws import census, lease, tags
 from clustertool.providers.aws.client import Aws, aws_errors
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from clustertool.model import Reporter, silent
+from clustertool.core.model import Reporter, silent
 from clustertool.providers.aws import tags
 from clustertool.providers.aws.client import Aws, EndpointLacksApi, aws_errors
 

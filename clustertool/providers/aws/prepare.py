@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clustertool.errors import ToolError, UsageError
+from clustertool.core.errors import ToolError, UsageError
 from clustertool.providers.aws import adopt, capacity, images, leader, network, owner, pricing, quota, servers, tags
+from clustertool.providers.aws.az_launch import launch_params, volume
 from clustertool.providers.aws.client import Aws, error_code, error_message
-from clustertool.providers.aws.launch import launch_params, volume
 from clustertool.providers.base import ProvisionRequest
 from clustertool.remote import access
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 
-from clustertool.errors import ProviderError
-from clustertool.model import Cluster, Node, Reporter, silent
+from clustertool.core.errors import ProviderError
+from clustertool.core.model import Cluster, Node, Reporter, silent
 from clustertool.providers.aws import (
     adopt,
+    az_launch,
     capacity,
     images,
-    launch,
     leader,
     lease,
     network,
@@ -39,9 +39,9 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     request.save()
     if prep.adopting:
         return _adopt(request, prep)
-    record = launch.recorder(cluster, request.save)
+    record = az_launch.recorder(cluster, request.save)
     info, aws, stamp = prep.info, prep.aws, prep.stamp
-    suffix = ps.setdefault("suffix", stamp.id.rsplit("-", 1)[-1] if stamp.id else launch.new_suffix())
+    suffix = ps.setdefault("suffix", stamp.id.rsplit("-", 1)[-1] if stamp.id else az_launch.new_suffix())
     ps["instance_type"] = info.name
     ps["slots"] = request.slots or info.gpus or 1  # before launch: a killed up's status still knows
     if prep.servers is not None:
@@ -67,13 +67,13 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     if prep.servers is not None:
         server_image = image if prep.servers.info.arch == info.arch else images.resolve(
             aws, cluster.options.get("ami"), prep.servers.info.arch)
-    az, launched, server_insts = launch.launch_in_order(
+    az, launched, server_insts = az_launch.launch_in_order(
         aws, cluster, stamp=stamp, count=request.count, info=info, image=image, azs=prep.azs, group_id=group_id,
         key_name=key_name, suffix=suffix, record=record, report=report, public_key=request.public_key,
         server_plan=prep.servers, server_image=server_image)
     ps["az"] = az
     request.save()
-    ordered = launch.tag_nodes(aws, cluster.name, launched)
+    ordered = az_launch.tag_nodes(aws, cluster.name, launched)
     ordered += servers.tag(aws, cluster.name, server_insts, len(ordered))
     what = f"{request.count} x {info.name}" + (f" and {len(server_insts)} x {ps['server_type']} (servers)"
                                                 if server_insts else "")

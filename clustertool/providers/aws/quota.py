@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from clustertool.errors import ProviderError
+from clustertool.core.errors import ProviderError
 from clustertool.providers.aws import capacity
 from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws.client import Aws, EndpointLacksApi

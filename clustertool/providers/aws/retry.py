@@ -21,8 +21,8 @@ import random
 import time
 from typing import Any, Callable
 
-from clustertool.errors import ProviderError
-from clustertool.model import Reporter
+from clustertool.core.errors import ProviderError
+from clustertool.core.model import Reporter
 
 CONNECT_ATTEMPTS = 5
 THROTTLE_CODES = {"RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException",

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clustertool.errors import UsageError
-from clustertool.model import Cluster
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Cluster
 from clustertool.providers.aws import capacity, pricing, quota, tags
 from clustertool.providers.aws.client import Aws, aws_errors
 from clustertool.providers.aws.instances import SERVER_TAG as SERVER

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from clustertool.model import Reporter, silent
+from clustertool.core.model import Reporter, silent
 from clustertool.providers.aws import census, lease, owner, tags, teardown
 from clustertool.providers.aws.client import Aws
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from clustertool import interrupts
-from clustertool.errors import ProviderError
-from clustertool.model import Cluster, Reporter
+from clustertool.core import interrupts
+from clustertool.core.errors import ProviderError
+from clustertool.core.model import Cluster, Reporter
 from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws import placement, tags
 from clustertool.providers.aws.client import Aws, aws_errors, error_message, is_code, poll_interval, wait_timeout

@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from clustertool import state
-from clustertool.errors import MissingPrerequisite, ProviderError, UsageError
-from clustertool.model import LEADER, MEMBER, SERVER, Cluster, Node
+from clustertool.core import state
+from clustertool.core.errors import MissingPrerequisite, ProviderError, UsageError
+from clustertool.core.model import LEADER, MEMBER, SERVER, Cluster, Node
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
-from clustertool.providers.local import access as local_access
+from clustertool.providers.local import firewall as local_access
 from clustertool.providers.local import net, sysops
-from clustertool.providers.local.teardown import teardown
+from clustertool.providers.local.removal import teardown
 from clustertool.remote import access as remote_access
 from clustertool.remote import keys as remote_keys
 

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from clustertool.errors import ProviderError
+from clustertool.core.errors import ProviderError
+from clustertool.core.state import flocked
 from clustertool.providers.local import net
-from clustertool.state import flocked
 
 LOCK_PATH = Path("/run/lock/clustertool-local.lock")
 SCRATCH = Path("/scratch")

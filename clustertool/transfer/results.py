@@ -7,8 +7,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from clustertool.errors import UsageError
-from clustertool.model import Cluster, Node, Reporter, jsonable
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Cluster, Node, Reporter, jsonable
 from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer.manifest import Keep, Manifest, is_unreachable
 

@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from clustertool import autostop, state, yamlfile
-from clustertool.errors import SpecError, UsageError
+from clustertool.cluster import autostop
+from clustertool.core import state, yamlfile
+from clustertool.core.errors import SpecError, UsageError
 from clustertool.providers import base
 
 BASE_KEYS = ("name", "provider", "nodes", "slots", "user")

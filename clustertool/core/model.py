@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from clustertool.errors import StateError, UsageError
+from clustertool.core.errors import StateError, UsageError
 
 LEADER = "leader"
 MEMBER = "member"

@@ -17,9 +17,11 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from clustertool import ledger, nodeprogs, state
-from clustertool.errors import RemoteError, ToolError, UsageError
-from clustertool.model import Cluster, Node, Reporter, silent
+from clustertool import nodeprogs
+from clustertool.cluster import ledger
+from clustertool.core import state
+from clustertool.core.errors import RemoteError, ToolError, UsageError
+from clustertool.core.model import Cluster, Node, Reporter, silent
 from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clustertool import state
-from clustertool.errors import ToolError
-from clustertool.model import Cluster, Reporter, silent
+from clustertool.core import state
+from clustertool.core.errors import ToolError
+from clustertool.core.model import Cluster, Reporter, silent
 from clustertool.providers.local import net, sysops
-from clustertool.providers.local.teardown import teardown
+from clustertool.providers.local.removal import teardown
 
 DELETE, KEEP = "delete", "keep"
 

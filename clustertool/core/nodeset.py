@@ -17,10 +17,10 @@ import itertools
 import re
 from typing import TYPE_CHECKING, Iterable
 
-from clustertool.errors import UsageError
+from clustertool.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from clustertool.model import Cluster, Node
+    from clustertool.core.model import Cluster, Node
 
 MAX_EXPANSION = 100_000  # refuse patterns that would expand to more names than this
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from clustertool.errors import StateError, UsageError
-from clustertool.model import Cluster
+from clustertool.core.errors import StateError, UsageError
+from clustertool.core.model import Cluster
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 

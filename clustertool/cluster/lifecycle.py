@@ -16,15 +16,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clustertool import autostop, interrupts, ledger, nodeprogs, state
-from clustertool import hostfile as hostfiles
-from clustertool.errors import RemoteError, ToolError, UsageError
-from clustertool.model import Cluster, GroupResult, Node, Reporter, jsonable, silent
+from clustertool import nodeprogs
+from clustertool.cluster import autostop, ledger
+from clustertool.cluster.status import list_all
+from clustertool.core import hostfile as hostfiles
+from clustertool.core import interrupts, state
+from clustertool.core.errors import RemoteError, ToolError, UsageError
+from clustertool.core.model import Cluster, GroupResult, Node, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
 from clustertool.remote import access, keys, mesh, mux, reach
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport, control_exit_argv, forget_warm, master_socket, write_ssh_config
-from clustertool.status import list_all
 
 
 @dataclass

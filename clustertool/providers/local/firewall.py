@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clustertool.errors import ProviderError
-from clustertool.model import LEADER, Cluster, Node
+from clustertool.core.errors import ProviderError
+from clustertool.core.model import LEADER, Cluster, Node
 from clustertool.providers.local import net, sysops
 
 TABLE = "clustertool_access"

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clustertool.jobs.mpirun import JOB_ENV, JOBS_DIR
-from clustertool.jobs.scripts import MPI_COMMS
+from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR, MPI_COMMS
 from clustertool.nodeprogs import shell_script
 
 STRAY_RE = "python.*|" + "|".join(MPI_COMMS)  # the command names doctor looks for

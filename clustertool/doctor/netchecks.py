@@ -6,9 +6,9 @@ import json
 import secrets
 import shlex
 
-from clustertool.doctor.model import Finding
+from clustertool.core.model import Cluster, Node
+from clustertool.doctor.findings import Finding
 from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet
-from clustertool.model import Cluster, Node
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.remote.transport import SSH, Transport
 

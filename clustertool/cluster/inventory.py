@@ -10,11 +10,11 @@ import json
 import re
 import shlex
 
-from clustertool.errors import UsageError
-from clustertool.model import Cluster
+from clustertool.core.errors import UsageError
+from clustertool.core.model import Cluster
+from clustertool.core.state import ClusterPaths
 from clustertool.remote import access
 from clustertool.remote.transport import alias, render_ssh_config
-from clustertool.state import ClusterPaths
 
 FORMATS = ("ansible", "json", "ssh-config")
 

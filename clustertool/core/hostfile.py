@@ -19,10 +19,10 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from clustertool.errors import SpecError, UsageError
+from clustertool.core.errors import SpecError, UsageError
 
 if TYPE_CHECKING:
-    from clustertool.model import Cluster
+    from clustertool.core.model import Cluster
 
 FORMATS = ("openmpi", "mpich", "horovod", "deepspeed")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from clustertool.errors import SpecError
+from clustertool.core.errors import SpecError
 
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 _BOOL_RE = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")

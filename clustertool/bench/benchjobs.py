@@ -10,7 +10,7 @@ import threading
 from typing import Sequence
 
 from clustertool.bench.scaling import Launcher
-from clustertool.errors import ToolError
+from clustertool.core.errors import ToolError
 from clustertool.jobs import kill as jobs_kill
 from clustertool.jobs import launch as jobs
 from clustertool.jobs.mpirun import MpiOptions

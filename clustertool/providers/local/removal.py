@@ -14,10 +14,10 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from clustertool import state
-from clustertool.errors import ProviderError
-from clustertool.model import Cluster
-from clustertool.nodeset import fold
+from clustertool.core import state
+from clustertool.core.errors import ProviderError
+from clustertool.core.model import Cluster
+from clustertool.core.nodeset import fold
 from clustertool.providers.local import net, sysops
 
 _RECORDED = ("token", "slot", "bridge", "route", "count", "netns", "veths", "pids", "nodes_dir")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clustertool import autostop, state
-from clustertool.errors import ToolError
-from clustertool.model import Cluster, Reporter, jsonable, silent
+from clustertool.cluster import autostop
+from clustertool.core import state
+from clustertool.core.errors import ToolError
+from clustertool.core.model import Cluster, Reporter, jsonable, silent
 from clustertool.providers.base import get_provider
 from clustertool.remote import access
 from clustertool.remote.group import run_on_nodes

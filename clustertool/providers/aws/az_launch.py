@@ -6,8 +6,8 @@ from __future__ import annotations
 import secrets
 from typing import Any, Callable
 
-from clustertool.errors import ProviderError
-from clustertool.model import Cluster, Reporter
+from clustertool.core.errors import ProviderError
+from clustertool.core.model import Cluster, Reporter
 from clustertool.providers.aws import capacity, leader, network, placement, servers, tags, teardown
 from clustertool.providers.aws.client import NEXT_AZ_CODES, Aws, aws_errors, is_code
 from clustertool.providers.aws.images import Image

@@ -14,8 +14,8 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from clustertool import state
-from clustertool.model import Cluster
+from clustertool.core import state
+from clustertool.core.model import Cluster
 from clustertool.providers.base import REGISTRY, provider_class
 
 RUNNING_FROM = ("up", "start")

@@ -1,0 +1,1 @@
+"""A cluster's life: spec, up/down, status, autostop, the cost ledger, inventory, node facts."""
