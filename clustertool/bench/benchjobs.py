@@ -11,8 +11,8 @@ from typing import Sequence
 
 from clustertool.bench.scaling import Launcher
 from clustertool.core.errors import ToolError
-from clustertool.jobs import kill as jobs_kill
-from clustertool.jobs import launch as jobs
+from clustertool.jobs import kill
+from clustertool.jobs.launch import follow, run
 from clustertool.jobs.mpirun import MpiOptions
 
 
@@ -29,7 +29,7 @@ def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = N
     def launch(nodes, per_node, argv):
         opts = MpiOptions(command=list(argv), per_node=per_node, env=list(env))
         try:
-            started = jobs.run(cluster.name, opts, selection=",".join(n.name for n in nodes),
+            started = run(cluster.name, opts, selection=",".join(n.name for n in nodes),
                                name=name or f"scaling-{len(nodes)}n", use_plugin=plugin)
         except ToolError as exc:
             return None, "", exc.message
@@ -44,7 +44,7 @@ def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = N
         def stop() -> None:
             expired.set()
             try:
-                jobs_kill.kill(cluster.name, started.job.id)
+                kill.kill(cluster.name, started.job.id)
             except ToolError:
                 pass
 
@@ -53,7 +53,7 @@ def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = N
             timer.daemon = True
             timer.start()
         try:
-            code = jobs.follow(cluster.name, started.job, line)
+            code = follow(cluster.name, started.job, line)
         finally:
             if timer:
                 timer.cancel()

@@ -30,12 +30,12 @@ def autostop(
     node) and, with --wait-for jobs-and-ssh, no interactive SSH session. The leader decides and powers
     the nodes off (members first), so it happens even when this machine is off."""
     from clustertool.cli import render
-    from clustertool.cluster import autostop as core
+    from clustertool.cluster.autostop import check_request, configure
 
     if show and (idle is not None or cancel):
         raise UsageError("--show only shows: give it alone")
-    core.check_request(idle, down=down, wait_for=wait_for, cancel=cancel)  # before looking for the cluster
-    result = core.configure(cluster_name(cluster), idle, down=down, wait_for=wait_for, cancel=cancel,
+    check_request(idle, down=down, wait_for=wait_for, cancel=cancel)  # before looking for the cluster
+    result = configure(cluster_name(cluster), idle, down=down, wait_for=wait_for, cancel=cancel,
                             report=reporter(json_output))
     if json_output:
         render.print_json(result.to_dict())
@@ -80,11 +80,11 @@ def cost(
     """Every cluster this machine made, live or gone: node type and count, hours up and stopped, and an
     estimated cost (approximate: the price table `up` shows), with the hours autostop saved."""
     from clustertool.cli import render
-    from clustertool.cluster import autostop as core
     from clustertool.cluster import ledger
+    from clustertool.cluster.autostop import refresh
     from clustertool.cluster.status import list_all
 
-    core.refresh(list_all())  # a cluster its watcher powered off counts as off
+    refresh(list_all())  # a cluster its watcher powered off counts as off
     result = ledger.report(since=_since(since), known=list_all())
     if json_output:
         render.print_json(result.to_dict())

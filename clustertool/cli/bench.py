@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -54,21 +55,21 @@ def scaling(
     lines, else the last "samples/sec: N"-like figure. Efficiency = speedup / (ranks / base ranks).
     Exit code 1 if any size failed or printed no figure.
     """
-    from clustertool.bench import scaling as core
     from clustertool.bench.benchjobs import launcher
+    from clustertool.bench.scaling import parse_sizes, run_scaling
     from clustertool.cli import render
     from clustertool.core import state
 
-    sizes = core.parse_sizes(nodes)
+    sizes = parse_sizes(nodes)
     c = state.load(cluster_name(cluster))
     _warn_shared_cpus(c, sizes, per_node)
     on_line = None if (quiet or json_output) else render.live_line
     launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
-    result = core.run_scaling(c, sizes, per_node, command, launch=launch, regex=metric_regex,
+    result = run_scaling(c, sizes, per_node, command, launch=launch, regex=metric_regex,
                               log_dir=log_dir, repeat=repeat, report=render.info)
     from clustertool.bench.chart import write_chart
 
-    _finish(core, result, f"scaling on {c.name}: {result.command}", json_output, csv_path, json_path, chart,
+    _finish("scaling", result, f"scaling on {c.name}: {result.command}", json_output, csv_path, json_path, chart,
             write_chart)
 
 
@@ -103,30 +104,32 @@ def compare(
     Each variant is COMMAND with {} replaced by its name, run on the same nodes; with --repeat the
     variants take turns. Exit code 1 if any variant failed or printed no figure.
     """
-    from clustertool.bench import compare as core
     from clustertool.bench.benchjobs import launcher
+    from clustertool.bench.compare import parse_variants, run_compare, write_chart
     from clustertool.cli import render
     from clustertool.core import state
 
-    names = core.parse_variants(variants)
+    names = parse_variants(variants)
     c = state.load(cluster_name(cluster))
     on_line = None if (quiet or json_output) else render.live_line
     launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
-    result = core.run_compare(c, names, command, launch=launch, nodes=nodes, per_node=per_node, regex=metric_regex,
+    result = run_compare(c, names, command, launch=launch, nodes=nodes, per_node=per_node, regex=metric_regex,
                               repeat=repeat, log_dir=log_dir, report=render.info)
-    _finish(core, result, f"{', '.join(names)} on {c.name} ({result.nodes} nodes): {result.command}", json_output,
-            csv_path, json_path, chart, core.write_chart)
+    _finish("compare", result, f"{', '.join(names)} on {c.name} ({result.nodes} nodes): {result.command}", json_output,
+            csv_path, json_path, chart, write_chart)
 
 
-def _finish(core, result, title, json_output, csv_path, json_path, chart, write_chart) -> None:
-    """Print a bench result (table, or JSON on stdout), write its CSV/JSON/chart files, exit 0 or 1."""
+def _finish(kind, result, title, json_output, csv_path, json_path, chart, write_chart) -> None:
+    """Print a bench result (table, or JSON on stdout), write its CSV/JSON/chart files, exit 0 or 1.
+    ``kind``: the bench (scaling or compare) whose module's COLUMNS, rows, to_csv and to_json fit."""
     from clustertool.cli import render
 
+    kind = importlib.import_module(f"clustertool.bench.{kind}")
     if json_output:
-        sys.stdout.write(core.to_json(result) + "\n")
+        sys.stdout.write(kind.to_json(result) + "\n")
     else:
-        render.table(core.COLUMNS, core.rows(result), title=title)
-    for path, text in ((csv_path, core.to_csv), (json_path, core.to_json)):
+        render.table(kind.COLUMNS, kind.rows(result), title=title)
+    for path, text in ((csv_path, kind.to_csv), (json_path, kind.to_json)):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text(result))
@@ -179,7 +182,19 @@ def allreduce(
     """
     from dataclasses import asdict
 
-    from clustertool.bench import allreduce as core
+    from clustertool.bench.allreduce import (
+        COLUMNS,
+        bench_argv,
+        check_servers,
+        link_ratios,
+        parse_algos,
+        parse_rows,
+        parse_sizes,
+        side_by_side,
+        side_by_side_columns,
+        table_rows,
+        tuner_csv,
+    )
     from clustertool.bench.benchjobs import launcher
     from clustertool.cli import render
     from clustertool.core import state
@@ -191,30 +206,30 @@ def allreduce(
     if not deployed:
         raise ToolError(f"the plugin is not deployed on {c.name!r}", hint="clustertool plugin build && clustertool "
                                                                           "plugin deploy")
-    algos = core.parse_algos(algo)
-    core.check_servers(algos, c.name, len(c.servers))
-    argv = core.bench_argv(f"{deployed['dest'].rstrip('/')}/{BENCH}", core.parse_sizes(sizes),
+    algos = parse_algos(algo)
+    check_servers(algos, c.name, len(c.servers))
+    argv = bench_argv(f"{deployed['dest'].rstrip('/')}/{BENCH}", parse_sizes(sizes),
                            algos, dtype=dtype, op=op, iters=iters, warmup=warmup)
     extra = [f"CLUSTERTOOL_SOCKET_IFNAME={ifname}"] if ifname else []
     on_line = None if (quiet or json_output) else render.live_line
     # servers: run as `run --plugin`, which starts this job's reducers on the server nodes
     launch = launcher(c, env=extra + list(env), timeout=timeout, on_line=on_line, plugin="servers" in algos)
     code, output, error = launch(c.workers, 1, argv)
-    rows = core.parse_rows(output)
+    rows = parse_rows(output)
     if json_output:
         render.print_json({"exit_code": code, "error": error, "rows": [asdict(r) for r in rows]})
     elif rows:
-        render.table(core.COLUMNS, core.table_rows(rows), title=f"allreduce on {c.name} ({len(c.workers)} ranks"
+        render.table(COLUMNS, table_rows(rows), title=f"allreduce on {c.name} ({len(c.workers)} ranks"
                      + (f", {len(c.servers)} reduction servers)" if "servers" in algos else ")"))
-        render.table(core.side_by_side_columns(rows), core.side_by_side(rows), title="busbw (GB/s) side by side")
+        render.table(side_by_side_columns(rows), side_by_side(rows), title="busbw (GB/s) side by side")
     rate = c.options.get("link_rate")
     if rows and rate and not json_output:
         from clustertool.providers.local.net import rate_bits
 
-        render.info(core.link_ratios(rows, rate_bits(str(rate))))
+        render.info(link_ratios(rows, rate_bits(str(rate))))
     if tuner_csv is not None and rows:
         tuner_csv.parent.mkdir(parents=True, exist_ok=True)
-        tuner_csv.write_text(core.tuner_csv(rows, len(c.workers)))
+        tuner_csv.write_text(tuner_csv(rows, len(c.workers)))
         render.info(f"wrote {tuner_csv}")
     if error or code != 0 or not rows:
         raise ToolError(f"allreduce benchmark failed: {error or f'mpirun exit {code}' if code else 'no result rows'}",

@@ -126,9 +126,9 @@ def status(
 ) -> None:
     """Nodes of a cluster: role, address, slots, state, SSH reachability (and cost where known)."""
     from clustertool.cli import render
-    from clustertool.cluster import status as clusterstatus
+    from clustertool.cluster.status import status
 
-    report = clusterstatus.status(cluster_name(cluster), check_ssh=not no_check, report=reporter(json_output))
+    report = status(cluster_name(cluster), check_ssh=not no_check, report=reporter(json_output))
     c, rows, extra = report.cluster, report.nodes, report.extra
     if json_output:
         render.print_json(report.to_dict())
@@ -207,12 +207,12 @@ def hostfile(
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
 ) -> None:
     """Print (or write) the cluster's hostfile, leader first, private addresses, with slots."""
-    from clustertool.core import hostfile as hf
     from clustertool.core import state
+    from clustertool.core.hostfile import FORMATS, render_cluster
 
-    if fmt not in hf.FORMATS:
-        raise UsageError(f"unknown hostfile format {fmt!r}", hint=f"choose one of: {', '.join(hf.FORMATS)}")
-    text = hf.render_cluster(state.load(cluster_name(cluster)), fmt)
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown hostfile format {fmt!r}", hint=f"choose one of: {', '.join(FORMATS)}")
+    text = render_cluster(state.load(cluster_name(cluster)), fmt)
     if output:
         with open(output, "w") as fh:
             fh.write(text)

@@ -29,11 +29,11 @@ def doctor(
 ) -> None:
     """Check SSH mesh, disks, sameness, stray processes, clocks, an MPI smoke test, links and, on GPU
     clusters with the plugin deployed, whether NCCL uses it (`plugin check`)."""
-    from clustertool import doctor as doc
     from clustertool.cli import render
+    from clustertool.doctor import choose_checks, run
 
-    checks = doc.choose_checks(check, skip)
-    result = doc.run(cluster_name(cluster), fix=fix, checks=checks, plugin=plugin_path,
+    checks = choose_checks(check, skip)
+    result = run(cluster_name(cluster), fix=fix, checks=checks, plugin=plugin_path,
                      disk_paths=list(disk_path) or None, report=reporter(json_output))
     if json_output:
         checks = [{**render.to_jsonable(c), "status": c.status} for c in result.checks]

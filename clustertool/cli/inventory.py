@@ -20,10 +20,10 @@ def inventory(
     ansible: `ansible -i <(clustertool inventory) all -m ping`; groups <cluster>_leader,
     <cluster>_members and <cluster>. ssh-config: Host blocks for <cluster>-leader, <cluster>-node-K.
     """
-    from clustertool.cluster import inventory as core
+    from clustertool.cluster.inventory import render
     from clustertool.core import state
 
-    text = core.render(state.load(cluster_name(cluster)), fmt)
+    text = render(state.load(cluster_name(cluster)), fmt)
     if output is None:
         typer.echo(text, nl=False)
     else:

@@ -182,10 +182,10 @@ def logs(
     they complete, until the job ends (exit code: the job's). A line is never cut: a partial last
     line waits for its newline or the job's end.
     """
-    from clustertool.jobs import logs as joblogs
+    from clustertool.jobs.logs import show
 
     try:
-        code = joblogs.show(cluster_name(cluster), job, _echo_line, follow_log=follow, node=node, rank=rank,
+        code = show(cluster_name(cluster), job, _echo_line, follow_log=follow, node=node, rank=rank,
                             lines=lines, warn=_warn)
     except KeyboardInterrupt:
         raise typer.Exit(130)
@@ -221,11 +221,11 @@ def kill(
 ) -> None:
     """Stop a job's processes on every node (by job, not by name) and verify nothing is left."""
     from clustertool.cli import render
-    from clustertool.jobs import kill as jobkill
+    from clustertool.jobs.kill import kill, kill_all_python
 
     name = cluster_name(cluster)
-    result = (jobkill.kill_all_python(name, nodes) if all_python
-              else jobkill.kill(name, job, signal=signal, grace=grace))
+    result = (kill_all_python(name, nodes) if all_python
+              else kill(name, job, signal=signal, grace=grace))
     if json_output:
         render.print_json(result.to_dict())
     else:

@@ -106,15 +106,14 @@ def play(
     keeps the cluster for debugging instead. Each step runs as its own clustertool process.
     """
     from clustertool.cli import render
-    from clustertool.playbook import load as core
-    from clustertool.playbook import run as playbook_run
+    from clustertool.playbook import load, run
 
-    book = core.load(playbook, _overrides(var), resolver)
+    book = load.load(playbook, _overrides(var), resolver)
     if dry_run:
         _print_plan(book, json_output)
         return
     events = _Progress(len(book.steps), quiet=json_output)
-    result = playbook_run.run(book, on_event=events, step_stdout=sys.stderr if json_output else None,
+    result = run.run(book, on_event=events, step_stdout=sys.stderr if json_output else None,
                               step_stderr=_pass_stderr, notify=render.info)
     if json_output:
         render.print_json({**render.to_jsonable(result), "report": book.report})

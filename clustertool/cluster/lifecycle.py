@@ -19,9 +19,9 @@ from pathlib import Path
 from clustertool import nodeprogs
 from clustertool.cluster import autostop, ledger
 from clustertool.cluster.status import list_all
-from clustertool.core import hostfile as hostfiles
 from clustertool.core import interrupts, state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
+from clustertool.core.hostfile import render_cluster
 from clustertool.core.model import Cluster, GroupResult, Node, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
 from clustertool.remote import access, keys, mesh, mux, reach
@@ -160,7 +160,7 @@ def write_hostfile(cluster: Cluster) -> Path:
     directory = hostfile_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / cluster.name
-    path.write_text(hostfiles.render_cluster(cluster, "openmpi"))
+    path.write_text(render_cluster(cluster, "openmpi"))
     cluster.hostfile_path = str(path.resolve())
     return path
 
@@ -181,7 +181,7 @@ def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
     # the same program for every member (and one for the leader, with its hostfile): made once,
     # not once per node, since each holds every node's host keys (O(n) each, O(n^2) if repeated)
     member_script = keys.wire_script(cluster, private, public, None).encode()
-    leader_script = keys.wire_script(cluster, private, public, hostfiles.render_cluster(cluster, "openmpi")).encode()
+    leader_script = keys.wire_script(cluster, private, public, render_cluster(cluster, "openmpi")).encode()
 
     def script(node) -> bytes:
         return leader_script if node.name == leader else member_script

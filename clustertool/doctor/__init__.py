@@ -22,8 +22,8 @@ from clustertool.doctor import analyze, netchecks
 from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
 from clustertool.doctor.fixes import apply_fixes
 from clustertool.jobs.records import running_job_ids
-from clustertool.plugin import check as plugin_check
 from clustertool.plugin.build import NET_LIB, load_record
+from clustertool.plugin.check import check
 from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.mesh import FULL_MESH_MAX, failed_targets, mesh_peers, mesh_script
@@ -171,7 +171,7 @@ def _plugin_nccl(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts]
     if running:   # the GPUs are busy: not the moment to start NCCL on them
         return CheckResult("plugin-nccl", skipped=f"job {sorted(running)[0]} is running")
     try:
-        result = plugin_check.check(cluster, gpus=gpus, report=report, transport=transport)
+        result = check(cluster, gpus=gpus, report=report, transport=transport)
     except ToolError as exc:   # e.g. files that differ from the deploy (sameness names those too)
         return CheckResult("plugin-nccl", [Finding("plugin-nccl", None, "warning", f"plugin check could not run: "
                                                    f"{exc.message}", fix=exc.hint or "")])

@@ -34,8 +34,7 @@ from typing import Any
 from clustertool.core import yamlfile
 from clustertool.core.errors import SpecError
 from clustertool.playbook.steps import GROUPS, KNOWN_COMMANDS, CommandSpec, Resolver, ValueProblem, param_argv, suggest
-from clustertool.workloads import DIR as WORKLOADS_DIR
-from clustertool.workloads import node_python
+from clustertool.workloads import DIR, node_python
 
 TOP_KEYS = ("name", "description", "vars", "cluster", "on_failure", "steps", "always", "report")
 CONTROL_KEYS = ("name", "when", "on_failure", "timeout")
@@ -80,7 +79,7 @@ class Playbook:
 
 
 def builtin_vars(path: Path) -> dict[str, Any]:
-    return {"python": shlex.join(node_python()), "workloads": str(WORKLOADS_DIR),
+    return {"python": shlex.join(node_python()), "workloads": str(DIR),
             "playbook_dir": str(path.resolve().parent)}
 
 

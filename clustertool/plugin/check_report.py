@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from clustertool.bench.allreduce import parse_rows
 from clustertool.jobs.output import TAG_RE
-from clustertool.plugin import nccl_log as nl
+from clustertool.plugin import nccl_log
 from clustertool.plugin.nccl_log import NcclLog
 
 RESULT_MARK = "ct-nccl-result "     # the rank wrapper prints the worker's JSON after it (check.RANK_SCRIPT)
@@ -129,7 +129,7 @@ def fallback_fix(log: NcclLog, dest: str) -> str:
            f"take no path) and LD_LIBRARY_PATH starting with {dest}")
     why = log.no_plugin or ""
     if "unsupported" in why or "Failed to find ncclNetPlugin symbol" in why:
-        wants = nl.newest_net_abi(log.version)
+        wants = nccl_log.newest_net_abi(log.version)
         return (f"NCCL {log.version or '?'} found the library but no ABI version it asks for"
                 f"{f' (newest v{wants})' if wants else ''}; the current build exports {NET_ABIS}: "
                 "`clustertool plugin build && clustertool plugin deploy`")
@@ -165,10 +165,10 @@ def collnet_fix(log: NcclLog) -> str:
 
 def _summary(logs: list[NcclLog], docs: list[dict]) -> NcclSummary:
     log = logs[0]
-    on, why = nl.collnet_state(log)
+    on, why = nccl_log.collnet_state(log)
     version = log.version or next((d.get("nccl") for d in docs if d.get("nccl")), None)
     algo = next((x.plugin_algorithm for x in logs if x.plugin_algorithm), None)
-    return NcclSummary(version, log.network, all(nl.plugin_loaded(x) for x in logs), log.net_plugin, log.net_abi,
+    return NcclSummary(version, log.network, all(nccl_log.plugin_loaded(x) for x in logs), log.net_plugin, log.net_abi,
                        log.collnet_plugin, log.collnet_abi, log.tuner_plugin, log.tuner_abi, log.no_plugin, on, why,
                        algo)
 
@@ -190,16 +190,16 @@ def servers_problem(logs: list[NcclLog], servers: int) -> Problem | None:
 def _nccl_problems(logs: list[NcclLog], summary: NcclSummary, rows: list[SizeRow], dest: str) -> list[Problem]:
     out = []
     if not summary.plugin_loaded:
-        i, bad = next((i, x) for i, x in enumerate(logs) if not nl.plugin_loaded(x))
+        i, bad = next((i, x) for i, x in enumerate(logs) if not nccl_log.plugin_loaded(x))
         why = bad.no_plugin or f"Using network {bad.network or '?'}"
         out.append(Problem("error", f"NCCL did not load the clustertool plugin on rank {i} ({why})",
                            fallback_fix(bad, dest)))
         return out
-    off = [(i, x) for i, x in enumerate(logs) if not nl.collnet_state(x)[0]]
+    off = [(i, x) for i, x in enumerate(logs) if not nccl_log.collnet_state(x)[0]]
     if off:
         i, log = off[0]
-        out.append(Problem("warning", f"CollNet is off (rank {i}): {nl.collnet_state(log)[1]}", collnet_fix(log)))
-    elif rows and not nl.ran_collnet(logs) and any(r.algo != "-" for r in rows):
+        out.append(Problem("warning", f"CollNet is off (rank {i}): {nccl_log.collnet_state(log)[1]}", collnet_fix(log)))
+    elif rows and not nccl_log.ran_collnet(logs) and any(r.algo != "-" for r in rows):
         out.append(Problem("info", "CollNet is connected but NCCL chose another algorithm at every size",
                            "a tuner table makes NCCL pick CollNet where it is faster: `clustertool bench allreduce "
                            "--tuner-csv t.csv` then `clustertool plugin deploy --tuner-table t.csv`"))
@@ -211,13 +211,13 @@ def nccl_report(cluster: str, nodes: list[str], ranks: int, output: str, code: i
     """The GPU run's report from the job's whole output (every rank's NCCL log and result line)."""
     texts = split_ranks(output)
     rank_texts = [texts.get(r, "") for r in range(ranks)]
-    logs = [nl.parse_log(t) for t in rank_texts]
+    logs = [nccl_log.parse_log(t) for t in rank_texts]
     docs = [d for d in (result_doc(t) for t in rank_texts) if d]
-    choice = nl.algos_by_size(logs)
+    choice = nccl_log.algos_by_size(logs)
     rows = [SizeRow(r["size"], *choice.get(r["size"], ("-", "-")), r["time_us"], r["algbw"], r["busbw"], r["wrong"])
             for r in merge_sizes(docs)]
     report = CheckReport(cluster, "nccl", note, nodes, ranks, plugin, rows=rows,
-                         evidence=nl.key_lines(rank_texts[0]) if rank_texts else [], servers=servers)
+                         evidence=nccl_log.key_lines(rank_texts[0]) if rank_texts else [], servers=servers)
     failed = error or (f"mpirun exit {code}" if code else None) or (
         f"{ranks - len(docs)} of {ranks} rank(s) reported no result" if len(docs) < ranks else None)
     if any(log.version or log.network for log in logs):

@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from clustertool.core import hostfile as hostfiles
-from clustertool.core import nodeset
+from clustertool.core import hostfile, nodeset
 from clustertool.core.errors import ProviderError, UsageError
 from clustertool.core.model import LEADER, MEMBER, SERVER, Cluster, Node
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
@@ -57,7 +56,7 @@ def _port(value: Any, where: str) -> int:
 
 
 def _checked_host(host: str, where: str) -> str:
-    problem = hostfiles.host_problem(host)
+    problem = hostfile.host_problem(host)
     if problem:
         raise UsageError(f"{where}: {problem}", hint=_HINT)
     return host
@@ -91,7 +90,7 @@ def read_hostfile(path: str, default_port: int = 22) -> list[Target]:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
         raise UsageError(f"--hostfile {path}: cannot read it: {reason}") from None
-    entries = hostfiles.parse(text, source=path)
+    entries = hostfile.parse(text, source=path)
     return [Target(e.host, default_port, e.slots) for e in entries]
 
 

@@ -19,10 +19,7 @@ from clustertool.core.model import Cluster, Node, Reporter, silent
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
-from clustertool.transfer import chain as chains
-from clustertool.transfer import drive, stations, verify
-from clustertool.transfer import manifest as mf
-from clustertool.transfer import plan as plans
+from clustertool.transfer import chain, drive, manifest, plan, stations, verify
 from clustertool.transfer.results import CopyResult, CopyRun, NodeCopy, ProgressCb, relative_remote
 
 AUTO_CHAIN_MIN_BYTES = 32 << 20
@@ -38,12 +35,12 @@ def _targets(cluster: Cluster, selection: str | None, from_local: bool) -> list[
     return sorted(nodes, key=lambda n: n.index)
 
 
-def _source_manifest(run: CopyRun, prepare: list[dict] | None = None) -> mf.Manifest:
+def _source_manifest(run: CopyRun, prepare: list[dict] | None = None) -> manifest.Manifest:
     where = "here" if run.from_local else f"on the leader ({run.cluster.leader.name})"
     if run.from_local:
-        man = mf.local(run.src, pick_hash=True, keep=run.keep)
+        man = manifest.local(run.src, pick_hash=True, keep=run.keep)
     else:
-        got = mf.remote(run.cluster.name, [run.cluster.leader], run.src, timeout=600, transport=run.transport,
+        got = manifest.remote(run.cluster.name, [run.cluster.leader], run.src, timeout=600, transport=run.transport,
                         pick_hash=True, prepare=(lambda n: prepare) if prepare else None)
         man = got[run.cluster.leader.name]
         if isinstance(man, str):
@@ -55,7 +52,7 @@ def _source_manifest(run: CopyRun, prepare: list[dict] | None = None) -> mf.Mani
     bad = [p for p, e in man.entries.items() if e["t"] in ("?", "o")]
     if bad:
         raise UsageError(f"SRC holds entries that cannot be copied (unreadable or special files): "
-                         f"{mf.summarize(bad, 5)}")
+                         f"{manifest.summarize(bad, 5)}")
     run.algo = man.fastest
     return man
 
@@ -64,7 +61,7 @@ def _chain_likely(run: CopyRun, strategy: str) -> bool:
     return strategy == "chain" or (strategy == "auto" and len(run.targets) >= AUTO_CHAIN_MIN_NODES)
 
 
-def survey(run: CopyRun, strategy: str) -> dict[str, plans.NodePlan]:
+def survey(run: CopyRun, strategy: str) -> dict[str, plan.NodePlan]:
     """The first round, all at once: SRC's manifest (and the fastest hash) at the source, every
     target's DEST, and where a chain is likely, its stations prepared ahead (stations.py)."""
     hop_st, src_st = stations.ahead(run) if _chain_likely(run, strategy) else ({}, [])
@@ -81,7 +78,7 @@ def survey(run: CopyRun, strategy: str) -> dict[str, plans.NodePlan]:
     nodes = list(run.targets)
     if hop_st.get(run.cluster.leader.name) and all(not n.is_leader for n in nodes):
         nodes.append(run.cluster.leader)  # from local: the leader relays for the members
-    dests = mf.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport,
+    dests = manifest.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport,
                       prepare=lambda n: hop_st.get(n.name))
     worker.join()
     if "error" in got:
@@ -90,13 +87,13 @@ def survey(run: CopyRun, strategy: str) -> dict[str, plans.NodePlan]:
     return _plans(run, run.targets, dests)
 
 
-def replan(run: CopyRun, nodes: list[Node]) -> dict[str, plans.NodePlan]:
+def replan(run: CopyRun, nodes: list[Node]) -> dict[str, plan.NodePlan]:
     """What each of ``nodes`` lacks, from its own disk (repairs after a cut chain)."""
-    return _plans(run, nodes, mf.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport))
+    return _plans(run, nodes, manifest.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport))
 
 
-def _plans(run: CopyRun, nodes: list[Node], dests: dict[str, mf.Manifest | str]) -> dict[str, plans.NodePlan]:
-    out: dict[str, plans.NodePlan] = {}
+def _plans(run: CopyRun, nodes: list[Node], dests: dict[str, manifest.Manifest | str]) -> dict[str, plan.NodePlan]:
+    out: dict[str, plan.NodePlan] = {}
     for node in nodes:
         dest = dests[node.name]
         if isinstance(dest, str):
@@ -104,12 +101,12 @@ def _plans(run: CopyRun, nodes: list[Node], dests: dict[str, mf.Manifest | str])
         elif dest.exists and not dest.is_dir:
             run.fail(node.name, f"DEST {run.dest!r} exists and is not a directory")
         else:
-            out[node.name] = plans.plan_node(node.name, run.source, dest, delete=run.delete)
+            out[node.name] = plan.plan_node(node.name, run.source, dest, delete=run.delete)
     _settle_hashes(run, out)
     return out
 
 
-def _settle_hashes(run: CopyRun, node_plans: dict[str, plans.NodePlan]) -> None:
+def _settle_hashes(run: CopyRun, node_plans: dict[str, plan.NodePlan]) -> None:
     """Same size, other mtime: hash both sides, then send or only fix metadata."""
     need = {name: p.hash_check for name, p in node_plans.items() if p.hash_check}
     if not need:
@@ -117,15 +114,15 @@ def _settle_hashes(run: CopyRun, node_plans: dict[str, plans.NodePlan]) -> None:
     every = sorted({path for paths in need.values() for path in paths})
     src_hashes = verify.source_hashes(run, every)
     nodes = [run.cluster.node(name) for name in need]
-    got = mf.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport,
+    got = manifest.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport,
                     algo=run.algo)
     for name, paths in need.items():
         man = got[name]
         dest_hashes = {} if isinstance(man, str) else {p: man.entries.get(p, {}).get("h") for p in paths}
-        plans.resolve_hashes(node_plans[name], src_hashes, dest_hashes, run.source)
+        plan.resolve_hashes(node_plans[name], src_hashes, dest_hashes, run.source)
 
 
-def _apply_ops(run: CopyRun, node_plans: dict[str, plans.NodePlan]) -> None:
+def _apply_ops(run: CopyRun, node_plans: dict[str, plan.NodePlan]) -> None:
     todo = {n: p for n, p in node_plans.items() if p.delete or p.touch}
     if not todo:
         return
@@ -155,9 +152,9 @@ def choose_strategy(strategy: str, n_nodes: int, payload: int, filtered: bool = 
 
 def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", selection: str | None = None,
          strategy: str = "auto", verify_after: bool = True, delete: bool = False,
-         cipher: str | None = chains.DEFAULT_CIPHER, on_progress: ProgressCb | None = None,
+         cipher: str | None = chain.DEFAULT_CIPHER, on_progress: ProgressCb | None = None,
          report: Reporter = silent, transport: Transport = SSH, verify_only: bool = False,
-         keep: mf.Keep | None = None) -> CopyResult:
+         keep: manifest.Keep | None = None) -> CopyResult:
     """Copy, or with ``verify_only`` only compare every node's DEST with SRC (re-reading both).
 
     ``keep(rel, is_dir)`` (a local SRC only) picks the entries that are part of the source: the rest
@@ -196,8 +193,8 @@ def _copy(run: CopyRun, strategy: str, started: float, timings: dict[str, float]
     _apply_ops(run, node_plans)
     timings["plan"] = time.monotonic() - started
     live = [n for n in run.targets if n.name not in run.results]
-    union = plans.union_send([node_plans[n.name] for n in live], run.source)
-    payload = plans.payload_bytes(union, run.source)
+    union = plan.union_send([node_plans[n.name] for n in live], run.source)
+    payload = plan.payload_bytes(union, run.source)
     chosen = choose_strategy(strategy, len(live), payload, run.keep is not None)
     run.report(f"{len(run.source.entries)} entries, {run.source.total_bytes} bytes at the source; "
                f"{payload} bytes to send ({chosen}, {len(live)} node(s))")
@@ -216,7 +213,7 @@ def _copy(run: CopyRun, strategy: str, started: float, timings: dict[str, float]
     timings["verify"] = time.monotonic() - started
     for node in run.targets:
         base = run.results.get(node.name) or NodeCopy(node.name)
-        base.files_sent = base.files_sent or len([p for p in node_plans.get(node.name, plans.NodePlan("")).send
+        base.files_sent = base.files_sent or len([p for p in node_plans.get(node.name, plan.NodePlan("")).send
                                                   if run.source.entries[p]["t"] == "f"])
         result.nodes.append(base)
     return _finish(run, result, started, timings)

@@ -12,19 +12,18 @@ from typing import Callable
 
 from clustertool.core.model import Node
 from clustertool.core.state import ClusterPaths
-from clustertool.transfer import chain as chains
-from clustertool.transfer import fanout, stations
-from clustertool.transfer import plan as plans
+from clustertool.transfer import fanout, plan, stations
+from clustertool.transfer.chain import HopStatus, hop_status, stream
 from clustertool.transfer.results import CopyResult, CopyRun
 
 TRUNCATED_MARKERS = ("unexpected end of stream", "stream cut")
 REPAIR_PASSES = 2
 
-Replan = Callable[[list[Node]], dict[str, plans.NodePlan]]  # nodes -> what each lacks now
+Replan = Callable[[list[Node]], dict[str, plan.NodePlan]]  # nodes -> what each lacks now
 
 
 def _one_pass(run: CopyRun, pending: list[Node], union: list[str],
-              pass_no: int) -> dict[str, chains.HopStatus | str]:
+              pass_no: int) -> dict[str, HopStatus | str]:
     chain = stations.hops(run, pending)
     if pass_no == 1 and stations.use_ahead(run, chain):
         pass_no = stations.AHEAD  # its links are up already
@@ -32,21 +31,21 @@ def _one_pass(run: CopyRun, pending: list[Node], union: list[str],
         chain = stations.prepare(run, chain, pass_no)
     if not chain:
         return {}
-    total = plans.payload_bytes(union, run.source)
+    total = plan.payload_bytes(union, run.source)
     progress = None
     if run.on_progress is not None:
         progress = lambda node, done: run.on_progress(node, min(done, total), total)  # noqa: E731
     argv, stdin = stations.head(run, chain[0][0], union, pass_no)
     try:
-        streamed = chains.stream(argv, stdin, on_progress=progress)
+        streamed = stream(argv, stdin, on_progress=progress)
     except BaseException:  # Ctrl-C: the hops would go on without us; stop them
         stations.abort(run, [run.cluster.leader] + run.targets)
         raise
     errors = (streamed.source or {}).get("errors") or []
     run.source_errors += [e for e in errors if e not in run.source_errors]
-    out: dict[str, chains.HopStatus | str] = {}
+    out: dict[str, HopStatus | str] = {}
     for node, _ in chain:
-        out[node.name] = chains.hop_status(node.name, streamed.done.get(node.name))
+        out[node.name] = hop_status(node.name, streamed.done.get(node.name))
     first = chain[0][0].name
     if streamed.returncode != 0 and streamed.stderr:
         out[first].stderr = (out[first].stderr + "; " + streamed.stderr[-300:]).strip("; ")
@@ -58,21 +57,21 @@ def abort(run: CopyRun, nodes: list[Node]) -> None:
     stations.abort(run, nodes)
 
 
-def truncated(st: chains.HopStatus) -> bool:
+def truncated(st: HopStatus) -> bool:
     """Did this hop fail only because its input stream was cut (an upstream hop died)?"""
     if st.rc in ("none", "missing"):
         return True
     return any(m in st.stderr.lower() for m in TRUNCATED_MARKERS)
 
 
-def write_error(st: chains.HopStatus) -> str:
+def write_error(st: HopStatus) -> str:
     detail = st.stderr or f"relay exit {st.rc}"
     if "no space left on device" in detail.lower():
         return f"disk full writing DEST (No space left on device): {detail}"
     return f"writing DEST failed: {detail}"
 
 
-def chain_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: list[Node], result: CopyResult,
+def chain_transfer(run: CopyRun, node_plans: dict[str, plan.NodePlan], live: list[Node], result: CopyResult,
                    replan: Replan) -> None:
     """Chain passes: the first sends what anyone lacks; repairs re-plan the cut-off nodes."""
     for node in live:
@@ -81,8 +80,8 @@ def chain_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: li
     for attempt in range(REPAIR_PASSES + 1):
         if not pending:
             return
-        union = plans.union_send([node_plans[n.name] for n in pending], run.source)
-        payload = plans.payload_bytes(union, run.source)
+        union = plan.union_send([node_plans[n.name] for n in pending], run.source)
+        payload = plan.payload_bytes(union, run.source)
         run.report(f"chain pass {attempt + 1}: {len(union)} entries, {payload} bytes through "
                    f"{' -> '.join(n.name for n in pending)}")
         statuses = _one_pass(run, pending, union, attempt + 1)
@@ -97,7 +96,7 @@ def chain_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: li
         pending = [n for n in retry if n.name in fresh and fresh[n.name].send]
 
 
-def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, chains.HopStatus | str],
+def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, HopStatus | str],
               payload: int, union: list[str]) -> list[Node]:
     retry = []
     for node in pending:
@@ -119,7 +118,7 @@ def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, chains.HopS
     return retry
 
 
-def _record_stream(run: CopyRun, name: str, st: chains.HopStatus, union: list[str]) -> None:
+def _record_stream(run: CopyRun, name: str, st: HopStatus, union: list[str]) -> None:
     """What the node checked in the stream: those files need no re-read; the ones it got wrong
     are its problems.  Counts that do not add up trust nothing (verification re-reads)."""
     run.covered.setdefault(name, set()).update(union)
@@ -134,7 +133,7 @@ def _record_stream(run: CopyRun, name: str, st: chains.HopStatus, union: list[st
         run.streamed.setdefault(name, set()).update(p for p in files if p not in bad)
 
 
-def fanout_transfer(run: CopyRun, node_plans: dict[str, plans.NodePlan], live: list[Node],
+def fanout_transfer(run: CopyRun, node_plans: dict[str, plan.NodePlan], live: list[Node],
                     result: CopyResult) -> None:
     """Parallel rsync from the source node (from local: to the leader once, then out)."""
     for node in live:

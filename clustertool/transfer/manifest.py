@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from clustertool.core.model import Node
-from clustertool.nodeprogs import manifest as nodeprog_manifest
-from clustertool.nodeprogs import program_text, python_command
+from clustertool.nodeprogs import manifest, program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
 
@@ -64,7 +63,7 @@ def local(root: str, want_hash: bool | Iterable[str] = False, algo: str | None =
           pick_hash: bool = False, keep: Keep | None = None) -> Manifest:
     """Manifest of ``root`` on this machine; ``keep(rel, is_dir)`` filters it (see copy's ``keep``)."""
     out: list[str] = []
-    nodeprog_manifest.run(_args(root, want_hash, algo, pick_hash=pick_hash), out.append, keep=keep)
+    manifest.run(_args(root, want_hash, algo, pick_hash=pick_hash), out.append, keep=keep)
     return parse("".join(out))
 
 

@@ -21,7 +21,7 @@ from clustertool.core.model import HostResult, Reporter, silent
 from clustertool.nodeprogs import program_stream, stream_command
 from clustertool.remote.session import run_sessions
 from clustertool.remote.transport import SSH, Transport
-from clustertool.transfer import manifest as mf
+from clustertool.transfer import manifest
 from clustertool.transfer.results import ProgressCb, relative_remote
 from clustertool.transfer.s3bucket import Bucket, S3Object, folder_prefix, local_name, parse_url, shard_of
 
@@ -120,7 +120,7 @@ def _verdict(r: HostResult, talk: _NodeTalk, shard: list[int] | None) -> NodeSyn
                    seconds=round(r.duration, 3))
     res = talk.result
     if res is None:
-        unreachable = r.error is not None and mf.is_unreachable(r.error)
+        unreachable = r.error is not None and manifest.is_unreachable(r.error)
         out.status, out.exit_code = ("unreachable", 255) if unreachable else ("failed", max(1, r.effective_code))
         out.error = r.reason or "the node program ended without a result"
         return out
@@ -133,7 +133,7 @@ def _verdict(r: HostResult, talk: _NodeTalk, shard: list[int] | None) -> NodeSyn
         out.status, out.exit_code, out.error = "failed", 1, res["fatal"]
     elif out.errors:
         out.status, out.exit_code = "failed", 1
-        out.error = f"{len(out.errors)} object(s) failed: {mf.summarize(out.errors, 3)}"
+        out.error = f"{len(out.errors)} object(s) failed: {manifest.summarize(out.errors, 3)}"
     return out
 
 

@@ -17,7 +17,7 @@ from clustertool.core.errors import RemoteError
 from clustertool.core.model import Node
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
-from clustertool.transfer import chain as chains
+from clustertool.transfer import chain
 from clustertool.transfer.results import CopyRun
 
 AHEAD = 0  # the pass number of stations prepared in the survey
@@ -34,17 +34,17 @@ def hops(run: CopyRun, pending: list[Node]) -> list[tuple[Node, bool]]:
 
 
 def sdir(run: CopyRun, name: str, pass_no: int) -> str:
-    return chains.status_dir(run.run_id, name, pass_no)
+    return chain.status_dir(run.run_id, name, pass_no)
 
 
-def hop_stations(run: CopyRun, chain: list[tuple[Node, bool]], pass_no: int) -> dict[str, list[dict]]:
+def hop_stations(run: CopyRun, route: list[tuple[Node, bool]], pass_no: int) -> dict[str, list[dict]]:
     """Every hop's station: its relay (which the previous hop's dialer starts) and its dialer."""
     per: dict[str, list[dict]] = {}
-    for i, (node, writes) in enumerate(chain):
-        nxt = chain[i + 1][0] if i + 1 < len(chain) else None
-        args = chains.hop_args(node.name, sdir(run, node.name, pass_no), run.dest, writes,
+    for i, (node, writes) in enumerate(route):
+        nxt = route[i + 1][0] if i + 1 < len(route) else None
+        args = chain.hop_args(node.name, sdir(run, node.name, pass_no), run.dest, writes,
                                (nxt.address, sdir(run, nxt.name, pass_no)) if nxt else None, run.cipher)
-        per.setdefault(node.name, []).append(chains.hop_station(args))
+        per.setdefault(node.name, []).append(chain.hop_station(args))
     return per
 
 
@@ -52,22 +52,22 @@ def source_station(run: CopyRun, first: Node, pass_no: int) -> list[dict]:
     """The leader's dialer to the first hop (none from local: the head here dials itself)."""
     if run.from_local:
         return []
-    return [chains.source_station(sdir(run, "source", pass_no), (first.address, sdir(run, first.name, pass_no)),
+    return [chain.source_station(sdir(run, "source", pass_no), (first.address, sdir(run, first.name, pass_no)),
                                   run.cipher)]
 
 
 def ahead(run: CopyRun) -> tuple[dict[str, list[dict]], list[dict]]:
     """Pass 0 through every target, for the survey: (hop stations per node, the source's)."""
-    chain = hops(run, run.targets)
-    run.ahead = [n.name for n, _ in chain]
-    return hop_stations(run, chain, AHEAD), source_station(run, chain[0][0], AHEAD)
+    route = hops(run, run.targets)
+    run.ahead = [n.name for n, _ in route]
+    return hop_stations(run, route, AHEAD), source_station(run, route[0][0], AHEAD)
 
 
-def use_ahead(run: CopyRun, chain: list[tuple[Node, bool]]) -> bool:
+def use_ahead(run: CopyRun, route: list[tuple[Node, bool]]) -> bool:
     """Is the chain this pass needs the one prepared ahead?  If not, take that one down."""
     if run.ahead is None:
         return False
-    same = [n.name for n, _ in chain] == run.ahead
+    same = [n.name for n, _ in route] == run.ahead
     if same:
         run.ahead = None  # in use: its stations end with the stream
     else:
@@ -87,39 +87,39 @@ def discard_ahead(run: CopyRun) -> None:
     run.cleanups.append(worker)
 
 
-def prepare(run: CopyRun, chain: list[tuple[Node, bool]], pass_no: int) -> list[tuple[Node, bool]]:
+def prepare(run: CopyRun, route: list[tuple[Node, bool]], pass_no: int) -> list[tuple[Node, bool]]:
     """Prepare a pass's stations in one round; drop hops that cannot be reached and rewire."""
     leader = run.cluster.leader
-    while chain:
-        per = hop_stations(run, chain, pass_no)
-        src = source_station(run, chain[0][0], pass_no)
+    while route:
+        per = hop_stations(run, route, pass_no)
+        src = source_station(run, route[0][0], pass_no)
         if src:
             per.setdefault(leader.name, []).extend(src)
-        nodes = [n for n, _ in chain] + ([leader] if src and leader.name not in {n.name for n, _ in chain} else [])
+        nodes = [n for n, _ in route] + ([leader] if src and leader.name not in {n.name for n, _ in route} else [])
         group = run_on_nodes(run.cluster.name, nodes, python_command(),
-                             stdin_data=lambda n: chains.prepare_program(per[n.name]), timeout=60,
+                             stdin_data=lambda n: chain.prepare_program(per[n.name]), timeout=60,
                              transport=run.transport)
         bad = {r.node: r for r in group.failed()}
         if src and leader.name in bad:
             abort(run, nodes, pass_no)
             raise RemoteError(f"cannot start the copy on the leader ({leader.name}): {bad[leader.name].reason}")
         if not bad:
-            return chain
+            return route
         for name, r in bad.items():
             run.fail(name, r.reason)
-        chain = [(n, w) for n, w in chain if n.name not in bad]
-    return chain
+        route = [(n, w) for n, w in route if n.name not in bad]
+    return route
 
 
 def head(run: CopyRun, first: Node, union: list[str], pass_no: int) -> tuple[list[str], bytes]:
     """The chain's head and its stdin: the source relay, on the leader (through ssh, taking the
     link its dialer opened) or here (dialing the first hop itself)."""
     if run.from_local:
-        forward = run.transport.argv(run.cluster.name, first, chains.relay_command(sdir(run, first.name, pass_no)))
-        args = chains.source_args(run.src_dir, union, run.stream_algo, forward=forward)
+        forward = run.transport.argv(run.cluster.name, first, chain.relay_command(sdir(run, first.name, pass_no)))
+        args = chain.source_args(run.src_dir, union, run.stream_algo, forward=forward)
         return [sys.executable, "-"], program_text("relay", args)
-    args = chains.source_args(run.src_dir, union, run.stream_algo, sdir=sdir(run, "source", pass_no))
-    return (run.transport.argv(run.cluster.name, run.cluster.leader, chains.source_command(args["sdir"])),
+    args = chain.source_args(run.src_dir, union, run.stream_algo, sdir=sdir(run, "source", pass_no))
+    return (run.transport.argv(run.cluster.name, run.cluster.leader, chain.source_command(args["sdir"])),
             program_text("relay", args))
 
 
@@ -127,7 +127,7 @@ def abort(run: CopyRun, nodes: list[Node], pass_no: int | None = None) -> None:
     """Stop this run's stations (of one pass, or all) on the nodes; best effort."""
     unique = list({n.name: n for n in nodes}.values())
     try:
-        run_on_nodes(run.cluster.name, unique, chains.abort_command(run.run_id, pass_no), timeout=20,
+        run_on_nodes(run.cluster.name, unique, chain.abort_command(run.run_id, pass_no), timeout=20,
                      transport=run.transport)
     except Exception:
         pass

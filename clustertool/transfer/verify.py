@@ -14,16 +14,16 @@ import threading
 
 from clustertool.core.errors import RemoteError
 from clustertool.core.model import Node
-from clustertool.transfer import manifest as mf
+from clustertool.transfer import manifest
 from clustertool.transfer.results import CopyResult, CopyRun
 
 
-def source_manifest(run: CopyRun, want_hash) -> mf.Manifest:
+def source_manifest(run: CopyRun, want_hash) -> manifest.Manifest:
     """The source tree's manifest, hashing ``want_hash`` (True or a list of paths)."""
     if run.from_local:
-        return mf.local(run.src, want_hash, algo=run.algo, keep=run.keep)
+        return manifest.local(run.src, want_hash, algo=run.algo, keep=run.keep)
     leader = run.cluster.leader
-    got = mf.remote(run.cluster.name, [leader], run.src, want_hash=want_hash, transport=run.transport,
+    got = manifest.remote(run.cluster.name, [leader], run.src, want_hash=want_hash, transport=run.transport,
                     algo=run.algo)[leader.name]
     if isinstance(got, str):
         raise RemoteError(f"cannot hash SRC on the leader: {got}")
@@ -35,12 +35,12 @@ def source_hashes(run: CopyRun, paths: list[str]) -> dict[str, str]:
     return {p: man.entries[p].get("h") for p in paths if p in man.entries}
 
 
-def _with_hashes(source: mf.Manifest, hashes: dict[str, str]) -> mf.Manifest:
+def _with_hashes(source: manifest.Manifest, hashes: dict[str, str]) -> manifest.Manifest:
     entries = {p: (dict(e, h=hashes.get(p)) if e["t"] == "f" else e) for p, e in source.entries.items()}
-    return mf.Manifest(source.root, source.exists, entries, source.error, source.is_dir)
+    return manifest.Manifest(source.root, source.exists, entries, source.error, source.is_dir)
 
 
-def _reread(run: CopyRun, need: dict[str, list[str]]) -> tuple[dict[str, str], dict[str, mf.Manifest | str]]:
+def _reread(run: CopyRun, need: dict[str, list[str]]) -> tuple[dict[str, str], dict[str, manifest.Manifest | str]]:
     """Hash ``need`` (node -> files) on the nodes and their union at the source, at the same time."""
     every = sorted({p for paths in need.values() for p in paths})
     src: dict[str, object] = {}
@@ -54,7 +54,7 @@ def _reread(run: CopyRun, need: dict[str, list[str]]) -> tuple[dict[str, str], d
     worker = threading.Thread(target=at_source, daemon=True)
     worker.start()
     nodes = [run.cluster.node(name) for name in need]
-    got = mf.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport,
+    got = manifest.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport,
                     algo=run.algo) if nodes else {}
     worker.join()
     if "error" in src:
@@ -80,21 +80,22 @@ def verify(run: CopyRun, nodes: list[Node], result: CopyResult) -> None:
         _judge(run, node.name, fresh.get(node.name), source, len(files))
 
 
-def _judge(run: CopyRun, name: str, man: mf.Manifest | str | None, source: mf.Manifest, n_files: int) -> None:
+def _judge(run: CopyRun, name: str, man: manifest.Manifest | str | None, source: manifest.Manifest,
+           n_files: int) -> None:
     """The node's verdict: what its stream said, plus (when it was re-read) its listing compared."""
     entry = run.entry(name)
     if isinstance(man, str):
-        entry.status, entry.exit_code = ("unreachable", 255) if mf.is_unreachable(man) else ("failed", 1)
+        entry.status, entry.exit_code = ("unreachable", 255) if manifest.is_unreachable(man) else ("failed", 1)
         entry.error = entry.error or man
         return
     trusted = run.streamed.get(name, set())
     problems = list(run.stream_problems.get(name, []))
     if man is not None:
-        problems += mf.compare(source, man, extras=run.delete, verified=trusted)
+        problems += manifest.compare(source, man, extras=run.delete, verified=trusted)
     entry.files_checked = n_files
     entry.files_verified_in_stream = len(trusted)
     entry.problems = problems
     if problems and entry.status == "ok":
         entry.status, entry.exit_code = "mismatch", 1
     if problems and entry.error is None:
-        entry.error = f"{len(problems)} difference(s): {mf.summarize(problems, 5)}"
+        entry.error = f"{len(problems)} difference(s): {manifest.summarize(problems, 5)}"

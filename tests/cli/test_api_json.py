@@ -11,10 +11,9 @@ import sys
 
 import pytest
 
-from clustertool.cli.app import run as cli
+from clustertool.cli.app import run
 from clustertool.cli.common import fill_bare_values
-from clustertool.cluster import lifecycle
-from clustertool.cluster import status as clusterstatus
+from clustertool.cluster import lifecycle, status
 from clustertool.core.model import Cluster, GroupResult, HostResult, Job, Node
 from clustertool.jobs.launch import Launch
 from clustertool.transfer.results import CopyResult, NodeCopy
@@ -29,7 +28,7 @@ GROUP = GroupResult([HostResult("node-1", 0, "node-1\n", "", 0.25),
 
 
 def printed(capsys, *argv) -> tuple[int, object]:
-    code = cli(list(argv))
+    code = run(list(argv))
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -43,8 +42,8 @@ def test_exec_json_is_the_group_results_to_dict(monkeypatch, capsys):
 
 def test_status_json_is_the_status_to_dict(monkeypatch, capsys):
     cluster = Cluster("x", "local", nodes=[Node("node-1", 1, "10.0.0.1", role="leader")], status="ready")
-    row = clusterstatus.NodeStatus("node-1", "leader", "10.0.0.1", 1, "running", True)
-    report = clusterstatus.ClusterStatus(cluster, [row], {"price": "$0/h"})
+    row = status.NodeStatus("node-1", "leader", "10.0.0.1", 1, "running", True)
+    report = status.ClusterStatus(cluster, [row], {"price": "$0/h"})
     monkeypatch.setattr("clustertool.cluster.status.status", lambda *a, **k: report)
     code, data = printed(capsys, "status", "-c", "x", "--json")
     assert code == 0 and data == report.to_dict()
@@ -147,7 +146,7 @@ def test_bad_sync_input_is_one_line_before_any_ssh(recorded, args, needle):
 
 def test_a_playbook_run_step_takes_sync_true_or_a_folder(recorded, tmp_path):
     from clustertool.cli.play import resolver
-    from clustertool.playbook import load as playbook
+    from clustertool.playbook import load
 
     env, project = recorded
     path = tmp_path / "pb.yaml"
@@ -155,7 +154,7 @@ def test_a_playbook_run_step_takes_sync_true_or_a_folder(recorded, tmp_path):
                     "  - run: {sync: true, dry_run: true, command: 'python t.py'}\n"
                     f"  - run: {{sync: {project}, sync_to: /scratch/p, dry_run: true, command: 'python t.py'}}\n"
                     "  - run: {sync: false, dry_run: true, command: 'python t.py'}\n")
-    steps = playbook.load(path, {}, resolver).steps
+    steps = load.load(path, {}, resolver).steps
     assert steps[0].argv[:2] == ["run", "--sync"] and "--sync" not in steps[2].argv
     assert steps[1].argv[:5] == ["run", "--sync", str(project), "--sync-to", "/scratch/p"]
     for step, wdir in zip(steps, [REPO, "/scratch/p", None]):
@@ -187,6 +186,6 @@ def test_the_readmes_api_section_compiles_and_names_only_real_methods():
     script = section.split("```python\n", 1)[1].split("```", 1)[0]
     compile(script, "README.md", "exec")
     named = set(re.findall(r"[`,] ?`?(?:Cluster|Job)?\.(\w+)\(", section))
-    owners = (ApiCluster, ApiJob, GroupResult, clusterstatus.ClusterStatus)
+    owners = (ApiCluster, ApiJob, GroupResult, status.ClusterStatus)
     assert named >= {"up", "load", "status", "exec", "copy", "run", "wait", "logs", "kill", "fabric", "down"}
     assert sorted(m for m in named if not any(hasattr(o, m) for o in owners)) == []

@@ -8,8 +8,7 @@ import subprocess
 
 import pytest
 
-from clustertool.providers.local import net as local_net
-from clustertool.providers.local import sysops as local_sys
+from clustertool.providers.local import net, sysops
 from tests.conftest import run_cli
 from tests.local.conftest import module_cluster
 
@@ -60,8 +59,8 @@ def test_stray_python_is_found_and_fix_kills_only_it(cluster):
     assert "python3" in found[0]["message"]
     code, report = doctor(cluster, "--check", "strays", "--fix")
     assert report["clean"] and report["fixed"] == ["node-2: killed 1 stray process(es)"]
-    ns = local_net.netns_name(cluster[0], 2)
-    comms = [local_sys.comm(p) for p in local_sys.pids_in_netns([ns]).get(ns, [])]
+    ns = net.netns_name(cluster[0], 2)
+    comms = [sysops.comm(p) for p in sysops.pids_in_netns([ns]).get(ns, [])]
     assert "python3" not in comms and "sshd" in comms
 
 
@@ -117,10 +116,10 @@ def test_lost_known_hosts_on_one_node_is_found_and_fix_pushes_them_again(cluster
 def _shape(cluster, node_index, rate):
     name, env = cluster
     state = json.loads(open(os.path.join(env["CLUSTERTOOL_HOME"], "clusters", f"{name}.json")).read())
-    veth = local_net.veth_name(state["provider_state"]["slot"], node_index)
-    ns = local_net.netns_name(name, node_index)
-    for argv, dev in ((local_net.tc_batch_argv(), veth), (local_net.tc_batch_argv(ns), local_net.NODE_IFACE)):
-        lines = (local_net.shaping_lines(dev, rate, None) if rate
+    veth = net.veth_name(state["provider_state"]["slot"], node_index)
+    ns = net.netns_name(name, node_index)
+    for argv, dev in ((net.tc_batch_argv(), veth), (net.tc_batch_argv(ns), net.NODE_IFACE)):
+        lines = (net.shaping_lines(dev, rate, None) if rate
                  else [f"qdisc del dev {dev} root"])
         subprocess.run(argv, input="\n".join(lines) + "\n", text=True, check=True)
 
@@ -141,10 +140,10 @@ def test_one_link_shaped_ten_times_slower_stands_out(cluster):
 
 def test_node_with_sshd_stopped_is_found_then_reboot_brings_it_back(cluster):
     name, env = cluster
-    ns = local_net.netns_name(name, 4)
-    listener = [p for p in local_sys.pids_in_netns([ns])[ns]
-                if local_sys.comm(p) == "sshd" and
-                local_sys.comm(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])) == "ct-init"]
+    ns = net.netns_name(name, 4)
+    listener = [p for p in sysops.pids_in_netns([ns])[ns]
+                if sysops.comm(p) == "sshd" and
+                sysops.comm(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])) == "ct-init"]
     assert len(listener) == 1
     os.kill(listener[0], 15)
     code, report = doctor(cluster, "--skip", "links")

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.providers.local import net as local_net
-from clustertool.providers.local import sysops as local_sys
+from clustertool.providers.local import net, sysops
 from tests.conftest import CLI, REPO, run_cli
 from tests.local.conftest import module_cluster
 
@@ -76,8 +75,8 @@ def job_processes(cluster, job_id):
     name, _ = cluster
     found = {}
     for i in (1, 2, 3):
-        ns = local_net.netns_name(name, i)
-        for pid in local_sys.pids_in_netns([ns]).get(ns, []):
+        ns = net.netns_name(name, i)
+        for pid in sysops.pids_in_netns([ns]).get(ns, []):
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -237,8 +236,8 @@ def test_all_python_is_the_explicit_blunt_fallback(cluster):
     assert proc.returncode == 0, proc.stderr
     report = {n["node"]: n for n in json.loads(proc.stdout)["nodes"]}
     assert len(report["node-3"]["signaled"]) == 1 and report["node-3"]["remaining"] == []
-    ns = local_net.netns_name(name, 3)
-    assert "python3" not in [local_sys.comm(p) for p in local_sys.pids_in_netns([ns]).get(ns, [])]
+    ns = net.netns_name(name, 3)
+    assert "python3" not in [sysops.comm(p) for p in sysops.pids_in_netns([ns]).get(ns, [])]
 
 
 def test_attach_joins_the_jobs_tmux_session_until_it_ends(cluster, tmp_path):

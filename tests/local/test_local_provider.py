@@ -18,7 +18,7 @@ import pytest
 
 from clustertool.core.errors import MissingPrerequisite, ProviderError
 from clustertool.core.model import Cluster
-from clustertool.providers import local as local_mod
+from clustertool.providers import local
 from clustertool.providers.base import ProvisionRequest
 from clustertool.providers.local import LocalProvider, net, sysops
 from tests.conftest import unique
@@ -296,7 +296,7 @@ def test_a_node_whose_sshd_fails_is_named_with_its_log_tail(make, monkeypatch):
         text = real(address, title)
         return text + "NoSuchOption yes\n" if title.endswith("node-2") else text
 
-    monkeypatch.setattr(local_mod.net, "sshd_config_text", broken)
+    monkeypatch.setattr(local.net, "sshd_config_text", broken)
     m = make(2, up=False)
     m.provider.run_instances(m.request)
     with pytest.raises(ProviderError) as info:

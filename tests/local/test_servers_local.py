@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from clustertool.providers.local import net as local_net
-from clustertool.providers.local import sysops as local_sys
+from clustertool.providers.local import net, sysops
 from tests.conftest import run_cli
 from tests.local.conftest import module_cluster
 
@@ -147,10 +146,10 @@ def test_plugin_check_runs_servers_beside_the_rest_on_the_workers_and_stops_the_
 
 def test_doctor_reports_an_unreachable_server_with_its_fix_and_reboot_brings_it_back(cluster):
     name, env = cluster
-    ns = local_net.netns_name(name, 4)  # server-2: the 4th namespace
-    listener = [p for p in local_sys.pids_in_netns([ns])[ns]
-                if local_sys.comm(p) == "sshd" and
-                local_sys.comm(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])) == "ct-init"]
+    ns = net.netns_name(name, 4)  # server-2: the 4th namespace
+    listener = [p for p in sysops.pids_in_netns([ns])[ns]
+                if sysops.comm(p) == "sshd" and
+                sysops.comm(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])) == "ct-init"]
     assert len(listener) == 1
     os.kill(listener[0], 15)
     proc = cli(cluster, "doctor", "--check", "reach", "--json")

@@ -13,7 +13,7 @@ from clustertool.cluster import inventory
 from clustertool.core.errors import UsageError
 from clustertool.core.model import LEADER, Cluster, Node
 from clustertool.core.state import ClusterPaths
-from clustertool.providers.local import firewall as local_access
+from clustertool.providers.local import firewall
 from clustertool.remote import access, keys, mesh, transport
 
 pytestmark = pytest.mark.unit
@@ -113,11 +113,11 @@ def test_inventory_says_how_each_node_is_reached(ct_env):
 
 
 def test_members_ruleset_refuses_ssh_from_all_but_the_clusters_nodes():
-    rules = local_access.member_ruleset(["10.213.4.1", "10.213.4.2"])
+    rules = firewall.member_ruleset(["10.213.4.1", "10.213.4.2"])
     assert "tcp dport 22 ip saddr != { 10.213.4.1, 10.213.4.2 } reject with tcp reset" in rules
-    assert "meta nfproto ipv6 reject" in rules and rules.startswith(f"table inet {local_access.TABLE} {{")
-    assert local_access.nft_argv("ct-a-2") == ["ip", "netns", "exec", "ct-a-2", "nft", "-f", "-"]
-    argv = local_access.probe_argv("ct-a-1", "/usr/bin/python3", ["10.213.4.2"], 5)
+    assert "meta nfproto ipv6 reject" in rules and rules.startswith(f"table inet {firewall.TABLE} {{")
+    assert firewall.nft_argv("ct-a-2") == ["ip", "netns", "exec", "ct-a-2", "nft", "-f", "-"]
+    argv = firewall.probe_argv("ct-a-1", "/usr/bin/python3", ["10.213.4.2"], 5)
     assert argv[:6] == ["ip", "netns", "exec", "ct-a-1", "/usr/bin/python3", "-c"]
     assert argv[-3:] == ["22", "5", "10.213.4.2"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool.bench import allreduce as ar
+from clustertool.bench import allreduce
 from clustertool.core.errors import UsageError
 
 pytestmark = pytest.mark.unit
@@ -24,53 +24,53 @@ OUTPUT = """\
 
 
 def test_parse_sizes_accepts_ranges_and_single_sizes():
-    assert ar.parse_sizes("1M:256M") == (1 << 20, 256 << 20)
-    assert ar.parse_sizes("64K") == (65536, 65536)
-    assert ar.parse_sizes("1000:2KiB") == (1000, 2048)
+    assert allreduce.parse_sizes("1M:256M") == (1 << 20, 256 << 20)
+    assert allreduce.parse_sizes("64K") == (65536, 65536)
+    assert allreduce.parse_sizes("1000:2KiB") == (1000, 2048)
 
 
 @pytest.mark.parametrize("bad", ["", "1X", "8M:1M", "0:1M", "abc"])
 def test_parse_sizes_rejects_garbage(bad):
     with pytest.raises(UsageError):
-        ar.parse_sizes(bad)
+        allreduce.parse_sizes(bad)
 
 
 def test_parse_algos_names_the_unknown_one():
-    assert ar.parse_algos("sharded, mpi") == ["sharded", "mpi"]
+    assert allreduce.parse_algos("sharded, mpi") == ["sharded", "mpi"]
     with pytest.raises(UsageError, match="tree"):
-        ar.parse_algos("ring,tree")
+        allreduce.parse_algos("ring,tree")
 
 
 def test_bench_argv_carries_every_flag():
-    argv = ar.bench_argv("/opt/x/collnet_bench", (1024, 4096), ["sharded", "mpi"], dtype="bfloat16", iters=3)
+    argv = allreduce.bench_argv("/opt/x/collnet_bench", (1024, 4096), ["sharded", "mpi"], dtype="bfloat16", iters=3)
     assert argv == ["/opt/x/collnet_bench", "-b", "1024", "-e", "4096", "-f", "2", "-n", "3", "-w", "1",
                     "-c", "1", "-d", "bfloat16", "-o", "sum", "-a", "sharded,mpi"]
     with pytest.raises(UsageError):
-        ar.bench_argv("b", (1, 2), ["ring"], dtype="complex")
+        allreduce.bench_argv("b", (1, 2), ["ring"], dtype="complex")
 
 
 def test_parse_rows_reads_tagged_and_plain_lines():
-    rows = ar.parse_rows(OUTPUT)
+    rows = allreduce.parse_rows(OUTPUT)
     assert [(r.size, r.algo) for r in rows] == [(1048576, "sharded"), (67108864, "sharded"), (1048576, "ring"),
                                                (67108864, "ring"), (1048576, "mpi"), (67108864, "mpi")]
     assert rows[3].wrong == 2 and rows[1].busbw == pytest.approx(0.0221)
 
 
 def test_side_by_side_shows_plugin_over_mpi():
-    rows = ar.parse_rows(OUTPUT)
-    assert ar.side_by_side_columns(rows) == ["size", "sharded busbw", "ring busbw", "mpi busbw", "plugin/mpi"]
-    lines = ar.side_by_side(rows)
+    rows = allreduce.parse_rows(OUTPUT)
+    assert allreduce.side_by_side_columns(rows) == ["size", "sharded busbw", "ring busbw", "mpi busbw", "plugin/mpi"]
+    lines = allreduce.side_by_side(rows)
     assert lines[1] == ["64M", "0.0221", "0.0232", "0.0119", "1.95x"]
 
 
 @pytest.mark.parametrize("n,text", [(65536, "64K"), (1 << 20, "1M"), (256 << 20, "256M"), (2 << 30, "2G"),
                                     (1536, "1536"), (1000, "1000"), (3 << 20, "3M")])
 def test_sizes_read_as_people_write_them(n, text):
-    assert ar.size_text(n) == text
+    assert allreduce.size_text(n) == text
 
 
 def test_tuner_csv_picks_collnet_only_where_the_plugin_won():
-    text = ar.tuner_csv(ar.parse_rows(OUTPUT), nodes=4)
+    text = allreduce.tuner_csv(allreduce.parse_rows(OUTPUT), nodes=4)
     lines = text.strip().splitlines()
     assert lines[0].startswith("collective,min_bytes")
     assert lines[1] == "allreduce,0,67108863,ring,simple,-1,4,-1"

@@ -18,8 +18,8 @@ import shutil
 
 import pytest
 
-from clustertool.nodeprogs import manifest as nodeprog_manifest
-from clustertool.transfer import chain as chains
+from clustertool.nodeprogs import manifest
+from clustertool.transfer import chain
 from clustertool.transfer.copy import copy
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Call, Reply, ScriptedTransport
@@ -69,7 +69,7 @@ def surveyed(fake: ScriptedTransport):
         out: list[str] = []
         listing = dict(args, root=str(fake.home(call.node) / args["root"]))
         listing.pop("prepare", None)
-        nodeprog_manifest.run(listing, out.append)
+        manifest.run(listing, out.append)
         return Reply("".join(out))
 
     return reply
@@ -88,12 +88,12 @@ def delivers(fake: ScriptedTransport, *passes: dict[str, str]):
             if outcome == "full":
                 status = {"rc": 2, "err": "a.bin: No space left on device", "files": 2,
                           "bad": [["not written", "a.bin"]]}
-                done.append(f"{chains.DONE_MARK} {node} {json.dumps(status)}\n")
+                done.append(f"{chain.DONE_MARK} {node} {json.dumps(status)}\n")
             elif outcome in ("ok", "corrupt"):
                 shutil.copytree(fake.home("node-1") / "data", dest, symlinks=True, dirs_exist_ok=True)
                 bad = [["content differs (written bytes do not hash as sent)", "a.bin"]] if outcome == "corrupt" else []
                 status = {"rc": 0, "files": 2, "verified": 2 - len(bad), "bad": bad, "bad_count": len(bad)}
-                done.append(f"{chains.DONE_MARK} {node} {json.dumps(status)}\n")
+                done.append(f"{chain.DONE_MARK} {node} {json.dumps(status)}\n")
             else:  # cut: a partial file landed, and the relay never said it was done
                 dest.mkdir(parents=True, exist_ok=True)
                 (dest / "a.bin").write_bytes(b"\0" * 100)

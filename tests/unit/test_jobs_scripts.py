@@ -13,8 +13,7 @@ import pytest
 
 from clustertool.core.errors import UsageError
 from clustertool.core.model import Job
-from clustertool.jobs import kill as jobkill
-from clustertool.jobs import records, scripts
+from clustertool.jobs import kill, records, scripts
 from clustertool.jobs.manage import reboot_line, remote_path_sh, s3_upload_line
 
 pytestmark = pytest.mark.unit
@@ -72,7 +71,7 @@ def test_kill_script_stops_marked_processes_and_reports_nothing_left(tmp_path):
         listed = sh(scripts.list_script(job_id), tmp_path, check=True).stdout
         assert sorted(int(line.split()[0]) for line in listed.splitlines()) == sorted(p.pid for p in procs)
         out = sh(scripts.kill_script(job_id, "TERM", 2), tmp_path, check=True).stdout
-        result = jobkill.parse_kill_output("here", out)
+        result = kill.parse_kill_output("here", out)
         assert sorted(result.signaled) == sorted(p.pid for p in procs)
         assert result.remaining == [] and result.forced == [] and result.clean
         assert all(p.wait(timeout=5) == -15 for p in procs)
@@ -92,7 +91,7 @@ def test_kill_script_forces_kill_after_the_grace_period(tmp_path):
         time.sleep(0.2)
         t0 = time.monotonic()
         out = sh(scripts.kill_script(job_id, "TERM", 0.5), tmp_path, check=True).stdout
-        result = jobkill.parse_kill_output("here", out)
+        result = kill.parse_kill_output("here", out)
         assert stubborn.pid in result.forced and result.remaining == []
         assert stubborn.wait(timeout=5) == -9 and time.monotonic() - t0 < 5
     finally:
@@ -111,7 +110,7 @@ def test_kill_script_kills_recorded_sessions_of_this_host(tmp_path):
         (d / f"{host}.0").write_text(f"{child.pid} 1 {child.pid} {child.pid}\n")
         (d / "other-host.1").write_text(f"{os.getpid()} 1 {os.getpgid(0)} {os.getsid(0)}\n")  # never us
         out = sh(scripts.kill_script(job_id, "KILL", 0), tmp_path, check=True).stdout
-        assert jobkill.parse_kill_output("here", out).signaled == [child.pid]
+        assert kill.parse_kill_output("here", out).signaled == [child.pid]
         assert child.wait(timeout=5) == -9
     finally:
         child.kill()
@@ -120,11 +119,11 @@ def test_kill_script_kills_recorded_sessions_of_this_host(tmp_path):
 
 def test_kill_output_parsing_with_gpu_memory():
     text = "signaled 1 2 \nforced 2\nremaining 7:python3\ngpu checked 7:1024 \n"
-    nk = jobkill.parse_kill_output("node-1", text)
+    nk = kill.parse_kill_output("node-1", text)
     assert (nk.signaled, nk.forced, nk.remaining, nk.gpu) == ([1, 2], [2], ["7:python3"], "held: 7:1024")
     assert not nk.clean
-    assert jobkill.parse_kill_output("n", "gpu checked \n").gpu == "freed"
-    assert jobkill.parse_kill_output("n", "gpu none\n").gpu == "no nvidia-smi"
+    assert kill.parse_kill_output("n", "gpu checked \n").gpu == "freed"
+    assert kill.parse_kill_output("n", "gpu none\n").gpu == "no nvidia-smi"
 
 
 def test_unknown_signal_is_refused():
@@ -187,12 +186,12 @@ def test_kill_refuses_finished_jobs_and_picks_the_single_running_one():
     done = Job("j1-a", "c", ["x"], state="failed", exit_code=2)
     run = Job("j1-b", "c", ["x"], state="running")
     with pytest.raises(UsageError, match="job j1-a is not running: it failed with exit code 2"):
-        jobkill.pick_running([done, run], "j1-a")
-    assert jobkill.pick_running([done, run], None).id == "j1-b"
+        kill.pick_running([done, run], "j1-a")
+    assert kill.pick_running([done, run], None).id == "j1-b"
     with pytest.raises(UsageError, match="no running job"):
-        jobkill.pick_running([done], None)
+        kill.pick_running([done], None)
     with pytest.raises(UsageError, match="2 jobs are running"):
-        jobkill.pick_running([run, Job("j1-c", "c", ["y"])], None)
+        kill.pick_running([run, Job("j1-c", "c", ["y"])], None)
 
 
 def test_fetch_and_reboot_lines_quote_paths():
@@ -219,7 +218,7 @@ def test_kill_reports_gpu_memory_still_held_by_a_killed_pid(tmp_path):
         env = dict(os.environ, HOME=str(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}")
         out = subprocess.run(["sh", "-s"], input=scripts.kill_script(job_id, "TERM", 1), text=True,
                              capture_output=True, env=env, check=True).stdout
-        result = jobkill.parse_kill_output("here", out)
+        result = kill.parse_kill_output("here", out)
         assert result.gpu == f"held: {victim.pid}:2048" and not result.clean
     finally:
         victim.kill()

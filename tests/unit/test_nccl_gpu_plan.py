@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.plugin import nccl_log as nl
+from clustertool.plugin import nccl_log
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -132,7 +132,7 @@ def test_tuner_table_makes_the_built_tuner_ask_for_collnet_chain(tmp_path, monke
     assert t.init(4, 4, None, ctypes.byref(ctx)) == 0
     algo, proto, ch = ctypes.c_int(-1), ctypes.c_int(-1), ctypes.c_int(0)
     t.getCollInfo(ctx, 4, 64 << 20, 1, 0, 1, ctypes.byref(algo), ctypes.byref(proto), ctypes.byref(ch))
-    assert (nl.ALGOS[algo.value], nl.PROTOS[proto.value]) == ("COLLNET_CHAIN", "SIMPLE")
+    assert (nccl_log.ALGOS[algo.value], nccl_log.PROTOS[proto.value]) == ("COLLNET_CHAIN", "SIMPLE")
     t.destroy(ctx)
 
 
@@ -140,7 +140,7 @@ def _run(name, lines, results=None, error=None):
     text = "\n".join(P + line for line in lines)
     return plan.VariantRun(name, results=results if results is not None else [dict(size=1 << 20, time_us=100.0,
                                                                                     algbw=1.0, busbw=1.5, wrong=0)],
-                           logs=[nl.parse_log(text)], texts=[text], error=error)
+                           logs=[nccl_log.parse_log(text)], texts=[text], error=error)
 
 
 GOOD_NET = ["NCCL version 2.26.6+cuda12.8", "NET/Plugin: Loaded net plugin clustertool (v10)",
@@ -155,14 +155,14 @@ def good_runs():
 
 
 def test_verdict_passes_when_nccl_used_the_plugin_and_collnet_where_asked():
-    assert plan.verdict(good_runs(), nl) == (0, [])
+    assert plan.verdict(good_runs(), nccl_log) == (0, [])
 
 
 def test_verdict_fails_when_nccl_fell_back_to_its_own_net():
     runs = good_runs()
     runs[1] = _run("net", ["NET/Plugin: Could not find: libnccl-net-clustertool.so libnccl-net-clustertool.so",
                            "Using network Socket"])
-    code, problems = plan.verdict(runs, nl)
+    code, problems = plan.verdict(runs, nccl_log)
     assert code == 1 and problems == ["net: NCCL did not load the clustertool plugin (NET/Plugin: Could not find: "
                                       "libnccl-net-clustertool.so libnccl-net-clustertool.so)"]
 
@@ -173,7 +173,7 @@ def test_verdict_fails_when_collnet_was_asked_for_but_did_not_run():
         "Communicator has 1 nodes which is less than CollNet node threshold 2, disabling CollNet"])
     ring_algo = "AllReduce: 1048576 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..0}"
     runs[3] = _run("collnet-ring", GOOD_NET + ["rank 0 Connected CollNet", ring_algo])
-    code, problems = plan.verdict(runs, nl)
+    code, problems = plan.verdict(runs, nccl_log)
     assert code == 1
     assert problems[0].startswith("collnet-sharded: NCCL did not run CollNet: 1 node(s), below NCCL_COLLNET_NODE")
     assert problems[1] == "collnet-ring: CollNet was set up but no allreduce ran on it"
@@ -184,7 +184,7 @@ def test_verdict_fails_on_wrong_elements_a_crashed_rank_or_a_baseline_off_socket
     runs[0] = _run("socket", ["Using network clustertool"])
     runs[1].results[0]["wrong"] = 7
     runs[3].error = "rank 1 exited 1: RuntimeError: NCCL error"
-    code, problems = plan.verdict(runs, nl)
+    code, problems = plan.verdict(runs, nccl_log)
     assert code == 1 and problems == ["socket: NCCL ran on clustertool, not its Socket transport",
                                       "net: 7 wrong elements against the CPU reference",
                                       "collnet-ring: rank 1 exited 1: RuntimeError: NCCL error"]
@@ -200,13 +200,13 @@ def test_report_puts_variants_side_by_side_with_the_sharded_over_socket_ratio():
     runs = good_runs()
     runs[0].results[0]["busbw"] = 1.0
     runs[2].results[0]["busbw"] = 1.4
-    text = plan.format_report(runs, nl, "NCCL 2.26.6, 4 ranks")
+    text = plan.format_report(runs, nccl_log, "NCCL 2.26.6, 4 ranks")
     assert text.splitlines()[0] == "NCCL 2.26.6, 4 ranks"
     assert "collnet-sharded      1M       100.0       1.000       1.400       0  COLLNET_CHAIN/SIMPLE" in text
     side = text.split("busbw (GB/s) side by side")[1].splitlines()
     assert side[1].split() == ["size", "socket", "net", "collnet-sharded", "collnet-ring", "sharded/socket"]
     assert side[2].split() == ["1M", "1.000", "1.500", "1.400", "1.500", "1.40x"]
-    evidence = plan.format_evidence(runs, nl)
+    evidence = plan.format_evidence(runs, nccl_log)
     assert "[collnet-sharded] NCCL 2.26.6; network clustertool; net plugin clustertool (v10)" in evidence
     assert "    rank 0 Connected CollNet" in evidence
 
@@ -248,16 +248,17 @@ def test_recorded_h200_logs_of_nccl_2_28_9_pass_the_verdict():
     runs = []
     for name in plan.VARIANTS:
         texts = [(RECORDED / f"{name}.rank{r}.log").read_text() for r in (0, 1)]
-        run = plan.VariantRun(name, texts=texts, logs=[nl.parse_log(t) for t in texts],
+        run = plan.VariantRun(name, texts=texts, logs=[nccl_log.parse_log(t) for t in texts],
                               results=[{"size": 1 << 20, "time_us": 1.0, "algbw": 1.0, "busbw": 1.0, "wrong": 0}])
         runs.append(run)
-    assert plan.verdict(runs, nl) == (0, [])
+    assert plan.verdict(runs, nccl_log) == (0, [])
     sharded = runs[2].logs[0]
     assert (sharded.version, sharded.net_plugin, sharded.net_abi, sharded.tuner_abi) == ("2.28.9", "clustertool", 11, 5)
-    assert nl.collnet_state(sharded) == (True, "CollNet connected via clustertool/0")
-    big = {n: a for n, a in nl.algos_by_size(runs[2].logs).items() if n >= 1 << 20}   # the timed sizes
+    assert nccl_log.collnet_state(sharded) == (True, "CollNet connected via clustertool/0")
+    big = {n: a for n, a in nccl_log.algos_by_size(runs[2].logs).items() if n >= 1 << 20}   # the timed sizes
     assert sorted(big) == [1 << k for k in range(20, 29)] and set(big.values()) == {("COLLNET_CHAIN", "SIMPLE")}
-    assert {a for n, a in nl.algos_by_size(runs[0].logs).items() if n >= 1 << 20} == {("RING", "SIMPLE")}
-    assert runs[0].logs[0].network == "Socket" and nl.collnet_state(runs[1].logs[0]) == (False, "NCCL_COLLNET_ENABLE=0")
-    evidence = plan.format_evidence(runs, nl)
+    assert {a for n, a in nccl_log.algos_by_size(runs[0].logs).items() if n >= 1 << 20} == {("RING", "SIMPLE")}
+    assert runs[0].logs[0].network == "Socket"
+    assert nccl_log.collnet_state(runs[1].logs[0]) == (False, "NCCL_COLLNET_ENABLE=0")
+    evidence = plan.format_evidence(runs, nccl_log)
     assert "Connected Collnet Chains" in evidence and "TUNER/Plugin: Using clustertool (v5)" in evidence

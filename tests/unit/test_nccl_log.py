@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool.plugin import nccl_log as nl
+from clustertool.plugin import nccl_log
 
 pytestmark = pytest.mark.unit
 
@@ -82,46 +82,46 @@ LOG_2_30_MISMATCH = "\n".join([
 
 
 def test_2_19_plugin_on_its_newest_abi_is_named_from_using_network():
-    log = nl.parse_log(LOG_2_19)
+    log = nccl_log.parse_log(LOG_2_19)
     assert log.version == "2.19.3"
-    assert nl.plugin_loaded(log) and log.net_plugin == "clustertool" and log.net_abi == 7
+    assert nccl_log.plugin_loaded(log) and log.net_plugin == "clustertool" and log.net_abi == 7
     assert log.collnet_plugin == "clustertool" and log.collnet_abi == 7
     assert log.tuner_plugin == "clustertool" and log.tuner_abi == 1
     assert log.collnet_env == 1 and log.collnet_via == ("clustertool/0",)
-    assert nl.collnet_state(log) == (True, "CollNet connected via clustertool/0")
+    assert nccl_log.collnet_state(log) == (True, "CollNet connected via clustertool/0")
     assert log.algos == ()                         # 2.19 prints no per-size choice ...
-    assert nl.ran_collnet([log])                   # ... the plugin's own line proves CollNet ran
+    assert nccl_log.ran_collnet([log])                   # ... the plugin's own line proves CollNet ran
     assert log.plugin_net_line.startswith("clustertool: net plugin 0.1.0")
 
 
 def test_2_21_numeric_algorithm_lines_without_function_count_as_allreduce():
-    log = nl.parse_log(LOG_2_21)
+    log = nccl_log.parse_log(LOG_2_21)
     assert log.net_abi == 8 and log.tuner_abi == 2
-    by = nl.algos_by_size([log])
+    by = nccl_log.algos_by_size([log])
     assert by[1048576] == ("COLLNET_CHAIN", "SIMPLE") and by[268435456] == ("COLLNET_CHAIN", "SIMPLE")
     assert by[4] == ("RING", "LL")
-    assert nl.ran_collnet([log])
+    assert nccl_log.ran_collnet([log])
 
 
 def test_2_23_function_names_filter_other_collectives():
-    log = nl.parse_log(LOG_2_23)
+    log = nccl_log.parse_log(LOG_2_23)
     assert log.net_abi == 8
-    assert nl.algos_by_size([log]) == {67108864: ("RING", "SIMPLE")}
-    assert nl.algos_by_size([log], func="Broadcast") == {67108864: ("RING", "SIMPLE")}
-    assert not nl.ran_collnet([log])
+    assert nccl_log.algos_by_size([log]) == {67108864: ("RING", "SIMPLE")}
+    assert nccl_log.algos_by_size([log], func="Broadcast") == {67108864: ("RING", "SIMPLE")}
+    assert not nccl_log.ran_collnet([log])
 
 
 def test_2_26_loader_names_the_version_and_string_algorithms():
-    log = nl.parse_log(LOG_2_26)
+    log = nccl_log.parse_log(LOG_2_26)
     assert (log.net_plugin, log.net_abi, log.collnet_plugin, log.collnet_abi) == ("clustertool", 10, "clustertool", 10)
-    assert nl.collnet_state(log)[0]
-    assert nl.algos_by_size([log])[268435456] == ("COLLNET_CHAIN", "SIMPLE")
+    assert nccl_log.collnet_state(log)[0]
+    assert nccl_log.algos_by_size([log])[268435456] == ("COLLNET_CHAIN", "SIMPLE")
 
 
 def test_2_30_mismatch_warning_with_timestamp_is_the_reason():
-    log = nl.parse_log(LOG_2_30_MISMATCH)
+    log = nccl_log.parse_log(LOG_2_30_MISMATCH)
     assert log.net_abi == 12 and log.tuner_abi == 6 and log.mismatch == (1, 2)
-    on, why = nl.collnet_state(log)
+    on, why = nccl_log.collnet_state(log)
     assert not on and "different CollNet device counts (1..2)" in why
     assert any("mixed local CollNet" in w for w in log.warnings)
 
@@ -142,59 +142,60 @@ def test_2_30_mismatch_warning_with_timestamp_is_the_reason():
      "2.21.5"),
 ])
 def test_fallback_to_internal_net_is_not_a_loaded_plugin(line, tag):
-    log = nl.parse_log("\n".join([info(f"NCCL version {tag}+cuda12.4"), info(line), info("Using network Socket")]))
-    assert log.no_plugin and not nl.plugin_loaded(log) and log.net_plugin is None
-    assert nl.collnet_state(log) == (False, "NCCL did not load the net plugin, so it has no CollNet")
+    log = nccl_log.parse_log("\n".join([info(f"NCCL version {tag}+cuda12.4"), info(line),
+                                        info("Using network Socket")]))
+    assert log.no_plugin and not nccl_log.plugin_loaded(log) and log.net_plugin is None
+    assert nccl_log.collnet_state(log) == (False, "NCCL did not load the net plugin, so it has no CollNet")
 
 
 def test_below_node_threshold_says_to_give_ranks_distinct_host_ids():
-    log = nl.parse_log("\n".join([
+    log = nccl_log.parse_log("\n".join([
         info("NCCL version 2.27.7+cuda12.9"), info("NET/Plugin: Loaded net plugin clustertool (v10)"),
         info("NET/Plugin: Loaded collnet plugin clustertool (v10)"), info("Using network clustertool"),
         info("Communicator has 1 nodes which is less than CollNet node threshold 2, disabling CollNet"),  # init.cc
     ]))
-    on, why = nl.collnet_state(log)
+    on, why = nccl_log.collnet_state(log)
     assert not on and "below NCCL_COLLNET_NODE_THRESHOLD=2" in why and "NCCL_HOSTID" in why
 
 
 def test_loaded_but_never_connected_points_at_device_pairing():
-    log = nl.parse_log("\n".join([
+    log = nccl_log.parse_log("\n".join([
         info("NCCL version 2.28.9+cuda12.9"), info("NET/Plugin: Loaded net plugin clustertool (v11)"),
         info("NET/Plugin: Loaded collnet plugin clustertool (v11)"), info("Using network clustertool"),
         info("NCCL_COLLNET_ENABLE set by environment to 1."),
     ]))
-    on, why = nl.collnet_state(log)
+    on, why = nccl_log.collnet_state(log)
     assert not on and "named like a net device" in why
 
 
 def test_collnet_setup_failure_and_disabled_env_are_reasons():
-    failed = nl.parse_log("\n".join([info("Using network clustertool"),
+    failed = nccl_log.parse_log("\n".join([info("Using network clustertool"),
                                       info("NCCL_COLLNET_ENABLE set by environment to 1."),
                                      warn("Cannot initialize CollNet, using point-to-point network instead",
                                           "transport.cc:464")]))
-    assert nl.collnet_state(failed) == (False, "CollNet setup failed on some rank (see the plugin's WARN lines)")
-    off = nl.parse_log("\n".join([info("Using network clustertool"),
+    assert nccl_log.collnet_state(failed) == (False, "CollNet setup failed on some rank (see the plugin's WARN lines)")
+    off = nccl_log.parse_log("\n".join([info("Using network clustertool"),
                                    info("NCCL_COLLNET_ENABLE set by environment to 0.")]))
-    assert nl.collnet_state(off) == (False, "NCCL_COLLNET_ENABLE=0")
+    assert nccl_log.collnet_state(off) == (False, "NCCL_COLLNET_ENABLE=0")
 
 
 def test_other_external_plugin_names_with_spaces_are_kept_whole():
-    log = nl.parse_log("\n".join([info("NCCL version 2.22.3+cuda12.4"), info("Using network AWS Libfabric")]))
-    assert log.network == "AWS Libfabric" and log.net_plugin == "AWS Libfabric" and not nl.plugin_loaded(log)
+    log = nccl_log.parse_log("\n".join([info("NCCL version 2.22.3+cuda12.4"), info("Using network AWS Libfabric")]))
+    assert log.network == "AWS Libfabric" and log.net_plugin == "AWS Libfabric" and not nccl_log.plugin_loaded(log)
 
 
 def test_abi_tables_follow_each_release_loader():
-    assert [nl.newest_net_abi(v) for v in ("2.19.3", "2.20.5", "2.23.4", "2.24.3", "2.26.2", "2.28.3", "2.30.7")] == \
-        [7, 8, 8, 9, 10, 11, 12]
-    assert [nl.newest_tuner_abi(v) for v in ("2.19.3", "2.20.5", "2.21.5", "2.22.3", "2.25.1", "2.29.7", "2.30.3")] == \
-        [1, 1, 2, 3, 4, 5, 6]
-    assert nl.newest_net_abi(None) is None and nl.newest_net_abi("2.18.5") is None
+    net = ("2.19.3", "2.20.5", "2.23.4", "2.24.3", "2.26.2", "2.28.3", "2.30.7")
+    assert [nccl_log.newest_net_abi(v) for v in net] == [7, 8, 8, 9, 10, 11, 12]
+    tuner = ("2.19.3", "2.20.5", "2.21.5", "2.22.3", "2.25.1", "2.29.7", "2.30.3")
+    assert [nccl_log.newest_tuner_abi(v) for v in tuner] == [1, 1, 2, 3, 4, 5, 6]
+    assert nccl_log.newest_net_abi(None) is None and nccl_log.newest_net_abi("2.18.5") is None
 
 
 def test_most_frequent_choice_wins_across_ranks():
-    a = nl.parse_log(info("AllReduce: 1024 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}"))
-    b = nl.parse_log(info("AllReduce: 1024 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..0}"))
-    assert nl.algos_by_size([a, a, b]) == {1024: ("RING", "LL")}
+    a = nccl_log.parse_log(info("AllReduce: 1024 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}"))
+    b = nccl_log.parse_log(info("AllReduce: 1024 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..0}"))
+    assert nccl_log.algos_by_size([a, a, b]) == {1024: ("RING", "LL")}
 
 
 @pytest.mark.parametrize("line,tag", [
@@ -208,18 +209,18 @@ def test_most_frequent_choice_wins_across_ranks():
      "2.28.9"),
 ])
 def test_a_plugin_found_but_not_loadable_is_named_with_its_dlopen_error(line, tag):
-    log = nl.parse_log("\n".join([
+    log = nccl_log.parse_log("\n".join([
         info(f"NCCL version {tag}+cuda12.4"), info("NET/Plugin: Plugin name set by env to libnccl-net-clustertool.so"),
         info(line), info("NET/Plugin: Could not find: clustertool. Using internal network plugin."),
         info("Using network Socket")]))
-    assert not nl.plugin_loaded(log)
+    assert not nccl_log.plugin_loaded(log)
     assert log.no_plugin == line.rstrip(".") or log.no_plugin == line, log.no_plugin
     assert "libnccl-net-clustertool.so" in log.no_plugin
 
 
 def test_via_collnet_then_a_failed_connect_is_a_setup_failure():
     """coll_net.cc prints "via COLLNET" for each channel's setup, before the connect that fails."""
-    log = nl.parse_log("\n".join([
+    log = nccl_log.parse_log("\n".join([
         info("NCCL version 2.28.9+cuda12.9"), info("NET/Plugin: Loaded net plugin clustertool (v11)"),
         info("NET/Plugin: Loaded collnet plugin clustertool (v11)"), info("Using network clustertool"),
         info("NCCL_COLLNET_ENABLE set by environment to 1."),
@@ -228,13 +229,13 @@ def test_via_collnet_then_a_failed_connect_is_a_setup_failure():
         warn("Cannot initialize CollNet, using point-to-point network instead", "transport.cc:399"),
     ]))
     assert not log.collnet_connected and log.collnet_via == ("clustertool/0",)
-    assert nl.collnet_state(log) == (False, "CollNet setup failed on some rank (see the plugin's WARN lines)")
+    assert nccl_log.collnet_state(log) == (False, "CollNet setup failed on some rank (see the plugin's WARN lines)")
 
 
 def test_connected_collnet_chains_is_success_from_2_23():
-    log = nl.parse_log("\n".join([
+    log = nccl_log.parse_log("\n".join([
         info("NCCL version 2.30.7+cuda13.0"), info("NET/Plugin: Loaded net plugin clustertool (v12)"),
         info("Using network clustertool"), info("CollNet 00/0 : 1 [send] via COLLNET/clustertool/0"),
         info("Connected Collnet Chains  [0] 0->1->-1 [1] 0->1->-1"),                 # coll_net.cc
     ]))
-    assert nl.collnet_state(log) == (True, "CollNet connected via clustertool/0")
+    assert nccl_log.collnet_state(log) == (True, "CollNet connected via clustertool/0")

@@ -6,7 +6,7 @@ import pytest
 
 from clustertool.core import yamlfile
 from clustertool.core.errors import SpecError
-from clustertool.playbook import load as playbook
+from clustertool.playbook import load
 from clustertool.playbook.steps import CommandSpec, ParamSpec
 
 pytestmark = pytest.mark.unit
@@ -49,7 +49,7 @@ def resolver(path):
 
 
 def parse(text: str, **overrides):
-    return playbook.parse(yamlfile.loads(text), "pb.yaml", overrides, resolver, {"python": "python3"})
+    return load.parse(yamlfile.loads(text), "pb.yaml", overrides, resolver, {"python": "python3"})
 
 
 def problem(text: str, **overrides) -> str:
@@ -181,7 +181,7 @@ def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
     path = tmp_path / "twice.yaml"
     path.write_text("steps:\n  - exec: {command: a}\nsteps:\n  - exec: {command: b}\n")
     with pytest.raises(SpecError) as info:
-        playbook.load(path, {}, resolver)
+        load.load(path, {}, resolver)
     assert info.value.message.startswith(f"{path}:3:") and "duplicate key 'steps'" in info.value.message
 
 
@@ -195,14 +195,14 @@ def test_invalid_yaml_names_the_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("steps:\n  - up: {nodes: 4\n  - down\n")
     with pytest.raises(SpecError) as info:
-        playbook.load(path, {}, resolver)
+        load.load(path, {}, resolver)
     assert info.value.message.startswith(f"{path}:") and "malformed YAML" in info.value.message
 
 
 def test_builtin_python_and_workloads_vars(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("steps:\n  - exec: {command: '${python} ${workloads}/train_mlp.py --steps 1'}\n")
-    argv = playbook.load(path, {}, resolver).steps[0].argv
+    argv = load.load(path, {}, resolver).steps[0].argv
     assert argv[-1].endswith("clustertool/workloads/train_mlp.py --steps 1")
 
 

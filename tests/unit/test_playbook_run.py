@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 
 from clustertool.core import yamlfile
-from clustertool.playbook import load as playbook
-from clustertool.playbook import run as playbook_run
+from clustertool.playbook import load, run
 from clustertool.playbook.steps import CommandSpec, ParamSpec
 
 pytestmark = pytest.mark.unit
@@ -18,7 +17,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 def sh_steps(monkeypatch):
     """Every step runs `sh -c <its command key>` instead of a clustertool command."""
-    monkeypatch.setattr(playbook_run, "step_process_argv",
+    monkeypatch.setattr(run, "step_process_argv",
                         lambda step: ["sh", "-c", step.args.get("command", "true")])
 
 
@@ -28,7 +27,7 @@ def any_command(path):
 
 
 def book(text: str):
-    return playbook.parse(yamlfile.loads(text), "pb.yaml", {}, any_command, {})
+    return load.parse(yamlfile.loads(text), "pb.yaml", {}, any_command, {})
 
 
 def statuses(result):
@@ -37,7 +36,7 @@ def statuses(result):
 
 def test_failed_step_stops_the_playbook_and_always_steps_still_run(sh_steps, tmp_path):
     mark = tmp_path / "down-ran"
-    result = playbook_run.run(book(f"""
+    result = run.run(book(f"""
 steps:
   - {{name: first, exec: {{command: "true"}}}}
   - {{name: breaks, exec: {{command: "echo 'error: disk full on node-3' >&2; exit 4"}}}}
@@ -55,7 +54,7 @@ always:
 
 
 def test_on_failure_continue_goes_on_and_succeeds(sh_steps):
-    result = playbook_run.run(book("""
+    result = run.run(book("""
 steps:
   - {exec: {command: "exit 1"}, on_failure: continue}
   - {exec: {command: "true"}}
@@ -66,7 +65,7 @@ steps:
 
 def test_on_failure_keep_skips_down_but_runs_other_always_steps(sh_steps, tmp_path):
     down_mark, report_mark = tmp_path / "down", tmp_path / "report"
-    result = playbook_run.run(book(f"""
+    result = run.run(book(f"""
 cluster: c1
 steps:
   - {{exec: {{command: "exit 2"}}, on_failure: keep}}
@@ -80,25 +79,25 @@ always:
 
 
 def test_skipped_step_by_when(sh_steps):
-    result = playbook_run.run(book("steps:\n  - {exec: {command: 'exit 9'}, when: false}\n"))
+    result = run.run(book("steps:\n  - {exec: {command: 'exit 9'}, when: false}\n"))
     assert result.outcomes[0].status == "skipped" and result.exit_code == 0
 
 
 def test_step_timeout_fails_the_step_with_the_reason(sh_steps):
-    result = playbook_run.run(book("steps:\n  - {exec: {command: 'sleep 30'}, timeout: 0.5}\n"))
+    result = run.run(book("steps:\n  - {exec: {command: 'sleep 30'}, timeout: 0.5}\n"))
     assert result.outcomes[0].status == "failed"
     assert result.reason.startswith("timed out after")
     assert result.outcomes[0].seconds < 10
 
 
 def test_failing_always_step_makes_the_playbook_fail(sh_steps):
-    result = playbook_run.run(book("steps:\n  - exec: {command: 'true'}\nalways:\n  - down: {command: 'exit 1'}\n"))
+    result = run.run(book("steps:\n  - exec: {command: 'true'}\nalways:\n  - down: {command: 'exit 1'}\n"))
     assert result.failed_step is None and result.exit_code == 1
 
 
 def test_progress_events_in_order(sh_steps):
     seen = []
-    playbook_run.run(book("steps:\n  - exec: {command: 'true'}\n  - {exec: {command: x}, when: false}\n"),
+    run.run(book("steps:\n  - exec: {command: 'true'}\n  - {exec: {command: x}, when: false}\n"),
                      on_event=lambda kind, step, outcome: seen.append((kind, step.index, outcome.status)))
     assert seen == [("start", 1, "not run"), ("end", 1, "ok"), ("end", 2, "skipped")]
 
@@ -108,7 +107,7 @@ def test_failure_without_a_down_step_still_tears_down_a_cluster_that_exists(sh_s
     from clustertool.core.model import Cluster
 
     state.save(Cluster("made-by-up", "local"))
-    result = playbook_run.run(book("cluster: made-by-up\nsteps:\n  - exec: {command: 'exit 1'}\n"))
+    result = run.run(book("cluster: made-by-up\nsteps:\n  - exec: {command: 'exit 1'}\n"))
     assert statuses(result)[-1] == ("always step 1 (down (on failure))", "ok")
     assert result.outcomes[-1].command == "clustertool down -c made-by-up --yes"
 
@@ -118,5 +117,5 @@ def test_success_without_a_down_step_keeps_the_cluster(sh_steps, ct_env):
     from clustertool.core.model import Cluster
 
     state.save(Cluster("kept", "local"))
-    result = playbook_run.run(book("cluster: kept\nsteps:\n  - exec: {command: 'true'}\n"))
+    result = run.run(book("cluster: kept\nsteps:\n  - exec: {command: 'true'}\n"))
     assert statuses(result) == [("step 1 (exec)", "ok")]

@@ -8,7 +8,7 @@ import pytest
 
 from clustertool.cli.play import resolver
 from clustertool.core import yamlfile
-from clustertool.playbook import load as playbook
+from clustertool.playbook import load
 from clustertool.playbook.steps import KNOWN_COMMANDS
 
 pytestmark = pytest.mark.unit
@@ -27,14 +27,14 @@ def test_the_shipped_playbooks_are_there():
 def test_playbook_validates(path):
     declared = yamlfile.loads(path.read_text()).get("vars") or {}
     overrides = {k: REQUIRED.get(k, "placeholder") for k, v in declared.items() if v is None}
-    book = playbook.load(path, overrides, resolver)
+    book = load.load(path, overrides, resolver)
     assert book.steps
     for step in book.steps + book.always:
         assert step.argv[: len(step.command)] == list(step.command)
 
 
 def test_quickstart_ends_with_down_and_reports_scaling():
-    book = playbook.load(Path(PLAYBOOKS[0]).with_name("quickstart-local.yaml"), {}, resolver)
+    book = load.load(Path(PLAYBOOKS[0]).with_name("quickstart-local.yaml"), {}, resolver)
     assert [s.command for s in book.always] == [("down",)]
     scaling = [s for s in book.steps if s.command == ("bench", "scaling")][0]
     assert "--chart" in scaling.argv and "--csv" in scaling.argv

@@ -21,8 +21,7 @@ from clustertool.core import state
 from clustertool.core.errors import ToolError
 from clustertool.core.model import SERVER, Node
 from clustertool.jobs import launch as jobs_launch
-from clustertool.plugin import check
-from clustertool.plugin import check_report as cr
+from clustertool.plugin import check, check_report
 from clustertool.plugin.build import ARTEFACTS, save_record
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Reply, ScriptedTransport
@@ -77,7 +76,7 @@ def result_line(rank: int, world: int, rows: list[tuple[int, float, int]], nccl:
     doc = {"rank": rank, "nccl": nccl, "results": [
         {"size": s, "time_us": t, "algbw": s / t / 1e3, "busbw": s / t / 1e3 * 2 * (world - 1) / world, "wrong": w,
          "rank": rank, "world": world} for s, t, w in rows]}
-    return cr.RESULT_MARK + json.dumps(doc)
+    return check_report.RESULT_MARK + json.dumps(doc)
 
 
 def job_output(logs: list[str], rows: list[list[tuple[int, float, int]]]) -> str:
@@ -136,7 +135,7 @@ def test_rank_wrapper_gives_torch_open_mpis_rank_and_prints_the_result_on_one_li
         "print('NCCL INFO stand-in line')\n"))
     proc = _run_wrapper(tmp_path, rank=5, world=16, local=1)
     assert proc.returncode == 0, proc.stderr
-    doc = cr.result_doc(proc.stdout)
+    doc = check_report.result_doc(proc.stdout)
     assert doc["env"] == ["5", "16", "1"]
     assert doc["argv"][:6] == ["--sizes", f"{MB},{2 * MB}", "--iters", "3", "--warmup", "1"]
     assert doc["argv"][-2] == "--out" and doc["argv"][-1].endswith("/.clustertool/plugin-check/result.5.json")
@@ -146,7 +145,7 @@ def test_rank_wrapper_passes_the_workers_failure_and_prints_no_stale_result(tmp_
     _fake_worker(tmp_path, "import sys\nsys.exit(3)\n")
     (tmp_path / ".clustertool" / "plugin-check" / "result.0.json").write_text('{"old": true}')
     proc = _run_wrapper(tmp_path, rank=0, world=2, local=0)
-    assert proc.returncode == 3 and cr.RESULT_MARK not in proc.stdout
+    assert proc.returncode == 3 and check_report.RESULT_MARK not in proc.stdout
 
 
 def test_python_probe_saves_the_worker_and_finds_the_first_python_with_torch(tmp_path):
@@ -171,8 +170,8 @@ def test_python_probe_saves_the_worker_and_finds_the_first_python_with_torch(tmp
 
 # ---- the report from NCCL's log (recorded: NCCL cannot run here) ------------------------------
 
-def report_of(output: str, ranks: int, code: int | None = 0, error: str | None = None) -> cr.CheckReport:
-    return cr.nccl_report("gc", ["node-1", "node-2"], ranks, output, code, error, {"dest": DEST}, "note")
+def report_of(output: str, ranks: int, code: int | None = 0, error: str | None = None) -> check_report.CheckReport:
+    return check_report.nccl_report("gc", ["node-1", "node-2"], ranks, output, code, error, {"dest": DEST}, "note")
 
 
 def test_plugin_loaded_collnet_on_and_the_algorithm_per_size_from_2_26():
@@ -249,12 +248,12 @@ STANDIN_OUT = "\n".join(tagged(0, line) for line in [
 
 
 def test_standin_report_reads_collnet_bench_rows_and_its_header():
-    r = cr.standin_report("lc", ["node-1"], STANDIN_OUT, 0, None, {"dest": DEST}, "no GPU")
+    r = check_report.standin_report("lc", ["node-1"], STANDIN_OUT, 0, None, {"dest": DEST}, "no GPU")
     assert r.mode == "standin" and r.ranks == 4 and r.nccl is None and r.exit_code == 0
     assert [(x.algo, x.size, x.wrong) for x in r.rows] == [("sharded", 65536, 0), ("mpi", 65536, 0)]
     assert r.evidence[1] == "# device clustertool-tcp speed 10000 Mbps"
-    bad = cr.standin_report("lc", ["node-1"], STANDIN_OUT.replace("0.0983       0", "0.0983       3"), 0, None,
-                            {}, "no GPU")
+    bad = check_report.standin_report("lc", ["node-1"], STANDIN_OUT.replace("0.0983       0", "0.0983       3"), 0,
+                                      None, {}, "no GPU")
     assert bad.wrong == 3 and bad.exit_code == 1
 
 
@@ -392,11 +391,11 @@ def test_gpu_ranks_that_fell_back_from_servers_are_a_warning_with_the_plugins_re
     why = ("clustertool: rank 1/16: reduction server 10.0.0.12:4001 (server 2 of 2) unreachable from rank 1 "
            "(Connection refused); CollNet uses sharded instead of servers on every rank")
     log = LOG_2_26 + "\n" + warn(why, "ct_coll_settings.c:149") + "\n" + first_op("sharded")
-    r = cr.nccl_report("rs", ["node-1", "node-2"], 2, job_output([log] * 2, [[(MB, 300.0, 0)]] * 2), 0, None,
+    r = check_report.nccl_report("rs", ["node-1", "node-2"], 2, job_output([log] * 2, [[(MB, 300.0, 0)]] * 2), 0, None,
                        {"dest": DEST}, "note", servers=2)
     assert r.nccl.plugin_algorithm == "sharded" and r.exit_code == 0   # right sums, slower: a warning
     assert [(p.severity, p.message) for p in r.problems] == [
         ("warning", f"the cluster has 2 reduction server(s) but the plugin's CollNet ran sharded (rank 0): {why}")]
-    plain = cr.nccl_report("gc", ["node-1"], 2, job_output([log] * 2, [[(MB, 300.0, 0)]] * 2), 0, None,
+    plain = check_report.nccl_report("gc", ["node-1"], 2, job_output([log] * 2, [[(MB, 300.0, 0)]] * 2), 0, None,
                            {"dest": DEST}, "note")
     assert plain.problems == []   # no servers in the cluster: sharded is the plugin's default

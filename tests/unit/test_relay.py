@@ -17,8 +17,7 @@ import sys
 import pytest
 
 from clustertool.nodeprogs import extract, link, program_text, stream
-from clustertool.transfer import chain, plan
-from clustertool.transfer import manifest as mf
+from clustertool.transfer import chain, manifest, plan
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +37,7 @@ def make_tree(root):
         (root / "sub" / "deeper" / f"blob {i}").write_bytes(os.urandom(300_000 + i))
     os.chmod(root / "sub", 0o700)
     os.utime(root / "a.txt", ns=(1_600_000_000_123_456_789, 1_600_000_000_123_456_789))
-    return sorted(mf.local(str(root)).entries)
+    return sorted(manifest.local(str(root)).entries)
 
 
 def packed(root, names, algo="sha256"):
@@ -59,7 +58,7 @@ def unpack(data, dest, chunk=65536):
 
 
 def same_tree(a, b):
-    return mf.compare(mf.local(str(a), True), mf.local(str(b), True), extras=True)
+    return manifest.compare(manifest.local(str(a), True), manifest.local(str(b), True), extras=True)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 22])
@@ -105,7 +104,7 @@ def test_a_byte_changed_in_transit_is_named_and_the_rest_still_verifies(tmp_path
     # mtime), even when the source file was written in the same second as the copy
     src_m = os.stat(tmp_path / "src" / "sub/deeper/blob 1").st_mtime
     assert int(os.stat(tmp_path / "dst" / "sub/deeper/blob 1").st_mtime) != int(src_m)
-    again = plan.plan_node("n", mf.local(str(tmp_path / "src")), mf.local(str(tmp_path / "dst")))
+    again = plan.plan_node("n", manifest.local(str(tmp_path / "src")), manifest.local(str(tmp_path / "dst")))
     assert again.hash_check == ["sub/deeper/blob 1"] and again.send == [], again
 
 
@@ -271,8 +270,9 @@ def test_stations_left_running_are_stopped_and_removed_by_the_next_listing(tmp_p
     (sdir / "pgid").write_text(f"{relay.pid}\n")
     (sdir / "pgid.dial").write_text(f"{dialer.pid}\n")
     (tmp_path / "data").mkdir()
-    out = subprocess.run([sys.executable, "-"], cwd=tmp_path, capture_output=True, check=True,
-                         input=mf.remote_args("data", cleanup=[chain.status_dir("r9", "node-2", 0)])).stdout.decode()
+    proc = subprocess.run([sys.executable, "-"], cwd=tmp_path, capture_output=True, check=True,
+                          input=manifest.remote_args("data", cleanup=[chain.status_dir("r9", "node-2", 0)]))
+    out = proc.stdout.decode()
     assert json.loads(out.splitlines()[0])["cleaned"] == 1
     assert relay.wait(timeout=5) != 0 and dialer.wait(timeout=5) != 0 and not sdir.exists()
 
@@ -285,8 +285,8 @@ def test_a_survey_prepares_the_stations_and_lists_dest(tmp_path, monkeypatch):
     station = chain.hop_station(chain.hop_args("node-2", sdir, "data", True, ("x", "next"), None))
     station["forward"] = ["sh", "-c", "cat > got"]
     out = subprocess.run([sys.executable, "-"], cwd=tmp_path, capture_output=True, check=True, timeout=30,
-                         input=mf.remote_args("data", program="survey", prepare=[station])).stdout.decode()
-    assert [e["p"] for e in mf.parse(out).entries.values()] == ["old"]
+                         input=manifest.remote_args("data", program="survey", prepare=[station])).stdout.decode()
+    assert [e["p"] for e in manifest.parse(out).entries.values()] == ["old"]
     assert "def run_hop(" in (tmp_path / sdir / "relay.py").read_text()
     monkeypatch.chdir(tmp_path)  # a node's home, where its stations live (a unix socket path is short)
     fwd = link.connect_forward(sdir)  # what the hop's relay does when it starts

@@ -100,13 +100,13 @@ def test_status_lines_name_the_lost_servers():
 
 
 def test_bench_servers_needs_servers_and_ratios_use_the_link_rate():
-    from clustertool.bench import allreduce as ar
+    from clustertool.bench import allreduce
 
     with pytest.raises(UsageError, match="cluster 'c' has no reduction servers"):
-        ar.check_servers(["servers", "ring"], "c", 0)
-    ar.check_servers(["ring"], "c", 0)
-    assert ar.parse_algos("servers,ring") == ["servers", "ring"]
+        allreduce.check_servers(["servers", "ring"], "c", 0)
+    allreduce.check_servers(["ring"], "c", 0)
+    assert allreduce.parse_algos("servers,ring") == ["servers", "ring"]
     out = "[1,0]<stdout>:    67108864  16777216   float    sum   servers  3540638.8  0.0190  0.0284  0\n"
-    rows = ar.parse_rows(out)
+    rows = allreduce.parse_rows(out)
     assert rows[0].algo == "servers" and rows[0].busbw == 0.0284
-    assert ar.link_ratios(rows, 200_000_000) == "busbw/B at 64M (B = link rate, 200 Mbit/s): servers 1.14"
+    assert allreduce.link_ratios(rows, 200_000_000) == "busbw/B at 64M (B = link rate, 200 Mbit/s): servers 1.14"

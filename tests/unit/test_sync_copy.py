@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from clustertool.core.errors import UsageError
-from clustertool.transfer import chain as chains
-from clustertool.transfer import drive
+from clustertool.transfer import chain, drive
 from clustertool.transfer.copy import choose_strategy, copy
 from clustertool.transfer.ignore import Matcher
 from tests.fakes.cluster import saved_cluster
@@ -54,7 +53,7 @@ def setup(tmp_path, ct_env, monkeypatch):
             for name in names:
                 (dest / name).mkdir(parents=True, exist_ok=True) if (src / name).is_dir() else \
                     shutil.copy2(src / name, dest / name)
-        return chains.ChainRun(0, "", 0.0, done={node: {"rc": 0} for node in NODES})
+        return chain.ChainRun(0, "", 0.0, done={node: {"rc": 0} for node in NODES})
 
     monkeypatch.setattr(drive.chains, "stream", stream)
     return fake, src, streamed

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.nodeprogs import manifest as nodeprog_manifest
+from clustertool.nodeprogs import manifest
 from clustertool.transfer import ignore
-from clustertool.transfer.manifest import local as local_manifest
+from clustertool.transfer.manifest import local
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +37,7 @@ def tree(root: Path, files: dict[str, str]) -> Path:
 def kept(root: Path) -> list[str]:
     """The files (not folders) a sync of ``root`` sends."""
     matcher = ignore.Matcher(str(root))
-    entries = nodeprog_manifest.walk(str(root), keep=matcher.keep)
+    entries = manifest.walk(str(root), keep=matcher.keep)
     return sorted(e["p"] for e in entries if e["t"] == "f")
 
 
@@ -154,9 +154,9 @@ def test_ignored_folders_are_not_entered(tmp_path, monkeypatch):
             entered.append(os.path.relpath(dirpath, root))
             yield dirpath, dirnames, filenames
 
-    monkeypatch.setattr(nodeprog_manifest.os, "walk", spy)
+    monkeypatch.setattr(manifest.os, "walk", spy)
     matcher = ignore.Matcher(str(root))
-    names = [e["p"] for e in local_manifest(str(root), keep=matcher.keep).entries.values()]
+    names = [e["p"] for e in local(str(root), keep=matcher.keep).entries.values()]
     assert sorted(names) == [".gitignore", "a.js"]
     assert entered == ["."]
 

@@ -5,8 +5,7 @@ import subprocess
 import pytest
 
 from clustertool.core.errors import UsageError
-from clustertool.transfer import chain, fanout
-from clustertool.transfer import copy as copies
+from clustertool.transfer import chain, copy, fanout
 from clustertool.transfer.results import relative_remote
 
 pytestmark = pytest.mark.unit
@@ -37,11 +36,11 @@ def test_remote_paths_and_strategy_choice():
     assert relative_remote("/abs") == "/abs"
     with pytest.raises(UsageError):
         relative_remote("~bob/x")
-    assert copies.choose_strategy("auto", 8, 1 << 30) == "chain"
-    assert copies.choose_strategy("auto", 2, 1 << 30) == "fanout"
-    assert copies.choose_strategy("auto", 8, 1000) == "fanout"
+    assert copy.choose_strategy("auto", 8, 1 << 30) == "chain"
+    assert copy.choose_strategy("auto", 2, 1 << 30) == "fanout"
+    assert copy.choose_strategy("auto", 8, 1000) == "fanout"
     with pytest.raises(UsageError):
-        copies.choose_strategy("bogus", 1, 1)
+        copy.choose_strategy("bogus", 1, 1)
 
 
 def test_abort_stops_only_this_runs_process_groups_and_is_valid_bash():

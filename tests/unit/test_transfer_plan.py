@@ -4,14 +4,13 @@ import os
 
 import pytest
 
-from clustertool.transfer import manifest as mf
-from clustertool.transfer import plan as plans
+from clustertool.transfer import manifest, plan
 
 pytestmark = pytest.mark.unit
 
 
 def man(entries):
-    return mf.Manifest("/r", True, {e["p"]: e for e in entries})
+    return manifest.Manifest("/r", True, {e["p"]: e for e in entries})
 
 
 def f(p, s=10, m=100, x=0o644, h=None):
@@ -27,64 +26,64 @@ def d(p, x=0o755):
 
 def test_missing_files_and_dirs_are_sent_and_counted():
     src = man([d("a"), f("a/x", s=5), f("y", s=7)])
-    p = plans.plan_node("n", src, man([]))
+    p = plan.plan_node("n", src, man([]))
     assert p.send == ["a", "a/x", "y"] and p.send_bytes == 12
 
 
 def test_identical_size_and_mtime_is_not_sent():
     src = man([f("x"), d("a")])
-    p = plans.plan_node("n", src, man([f("x"), d("a")]))
+    p = plan.plan_node("n", src, man([f("x"), d("a")]))
     assert p.empty
 
 
 def test_other_size_is_sent_other_mtime_needs_hash():
     src = man([f("x", s=1), f("y", m=5)])
-    p = plans.plan_node("n", src, man([f("x", s=2), f("y", m=6)]))
+    p = plan.plan_node("n", src, man([f("x", s=2), f("y", m=6)]))
     assert p.send == ["x"] and p.hash_check == ["y"]
 
 
 def test_hash_check_equal_content_only_touches_metadata():
     src = man([f("y", m=5), f("z", m=5)])
-    p = plans.plan_node("n", src, man([f("y", m=6), f("z", m=6)]))
-    plans.resolve_hashes(p, {"y": "aa", "z": "bb"}, {"y": "aa", "z": "cc"}, src)
+    p = plan.plan_node("n", src, man([f("y", m=6), f("z", m=6)]))
+    plan.resolve_hashes(p, {"y": "aa", "z": "bb"}, {"y": "aa", "z": "cc"}, src)
     assert p.touch == [["y", 5, 0o644]] and p.send == ["z"] and p.send_bytes == 10
 
 
 def test_permission_change_only_touches():
     src = man([f("x", x=0o600)])
-    p = plans.plan_node("n", src, man([f("x", x=0o644)]))
+    p = plan.plan_node("n", src, man([f("x", x=0o644)]))
     assert p.send == [] and p.touch == [["x", 100, 0o600]]
 
 
 def test_type_change_deletes_then_sends():
     src = man([f("x")])
-    p = plans.plan_node("n", src, man([d("x"), f("x/inner")]))
+    p = plan.plan_node("n", src, man([d("x"), f("x/inner")]))
     assert p.delete == ["x"] and p.send == ["x"]
 
 
 def test_symlink_with_other_target_is_replaced():
     src = man([{"p": "l", "t": "l", "l": "a", "x": 0o777, "m": 1}])
-    p = plans.plan_node("n", src, man([{"p": "l", "t": "l", "l": "b", "x": 0o777, "m": 1}]))
+    p = plan.plan_node("n", src, man([{"p": "l", "t": "l", "l": "b", "x": 0o777, "m": 1}]))
     assert p.delete == ["l"] and p.send == ["l"]
 
 
 def test_delete_lists_only_top_level_extras():
     src = man([f("keep")])
     dest = man([f("keep"), d("old"), f("old/a"), f("old/b"), f("stray")])
-    assert plans.plan_node("n", src, dest, delete=True).delete == ["old", "stray"]
-    assert plans.plan_node("n", src, dest, delete=False).delete == []
+    assert plan.plan_node("n", src, dest, delete=True).delete == ["old", "stray"]
+    assert plan.plan_node("n", src, dest, delete=False).delete == []
 
 
 def test_union_includes_parents_and_is_sorted():
     src = man([d("a"), d("a/b"), f("a/b/c"), f("z")])
-    p1, p2 = plans.NodePlan("1", send=["a/b/c"]), plans.NodePlan("2", send=["z"])
-    assert plans.union_send([p1, p2], src) == ["a", "a/b", "a/b/c", "z"]
-    assert plans.union_send([plans.NodePlan("3")], src) == []
+    p1, p2 = plan.NodePlan("1", send=["a/b/c"]), plan.NodePlan("2", send=["z"])
+    assert plan.union_send([p1, p2], src) == ["a", "a/b", "a/b/c", "z"]
+    assert plan.union_send([plan.NodePlan("3")], src) == []
 
 
 def test_archive_estimate_covers_headers_and_padding():
     src = man([f("x", s=1), d("a")])
-    assert plans.archive_bytes(["a", "x"], src) == 1024 + 512 + 512 + 512
+    assert plan.archive_bytes(["a", "x"], src) == 1024 + 512 + 512 + 512
 
 
 def test_compare_names_each_kind_of_difference():
@@ -92,10 +91,10 @@ def test_compare_names_each_kind_of_difference():
                f("p", h="3", x=0o600)])
     dest = man([f("a", h="1"), f("b", h="9"), {"p": "l", "t": "l", "l": "zz", "m": 1, "x": 0o777},
                 f("p", h="3"), f("extra")])
-    problems = mf.compare(src, dest, extras=True)
+    problems = manifest.compare(src, dest, extras=True)
     assert problems == ["content differs: b", "missing: c", "link target differs: l",
                         "permissions differ: p (0o644 != 0o600)", "extra: extra"]
-    assert mf.compare(src, src) == []
+    assert manifest.compare(src, src) == []
 
 
 def test_local_manifest_sees_links_empty_dirs_perms_and_odd_names(tmp_path):
@@ -105,13 +104,13 @@ def test_local_manifest_sees_links_empty_dirs_perms_and_odd_names(tmp_path):
     odd.write_bytes(b"abc")
     os.chmod(odd, 0o640)
     (root / "ln").symlink_to("sp ace 'q\" ü")
-    m = mf.local(str(root), want_hash=True)
+    m = manifest.local(str(root), want_hash=True)
     assert m.entries["empty"]["t"] == "d"
     assert m.entries["ln"] == {"p": "ln", "t": "l", "l": "sp ace 'q\" ü", "x": 0o777,
                                "m": m.entries["ln"]["m"]}
     e = m.entries["sp ace 'q\" ü"]
     assert (e["s"], e["x"], len(e["h"])) == (3, 0o640, 32)
-    assert mf.local(str(tmp_path / "nope")).exists is False
+    assert manifest.local(str(tmp_path / "nope")).exists is False
 
 
 def test_manifest_program_text_runs_standalone(tmp_path):
@@ -119,7 +118,7 @@ def test_manifest_program_text_runs_standalone(tmp_path):
     import sys
 
     (tmp_path / "f").write_bytes(b"x" * 10)
-    out = subprocess.run([sys.executable, "-I", "-"], input=mf.remote_args(str(tmp_path), ["f"]),
+    out = subprocess.run([sys.executable, "-I", "-"], input=manifest.remote_args(str(tmp_path), ["f"]),
                          capture_output=True, check=True).stdout.decode()
-    m = mf.parse(out)
+    m = manifest.parse(out)
     assert m.entries["f"]["s"] == 10 and "h" in m.entries["f"] and m.is_dir

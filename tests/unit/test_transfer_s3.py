@@ -12,8 +12,7 @@ import sys
 import pytest
 
 from clustertool.core.errors import UsageError
-from clustertool.nodeprogs import DIR as NODEPROGS
-from clustertool.nodeprogs import program_stream, stream_command
+from clustertool.nodeprogs import DIR, program_stream, stream_command
 from clustertool.transfer import s3
 from clustertool.transfer.s3bucket import (
     SIZE_ONLY,
@@ -80,7 +79,7 @@ def test_a_node_is_sent_its_destination_and_settings_but_no_bucket_endpoint_or_c
 
 
 def test_the_node_programs_carry_no_request_signing_code():
-    sources = {p.name: p.read_text() for p in NODEPROGS.iterdir() if p.suffix in (".py", ".sh")}
+    sources = {p.name: p.read_text() for p in DIR.iterdir() if p.suffix in (".py", ".sh")}
     assert "s3.py" in sources and "s3lib.py" in sources
     for name, text in sources.items():
         for marker in ("AWS4-HMAC-SHA256", "import hmac", "X-Amz-Credential", "aws4_request", "Authorization"):

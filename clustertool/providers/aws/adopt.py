@@ -9,8 +9,7 @@ import re
 
 from clustertool.core.errors import UsageError
 from clustertool.core.model import Node
-from clustertool.providers.aws import instances as inst_mod
-from clustertool.providers.aws import tags
+from clustertool.providers.aws import instances, tags
 from clustertool.providers.aws.client import Aws
 
 _ID_RE = re.compile(r"^i-[0-9a-f]{8,17}$")
@@ -37,11 +36,11 @@ def find(aws: Aws, options: dict) -> list[dict]:
     """The instances to adopt, in the order the user listed them."""
     if options.get("adopt_ids"):
         wanted = parse_ids(options["adopt_ids"])
-        found = {i["InstanceId"]: i for i in inst_mod.describe(aws, wanted)}
+        found = {i["InstanceId"]: i for i in instances.describe(aws, wanted)}
         key = lambda i: i["InstanceId"]  # noqa: E731
     else:
         tag_key, wanted = parse_tag(options["adopt_tag"])
-        found_list = inst_mod.describe(aws, filters=[{"Name": f"tag:{tag_key}", "Values": wanted},
+        found_list = instances.describe(aws, filters=[{"Name": f"tag:{tag_key}", "Values": wanted},
                                                      {"Name": "instance-state-name",
                                                       "Values": ["pending", "running", "stopped", "stopping"]}])
         found = {}
@@ -55,7 +54,7 @@ def find(aws: Aws, options: dict) -> list[dict]:
     missing = [w for w in wanted if w not in found]
     if missing:
         raise UsageError(f"instances to adopt not found in {aws.region}: {', '.join(missing)}", hint=_HINT)
-    dead = [w for w in wanted if inst_mod.state_of(found[w]) in ("terminated", "shutting-down")]
+    dead = [w for w in wanted if instances.state_of(found[w]) in ("terminated", "shutting-down")]
     if dead:
         raise UsageError(f"cannot adopt terminated instances: {', '.join(dead)}")
     return [found[w] for w in wanted] if wanted else sorted(found.values(), key=key)
@@ -73,7 +72,7 @@ def to_nodes(found: list[dict], leader: str | None, slots: int) -> list[Node]:
     lead = next((k for k, i in enumerate(found) if leader in (label(i), i["InstanceId"])), 0) if leader else 0
     nodes = []
     for k, inst in enumerate(found, start=1):
-        node = inst_mod.to_node(inst, index=k, leader=k - 1 == lead, slots=slots)
+        node = instances.to_node(inst, index=k, leader=k - 1 == lead, slots=slots)
         node.extra["adopted"] = True
         node.extra["label"] = label(inst)
         nodes.append(node)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws import lease, placement, tags, teardown
 from clustertool.providers.aws.client import Aws
+from clustertool.providers.aws.instances import tagged_by
 
 KINDS = ("instance", "network-interface", "placement-group", "security-group", "key-pair", "address")
 
@@ -68,7 +68,7 @@ def collect(aws: Aws, name: str | None = None, kinds: tuple[str, ...] = KINDS) -
             found.instances += 1
 
     if "instance" in kinds:
-        for inst in inst_mod.tagged_by(aws, flt):
+        for inst in tagged_by(aws, flt):
             add("instance", inst["InstanceId"], inst.get("Tags"), inst)
     if "security-group" in kinds:
         for group in teardown.tagged_security_groups(aws, flt):

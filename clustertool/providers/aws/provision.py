@@ -11,6 +11,7 @@ from clustertool.providers.aws import (
     az_launch,
     capacity,
     images,
+    instances,
     leader,
     lease,
     network,
@@ -20,7 +21,6 @@ from clustertool.providers.aws import (
     tags,
     teardown,
 )
-from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws.client import Aws, aws_errors
 from clustertool.providers.aws.prepare import Prep
 from clustertool.providers.base import ProvisionRequest
@@ -86,7 +86,7 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     if cluster.options.get("efa") and info.efa_interfaces > 1 and not leader_group:
         report(f"{info.efa_interfaces} EFA interfaces per node: AWS gives such nodes no public IP, so they are "
                "reached by private address (from inside the VPC)")
-    return inst_mod.nodes_from_tags(ordered, ps["slots"])
+    return instances.nodes_from_tags(ordered, ps["slots"])
 
 
 def _adopt(request: ProvisionRequest, prep: Prep) -> list[Node]:
@@ -119,24 +119,24 @@ def _gpus(aws: Aws, types: list[str]) -> int:
 def wait(cluster: Cluster, aws: Aws) -> list[Node]:
     """Until running with status checks ``ok``, then (unless no_ssh) until SSH answers; host keys from
     the console output when it has them.  Ends by checking that every instance still runs."""
-    ids = inst_mod.ids_of(cluster.nodes)
-    inst_mod.wait_for_state(aws, ids, {"running"}, what="running", bad=inst_mod.NOT_RUNNING)
-    inst_mod.wait_status_ok(aws, ids)
-    nodes = inst_mod.refresh(aws, cluster.nodes)
+    ids = instances.ids_of(cluster.nodes)
+    instances.wait_for_state(aws, ids, {"running"}, what="running", bad=instances.NOT_RUNNING)
+    instances.wait_status_ok(aws, ids)
+    nodes = instances.refresh(aws, cluster.nodes)
     for node in nodes:
         if not node.host_keys and node.instance_id:
-            node.host_keys = inst_mod.console_host_keys(aws, node.instance_id)
+            node.host_keys = instances.console_host_keys(aws, node.instance_id)
     if not cluster.options.get("no_ssh"):
         polls = {"n": 0}
 
         def still_running() -> None:
             polls["n"] += 1
             if polls["n"] % 6 == 0:
-                inst_mod.check_running(aws, ids)
+                instances.check_running(aws, ids)
         direct = access.direct(cluster, nodes)  # members behind the leader: waited for from the leader
         if direct:
-            inst_mod.wait_ssh_port([n.reach_host for n in direct], port=direct[0].ssh_port, tick=still_running)
-    inst_mod.check_running(aws, ids)
+            instances.wait_ssh_port([n.reach_host for n in direct], port=direct[0].ssh_port, tick=still_running)
+    instances.check_running(aws, ids)
     return nodes
 
 
@@ -145,7 +145,7 @@ def finish(cluster: Cluster, aws: Aws) -> None:
     if cluster.provider_state.get("adopted"):
         return
     groups = cluster.provider_state.get("security_groups", [])  # the cluster's and (--access leader) the leader's
-    lease.Lease(aws).done(groups + inst_mod.ids_of(cluster.nodes))
+    lease.Lease(aws).done(groups + instances.ids_of(cluster.nodes))
 
 
 def query(cluster: Cluster, report: Reporter = silent) -> list[Node]:
@@ -153,10 +153,10 @@ def query(cluster: Cluster, report: Reporter = silent) -> list[Node]:
     killed right after RunInstances has recorded no node yet, but its instances run)."""
     aws = session_for(cluster, report)
     if cluster.status in ("provisioning", "failed") and cluster.id and not cluster.provider_state.get("adopted"):
-        found = [i for i in inst_mod.tagged_by(aws, tags.Stamp(cluster.name, cluster.id).filter())]
+        found = [i for i in instances.tagged_by(aws, tags.Stamp(cluster.name, cluster.id).filter())]
         slots = cluster.provider_state.get("slots") or 1
-        return inst_mod.nodes_from_tags(found, slots)
-    return inst_mod.refresh(aws, [Node.from_dict(n.to_dict()) for n in cluster.nodes])
+        return instances.nodes_from_tags(found, slots)
+    return instances.refresh(aws, [Node.from_dict(n.to_dict()) for n in cluster.nodes])
 
 
 def _refuse_spot(cluster: Cluster, verb: str) -> None:
@@ -168,10 +168,10 @@ def _move(cluster: Cluster, verb: str, doing: str, target: str, report: Reporter
     """stop/start every node's instance and wait until all are ``target``."""
     _refuse_spot(cluster, verb)
     aws = session_for(cluster, report)
-    ids = inst_mod.ids_of(cluster.nodes)
+    ids = instances.ids_of(cluster.nodes)
     with aws_errors(f"{doing} instances"):
         aws.call(f"{verb}_instances", InstanceIds=ids)
-    inst_mod.wait_for_state(aws, ids, {target}, what=target, bad={"terminated", "shutting-down"})
+    instances.wait_for_state(aws, ids, {target}, what=target, bad={"terminated", "shutting-down"})
     return aws
 
 
@@ -181,12 +181,12 @@ def stop(cluster: Cluster, report: Reporter = silent) -> None:
 
 def start(cluster: Cluster, report: Reporter = silent) -> list[Node]:
     aws = _move(cluster, "start", "starting", "running", report)
-    return inst_mod.refresh(aws, cluster.nodes)  # public addresses change across stop/start
+    return instances.refresh(aws, cluster.nodes)  # public addresses change across stop/start
 
 
 def set_shutdown_behavior(cluster: Cluster, behavior: str, report: Reporter = silent) -> None:
     aws = session_for(cluster, report)
-    for instance_id in inst_mod.ids_of(cluster.nodes):
+    for instance_id in instances.ids_of(cluster.nodes):
         with aws_errors(f"setting the shutdown behaviour of {instance_id}"):
             aws.call("modify_instance_attribute", InstanceId=instance_id,
                      InstanceInitiatedShutdownBehavior={"Value": behavior})

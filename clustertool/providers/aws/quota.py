@@ -14,8 +14,7 @@ import re
 from dataclasses import dataclass
 
 from clustertool.core.errors import ProviderError
-from clustertool.providers.aws import capacity
-from clustertool.providers.aws import instances as inst_mod
+from clustertool.providers.aws import capacity, instances
 from clustertool.providers.aws.client import Aws, EndpointLacksApi
 
 # family letters -> (on-demand quota, spot quota), each (code, name)
@@ -108,7 +107,7 @@ def _max_instances(aws: Aws) -> float | None:
 
 
 def _running(aws: Aws, spot: bool) -> list[dict]:
-    running = inst_mod.describe(aws, filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    running = instances.describe(aws, filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
     return [i for i in running if (i.get("InstanceLifecycle") == "spot") == spot]
 
 

@@ -15,7 +15,7 @@ from clustertool.core.errors import UsageError
 from clustertool.core.model import Cluster
 from clustertool.providers.aws import capacity, pricing, quota, tags
 from clustertool.providers.aws.client import Aws, aws_errors
-from clustertool.providers.aws.instances import SERVER_TAG as SERVER
+from clustertool.providers.aws.instances import SERVER_TAG
 
 DEFAULT_TYPE = "c6in.8xlarge"  # network-optimized: 32 vCPUs, 50 Gbit/s
 ROLE = "server"
@@ -65,7 +65,7 @@ def tag(aws: Aws, cluster: str, instances: list[dict], workers: int) -> list[dic
     """server-1..K: role, index (after the workers'), server number and Name."""
     ordered = sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
     for j, inst in enumerate(ordered, start=1):
-        values = {tags.ROLE: ROLE, tags.NODE: str(workers + j), SERVER: str(j), tags.NAME: f"{cluster}-server-{j}"}
+        values = {tags.ROLE: ROLE, tags.NODE: str(workers + j), SERVER_TAG: str(j), tags.NAME: f"{cluster}-server-{j}"}
         with aws_errors("tagging reduction servers"):
             aws.call("create_tags", Resources=[inst["InstanceId"]], Tags=tags.pairs(values))
         inst["Tags"] = [t for t in inst.get("Tags", []) if t["Key"] not in values] + tags.pairs(values)

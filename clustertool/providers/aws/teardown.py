@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from clustertool.core import interrupts
 from clustertool.core.errors import ProviderError
 from clustertool.core.model import Cluster, Reporter
-from clustertool.providers.aws import instances as inst_mod
 from clustertool.providers.aws import placement, tags
 from clustertool.providers.aws.client import Aws, aws_errors, error_message, is_code, poll_interval, wait_timeout
+from clustertool.providers.aws.instances import describe, state_of, tagged_by, wait_for_state
 
 GONE = {"placement_group": ("InvalidPlacementGroup.Unknown", "InvalidPlacementGroup.NotFound"),
         "security_group": ("InvalidGroup.NotFound", "InvalidGroupId.NotFound"),
@@ -61,12 +61,12 @@ def owned(aws: Aws, cluster: Cluster) -> Owned:
     flt = stamp.filter()
     mine = lambda items, key, tag_key="Tags": [i[key] for i in items if stamp.owns(i.get(tag_key))]  # noqa: E731
     adopted = list(ps.get("adopted", []))
-    recorded = [i["InstanceId"] for i in inst_mod.describe(aws, ps.get("instances", []))
-                if inst_mod.state_of(i) != "terminated"] if ps.get("instances") else []
-    ids = _merge(mine(inst_mod.tagged_by(aws, flt), "InstanceId"), recorded)
+    recorded = [i["InstanceId"] for i in describe(aws, ps.get("instances", []))
+                if state_of(i) != "terminated"] if ps.get("instances") else []
+    ids = _merge(mine(tagged_by(aws, flt), "InstanceId"), recorded)
     ids = [i for i in ids if i not in adopted]
     if cluster.options.get("terminate_adopted") and adopted:
-        ids += [i["InstanceId"] for i in inst_mod.describe(aws, adopted) if inst_mod.state_of(i) != "terminated"]
+        ids += [i["InstanceId"] for i in describe(aws, adopted) if state_of(i) != "terminated"]
     return Owned(
         instances=ids,
         placement_groups=_merge(mine(placement.tagged_by(aws, flt), "GroupName"), ps.get("placement_groups")),
@@ -148,12 +148,12 @@ def terminate_and_wait(aws: Aws, ids: list[str], report: Reporter) -> None:
             if not is_code(exc, "InvalidInstanceID"):
                 with aws_errors("terminating instances"):
                     raise
-            live = [i["InstanceId"] for i in inst_mod.describe(aws, batch) if inst_mod.state_of(i) != "terminated"]
+            live = [i["InstanceId"] for i in describe(aws, batch) if state_of(i) != "terminated"]
             if live:
                 with aws_errors("terminating instances"):
                     aws.call("terminate_instances", InstanceIds=live)
         interrupts.checkpoint()
-    inst_mod.wait_for_state(aws, ids, {"terminated"}, what="terminated")
+    wait_for_state(aws, ids, {"terminated"}, what="terminated")
 
 
 def _delete_interface(aws: Aws, eni: str, deadline: float) -> bool:
@@ -221,7 +221,7 @@ def _key_exists(aws: Aws, name: str) -> bool:
 def clean_attempt(aws: Aws, cluster: Cluster, az: str, group: str | None, report: Reporter) -> None:
     """Undo one failed launch attempt: its instances in ``az`` (if any got made) and its placement group."""
     stamp = tags.Stamp(cluster.name, cluster.id)
-    leftovers = [i["InstanceId"] for i in inst_mod.tagged_by(aws, stamp.filter())
+    leftovers = [i["InstanceId"] for i in tagged_by(aws, stamp.filter())
                  if i.get("Placement", {}).get("AvailabilityZone") == az and stamp.owns(i.get("Tags"))]
     for line in remove(aws, Owned(instances=leftovers, placement_groups=[group] if group else []), report):
         report(line)

@@ -29,11 +29,10 @@ from clustertool.core import state
 from clustertool.core.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.core.model import LEADER, MEMBER, SERVER, Cluster, Node
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
-from clustertool.providers.local import firewall as local_access
-from clustertool.providers.local import net, sysops
+from clustertool.providers.local import firewall, net, sysops
 from clustertool.providers.local.removal import teardown
-from clustertool.remote import access as remote_access
-from clustertool.remote import keys as remote_keys
+from clustertool.remote import access
+from clustertool.remote.keys import keygen_argv
 
 INIT_SCRIPT = Path(__file__).with_name("init.py")
 _TOOLS = (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
@@ -99,7 +98,7 @@ class LocalProvider(Provider):
                              f"not {request.count + servers}")
         rate, delay = self._link_options(request.cluster)
         if request.cluster.options.get("jump"):
-            remote_access.parse_jump(request.cluster.options["jump"])
+            access.parse_jump(request.cluster.options["jump"])
         if self._behind_leader(request.cluster) and not _which("nft"):
             raise MissingPrerequisite("--access leader on the local provider needs nft: apt-get install nftables")
         if delay and sysops.run(net.netem_probe_argv(), check=False).returncode != 0:
@@ -233,7 +232,7 @@ class LocalProvider(Provider):
             key = etc_ssh / net.HOST_KEY
             for old in (key, key.with_suffix(".pub")):
                 old.unlink(missing_ok=True)
-            keygens[i] = subprocess.Popen(remote_keys.keygen_argv(key, f"{request.cluster.name}-{name}"),
+            keygens[i] = subprocess.Popen(keygen_argv(key, f"{request.cluster.name}-{name}"),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE)
         return keygens
@@ -267,8 +266,8 @@ class LocalProvider(Provider):
         if host_tc:
             jobs.append((net.tc_batch_argv(), "\n".join(host_tc) + "\n"))
         if self._behind_leader(cluster) and len(indices) > 1:
-            rules = local_access.member_ruleset([net.node_address(slot, i) for i in indices])
-            jobs += [(local_access.nft_argv(net.netns_name(cluster.name, i)), rules) for i in indices if i != 1]
+            rules = firewall.member_ruleset([net.node_address(slot, i) for i in indices])
+            jobs += [(firewall.nft_argv(net.netns_name(cluster.name, i)), rules) for i in indices if i != 1]
         for start in range(0, len(jobs), 16):  # bounded parallelism: the machine has few cores
             sysops.run_parallel(jobs[start:start + 16])
 
@@ -331,7 +330,7 @@ class LocalProvider(Provider):
                 raise ProviderError(f"{name} ({node.address}:22) {what}",
                                     hint=f"its log {log} ends: {sysops.log_tail(log)}")
             time.sleep(0.02)
-        local_access.wait_members(cluster, behind, max(1.0, timeout - (time.monotonic() - started)))
+        firewall.wait_members(cluster, behind, max(1.0, timeout - (time.monotonic() - started)))
         for node in cluster.nodes:
             node.state = "running"
         return cluster.nodes
