@@ -28,9 +28,7 @@ from clustertool.cluster import spec as specs
 from clustertool.cluster import status as clusterstatus
 from clustertool.core import nodeset, state
 from clustertool.core.errors import RemoteError, UsageError
-from clustertool.core.model import Cluster as ClusterRecord
-from clustertool.core.model import GroupResult, Reporter, silent
-from clustertool.core.model import Job as JobRecord
+from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Reporter, silent
 from clustertool.jobs import kill as jobkill
 from clustertool.jobs import launch, records
 from clustertool.jobs import logs as joblogs
@@ -221,7 +219,7 @@ class Cluster:
 
 
 class Job:
-    """One `run` job; ``record`` is its record (``model.Job``), as of the last look at the leader."""
+    """One `run` job; ``record`` is its record (``core.model.JobRecord``), as of the last look at the leader."""
 
     def __init__(self, cluster: Cluster, record: JobRecord, *, synced: CopyResult | None = None):
         self.cluster = cluster

@@ -11,8 +11,7 @@ from typing import Sequence
 
 from clustertool.bench.scaling import Launcher
 from clustertool.core.errors import ToolError
-from clustertool.jobs import kill
-from clustertool.jobs.launch import follow, run
+from clustertool.jobs import kill, launch
 from clustertool.jobs.mpirun import MpiOptions
 
 
@@ -26,11 +25,11 @@ def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, 
 def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
                   plugin: bool = False, name: str | None = None) -> Launcher:
     """``name``: the job's name in `clustertool jobs` (default ``scaling-<N>n``)."""
-    def launch(nodes, per_node, argv):
+    def start(nodes, per_node, argv):
         opts = MpiOptions(command=list(argv), per_node=per_node, env=list(env))
         try:
-            started = run(cluster.name, opts, selection=",".join(n.name for n in nodes),
-                               name=name or f"scaling-{len(nodes)}n", use_plugin=plugin)
+            started = launch.run(cluster.name, opts, selection=",".join(n.name for n in nodes),
+                                 name=name or f"scaling-{len(nodes)}n", use_plugin=plugin)
         except ToolError as exc:
             return None, "", exc.message
         lines: list[str] = []
@@ -53,7 +52,7 @@ def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = N
             timer.daemon = True
             timer.start()
         try:
-            code = follow(cluster.name, started.job, line)
+            code = launch.follow(cluster.name, started.job, line)
         finally:
             if timer:
                 timer.cancel()
@@ -64,4 +63,4 @@ def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = N
             return None, output, f"job {started.job.id} ended without an exit code"
         return code, output, None
 
-    return launch
+    return start

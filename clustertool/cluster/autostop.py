@@ -21,7 +21,7 @@ from clustertool import nodeprogs
 from clustertool.cluster import ledger
 from clustertool.core import state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
-from clustertool.core.model import Cluster, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
@@ -82,7 +82,7 @@ class Setting:
         return f"{what} every node after {format_duration(self.idle_s)} idle (counting {waits})"
 
 
-def setting_of(cluster: Cluster) -> Setting | None:
+def setting_of(cluster: ClusterRecord) -> Setting | None:
     return Setting.from_dict(cluster.options.get("autostop"))
 
 
@@ -103,7 +103,7 @@ def interval() -> int:
         return 60
 
 
-def watcher_config(cluster: Cluster, setting: Setting | None, poweroff: str, now: float | None = None) -> dict:
+def watcher_config(cluster: ClusterRecord, setting: Setting | None, poweroff: str, now: float | None = None) -> dict:
     """The leader's config.json (``idle_s`` null: cancelled, the watcher only records)."""
     return {"cluster": cluster.name, "leader": cluster.leader.name,
             "members": [{"name": n.name, "address": n.address} for n in cluster.ordered_nodes() if not n.is_leader],
@@ -118,7 +118,7 @@ def install_script(config: dict) -> str:
                                   CONFIG_B64=base64.b64encode(json.dumps(config).encode()).decode())
 
 
-def install(cluster: Cluster, setting: Setting | None, poweroff: str, transport: Transport = SSH) -> str:
+def install(cluster: ClusterRecord, setting: Setting | None, poweroff: str, transport: Transport = SSH) -> str:
     """Write the watcher and its config on the leader and make sure it runs; returns how it runs."""
     script = install_script(watcher_config(cluster, setting, poweroff))
     result = run_on_node(cluster.name, cluster.leader, "sh -s", stdin_data=script.encode(), timeout=60,
@@ -163,7 +163,7 @@ def parse_show(text: str) -> WatcherView:
     return view
 
 
-def read_watcher(cluster: Cluster, transport: Transport = SSH, timeout: float = 10.0) -> WatcherView | None:
+def read_watcher(cluster: ClusterRecord, transport: Transport = SSH, timeout: float = 10.0) -> WatcherView | None:
     """The watcher's config, idle time and log tail, read over SSH (None when the leader does not answer)."""
     script = nodeprogs.shell_script("autostop", MODE="show", PROGRAM_B64="", CONFIG_B64="")
     result = run_on_node(cluster.name, cluster.leader, "sh -s", stdin_data=script.encode(), timeout=timeout,
@@ -171,7 +171,7 @@ def read_watcher(cluster: Cluster, transport: Transport = SSH, timeout: float = 
     return parse_show(result.stdout) if result.ok else None
 
 
-def status_extra(cluster: Cluster, check_ssh: bool, transport: Transport = SSH) -> dict:
+def status_extra(cluster: ClusterRecord, check_ssh: bool, transport: Transport = SSH) -> dict:
     """`status`'s autostop lines: the setting, the idle time (read from the leader), or when and why
     the watcher powered the cluster off."""
     out: dict = {}
@@ -185,7 +185,7 @@ def status_extra(cluster: Cluster, check_ssh: bool, transport: Transport = SSH) 
     return out
 
 
-def install_at_up(cluster: Cluster, provider, no_ssh: bool, report: Reporter = silent) -> None:
+def install_at_up(cluster: ClusterRecord, provider, no_ssh: bool, report: Reporter = silent) -> None:
     """`up`'s step after wiring SSH: the watcher on the leader (a failure fails the `up`)."""
     setting = setting_of(cluster)
     if setting is None:
@@ -199,7 +199,7 @@ def install_at_up(cluster: Cluster, provider, no_ssh: bool, report: Reporter = s
     report(f"autostop: {setting.describe()} ({how})")
 
 
-def status_lines(cluster: Cluster, view: WatcherView | None, now: float | None = None) -> dict:
+def status_lines(cluster: ClusterRecord, view: WatcherView | None, now: float | None = None) -> dict:
     """What `status` adds: the setting and the idle time so far."""
     setting = setting_of(cluster)
     if setting is None:
@@ -222,7 +222,7 @@ def status_lines(cluster: Cluster, view: WatcherView | None, now: float | None =
 
 # ---- after the watcher acted --------------------------------------------------------------
 
-def powered_off(cluster: Cluster, queried: list[Node]) -> str | None:
+def powered_off(cluster: ClusterRecord, queried: list[Node]) -> str | None:
     """"autostop" / "autodown" when every node is off while the state says ready and autostop was set."""
     setting = setting_of(cluster)
     if setting is None or cluster.status not in UP or not queried:
@@ -235,7 +235,7 @@ def powered_off(cluster: Cluster, queried: list[Node]) -> str | None:
     return None
 
 
-def reconcile_locked(cluster: Cluster, provider, queried: list[Node]) -> list[str]:
+def reconcile_locked(cluster: ClusterRecord, provider, queried: list[Node]) -> list[str]:
     """``reconcile`` under the cluster's lock, taken only when there is something to mark."""
     if not powered_off(cluster, queried):
         return []
@@ -246,7 +246,7 @@ def reconcile_locked(cluster: Cluster, provider, queried: list[Node]) -> list[st
     return lines
 
 
-def refresh(clusters: list[Cluster], report: Reporter = silent) -> list[str]:
+def refresh(clusters: list[ClusterRecord], report: Reporter = silent) -> list[str]:
     """For `ls`, `cost` and sweeps: notice the clusters (of this home) their watcher powered off.  A
     provider that cannot be reached now leaves its clusters as they were recorded."""
     lines = []
@@ -261,7 +261,7 @@ def refresh(clusters: list[Cluster], report: Reporter = silent) -> list[str]:
     return lines
 
 
-def reconcile(cluster: Cluster, provider, queried: list[Node]) -> list[str]:
+def reconcile(cluster: ClusterRecord, provider, queried: list[Node]) -> list[str]:
     """A cluster the watcher powered off: mark it, write the ledger, and after an autodown remove
     what is left (it costs nothing, but it is clutter and counts against quotas).  Caller holds
     the cluster's lock; returns what was done."""
@@ -293,7 +293,7 @@ def poweroff_command(provider) -> str:
     return provider.POWEROFF or DEFAULT_POWEROFF
 
 
-def check_allowed(cluster: Cluster, provider, setting: Setting | None) -> None:
+def check_allowed(cluster: ClusterRecord, provider, setting: Setting | None) -> None:
     """Autostop powers machines off: only machines clustertool made, and (to stop) not one-time spot."""
     if not provider.owns_cluster(cluster) or cluster.provider_state.get("adopted"):
         raise UsageError(f"autostop is for machines clustertool made; {cluster.name!r} adopted existing ones",
@@ -303,7 +303,7 @@ def check_allowed(cluster: Cluster, provider, setting: Setting | None) -> None:
                          hint="use --autodown (or --down) with --spot")
 
 
-def apply(cluster: Cluster, provider, setting: Setting | None, transport: Transport = SSH) -> str:
+def apply(cluster: ClusterRecord, provider, setting: Setting | None, transport: Transport = SSH) -> str:
     """Give a ready cluster the setting (None: cancel): the provider's shutdown behaviour, then the
     leader's watcher.  Returns how the watcher runs."""
     if setting is not None:
@@ -317,7 +317,7 @@ def apply(cluster: Cluster, provider, setting: Setting | None, transport: Transp
 class AutostopReport:
     """What `clustertool autostop` did or shows."""
 
-    cluster: Cluster
+    cluster: ClusterRecord
     setting: Setting | None
     changed: bool = False
     watcher: str = ""  # how the watcher runs (after a change)

@@ -11,7 +11,7 @@ import re
 import shlex
 
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Cluster
+from clustertool.core.model import ClusterRecord
 from clustertool.core.state import ClusterPaths
 from clustertool.remote import access
 from clustertool.remote.transport import alias, render_ssh_config
@@ -24,7 +24,7 @@ def _group(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
-def ansible(cluster: Cluster, paths: ClusterPaths) -> str:
+def ansible(cluster: ClusterRecord, paths: ClusterPaths) -> str:
     """INI inventory: <cluster>_leader, <cluster>_members, and <cluster> holding both."""
     group = _group(cluster.name)
     common = shlex.quote(f"-F {shlex.quote(str(paths.ssh_config))}")  # ansible unquotes, then splits
@@ -44,7 +44,7 @@ def ansible(cluster: Cluster, paths: ClusterPaths) -> str:
     return "\n".join(lines)
 
 
-def as_dict(cluster: Cluster, paths: ClusterPaths) -> dict:
+def as_dict(cluster: ClusterRecord, paths: ClusterPaths) -> dict:
     return {
         "cluster": cluster.name,
         "provider": cluster.provider,
@@ -62,7 +62,7 @@ def as_dict(cluster: Cluster, paths: ClusterPaths) -> dict:
     }
 
 
-def render(cluster: Cluster, fmt: str) -> str:
+def render(cluster: ClusterRecord, fmt: str) -> str:
     paths = ClusterPaths(cluster.name)
     if fmt == "ansible":
         return ansible(cluster, paths)

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from clustertool.core import state
-from clustertool.core.model import Cluster
+from clustertool.core.model import ClusterRecord
 from clustertool.providers.base import REGISTRY, provider_class
 
 RUNNING_FROM = ("up", "start")
@@ -28,12 +28,12 @@ def path():
     return state.home() / "ledger.jsonl"
 
 
-def node_type(cluster: Cluster) -> str:
+def node_type(cluster: ClusterRecord) -> str:
     """What one node is, for pricing: the instance type, else the provider."""
     return cluster.provider_state.get("instance_type") or cluster.options.get("instance_type") or cluster.provider
 
 
-def event_of(event: str, cluster: Cluster, t: float | None = None, **extra) -> dict:
+def event_of(event: str, cluster: ClusterRecord, t: float | None = None, **extra) -> dict:
     if event not in EVENTS:
         raise ValueError(f"unknown ledger event {event!r}")
     return {"t": time.time() if t is None else t, "event": event, "id": cluster.id or cluster.name,
@@ -41,7 +41,7 @@ def event_of(event: str, cluster: Cluster, t: float | None = None, **extra) -> d
             "nodes": len(cluster.nodes), "spot": bool(cluster.options.get("spot")), **extra}
 
 
-def record(event: str, cluster: Cluster, t: float | None = None, **extra) -> dict:
+def record(event: str, cluster: ClusterRecord, t: float | None = None, **extra) -> dict:
     """Append one event (never fails the command that records it: a ledger that cannot be written
     costs the figures, not the cluster)."""
     return _append(event_of(event, cluster, t, **extra))
@@ -206,7 +206,7 @@ def basis() -> str:
             "stopped hours cost only their disks, which are not counted; local nodes cost nothing")
 
 
-def report(since: float | None = None, now: float | None = None, known: list[Cluster] = ()) -> CostReport:
+def report(since: float | None = None, now: float | None = None, known: list[ClusterRecord] = ()) -> CostReport:
     """The ledger's clusters; ``known`` clusters (state files) it has never seen -- made before the
     ledger existed -- count from their creation, in their recorded state."""
     events = read()

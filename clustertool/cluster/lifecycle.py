@@ -22,7 +22,7 @@ from clustertool.cluster.status import list_all
 from clustertool.core import interrupts, state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.hostfile import render_cluster
-from clustertool.core.model import Cluster, GroupResult, Node, Reporter, jsonable, silent
+from clustertool.core.model import ClusterRecord, GroupResult, Node, Reporter, jsonable, silent
 from clustertool.providers.base import ProvisionRequest, get_provider
 from clustertool.remote import access, keys, mesh, mux, reach
 from clustertool.remote.group import run_on_nodes
@@ -31,7 +31,7 @@ from clustertool.remote.transport import SSH, Transport, control_exit_argv, forg
 
 @dataclass
 class UpResult:
-    cluster: Cluster | None
+    cluster: ClusterRecord | None
     hostfile: Path | None = None
     plan: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
@@ -47,9 +47,9 @@ def hostfile_dir() -> Path:
     return Path(os.environ.get("CLUSTERTOOL_HOSTFILE_DIR") or Path.cwd() / "hostfiles")
 
 
-def _new_cluster(spec, report: Reporter = silent) -> tuple[Cluster, object]:
+def _new_cluster(spec, report: Reporter = silent) -> tuple[ClusterRecord, object]:
     provider = get_provider(spec.provider, report=report)
-    cluster = Cluster(
+    cluster = ClusterRecord(
         name=spec.name, provider=spec.provider, user=spec.user or provider.default_user,
         options=dict(spec.options), created=time.time(), id=f"{spec.name}-{secrets.token_hex(3)}",
     )
@@ -149,14 +149,14 @@ def _rollback(cluster, provider, report: Reporter, exc: BaseException) -> None:
     _forget(cluster)
 
 
-def _forget(cluster: Cluster) -> None:
+def _forget(cluster: ClusterRecord) -> None:
     close_masters(cluster)
     if cluster.hostfile_path:
         Path(cluster.hostfile_path).unlink(missing_ok=True)
     state.delete(cluster.name)
 
 
-def write_hostfile(cluster: Cluster) -> Path:
+def write_hostfile(cluster: ClusterRecord) -> Path:
     directory = hostfile_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / cluster.name
@@ -165,7 +165,7 @@ def write_hostfile(cluster: Cluster) -> Path:
     return path
 
 
-def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
+def wire(cluster: ClusterRecord, transport: Transport = SSH) -> GroupResult:
     """Pin host keys, write local ssh config, push key + known_hosts + config to every node.
 
     Members behind the leader are waited for, and (without keys from the provider) scanned, from
@@ -192,7 +192,7 @@ def wire(cluster: Cluster, transport: Transport = SSH) -> GroupResult:
     return result
 
 
-def check_leader_mesh(cluster: Cluster, transport: Transport = SSH) -> None:
+def check_leader_mesh(cluster: ClusterRecord, transport: Transport = SSH) -> None:
     """The leader must reach every node by private address without a prompt (mpirun needs it):
     real ssh to every node, or past mesh.LEADER_FULL_MAX nodes to a sample and an SSH banner
     check of every other node (nodeprogs/reach.py; remote/mesh.py says why that suffices)."""
@@ -218,7 +218,7 @@ def _raise_on_failures(result: GroupResult, what: str) -> None:
         raise RemoteError(f"{what} failed on {len(bad)} node(s): {detail}")
 
 
-def close_masters(cluster: Cluster) -> None:
+def close_masters(cluster: ClusterRecord) -> None:
     """Close this machine's ControlMaster connections to the cluster's nodes: each is asked over
     its socket (remote/mux.py, no process per node); ``ssh -O exit`` where that does not answer,
     and for the master to the user's bastion (alias <cluster>-jump), which the others ride on."""
@@ -291,7 +291,7 @@ def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = Fals
         return lines
 
 
-def _confirm_owner(provider, cluster: Cluster, force: bool, verb: str) -> None:
+def _confirm_owner(provider, cluster: ClusterRecord, force: bool, verb: str) -> None:
     provider.confirm_owner(cluster, force, verb)
 
 
@@ -316,12 +316,12 @@ def known() -> tuple[set[str], set[str]]:
     return {c.id for c in clusters if c.id}, {c.name for c in clusters}
 
 
-def _owns(provider, cluster: Cluster) -> bool:
+def _owns(provider, cluster: ClusterRecord) -> bool:
     """Whether down terminates the machines (False for adopted / static ones)."""
     return provider.owns_cluster(cluster)
 
 
-def unwire(cluster: Cluster, transport: Transport = SSH) -> list[str]:
+def unwire(cluster: ClusterRecord, transport: Transport = SSH) -> list[str]:
     """Remove the cluster key and config block from machines we do not own."""
     public = state.ClusterPaths(cluster.name).pubkey
     if not public.exists() or not state.ClusterPaths(cluster.name).ssh_config.exists():
@@ -349,7 +349,7 @@ def stop(name: str, *, report: Reporter = silent, force_owner: bool = False) -> 
             ledger.record("stop", cluster)
 
 
-def start(name: str, *, report: Reporter = silent, force_owner: bool = False) -> Cluster:
+def start(name: str, *, report: Reporter = silent, force_owner: bool = False) -> ClusterRecord:
     """Start stopped nodes; addresses may change, so hostfile, config and keys are refreshed."""
     with state.locked(name, purpose="start"):
         cluster = state.load(name)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from clustertool.cluster import autostop
 from clustertool.core import state
 from clustertool.core.errors import ToolError
-from clustertool.core.model import Cluster, Reporter, jsonable, silent
+from clustertool.core.model import ClusterRecord, Reporter, jsonable, silent
 from clustertool.providers.base import get_provider
 from clustertool.remote import access
 from clustertool.remote.group import run_on_nodes
@@ -28,7 +28,7 @@ class NodeStatus:
 
 @dataclass
 class ClusterStatus:
-    cluster: Cluster
+    cluster: ClusterRecord
     nodes: list[NodeStatus]
     extra: dict = field(default_factory=dict)  # what the provider adds (instance type, price, cost so far)
 
@@ -75,7 +75,7 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transpor
     return ClusterStatus(cluster, rows, extra)
 
 
-def _unfinished(cluster: Cluster) -> str:
+def _unfinished(cluster: ClusterRecord) -> str:
     held = state.holder(cluster.name)
     if held and held[1] == "up":
         return f"in progress (pid {held[0]})"
@@ -85,7 +85,7 @@ def _unfinished(cluster: Cluster) -> str:
             "and everything else it made")
 
 
-def list_all() -> list[Cluster]:
+def list_all() -> list[ClusterRecord]:
     out = []
     for name in state.list_clusters():
         try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from clustertool.core.errors import SpecError, UsageError
 
 if TYPE_CHECKING:
-    from clustertool.core.model import Cluster
+    from clustertool.core.model import ClusterRecord
 
 FORMATS = ("openmpi", "mpich", "horovod", "deepspeed")
 
@@ -81,7 +81,7 @@ def render(entries: list[tuple[str, int]], fmt: str) -> str:
     return "".join(f"{host} slots={slots}\n" for host, slots in entries)
 
 
-def render_cluster(cluster: "Cluster", fmt: str = "openmpi") -> str:
+def render_cluster(cluster: "ClusterRecord", fmt: str = "openmpi") -> str:
     """The cluster's hostfile: leader first, private addresses, each node's slots (servers are not ranks)."""
     return render([(n.address, n.slots) for n in cluster.workers], fmt)
 

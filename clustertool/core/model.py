@@ -77,7 +77,7 @@ class Node:
 
 
 @dataclass
-class Cluster:
+class ClusterRecord:
     """A cluster as recorded in its state file."""
 
     name: str
@@ -136,7 +136,7 @@ class Cluster:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Cluster":
+    def from_dict(cls, data: dict[str, Any]) -> "ClusterRecord":
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["nodes"] = [Node.from_dict(n) for n in data.get("nodes", [])]
@@ -213,7 +213,7 @@ class GroupResult:
 
 
 @dataclass
-class Job:
+class JobRecord:
     """One `clustertool run`: the record kept on the leader (job.json) and in local state."""
 
     id: str
@@ -243,6 +243,6 @@ class Job:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Job":
+    def from_dict(cls, data: dict[str, Any]) -> "JobRecord":
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterable
 from clustertool.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from clustertool.core.model import Cluster, Node
+    from clustertool.core.model import ClusterRecord, Node
 
 MAX_EXPANSION = 100_000  # refuse patterns that would expand to more names than this
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -175,7 +175,7 @@ def fold(names: Iterable[str]) -> str:
     return ",".join(text for _, text in sorted(tokens))
 
 
-def _resolve(cluster: "Cluster", token: str) -> list["Node"] | None:
+def _resolve(cluster: "ClusterRecord", token: str) -> list["Node"] | None:
     """Nodes one expanded token names, or None when it names nothing."""
     if token in ("all", f"{cluster.name}-all"):
         return list(cluster.nodes)
@@ -195,7 +195,7 @@ def _resolve(cluster: "Cluster", token: str) -> list["Node"] | None:
     return matches or None
 
 
-def select(cluster: "Cluster", selection: str | None) -> list["Node"]:
+def select(cluster: "ClusterRecord", selection: str | None) -> list["Node"]:
     """The nodes a selection names, in cluster order (leader first), without duplicates.
 
     ``None`` or ``all`` is every node; otherwise a comma list of ``leader``, ``members``,

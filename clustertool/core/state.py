@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from clustertool.core.errors import StateError, UsageError
-from clustertool.core.model import Cluster
+from clustertool.core.model import ClusterRecord
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
@@ -102,7 +102,7 @@ def list_clusters() -> list[str]:
     return sorted(p.stem for p in d.glob("*.json"))
 
 
-def load(name: str) -> Cluster:
+def load(name: str) -> ClusterRecord:
     path = state_path(name)
     try:
         data = json.loads(path.read_text())
@@ -114,10 +114,10 @@ def load(name: str) -> Cluster:
         raise StateError(f"no cluster named {name!r}", hint=f"known clusters: {known}") from None
     except (OSError, ValueError) as exc:
         raise StateError(f"state file {path} is unreadable: {exc}") from None
-    return Cluster.from_dict(data)
+    return ClusterRecord.from_dict(data)
 
 
-def save(cluster: Cluster) -> Path:
+def save(cluster: ClusterRecord) -> Path:
     path = state_path(cluster.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{cluster.name}.", suffix=".tmp", dir=path.parent)
@@ -283,7 +283,7 @@ def read_marker(name: str) -> dict:
         return {}
 
 
-def ready_cluster(name: str) -> Cluster:
+def ready_cluster(name: str) -> ClusterRecord:
     """The cluster, which must be up and wired for SSH (every command that runs on nodes)."""
     cluster = load(name)
     if cluster.status != "ready":

@@ -17,7 +17,7 @@ import time
 from clustertool.cluster.facts import NodeFacts, facts_script, gpu_count, parse_facts
 from clustertool.core import state
 from clustertool.core.errors import ToolError, UsageError
-from clustertool.core.model import Cluster, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.doctor import analyze, netchecks
 from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
 from clustertool.doctor.fixes import apply_fixes
@@ -48,7 +48,7 @@ def choose_checks(check: list[str], skip: list[str]) -> tuple[str, ...]:
     return tuple(c for c in ALL_CHECKS if c in wanted and c not in skipped)
 
 
-def plugin_path(cluster: Cluster) -> str:
+def plugin_path(cluster: ClusterRecord) -> str:
     """Where `plugin deploy` put (or would put) the NCCL net plugin on the nodes."""
     dest = (load_record(cluster.name).get("deployed") or {}).get("dest") or default_dest(cluster)
     return f"{str(dest).rstrip('/')}/{NET_LIB}"
@@ -63,7 +63,7 @@ def _timed(name: str, fn) -> CheckResult:
     return result
 
 
-def _reach(cluster: Cluster, transport: Transport) -> tuple[CheckResult, list[Node]]:
+def _reach(cluster: ClusterRecord, transport: Transport) -> tuple[CheckResult, list[Node]]:
     result = run_on_nodes(cluster.name, cluster.nodes, "true", timeout=15, transport=transport)
     bad = {r.node: r for r in result.failed()}
     servers = {n.name for n in cluster.servers}
@@ -78,7 +78,7 @@ def _reach(cluster: Cluster, transport: Transport) -> tuple[CheckResult, list[No
     return CheckResult("reach", findings), [n for n in cluster.nodes if n.name not in bad]
 
 
-def _facts(cluster: Cluster, nodes: list[Node], plugin: str, disk_paths: list[str],
+def _facts(cluster: ClusterRecord, nodes: list[Node], plugin: str, disk_paths: list[str],
            transport: Transport) -> list[NodeFacts]:
     result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=60, transport=transport,
                           stdin_data=facts_script(plugin, disk_paths).encode())
@@ -97,7 +97,7 @@ def _facts(cluster: Cluster, nodes: list[Node], plugin: str, disk_paths: list[st
     return out
 
 
-def _clock(cluster: Cluster, nodes: list[Node], transport: Transport) -> CheckResult:
+def _clock(cluster: ClusterRecord, nodes: list[Node], transport: Transport) -> CheckResult:
     offsets, slack = {}, {}
     t0 = time.time()
     result = run_on_nodes(cluster.name, nodes, "date +%s.%N", timeout=15, transport=transport)
@@ -112,7 +112,7 @@ def _clock(cluster: Cluster, nodes: list[Node], transport: Transport) -> CheckRe
     return CheckResult("clock", analyze.clock_findings(offsets, slack), data={"offsets_s": offsets})
 
 
-def _mesh(cluster: Cluster, reachable: list[Node], transport: Transport) -> CheckResult:
+def _mesh(cluster: ClusterRecord, reachable: list[Node], transport: Transport) -> CheckResult:
     """From every node to its peers (all others, or a ring sample on large clusters: mesh.py)."""
     peers = mesh_peers(cluster.nodes)
     parallel = cluster.provider != "local"  # local nodes share this machine's CPUs: one peer at a time each
@@ -126,7 +126,7 @@ def _mesh(cluster: Cluster, reachable: list[Node], transport: Transport) -> Chec
     return CheckResult("ssh-mesh", netchecks.mesh_findings(cluster, reachable, outputs, unreachable, peers), data=data)
 
 
-def _mesh_again(cluster: Cluster, reachable: list[Node], outputs: dict[str, str],
+def _mesh_again(cluster: ClusterRecord, reachable: list[Node], outputs: dict[str, str],
                 transport: Transport) -> dict[str, str]:
     """Try each failed pair once more, one at a time from its source: only what fails twice stays."""
     by_addr = {n.address: n for n in cluster.nodes}
@@ -139,7 +139,7 @@ def _mesh_again(cluster: Cluster, reachable: list[Node], outputs: dict[str, str]
     return {**outputs, **{r.node: r.stdout for r in again.results if r.ok}}
 
 
-def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], transport: Transport) -> CheckResult:
+def _links(cluster: ClusterRecord, reachable: list[Node], facts: list[NodeFacts], transport: Transport) -> CheckResult:
     missing = [f.node for f in facts if f.values.get("iperf3") != "yes"]
     if missing:
         return CheckResult("links", [Finding("links", n, "warning", "iperf3 is not installed: link check skipped",
@@ -157,7 +157,7 @@ def _links(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], tran
     return CheckResult("links", analyze.link_findings(pairs, failed), data=data)
 
 
-def _plugin_nccl(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts], report: Reporter,
+def _plugin_nccl(cluster: ClusterRecord, reachable: list[Node], facts: list[NodeFacts], report: Reporter,
                  transport: Transport) -> CheckResult:
     """`plugin check` on GPU clusters with the plugin deployed: NCCL's own word on the plugin."""
     gpus = {f.node: gpu_count(f) for f in facts}
@@ -178,7 +178,7 @@ def _plugin_nccl(cluster: Cluster, reachable: list[Node], facts: list[NodeFacts]
     return CheckResult("plugin-nccl", analyze.nccl_findings(result))
 
 
-def diagnose(cluster: Cluster, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: str | None = None,
+def diagnose(cluster: ClusterRecord, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: str | None = None,
              disk_paths: list[str] | None = None, report: Reporter = silent,
              transport: Transport = SSH) -> Diagnosis:
     unknown = [c for c in checks if c not in ALL_CHECKS]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 
 from clustertool.cluster import lifecycle
-from clustertool.core.model import Cluster, Reporter, silent
+from clustertool.core.model import ClusterRecord, Reporter, silent
 from clustertool.doctor.findings import Finding
 from clustertool.jobs import scripts
 from clustertool.jobs.records import running_job_ids
@@ -26,7 +26,7 @@ def kill_pids_line(comms: dict[str, str]) -> str:
     return "; ".join(parts + ["true"])
 
 
-def apply_fixes(cluster: Cluster, findings: list[Finding], report: Reporter = silent,
+def apply_fixes(cluster: ClusterRecord, findings: list[Finding], report: Reporter = silent,
                 transport: Transport = SSH) -> list[str]:
     done: list[str] = []
     running = None

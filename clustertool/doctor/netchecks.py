@@ -6,14 +6,14 @@ import json
 import secrets
 import shlex
 
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.doctor.findings import Finding
 from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.remote.transport import SSH, Transport
 
 
-def mesh_findings(cluster: Cluster, sources: list[Node], outputs: dict[str, str],
+def mesh_findings(cluster: ClusterRecord, sources: list[Node], outputs: dict[str, str],
                   unreachable: set[str], peers: dict[str, list[Node]] | None = None) -> list[Finding]:
     """Findings from each source's mesh output; ``peers``: whom each source tried (all others
     when not given), to tell "no node can reach X" from "these nodes cannot"."""
@@ -48,7 +48,7 @@ def mesh_findings(cluster: Cluster, sources: list[Node], outputs: dict[str, str]
     return out
 
 
-def smoke_test(cluster: Cluster, timeout: float = 90.0, transport: Transport = SSH) -> list[Finding]:
+def smoke_test(cluster: ClusterRecord, timeout: float = 90.0, transport: Transport = SSH) -> list[Finding]:
     """`mpirun hostname` over every slot: each rank must answer, every node must appear."""
     nodes = cluster.workers  # servers run no ranks
     opts = MpiOptions(command=["hostname"], as_root=cluster.user == "root", tag_output=False, unbuffered=False,
@@ -112,7 +112,7 @@ def parse_iperf(text: str) -> float:
     return float(min(values))
 
 
-def link_check(cluster: Cluster, nodes: list[Node], parallel: bool,
+def link_check(cluster: ClusterRecord, nodes: list[Node], parallel: bool,
                only: set[str] | None = None, transport: Transport = SSH) -> tuple[dict, dict]:
     """Pairwise bandwidth with iperf3 (servers on each node for the duration of the check).
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from clustertool.core import nodeset, state
 from clustertool.core.errors import ToolError, UsageError
-from clustertool.core.model import Cluster, GroupResult, Job, jsonable
+from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, jsonable
 from clustertool.jobs import records, scripts
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
@@ -34,7 +34,7 @@ class NodeKill:
 
 @dataclass
 class KillResult:
-    job: Job | None
+    job: JobRecord | None
     nodes: list[NodeKill]
 
     @property
@@ -63,7 +63,7 @@ def parse_kill_output(node: str, text: str) -> NodeKill:
     return out
 
 
-def pick_running(jobs: list[Job], ref: str | None) -> Job:
+def pick_running(jobs: list[JobRecord], ref: str | None) -> JobRecord:
     if ref:
         job = records.resolve(jobs, ref)
         if job.finished:
@@ -112,7 +112,7 @@ def kill(cluster_name: str, ref: str | None = None, *, signal: str = "TERM", gra
 
 def kill_all_python(cluster_name: str, selection: str | None = None, transport: Transport = SSH) -> KillResult:
     """The seeds' blunt fallback: ``pkill -9 python`` on every (selected) node."""
-    cluster: Cluster = state.load(cluster_name)
+    cluster: ClusterRecord = state.load(cluster_name)
     nodes = nodeset.select(cluster, selection)
     line = ("echo \"signaled $(pgrep -x 'python[0-9.]*' | tr '\\n' ' ')\"; pkill -9 -x 'python[0-9.]*' ; sleep 0.3; "
             "echo \"remaining $(pgrep -x 'python[0-9.]*' | tr '\\n' ' ')\"")

@@ -15,7 +15,7 @@ from typing import Callable
 
 from clustertool.core import nodeset, state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
-from clustertool.core.model import Cluster, Job, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, silent
 from clustertool.jobs import logs, output, records, reducers, scripts
 from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile, split_command
 from clustertool.jobs.sync import resolve
@@ -28,7 +28,7 @@ from clustertool.transfer.results import CopyResult, ProgressCb
 
 @dataclass
 class Launch:
-    job: Job
+    job: JobRecord
     argv: list[str]
     dry_run: bool = False
     sync: tuple[str, str] | None = None  # --sync: (the local folder, its path on the nodes)
@@ -48,7 +48,7 @@ class Launch:
         return out
 
 
-def declared_subnet(cluster: Cluster) -> str | None:
+def declared_subnet(cluster: ClusterRecord) -> str | None:
     ps = cluster.provider_state
     for key in ("subnet_cidr", "cidr", "subnet"):
         if isinstance(ps.get(key), str) and "/" in ps[key]:
@@ -56,7 +56,7 @@ def declared_subnet(cluster: Cluster) -> str | None:
     return None
 
 
-def plan(cluster: Cluster, nodes: list[Node], opts: MpiOptions, job_id: str) -> list[str]:
+def plan(cluster: ClusterRecord, nodes: list[Node], opts: MpiOptions, job_id: str) -> list[str]:
     ordered = [n for n in cluster.ordered_nodes() if n in nodes]
     if cluster.leader not in ordered:
         raise UsageError("the selected nodes must include the leader (mpirun runs there)",
@@ -69,7 +69,7 @@ def plan(cluster: Cluster, nodes: list[Node], opts: MpiOptions, job_id: str) -> 
     return build_argv([(n.address, n.slots) for n in ordered], opts)
 
 
-def rank_nodes(cluster: Cluster, selection: str | None) -> list[Node]:
+def rank_nodes(cluster: ClusterRecord, selection: str | None) -> list[Node]:
     """The nodes a job's ranks run on: the selection (default: every worker); servers are never ranks."""
     nodes = cluster.workers if selection is None else nodeset.select(cluster, selection)
     servers = [n.name for n in nodes if n.is_server]
@@ -87,7 +87,7 @@ def _finalize_argv(argv: list[str], home: str) -> list[str]:
 ENDING_GRACE_S = 10.0  # how long a job that has ended may take to lose its last processes
 
 
-def _scan(cluster: Cluster, nodes: list[Node], transport: Transport):
+def _scan(cluster: ClusterRecord, nodes: list[Node], transport: Transport):
     """(the scan's result, {job id: [nodes with its processes]})."""
     result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=20, stdin_data=scripts.scan_script().encode(),
                           transport=transport)
@@ -104,14 +104,14 @@ def _scan(cluster: Cluster, nodes: list[Node], transport: Transport):
     return result, busy
 
 
-def _ended(cluster: Cluster, job_ids, transport: Transport) -> bool:
+def _ended(cluster: ClusterRecord, job_ids, transport: Transport) -> bool:
     """Every one of these jobs has its exit recorded on the leader (it ended; its last processes
     may still be exiting, e.g. ranks after mpirun returned)."""
     line = " && ".join(f"test -f {scripts.job_dir_sh(j)}/exit" for j in sorted(job_ids))
     return run_on_node(cluster.name, cluster.leader, line, timeout=20, transport=transport).ok
 
 
-def preflight(cluster: Cluster, nodes: list[Node], allow_concurrent: bool, transport: Transport = SSH,
+def preflight(cluster: ClusterRecord, nodes: list[Node], allow_concurrent: bool, transport: Transport = SSH,
               grace: float = ENDING_GRACE_S) -> str:
     """Every node answers; no other clustertool job has processes there. Returns the leader's $HOME.
 
@@ -164,7 +164,7 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
     job_id = records.new_id()
     argv = plan(cluster, nodes, opts, job_id)
     ordered = [n for n in cluster.ordered_nodes() if n in nodes]
-    job = Job(id=job_id, cluster=cluster.name, command=list(opts.command), argv=argv,
+    job = JobRecord(id=job_id, cluster=cluster.name, command=list(opts.command), argv=argv,
               nodes=[n.name for n in ordered], np=int(argv[argv.index("-np") + 1]), name=name,
               leader=cluster.leader.name, workdir=opts.workdir, started=time.time(), output_dir=opts.output_dir,
               tag_output=opts.tag_output, servers=[n.name for n in servers])
@@ -189,7 +189,7 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
         raise
 
 
-def plugin_env_dest(cluster: Cluster) -> str:
+def plugin_env_dest(cluster: ClusterRecord) -> str:
     return load_record(cluster.name)["deployed"]["dest"]
 
 
@@ -213,7 +213,7 @@ def _start(cluster, job, argv, home, ordered, opts, started, synced_dir, synced,
 
 
 def wait(cluster_name: str, job_id: str, *, timeout: float | None = None, poll: float = 2.0,
-         transport: Transport = SSH) -> Job:
+         transport: Transport = SSH) -> JobRecord:
     """Ask the leader until the job has ended (or ``timeout`` seconds passed); its final record."""
     cluster = state.load(cluster_name)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -230,8 +230,8 @@ def wait(cluster_name: str, job_id: str, *, timeout: float | None = None, poll: 
         delay = min(poll, delay * 2)
 
 
-def follow(cluster_name: str, job: Job, on_line: Callable[[str], None], *, warn: Callable[[str], None] | None = None,
-           transport: Transport = SSH) -> int | None:
+def follow(cluster_name: str, job: JobRecord, on_line: Callable[[str], None], *,
+           warn: Callable[[str], None] | None = None, transport: Transport = SSH) -> int | None:
     """Stream the job's lines until it ends; return its exit code (None: ended without one)."""
     return logs.job_lines(state.load(cluster_name), job, on_line, follow=True, warn=warn or (lambda _t: None),
                           transport=transport)

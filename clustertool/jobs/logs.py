@@ -11,12 +11,13 @@ from typing import Callable
 
 from clustertool.core import state
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Cluster, Job
+from clustertool.core.model import ClusterRecord, JobRecord
 from clustertool.jobs import output, records
 from clustertool.remote.transport import SSH, Transport
 
 
-def find_job(cluster_name: str, ref: str, refresh: bool = True, transport: Transport = SSH) -> tuple[Cluster, Job]:
+def find_job(cluster_name: str, ref: str, refresh: bool = True,
+             transport: Transport = SSH) -> tuple[ClusterRecord, JobRecord]:
     cluster = state.load(cluster_name)
     jobs = records.refresh(cluster, transport=transport) if refresh else records.load_all(cluster.name)
     return cluster, records.resolve(jobs, ref)
@@ -47,7 +48,7 @@ def show(cluster_name: str, ref: str, on_line: Callable[[str], None], *, follow_
                      transport=transport)
 
 
-def job_lines(cluster: Cluster, job: Job, on_line: Callable[[str], None], *, follow: bool = False,
+def job_lines(cluster: ClusterRecord, job: JobRecord, on_line: Callable[[str], None], *, follow: bool = False,
               ranks: set[int] | None = None, node: str | None = None, tail: int | None = None,
               warn: Callable[[str], None] = lambda _t: None, transport: Transport = SSH) -> int | None:
     """The job's lines (following: until it ends, then its exit code)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from clustertool.cluster.lifecycle import check_leader_mesh, close_masters
 from clustertool.core import nodeset, state
 from clustertool.core.errors import ToolError, UsageError
-from clustertool.core.model import Cluster, GroupResult, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, GroupResult, Node, Reporter, silent
 from clustertool.jobs import records, scripts
 from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_nodes
@@ -33,7 +33,8 @@ def reboot_line(user: str) -> str:
     return f"nohup sh -c {shlex.quote('sleep 1; ' + cmd)} >/dev/null 2>&1 &"
 
 
-def _wait_ssh(cluster: Cluster, nodes: list[Node], timeout: float, down_first: bool, transport: Transport) -> None:
+def _wait_ssh(cluster: ClusterRecord, nodes: list[Node], timeout: float, down_first: bool,
+              transport: Transport) -> None:
     deadline = time.monotonic() + timeout
     if down_first:  # wait until each node stopped answering, so we do not see it pre-reboot
         pending = list(nodes)

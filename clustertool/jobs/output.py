@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 from clustertool import nodeprogs
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
-from clustertool.core.model import Cluster, HostResult, Job, Node
+from clustertool.core.model import ClusterRecord, HostResult, JobRecord, Node
 from clustertool.jobs import records, scripts
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.remote.transport import SSH, Transport, stop_process
@@ -42,12 +42,12 @@ def _ignore(_text: str) -> None:
     pass
 
 
-def job_dir(job: Job) -> str:
+def job_dir(job: JobRecord) -> str:
     """The job's folder (absolute, as on the leader) of a job with per-rank output."""
     return os.path.dirname(job.output_dir.rstrip("/"))
 
 
-def node_args(job: Job, *, mode: str, ranks: Iterable[int] | None = None, with_log: bool = False,
+def node_args(job: JobRecord, *, mode: str, ranks: Iterable[int] | None = None, with_log: bool = False,
               tail: int | None = None, final: bool = False, end: dict | None = None,
               keys: bool = False) -> dict:
     """ARGS of nodeprogs/ranklog.py for one node."""
@@ -56,17 +56,17 @@ def node_args(job: Job, *, mode: str, ranks: Iterable[int] | None = None, with_l
             "tail": tail, "final": final, "end": end or {}, "keys": keys}
 
 
-def leader_end(job: Job) -> dict:
+def leader_end(job: JobRecord) -> dict:
     return {"job_dir": job_dir(job), "marker": f"{JOB_ENV}={job.id}"}
 
 
-def pane_program(job: Job) -> bytes:
+def pane_program(job: JobRecord) -> bytes:
     """pane.py: the leader's ranks and mpirun's lines, whole, in the job's tmux pane."""
     args = node_args(job, mode="follow", with_log=True, end=leader_end(job))
     return nodeprogs.program_text("ranklog", args)
 
 
-def _job_nodes(cluster: Cluster, job: Job, node: str | None) -> list[Node]:
+def _job_nodes(cluster: ClusterRecord, job: JobRecord, node: str | None) -> list[Node]:
     names = [n for n in job.nodes if node is None or n == node]
     if node is not None and not names:
         raise UsageError(f"job {job.id} did not run on {node}", hint=f"its nodes: {', '.join(job.nodes)}")
@@ -79,8 +79,8 @@ def _warn_failed(results: Iterable[HostResult], warn: Warn) -> None:
             warn(f"{r.node}: could not read its ranks' output: {r.reason}")
 
 
-def read(cluster: Cluster, job: Job, on_line: LineSink, *, ranks: set[int] | None = None, node: str | None = None,
-         tail: int | None = None, warn: Warn = _ignore, transport: Transport = SSH) -> None:
+def read(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, ranks: set[int] | None = None,
+         node: str | None = None, tail: int | None = None, warn: Warn = _ignore, transport: Transport = SSH) -> None:
     """Every line there is now: rank by rank (stdout, then stderr), then mpirun's own lines."""
     nodes = _job_nodes(cluster, job, node)
     leader = cluster.node(job.leader)
@@ -131,7 +131,7 @@ def _stop_line(path: str) -> str:
     return f"mkdir -p {shlex.quote(os.path.dirname(path))} && touch {shlex.quote(path)}"
 
 
-def follow_lines(cluster: Cluster, job: Job, on_line: LineSink, *, ranks: set[int] | None = None,
+def follow_lines(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, ranks: set[int] | None = None,
                  node: str | None = None, tail: int | None = None, warn: Warn = _ignore,
                  transport: Transport = SSH) -> None:
     """Lines as they complete on every node of the job, until the job ends (Ctrl-C: stop following)."""
@@ -179,7 +179,7 @@ def follow_lines(cluster: Cluster, job: Job, on_line: LineSink, *, ranks: set[in
     _warn_failed(member_results, warn)
 
 
-def exit_code(cluster: Cluster, job: Job, transport: Transport = SSH) -> int | None:
+def exit_code(cluster: ClusterRecord, job: JobRecord, transport: Transport = SSH) -> int | None:
     """The job's exit code from the leader (None: it ended without one); refreshes ``job``'s state."""
     code = run_on_node(cluster.name, cluster.node(job.leader), scripts.read_exit_script(job.id), timeout=20,
                        transport=transport).stdout.strip()
@@ -203,7 +203,7 @@ def legacy_filter(ranks: set[int] | None, untagged: bool = True) -> Callable[[st
     return keep
 
 
-def legacy_ranks_on(cluster: Cluster, job: Job, node_name: str, transport: Transport = SSH) -> set[int]:
+def legacy_ranks_on(cluster: ClusterRecord, job: JobRecord, node_name: str, transport: Transport = SSH) -> set[int]:
     """Ranks of ``job`` that ran on ``node_name`` (from its rank records there)."""
     node = cluster.node(node_name)
     d = f'"$HOME/{JOBS_DIR}/{scripts.check_id(job.id)}/ranks"'
@@ -212,7 +212,7 @@ def legacy_ranks_on(cluster: Cluster, job: Job, node_name: str, transport: Trans
     return {int(name.rsplit(".", 1)[-1]) for name in result.stdout.split() if name.rsplit(".", 1)[-1].isdigit()}
 
 
-def legacy_show(cluster: Cluster, job: Job, on_line: LineSink, *, follow: bool, keep: Callable[[str], bool],
+def legacy_show(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, follow: bool, keep: Callable[[str], bool],
                 lines: int | None, transport: Transport = SSH) -> None:
     """The leader's log (or follow it)."""
     leader = cluster.node(job.leader)

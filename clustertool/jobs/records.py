@@ -17,7 +17,7 @@ from pathlib import Path
 
 from clustertool.core import state
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Cluster, Job
+from clustertool.core.model import ClusterRecord, JobRecord
 from clustertool.jobs import scripts
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
@@ -31,7 +31,7 @@ def jobs_dir(cluster_name: str) -> Path:
     return state.cluster_dir(cluster_name) / "jobs"
 
 
-def save(job: Job) -> None:
+def save(job: JobRecord) -> None:
     d = jobs_dir(job.cluster)
     d.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{job.id}.", suffix=".tmp", dir=d)
@@ -44,18 +44,18 @@ def forget(cluster_name: str, job_id: str) -> None:
     (jobs_dir(cluster_name) / f"{job_id}.json").unlink(missing_ok=True)
 
 
-def load_all(cluster_name: str) -> list[Job]:
+def load_all(cluster_name: str) -> list[JobRecord]:
     d = jobs_dir(cluster_name)
     jobs = []
     for path in sorted(d.glob("*.json")) if d.is_dir() else []:
         try:
-            jobs.append(Job.from_dict(json.loads(path.read_text())))
+            jobs.append(JobRecord.from_dict(json.loads(path.read_text())))
         except (OSError, ValueError, TypeError):
             continue
     return sorted(jobs, key=lambda j: j.started)
 
 
-def resolve(jobs: list[Job], ref: str) -> Job:
+def resolve(jobs: list[JobRecord], ref: str) -> JobRecord:
     """A job by exact id, unique id prefix, or name (the newest of that name)."""
     for job in jobs:
         if job.id == ref:
@@ -118,7 +118,7 @@ def parse_lost(output: str) -> dict[str, list[str]]:
     return out
 
 
-def refresh(cluster: Cluster, timeout: float = 20.0, transport: Transport = SSH) -> list[Job]:
+def refresh(cluster: ClusterRecord, timeout: float = 20.0, transport: Transport = SSH) -> list[JobRecord]:
     """Ask the leader for every job's state; merge into local records; return all jobs.
 
     When the leader cannot be reached, the local records are returned as they are.
@@ -135,7 +135,7 @@ def refresh(cluster: Cluster, timeout: float = 20.0, transport: Transport = SSH)
         if job is None:
             if record is None:
                 continue
-            job = Job.from_dict(record)
+            job = JobRecord.from_dict(record)
         if job.finished and job.state != "lost":
             local[job_id] = job
             continue
@@ -152,6 +152,6 @@ def refresh(cluster: Cluster, timeout: float = 20.0, transport: Transport = SSH)
     return sorted(local.values(), key=lambda j: j.started)
 
 
-def running_job_ids(cluster: Cluster, transport: Transport = SSH) -> set[str]:
+def running_job_ids(cluster: ClusterRecord, transport: Transport = SSH) -> set[str]:
     """Ids of the cluster's jobs that are running now (the leader's view)."""
     return {j.id for j in refresh(cluster, transport=transport) if j.state == "running"}

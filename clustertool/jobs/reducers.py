@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from clustertool.core.errors import RemoteError
 from clustertool.core.jobpaths import JOB_ENV
-from clustertool.core.model import Cluster, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.jobs.scripts import check_id, job_dir_sh
 from clustertool.plugin.build import REDUCER
 from clustertool.remote.group import run_on_nodes
@@ -93,7 +93,7 @@ def parse_started(node: Node, stdout: str) -> Reducer | None:
     return None
 
 
-def start(cluster: Cluster, job_id: str, dest: str, *, io_timeout_ms: int | None = None,
+def start(cluster: ClusterRecord, job_id: str, dest: str, *, io_timeout_ms: int | None = None,
           report: Reporter = silent, transport: Transport = SSH) -> list[Reducer]:
     """One reducer per server node, all or none: a server that fails stops the others and raises."""
     servers = cluster.servers
@@ -118,7 +118,7 @@ def start(cluster: Cluster, job_id: str, dest: str, *, io_timeout_ms: int | None
     return sorted(started, key=lambda r: order[r.node])
 
 
-def stop(cluster: Cluster, job_id: str, names: list[str], transport: Transport = SSH) -> None:
+def stop(cluster: ClusterRecord, job_id: str, names: list[str], transport: Transport = SSH) -> None:
     nodes = [n for n in cluster.servers if n.name in set(names)]
     if nodes:
         run_on_nodes(cluster.name, nodes, "sh -s", timeout=30, stdin_data=stop_script(job_id).encode(),

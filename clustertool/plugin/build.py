@@ -19,7 +19,7 @@ from pathlib import Path
 
 from clustertool.core import state
 from clustertool.core.errors import MissingPrerequisite, ToolError
-from clustertool.core.model import Cluster
+from clustertool.core.model import ClusterRecord
 from clustertool.plugin.remote import leader_build_command
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
@@ -101,7 +101,7 @@ def source_tar(native_dir: Path = NATIVE_DIR) -> bytes:
 
 
 
-def build_on_leader(cluster: Cluster, native_dir: Path = NATIVE_DIR, transport: Transport = SSH) -> Build:
+def build_on_leader(cluster: ClusterRecord, native_dir: Path = NATIVE_DIR, transport: Transport = SSH) -> Build:
     """Compile on the leader (its compiler and libraries match the nodes) and bring the
     artefacts back into this cluster's folder, so deploy ships those exact bytes."""
     workdir = f"/tmp/clustertool-plugin-build-{secrets.token_hex(4)}"

@@ -27,7 +27,7 @@ from clustertool.bench.benchjobs import jobs_launcher
 from clustertool.cluster.facts import facts_script, gpu_count, parse_facts
 from clustertool.core import nodeset, state
 from clustertool.core.errors import MissingPrerequisite, RemoteError, ToolError, UsageError
-from clustertool.core.model import Cluster, Reporter, silent
+from clustertool.core.model import ClusterRecord, Reporter, silent
 from clustertool.plugin.build import ARTEFACTS, BENCH, NET_LIB, load_record
 from clustertool.plugin.check_report import RESULT_MARK, CheckReport, nccl_report, standin_report
 from clustertool.plugin.remote import mismatched, parse_sums, status_command
@@ -110,7 +110,7 @@ def parse_python(text: str) -> str | None:
 
 # ---- on the cluster -------------------------------------------------------------------------
 
-def deployed_record(cluster: Cluster) -> dict:
+def deployed_record(cluster: ClusterRecord) -> dict:
     deployed = load_record(cluster.name).get("deployed")
     if not deployed:
         raise ToolError(f"the NCCL plugin is not deployed on cluster {cluster.name!r}",
@@ -118,7 +118,7 @@ def deployed_record(cluster: Cluster) -> dict:
     return deployed
 
 
-def verify_deployed(cluster: Cluster, deployed: dict, transport: Transport = SSH) -> None:
+def verify_deployed(cluster: ClusterRecord, deployed: dict, transport: Transport = SSH) -> None:
     """Every node holds the files `plugin deploy` put there (NCCL hangs when nodes differ)."""
     expected = deployed.get("files") or {NET_LIB: deployed["sha256"]}
     files = [a for a in ARTEFACTS if a in expected]
@@ -138,7 +138,7 @@ def verify_deployed(cluster: Cluster, deployed: dict, transport: Transport = SSH
                         hint="clustertool plugin deploy (then `clustertool plugin status`)")
 
 
-def probe_gpus(cluster: Cluster, dest: str, transport: Transport = SSH) -> dict[str, int]:
+def probe_gpus(cluster: ClusterRecord, dest: str, transport: Transport = SSH) -> dict[str, int]:
     """{worker: GPUs} from the node facts doctor reads (reduction servers run no rank)."""
     script = facts_script(f"{dest.rstrip('/')}/{NET_LIB}", []).encode()
     group = run_on_nodes(cluster.name, cluster.workers, "sh -s", stdin_data=script, timeout=60,
@@ -149,7 +149,7 @@ def probe_gpus(cluster: Cluster, dest: str, transport: Transport = SSH) -> dict[
     return {r.node: gpu_count(parse_facts(r.node, r.stdout)) for r in group.results}
 
 
-def find_python(cluster: Cluster, python: str | None, transport: Transport = SSH) -> str:
+def find_python(cluster: ClusterRecord, python: str | None, transport: Transport = SSH) -> str:
     """Send the worker to every node and find the python with torch; the same path everywhere
     (mpirun runs one command line on every node)."""
     worker = WORKER.read_bytes() if WORKER.is_file() else None
@@ -171,14 +171,14 @@ def find_python(cluster: Cluster, python: str | None, transport: Transport = SSH
     return paths[0]
 
 
-def _default_launch(cluster: Cluster, timeout: float, on_line) -> Launch:
+def _default_launch(cluster: ClusterRecord, timeout: float, on_line) -> Launch:
     def launch(env, argv, plugin, per_node):
         run = jobs_launcher(cluster, env=env, timeout=timeout, on_line=on_line, plugin=plugin, name="plugin-check")
         return run(cluster.workers, per_node, argv)  # `run --plugin` starts the servers' reducers
     return launch
 
 
-def check(cluster: Cluster, *, sizes: str = "1M:64M", iters: int = 5, warmup: int = 2, python: str | None = None,
+def check(cluster: ClusterRecord, *, sizes: str = "1M:64M", iters: int = 5, warmup: int = 2, python: str | None = None,
           timeout: float = 600, gpus: dict[str, int] | None = None, report: Reporter = silent,
           transport: Transport = SSH, launch: Launch | None = None) -> CheckReport:
     """Run the check on ``cluster`` (``gpus``: per node, when the caller knows them already)."""
@@ -215,7 +215,7 @@ def check(cluster: Cluster, *, sizes: str = "1M:64M", iters: int = 5, warmup: in
     return nccl_report(cluster.name, names, ranks, output, code, error, plugin, note, servers=servers)
 
 
-def _check_slots(cluster: Cluster, gpus: dict[str, int]) -> None:
+def _check_slots(cluster: ClusterRecord, gpus: dict[str, int]) -> None:
     """One rank per slot and one GPU per rank: every worker needs GPUs, at least as many as slots
     (reduction servers run no rank: they need none)."""
     none = [n.name for n in cluster.workers if not gpus.get(n.name)]

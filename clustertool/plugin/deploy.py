@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from clustertool.core.errors import ToolError
-from clustertool.core.model import Cluster, GroupResult, HostResult, Reporter, silent
+from clustertool.core.model import ClusterRecord, GroupResult, HostResult, Reporter, silent
 from clustertool.plugin.build import (
     ARTEFACTS,
     NET_LIB,
@@ -52,7 +52,7 @@ class PluginStatus:
     error: str | None = None
 
 
-def default_dest(cluster: Cluster) -> str:
+def default_dest(cluster: ClusterRecord) -> str:
     """/opt/clustertool/lib; local clusters share this machine's /opt, so there it is each
     node's private home instead."""
     if cluster.provider == "local":
@@ -81,7 +81,7 @@ def _failures(group: GroupResult, check: Callable[[HostResult], str | None]) -> 
     return out
 
 
-def deploy(cluster: Cluster, build: Build, dest: str | None = None, tuner_table: Path | None = None,
+def deploy(cluster: ClusterRecord, build: Build, dest: str | None = None, tuner_table: Path | None = None,
            report: Reporter = silent, timeout: float = 300, transport: Transport = SSH) -> list[PluginStatus]:
     """Put the same build on every node; all nodes or none.
 
@@ -121,7 +121,7 @@ def deploy(cluster: Cluster, build: Build, dest: str | None = None, tuner_table:
     return [PluginStatus(r.node, build.version, build.sha256, True) for r in done.results]
 
 
-def status(cluster: Cluster, build: Build | None, dest: str | None = None,
+def status(cluster: ClusterRecord, build: Build | None, dest: str | None = None,
            timeout: float = 60, transport: Transport = SSH) -> list[PluginStatus]:
     """Per node: installed version and net-library checksum, and whether it matches ``build``."""
     dest = dest or load_record(cluster.name).get("deployed", {}).get("dest") or default_dest(cluster)
@@ -139,7 +139,7 @@ def status(cluster: Cluster, build: Build | None, dest: str | None = None,
     return rows
 
 
-def plugin_env(cluster: Cluster) -> dict[str, str]:
+def plugin_env(cluster: ClusterRecord) -> dict[str, str]:
     """The environment a job needs to run NCCL with the deployed plugin (for `run --plugin`).
 
     The net plugin goes by name: NCCL 2.19 and 2.20 only try ``libnccl-net-<NCCL_NET_PLUGIN>.so``

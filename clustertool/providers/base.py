@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
 from clustertool.core.errors import NotSupported, UsageError
-from clustertool.core.model import Cluster, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class OptionSpec:
 
 @dataclass
 class ProvisionRequest:
-    cluster: Cluster  # name, user, options already validated
+    cluster: ClusterRecord  # name, user, options already validated
     count: int
     slots: int | None  # explicit --slots override, else provider decides (GPU count)
     public_key: str  # the cluster's public key line
@@ -89,44 +89,44 @@ class Provider:
     def run_instances(self, request: ProvisionRequest) -> list[Node]:
         raise NotImplementedError
 
-    def wait_instances(self, cluster: Cluster, timeout: float = 600.0) -> list[Node]:
+    def wait_instances(self, cluster: ClusterRecord, timeout: float = 600.0) -> list[Node]:
         raise NotImplementedError
 
-    def query_instances(self, cluster: Cluster) -> list[Node]:
+    def query_instances(self, cluster: ClusterRecord) -> list[Node]:
         raise NotImplementedError
 
-    def stop_instances(self, cluster: Cluster) -> None:
+    def stop_instances(self, cluster: ClusterRecord) -> None:
         raise NotImplementedError
 
-    def start_instances(self, cluster: Cluster) -> list[Node]:
+    def start_instances(self, cluster: ClusterRecord) -> list[Node]:
         raise NotImplementedError
 
-    def terminate_instances(self, cluster: Cluster) -> list[str]:
+    def terminate_instances(self, cluster: ClusterRecord) -> list[str]:
         raise NotImplementedError
 
     # ---- optional hooks, with the default of a provider that lacks them -------------------
-    def finish(self, cluster: Cluster) -> None:
+    def finish(self, cluster: ClusterRecord) -> None:
         """`up` succeeded."""
 
-    def confirm_owner(self, cluster: Cluster, force: bool, verb: str) -> None:
+    def confirm_owner(self, cluster: ClusterRecord, force: bool, verb: str) -> None:
         """Refuse (unless ``force``) to ``verb`` a cluster another owner made."""
 
-    def owns_cluster(self, cluster: Cluster) -> bool:
+    def owns_cluster(self, cluster: ClusterRecord) -> bool:
         """Whether down terminates the machines (False for adopted ones)."""
         return self.owns_machines
 
-    def describe(self, cluster: Cluster) -> dict[str, Any]:
+    def describe(self, cluster: ClusterRecord) -> dict[str, Any]:
         """Extra status lines (hourly cost, cost so far, ...)."""
         return {}
 
-    def autostop_record(self, cluster: Cluster) -> dict[str, Any] | None:
+    def autostop_record(self, cluster: ClusterRecord) -> dict[str, Any] | None:
         """What the cluster's watcher left when it powered the cluster off (when, why)."""
         return None
 
-    def set_shutdown_behavior(self, cluster: Cluster, behavior: str) -> None:
+    def set_shutdown_behavior(self, cluster: ClusterRecord, behavior: str) -> None:
         """What each machine does when its OS powers off: "stop" or "terminate" (autostop/autodown)."""
 
-    def reboot_instances(self, cluster: Cluster) -> None:
+    def reboot_instances(self, cluster: ClusterRecord) -> None:
         """Reboot the cluster's (or a subset's) machines through the provider (REBOOT = "provider")."""
         raise NotSupported(f"the {self.name} provider has no reboot of its own", hint="reboot over SSH")
 
@@ -136,12 +136,12 @@ class Provider:
         return None
 
     # ---- verbs the next features use: declared now, so every provider answers them --------
-    def replace_node(self, cluster: Cluster, node: str, keep_old: bool = False) -> Node:
+    def replace_node(self, cluster: ClusterRecord, node: str, keep_old: bool = False) -> Node:
         """A new machine takes ``node``'s name, role, slots and place; the old one goes (or stops)."""
         raise NotSupported(f"the {self.name} provider cannot replace a node",
                            hint="run on the other nodes (`-w` selects them), or `down` and `up` again")
 
-    def shared_fs(self, cluster: Cluster, kind: str, size_gb: int | None = None) -> dict[str, Any]:
+    def shared_fs(self, cluster: ClusterRecord, kind: str, size_gb: int | None = None) -> dict[str, Any]:
         """Make (or find) a filesystem every node mounts; returns how to mount it."""
         raise NotSupported(f"the {self.name} provider has no shared filesystem",
                            hint="copy the data to every node with `clustertool copy`")
@@ -150,7 +150,7 @@ class Provider:
         """Capacity reservations / blocks the request may launch into."""
         return []
 
-    def topology(self, cluster: Cluster) -> dict[str, list[str]]:
+    def topology(self, cluster: ClusterRecord) -> dict[str, list[str]]:
         """Network topology per node, outermost layer first (empty: unknown)."""
         return {}
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from clustertool.core import hostfile, nodeset
 from clustertool.core.errors import ProviderError, UsageError
-from clustertool.core.model import LEADER, MEMBER, SERVER, Cluster, Node
+from clustertool.core.model import LEADER, MEMBER, SERVER, ClusterRecord, Node
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
 
 _HINT = "e.g. --hosts 10.0.1.5,10.0.1.6 --key ~/.ssh/mykey.pem, or --hostfile hosts.txt"
@@ -234,7 +234,7 @@ class StaticProvider(Provider):
                              ssh_host=t.host, ssh_port=t.port, state="running", extra={"adopted": True})
                         for j, t in enumerate(servers, 1)]
 
-    def wait_instances(self, cluster: Cluster, timeout: float = 600.0) -> list[Node]:
+    def wait_instances(self, cluster: ClusterRecord, timeout: float = 600.0) -> list[Node]:
         """Every node's SSH port must accept a TCP connection within a bounded time."""
         if cluster.options.get("no_ssh"):
             return cluster.nodes
@@ -249,20 +249,20 @@ class StaticProvider(Provider):
             )
         return cluster.nodes
 
-    def query_instances(self, cluster: Cluster) -> list[Node]:
+    def query_instances(self, cluster: ClusterRecord) -> list[Node]:
         results = _probe_all(cluster.nodes, time.monotonic() + 3.0, retry=False)
         return [dataclasses.replace(n, state="running" if not results.get(n.name) else "unreachable")
                 for n in cluster.nodes]
 
-    def stop_instances(self, cluster: Cluster) -> None:
+    def stop_instances(self, cluster: ClusterRecord) -> None:
         raise ProviderError("static machines are not managed by clustertool: it cannot stop them",
                             hint="stop them where you launched them (e.g. the cloud console)")
 
-    def start_instances(self, cluster: Cluster) -> list[Node]:
+    def start_instances(self, cluster: ClusterRecord) -> list[Node]:
         raise ProviderError("static machines are not managed by clustertool: it cannot start them",
                             hint="start them where you launched them, then `clustertool status`")
 
-    def terminate_instances(self, cluster: Cluster) -> list[str]:
+    def terminate_instances(self, cluster: ClusterRecord) -> list[str]:
         return [f"left {n.name} ({n.reach_host}) running: static machines are adopted, never terminated"
                 for n in cluster.ordered_nodes()]
 

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 
 MODES = ("leader", "all")
 JUMP_HINT = "--jump USER@HOST[:PORT], e.g. --jump ec2-user@bastion.example.com"
@@ -52,12 +52,12 @@ def check_mode(value: str | None) -> str:
     return value
 
 
-def mode(cluster: Cluster) -> str:
+def mode(cluster: ClusterRecord) -> str:
     """The cluster's access mode; states written before access modes existed are ``all``."""
     return cluster.options.get("access") or "all"
 
 
-def jump(cluster: Cluster) -> Jump | None:
+def jump(cluster: ClusterRecord) -> Jump | None:
     text = cluster.options.get("jump")
     return parse_jump(text) if text else None
 
@@ -76,12 +76,12 @@ def jump_alias(cluster_name: str) -> str:
     return f"{cluster_name}-jump"
 
 
-def behind_leader(cluster: Cluster, node: Node) -> bool:
+def behind_leader(cluster: ClusterRecord, node: Node) -> bool:
     """Whether this machine reaches ``node`` only through the leader."""
     return mode(cluster) == "leader" and not node.is_leader and len(cluster.nodes) > 1
 
 
-def hop(cluster: Cluster, node: Node) -> str | None:
+def hop(cluster: ClusterRecord, node: Node) -> str | None:
     """The alias ``node``'s connection jumps through (its ProxyJump), or None for a direct one."""
     if behind_leader(cluster, node):
         return leader_alias(cluster.name)
@@ -90,17 +90,17 @@ def hop(cluster: Cluster, node: Node) -> str | None:
     return None
 
 
-def host_name(cluster: Cluster, node: Node) -> str:
+def host_name(cluster: ClusterRecord, node: Node) -> str:
     """The address ssh connects to: the private one behind a jump, else what this machine reaches."""
     return node.address if hop(cluster, node) else node.reach_host
 
 
-def direct(cluster: Cluster, nodes: list[Node]) -> list[Node]:
+def direct(cluster: ClusterRecord, nodes: list[Node]) -> list[Node]:
     """The nodes this machine connects to without any jump (keyscan, port waits)."""
     return [n for n in nodes if hop(cluster, n) is None]
 
 
-def describe(cluster: Cluster) -> str:
+def describe(cluster: ClusterRecord) -> str:
     """One line for `status` and the plan: who is reached how."""
     via = jump(cluster)
     if mode(cluster) == "leader":
@@ -109,7 +109,7 @@ def describe(cluster: Cluster) -> str:
     return f"all (every node through {via})" if via else "all (every node takes SSH from here)"
 
 
-def jump_block(cluster: Cluster, identities: list[str]) -> list[str]:
+def jump_block(cluster: ClusterRecord, identities: list[str]) -> list[str]:
     """The Host block of the user's bastion (before the cluster's wildcard block: first value wins).
 
     Its host key is pinned in the cluster's known_hosts (from the user's own known_hosts at `up`);

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from clustertool.core.errors import StateError
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.core.state import ClusterPaths
 from clustertool.remote import access
 from clustertool.remote.transport import alias
@@ -26,13 +26,13 @@ from clustertool.remote.transport import alias
 CONNECT_TIMEOUT = 10
 
 
-def lookup_name(cluster: Cluster, node: Node) -> str:
+def lookup_name(cluster: ClusterRecord, node: Node) -> str:
     """The name paramiko looks a host key up by for this node (the address it connects to)."""
     host = access.host_name(cluster, node)
     return host if node.ssh_port == 22 else f"[{host}]:{node.ssh_port}"
 
 
-def pinned_lines(cluster: Cluster, known_hosts: str) -> dict[str, list[str]]:
+def pinned_lines(cluster: ClusterRecord, known_hosts: str) -> dict[str, list[str]]:
     """node name -> its pinned "keytype base64" lines, from known_hosts text keyed by HostKeyAlias."""
     by_alias = {alias(cluster.name, n): n.name for n in cluster.nodes}
     out: dict[str, list[str]] = {n.name: [] for n in cluster.nodes}
@@ -46,7 +46,7 @@ def pinned_lines(cluster: Cluster, known_hosts: str) -> dict[str, list[str]]:
     return out
 
 
-def identities(cluster: Cluster) -> list[str]:
+def identities(cluster: ClusterRecord) -> list[str]:
     """The keys a connection may offer: the cluster key (and a static cluster's initial identity)."""
     keys = [str(ClusterPaths(cluster.name).key)]
     if cluster.ssh_key:
@@ -68,7 +68,7 @@ def _pinned(conn, name: str, keys: list[str]):
     return conn
 
 
-def _bastion(cluster: Cluster):
+def _bastion(cluster: ClusterRecord):
     """The user's --jump bastion: its pinned keys, the user's own keys and agent."""
     import paramiko
     from fabric import Config, Connection
@@ -79,7 +79,7 @@ def _bastion(cluster: Cluster):
     return _pinned(conn, via.host if via.port == 22 else f"[{via.host}]:{via.port}", cluster.jump_keys)
 
 
-def _connection(cluster: Cluster, node: Node, keys: list[str], gateway=None):
+def _connection(cluster: ClusterRecord, node: Node, keys: list[str], gateway=None):
     """A pinned connection to ``node``; ``gateway`` is the connection it jumps through (the leader's,
     for a member behind it), else the bastion for a node reached through --jump."""
     import paramiko
@@ -106,7 +106,7 @@ def _opened_once(conn):
     return conn
 
 
-def thread_group(cluster: Cluster, nodes: list[Node]):
+def thread_group(cluster: ClusterRecord, nodes: list[Node]):
     """A ``fabric.ThreadingGroup`` of ``nodes`` (leader first), pinned as the module says."""
     from fabric import ThreadingGroup
 

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from clustertool.core.errors import MissingPrerequisite, RemoteError
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.core.state import ClusterPaths
 from clustertool.nodeprogs import shell_script
 from clustertool.remote import access
@@ -78,7 +78,7 @@ def keyscan(node: Node) -> list[str]:
     return keys
 
 
-def keyscan_via_leader(cluster: Cluster, nodes: list[Node], transport: Transport = SSH) -> None:
+def keyscan_via_leader(cluster: ClusterRecord, nodes: list[Node], transport: Transport = SSH) -> None:
     """First contact with members behind the leader: the leader (pinned already) scans them on the
     cluster's private network, over the pinned connection to it."""
     for node in nodes:
@@ -96,7 +96,7 @@ def known_hosts_argv(host: str, port: int, path: Path) -> list[str]:
     return ["ssh-keygen", "-F", host if port == 22 else f"[{host}]:{port}", "-f", str(path)]
 
 
-def pin_jump_keys(cluster: Cluster) -> None:
+def pin_jump_keys(cluster: ClusterRecord) -> None:
     """The bastion's host keys, as the user already trusts them (~/.ssh/known_hosts); refused when absent."""
     via = access.jump(cluster)
     if via is None or cluster.jump_keys:
@@ -109,7 +109,7 @@ def pin_jump_keys(cluster: Cluster) -> None:
                           hint=f"connect once with `ssh -p {via.port} {via.user}@{via.host}` and check the key")
 
 
-def pin_host_keys(cluster: Cluster, transport: Transport = SSH) -> None:
+def pin_host_keys(cluster: ClusterRecord, transport: Transport = SSH) -> None:
     """Make sure every node has pinned host keys (collecting them once where unknown): this machine
     scans the nodes it reaches directly, the leader those behind it."""
     pin_jump_keys(cluster)
@@ -126,7 +126,7 @@ def pin_host_keys(cluster: Cluster, transport: Transport = SSH) -> None:
         keyscan_via_leader(cluster, behind, transport)
 
 
-def local_known_hosts(cluster: Cluster) -> str:
+def local_known_hosts(cluster: ClusterRecord) -> str:
     """known_hosts for this machine: keyed by the HostKeyAlias of each node."""
     lines = []
     for node in cluster.ordered_nodes():
@@ -140,7 +140,7 @@ def _host_pattern(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def node_known_hosts(cluster: Cluster) -> str:
+def node_known_hosts(cluster: ClusterRecord) -> str:
     """known_hosts for the nodes themselves: private address, hostname and aliases."""
     lines = []
     for node in cluster.ordered_nodes():
@@ -152,13 +152,13 @@ def node_known_hosts(cluster: Cluster) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_local_known_hosts(cluster: Cluster) -> Path:
+def write_local_known_hosts(cluster: ClusterRecord) -> Path:
     paths = ClusterPaths(cluster.name)
     paths.known_hosts.write_text(local_known_hosts(cluster))
     return paths.known_hosts
 
 
-def node_ssh_config_block(cluster: Cluster) -> str:
+def node_ssh_config_block(cluster: ClusterRecord) -> str:
     """The block each node's ~/.ssh/config gets, so mpirun's plain `ssh ADDR` just works."""
     hosts = []
     for node in cluster.ordered_nodes():
@@ -179,7 +179,7 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def wire_script(cluster: Cluster, private_key: str, public_key: str, hostfile: str | None) -> str:
+def wire_script(cluster: ClusterRecord, private_key: str, public_key: str, hostfile: str | None) -> str:
     """Shell program (for stdin, nodeprogs/wire.sh) that gives a node the cluster key, host keys and config."""
     return shell_script(
         "wire", MODE="wire", NAME=cluster.name, PUBLIC=public_key.strip(), PRIVATE_B64=_b64(private_key),
@@ -188,6 +188,6 @@ def wire_script(cluster: Cluster, private_key: str, public_key: str, hostfile: s
         HOSTFILE_B64=_b64(hostfile) if hostfile is not None else "")
 
 
-def unwire_script(cluster: Cluster, public_key: str) -> str:
+def unwire_script(cluster: ClusterRecord, public_key: str) -> str:
     """Undo wire_script on a machine we do not own (static/adopted): remove only our traces."""
     return shell_script("wire", MODE="unwire", NAME=cluster.name, PUBLIC=public_key.strip())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from clustertool.core.errors import RemoteError
-from clustertool.core.model import Cluster, GroupResult
+from clustertool.core.model import ClusterRecord, GroupResult
 from clustertool.remote import access, keys, mesh
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport, write_ssh_config
@@ -22,7 +22,7 @@ def _raise_on_failures(result: GroupResult, what: str) -> None:
         raise RemoteError(f"{what} failed on {len(bad)} node(s): {detail}")
 
 
-def _through_bastion(cluster: Cluster, transport: Transport = SSH, limit: float = 180.0) -> None:
+def _through_bastion(cluster: ClusterRecord, transport: Transport = SSH, limit: float = 180.0) -> None:
     """Nodes reached through the user's bastion (this machine cannot see their ports): until each
     answers SSH through it, or ``limit`` seconds."""
     pending = [n for n in cluster.nodes if access.jump(cluster) and access.hop(cluster, n) == access.jump_alias(
@@ -39,7 +39,7 @@ def _through_bastion(cluster: Cluster, transport: Transport = SSH, limit: float 
             time.sleep(3)
 
 
-def wait_behind_jumps(cluster: Cluster, transport: Transport = SSH) -> None:
+def wait_behind_jumps(cluster: ClusterRecord, transport: Transport = SSH) -> None:
     """Pin the bastion's key and wait for the nodes behind it; then the leader waits for its members
     (keys: the provider's, else the leader's own is scanned from here unless it is behind a bastion)."""
     keys.pin_jump_keys(cluster)

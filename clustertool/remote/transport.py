@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.core.state import ClusterPaths
 from clustertool.remote import access, mux
 from clustertool.remote.access import alias, leader_alias
@@ -92,7 +92,7 @@ def host_key_algorithms(host_keys: list[str]) -> str | None:
     return ",".join(chosen) or None
 
 
-def render_ssh_config(cluster: Cluster, paths: ClusterPaths) -> str:
+def render_ssh_config(cluster: ClusterRecord, paths: ClusterPaths) -> str:
     """The cluster's ssh_config: one Host block per node, then shared settings."""
     lines = [f"# clustertool: cluster {cluster.name} (generated; rewritten by up/start); "
              f"access: {access.describe(cluster)}"]
@@ -146,7 +146,7 @@ def _own_identities() -> list[str]:
     return [str(home / name) for name in ("id_ed25519", "id_ecdsa", "id_rsa") if (home / name).exists()]
 
 
-def write_ssh_config(cluster: Cluster) -> Path:
+def write_ssh_config(cluster: ClusterRecord) -> Path:
     paths = ClusterPaths(cluster.name)
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.control_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import time
 
 from clustertool.core import nodeset, state
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Cluster, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport
@@ -26,7 +26,7 @@ AUTO_CHAIN_MIN_BYTES = 32 << 20
 AUTO_CHAIN_MIN_NODES = 3
 
 
-def _targets(cluster: Cluster, selection: str | None, from_local: bool) -> list[Node]:
+def _targets(cluster: ClusterRecord, selection: str | None, from_local: bool) -> list[Node]:
     if selection is None and not from_local and len(cluster.nodes) > 1:
         selection = "members"
     nodes = nodeset.select(cluster, selection)

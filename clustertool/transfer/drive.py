@@ -12,8 +12,7 @@ from typing import Callable
 
 from clustertool.core.model import Node
 from clustertool.core.state import ClusterPaths
-from clustertool.transfer import fanout, plan, stations
-from clustertool.transfer.chain import HopStatus, hop_status, stream
+from clustertool.transfer import chain, fanout, plan, stations
 from clustertool.transfer.results import CopyResult, CopyRun
 
 TRUNCATED_MARKERS = ("unexpected end of stream", "stream cut")
@@ -23,30 +22,30 @@ Replan = Callable[[list[Node]], dict[str, plan.NodePlan]]  # nodes -> what each 
 
 
 def _one_pass(run: CopyRun, pending: list[Node], union: list[str],
-              pass_no: int) -> dict[str, HopStatus | str]:
-    chain = stations.hops(run, pending)
-    if pass_no == 1 and stations.use_ahead(run, chain):
+              pass_no: int) -> dict[str, chain.HopStatus | str]:
+    route = stations.hops(run, pending)
+    if pass_no == 1 and stations.use_ahead(run, route):
         pass_no = stations.AHEAD  # its links are up already
     else:
-        chain = stations.prepare(run, chain, pass_no)
-    if not chain:
+        route = stations.prepare(run, route, pass_no)
+    if not route:
         return {}
     total = plan.payload_bytes(union, run.source)
     progress = None
     if run.on_progress is not None:
         progress = lambda node, done: run.on_progress(node, min(done, total), total)  # noqa: E731
-    argv, stdin = stations.head(run, chain[0][0], union, pass_no)
+    argv, stdin = stations.head(run, route[0][0], union, pass_no)
     try:
-        streamed = stream(argv, stdin, on_progress=progress)
+        streamed = chain.stream(argv, stdin, on_progress=progress)
     except BaseException:  # Ctrl-C: the hops would go on without us; stop them
         stations.abort(run, [run.cluster.leader] + run.targets)
         raise
     errors = (streamed.source or {}).get("errors") or []
     run.source_errors += [e for e in errors if e not in run.source_errors]
-    out: dict[str, HopStatus | str] = {}
-    for node, _ in chain:
-        out[node.name] = hop_status(node.name, streamed.done.get(node.name))
-    first = chain[0][0].name
+    out: dict[str, chain.HopStatus | str] = {}
+    for node, _ in route:
+        out[node.name] = chain.hop_status(node.name, streamed.done.get(node.name))
+    first = route[0][0].name
     if streamed.returncode != 0 and streamed.stderr:
         out[first].stderr = (out[first].stderr + "; " + streamed.stderr[-300:]).strip("; ")
     return out
@@ -57,14 +56,14 @@ def abort(run: CopyRun, nodes: list[Node]) -> None:
     stations.abort(run, nodes)
 
 
-def truncated(st: HopStatus) -> bool:
+def truncated(st: chain.HopStatus) -> bool:
     """Did this hop fail only because its input stream was cut (an upstream hop died)?"""
     if st.rc in ("none", "missing"):
         return True
     return any(m in st.stderr.lower() for m in TRUNCATED_MARKERS)
 
 
-def write_error(st: HopStatus) -> str:
+def write_error(st: chain.HopStatus) -> str:
     detail = st.stderr or f"relay exit {st.rc}"
     if "no space left on device" in detail.lower():
         return f"disk full writing DEST (No space left on device): {detail}"
@@ -96,7 +95,7 @@ def chain_transfer(run: CopyRun, node_plans: dict[str, plan.NodePlan], live: lis
         pending = [n for n in retry if n.name in fresh and fresh[n.name].send]
 
 
-def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, HopStatus | str],
+def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, chain.HopStatus | str],
               payload: int, union: list[str]) -> list[Node]:
     retry = []
     for node in pending:
@@ -118,7 +117,7 @@ def _classify(run: CopyRun, pending: list[Node], statuses: dict[str, HopStatus |
     return retry
 
 
-def _record_stream(run: CopyRun, name: str, st: HopStatus, union: list[str]) -> None:
+def _record_stream(run: CopyRun, name: str, st: chain.HopStatus, union: list[str]) -> None:
     """What the node checked in the stream: those files need no re-read; the ones it got wrong
     are its problems.  Counts that do not add up trust nothing (verification re-reads)."""
     run.covered.setdefault(name, set()).update(union)

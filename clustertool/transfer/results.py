@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Cluster, Node, Reporter, jsonable
+from clustertool.core.model import ClusterRecord, Node, Reporter, jsonable
 from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer.manifest import Keep, Manifest, is_unreachable
 
@@ -70,7 +70,7 @@ def relative_remote(path: str) -> str:
 class CopyRun:
     """One `copy` under way: its inputs, the source's manifest and every node's verdict so far."""
 
-    cluster: Cluster
+    cluster: ClusterRecord
     src: str
     dest: str
     from_local: bool

@@ -14,7 +14,7 @@ import pytest
 from clustertool.cli.app import run
 from clustertool.cli.common import fill_bare_values
 from clustertool.cluster import lifecycle, status
-from clustertool.core.model import Cluster, GroupResult, HostResult, Job, Node
+from clustertool.core.model import ClusterRecord, GroupResult, HostResult, JobRecord, Node
 from clustertool.jobs.launch import Launch
 from clustertool.transfer.results import CopyResult, NodeCopy
 from tests.conftest import REPO, run_cli
@@ -41,7 +41,7 @@ def test_exec_json_is_the_group_results_to_dict(monkeypatch, capsys):
 
 
 def test_status_json_is_the_status_to_dict(monkeypatch, capsys):
-    cluster = Cluster("x", "local", nodes=[Node("node-1", 1, "10.0.0.1", role="leader")], status="ready")
+    cluster = ClusterRecord("x", "local", nodes=[Node("node-1", 1, "10.0.0.1", role="leader")], status="ready")
     row = status.NodeStatus("node-1", "leader", "10.0.0.1", 1, "running", True)
     report = status.ClusterStatus(cluster, [row], {"price": "$0/h"})
     monkeypatch.setattr("clustertool.cluster.status.status", lambda *a, **k: report)
@@ -59,7 +59,7 @@ def test_copy_json_is_the_copy_results_to_dict(monkeypatch, capsys):
 
 
 def test_run_json_is_the_launchs_to_dict_with_what_sync_sent(monkeypatch, capsys):
-    job = Job("j1", "x", ["python", "t.py"], nodes=["node-1"], np=1, workdir="/p")
+    job = JobRecord("j1", "x", ["python", "t.py"], nodes=["node-1"], np=1, workdir="/p")
     synced = CopyResult("/p", "/p", "local", "chain", [NodeCopy("node-1", files_sent=2)], bytes_sent=9)
     seen = {}
 
@@ -77,7 +77,7 @@ def test_run_json_is_the_launchs_to_dict_with_what_sync_sent(monkeypatch, capsys
 def test_kill_json_is_the_kill_results_to_dict(monkeypatch, capsys):
     from clustertool.jobs.kill import KillResult, NodeKill
 
-    result = KillResult(Job("j1", "x", ["sleep", "9"], state="killed"),
+    result = KillResult(JobRecord("j1", "x", ["sleep", "9"], state="killed"),
                         [NodeKill("node-1", signaled=[10, 11]), NodeKill("node-2", remaining=["12:python"])])
     monkeypatch.setattr("clustertool.jobs.kill.kill", lambda *a, **k: result)
     code, data = printed(capsys, "kill", "-c", "x", "--json", "j1")
@@ -86,7 +86,7 @@ def test_kill_json_is_the_kill_results_to_dict(monkeypatch, capsys):
 
 
 def test_up_json_is_the_up_results_to_dict(monkeypatch, capsys):
-    result = lifecycle.UpResult(Cluster("x", "local", status="ready"), hostfile=REPO / "hostfiles" / "x",
+    result = lifecycle.UpResult(ClusterRecord("x", "local", status="ready"), hostfile=REPO / "hostfiles" / "x",
                                 timings={"total": 1.0})
     monkeypatch.setattr("clustertool.cluster.lifecycle.up", lambda *a, **k: result)
     code, data = printed(capsys, "up", "--provider", "local", "--nodes", "1", "--name", "x", "--json")
@@ -179,13 +179,12 @@ def test_import_clustertool_is_cheap_and_help_loads_no_fabric():
 
 def test_the_readmes_api_section_compiles_and_names_only_real_methods():
     """Every `.name(` the README's API section shows exists on Cluster, Job or the results."""
-    from clustertool.api import Cluster as ApiCluster
-    from clustertool.api import Job as ApiJob
+    from clustertool.api import Cluster, Job
 
     section = (REPO / "README.md").read_text().split("## Python API", 1)[1].split("\n## ", 1)[0]
     script = section.split("```python\n", 1)[1].split("```", 1)[0]
     compile(script, "README.md", "exec")
     named = set(re.findall(r"[`,] ?`?(?:Cluster|Job)?\.(\w+)\(", section))
-    owners = (ApiCluster, ApiJob, GroupResult, status.ClusterStatus)
+    owners = (Cluster, Job, GroupResult, status.ClusterStatus)
     assert named >= {"up", "load", "status", "exec", "copy", "run", "wait", "logs", "kill", "fabric", "down"}
     assert sorted(m for m in named if not any(hasattr(o, m) for o in owners)) == []

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from clustertool.core import state
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.cli
@@ -23,7 +23,7 @@ def known_cluster(ct_env):
     """A recorded cluster (no machines needed: every case below fails before any SSH)."""
     nodes = [Node(f"node-{i}", i, f"10.213.250.{i}", role="leader" if i == 1 else "member")
              for i in range(1, 4)]
-    state.save(Cluster(name="known", provider="local", nodes=nodes, status="ready"))
+    state.save(ClusterRecord(name="known", provider="local", nodes=nodes, status="ready"))
     return "known"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clustertool.core import state
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.cli
@@ -17,7 +17,7 @@ def recorded(ct_env):
     so every case here must be decided before any SSH."""
     nodes = [Node(f"node-{i}", i, f"10.213.250.{i}", role="leader" if i == 1 else "member", slots=2)
              for i in range(1, 4)]
-    state.save(Cluster(name="rec", provider="local", nodes=nodes, status="ready"))
+    state.save(ClusterRecord(name="rec", provider="local", nodes=nodes, status="ready"))
     return ct_env
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clustertool.core import state
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.cli
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.cli
 @pytest.fixture
 def known(ct_env):
     nodes = [Node(f"node-{i}", i, f"10.213.250.{i}", role="leader" if i == 1 else "member") for i in (1, 2)]
-    state.save(Cluster(name="plug", provider="local", nodes=nodes, status="ready"))
+    state.save(ClusterRecord(name="plug", provider="local", nodes=nodes, status="ready"))
     return ct_env
 
 

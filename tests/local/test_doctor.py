@@ -82,11 +82,11 @@ def test_full_disk_on_one_node_is_an_error(cluster):
 def test_different_plugin_checksum_on_one_node_is_an_error(cluster, where):
     """At the path `plugin deploy` uses on local nodes (each node's private home),
     or at a path given with --plugin-path."""
-    from clustertool.core.model import Cluster
+    from clustertool.core.model import ClusterRecord
     from clustertool.plugin.build import NET_LIB
     from clustertool.plugin.deploy import default_dest
 
-    folder = (default_dest(Cluster(cluster[0], "local")) if where == "deployed" else "/root/ct-plugin")
+    folder = (default_dest(ClusterRecord(cluster[0], "local")) if where == "deployed" else "/root/ct-plugin")
     path = f"{folder}/{NET_LIB}"
     for node in ("node-1", "node-2", "node-3"):
         on(cluster, node, f"mkdir -p {folder} && printf 'plugin v1' > {path}")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from clustertool.core.errors import MissingPrerequisite, ProviderError
-from clustertool.core.model import Cluster
+from clustertool.core.model import ClusterRecord
 from clustertool.providers import local
 from clustertool.providers.base import ProvisionRequest
 from clustertool.providers.local import LocalProvider, net, sysops
@@ -32,7 +32,7 @@ class Made:
 
     def __init__(self, tmp_path: Path, count: int, options: dict):
         self.provider = LocalProvider()
-        self.cluster = Cluster(name=unique("lp"), provider="local", options=options)
+        self.cluster = ClusterRecord(name=unique("lp"), provider="local", options=options)
         self.key = tmp_path / "id_ed25519"
         if not self.key.exists():
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)], check=True)
@@ -260,7 +260,7 @@ def test_an_interrupted_run_instances_is_fully_undone_from_saved_state(make, mon
         m.provider.run_instances(m.request)
     assert snapshot(m)["netns"]  # something was made
     # A new process would only have the last saved state: undo from that.
-    reloaded = Cluster.from_dict(json.loads(m.saved[-1]))
+    reloaded = ClusterRecord.from_dict(json.loads(m.saved[-1]))
     m.provider.terminate_instances(reloaded)
     m.cluster.provider_state["token"] = json.loads(m.saved[-1])["provider_state"]["token"]
     assert snapshot(m) == {"netns": [], "links": [], "processes": [], "node_dirs": []}

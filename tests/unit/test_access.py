@@ -11,7 +11,7 @@ import pytest
 
 from clustertool.cluster import inventory
 from clustertool.core.errors import UsageError
-from clustertool.core.model import LEADER, Cluster, Node
+from clustertool.core.model import LEADER, ClusterRecord, Node
 from clustertool.core.state import ClusterPaths
 from clustertool.providers.local import firewall
 from clustertool.remote import access, keys, mesh, transport
@@ -19,18 +19,18 @@ from clustertool.remote import access, keys, mesh, transport
 pytestmark = pytest.mark.unit
 
 
-def _cluster(mode: str = "leader", jump: str | None = None) -> Cluster:
+def _cluster(mode: str = "leader", jump: str | None = None) -> ClusterRecord:
     nodes = [Node("node-1", 1, "10.0.0.11", role=LEADER, ssh_host="54.1.1.1", host_keys=["ssh-ed25519 AAAA1"]),
              Node("node-2", 2, "10.0.0.12", host_keys=["ssh-ed25519 AAAA2"]),
              Node("node-3", 3, "10.0.0.13", ssh_host="10.0.0.13", host_keys=["ssh-ed25519 AAAA3"])]
     options = {"access": mode}
     if jump:
         options["jump"] = jump
-    return Cluster("gpu", "aws", user="ubuntu", nodes=nodes, options=options,
+    return ClusterRecord("gpu", "aws", user="ubuntu", nodes=nodes, options=options,
                    jump_keys=["ssh-ed25519 BASTION"] if jump else [])
 
 
-def _resolved(cluster: Cluster, host: str) -> dict[str, str]:
+def _resolved(cluster: ClusterRecord, host: str) -> dict[str, str]:
     """What ssh makes of the cluster's config for ``host`` (ssh -G: no connection)."""
     path = transport.write_ssh_config(cluster)
     out = subprocess.run(["ssh", "-G", "-F", str(path), host], capture_output=True, text=True, check=True).stdout

@@ -12,7 +12,7 @@ import pytest
 
 from clustertool.cluster import autostop, spec
 from clustertool.core.errors import SpecError, UsageError
-from clustertool.core.model import LEADER, MEMBER, Cluster, Node
+from clustertool.core.model import LEADER, MEMBER, ClusterRecord, Node
 from clustertool.nodeprogs import DIR
 from clustertool.providers.aws import az_launch
 
@@ -23,10 +23,10 @@ watcher = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(watcher)
 
 
-def _cluster() -> Cluster:
+def _cluster() -> ClusterRecord:
     nodes = [Node(name=f"node-{i}", index=i, address=f"10.0.0.{i}", role=LEADER if i == 1 else MEMBER)
              for i in (1, 2, 3)]
-    return Cluster(name="c", provider="local", nodes=nodes, status="ready")
+    return ClusterRecord(name="c", provider="local", nodes=nodes, status="ready")
 
 
 @pytest.mark.parametrize("text,seconds", [("30m", 1800), ("1h", 3600), ("1h30m", 5400), ("90s", 90), ("45", 2700),

@@ -6,13 +6,13 @@ import pytest
 
 from clustertool.bench import compare
 from clustertool.core.errors import UsageError
-from clustertool.core.model import LEADER, MEMBER, SERVER, Cluster, Node
+from clustertool.core.model import LEADER, MEMBER, SERVER, ClusterRecord, Node
 
 pytestmark = pytest.mark.unit
 
 
-def _cluster() -> Cluster:
-    return Cluster("c", "local", nodes=[Node("node-1", 1, "a", LEADER), Node("node-2", 2, "b", MEMBER),
+def _cluster() -> ClusterRecord:
+    return ClusterRecord("c", "local", nodes=[Node("node-1", 1, "a", LEADER), Node("node-2", 2, "b", MEMBER),
                                         Node("server-1", 3, "s", SERVER, 0)])
 
 

@@ -10,7 +10,7 @@ import pytest
 from clustertool import doctor
 from clustertool.cluster.facts import facts_script, parse_facts
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.doctor import fixes, netchecks
 from clustertool.remote.mesh import mesh_peers, mesh_script
 
@@ -79,7 +79,7 @@ def test_rounds_never_use_a_node_twice():
 
 
 def test_mesh_findings_collapse_a_dead_target():
-    cluster = Cluster("c", "local", nodes=nodes(3))
+    cluster = ClusterRecord("c", "local", nodes=nodes(3))
     outputs = {"node-1": "fail 10.0.0.3 ssh: connect to host 10.0.0.3 port 22: Connection refused\n",
                "node-2": "fail 10.0.0.3 ssh: connect to host 10.0.0.3 port 22: Connection refused\n"}
     found = netchecks.mesh_findings(cluster, cluster.nodes[:2], outputs, {"node-3"})
@@ -88,7 +88,7 @@ def test_mesh_findings_collapse_a_dead_target():
 
 
 def test_mesh_host_key_failures_are_fixable():
-    cluster = Cluster("c", "local", nodes=nodes(3))
+    cluster = ClusterRecord("c", "local", nodes=nodes(3))
     outputs = {"node-1": "fail 10.0.0.2 Host key verification failed.\n"}
     found = netchecks.mesh_findings(cluster, cluster.nodes, outputs, set())
     assert [(f.node, f.fixable) for f in found] == [("node-2", True)]
@@ -135,7 +135,7 @@ def test_the_mesh_is_every_pair_on_small_clusters_and_a_ring_sample_on_large_one
 
 
 def test_a_sampled_mesh_says_no_node_can_reach_a_target_when_all_that_tried_it_failed():
-    cluster = Cluster("c", "local", nodes=nodes(40))
+    cluster = ClusterRecord("c", "local", nodes=nodes(40))
     assert mesh_script(nodes(3), parallel=False).count(" &") == 0
     peers = mesh_peers(cluster.nodes)
     target = cluster.nodes[20]

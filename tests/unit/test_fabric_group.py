@@ -10,7 +10,7 @@ import pytest
 from clustertool import api
 from clustertool.core import state
 from clustertool.core.errors import StateError
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.remote import fabricgroup
 from tests.fakes.cluster import saved_cluster
 
@@ -23,7 +23,7 @@ def keypair(path) -> str:
 
 
 def test_keys_pinned_under_host_key_aliases_map_to_their_nodes():
-    cluster = Cluster("c", "static", nodes=[Node("node-1", 1, "10.0.0.1", role="leader"),
+    cluster = ClusterRecord("c", "static", nodes=[Node("node-1", 1, "10.0.0.1", role="leader"),
                                             Node("node-2", 2, "10.0.0.2")])
     text = ("c-node-1 ssh-ed25519 AAAA1\n# a comment\nc-node-2 ssh-ed25519 AAAA2\n"
             "c-node-2,other ecdsa-sha2-nistp256 BBBB2\nother-node-3 ssh-ed25519 CCCC\n@revoked c-node-1 x y\n")
@@ -32,7 +32,7 @@ def test_keys_pinned_under_host_key_aliases_map_to_their_nodes():
 
 
 def test_paramiko_looks_a_key_up_by_host_or_bracketed_host_and_port():
-    plain = Cluster("c", "static", nodes=[Node("node-1", 1, "10.0.0.1", role="leader")])
+    plain = ClusterRecord("c", "static", nodes=[Node("node-1", 1, "10.0.0.1", role="leader")])
     assert fabricgroup.lookup_name(plain, plain.nodes[0]) == "10.0.0.1"
     far = Node("node-1", 1, "10.0.0.1", ssh_host="3.3.3.3", ssh_port=2222)
     assert fabricgroup.lookup_name(plain, far) == "[3.3.3.3]:2222"

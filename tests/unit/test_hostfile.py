@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from clustertool.core.errors import SpecError, UsageError
 from clustertool.core.hostfile import FORMATS, HostEntry, parse, render, render_cluster, valid_host
-from clustertool.core.model import LEADER, Cluster, Node
+from clustertool.core.model import LEADER, ClusterRecord, Node
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +47,7 @@ def test_render_cluster_puts_the_leader_first_with_private_addresses_and_slots()
         Node("node-2", 2, "10.213.0.3", role=LEADER, slots=2, ssh_host="54.1.1.2"),
         Node("node-3", 3, "10.213.0.4", slots=2),
     ]
-    cluster = Cluster("demo", "local", nodes=nodes)
+    cluster = ClusterRecord("demo", "local", nodes=nodes)
     assert render_cluster(cluster) == "10.213.0.3 slots=2\n10.213.0.2 slots=2\n10.213.0.4 slots=2\n"
     assert render_cluster(cluster, "horovod") == "10.213.0.3:2,10.213.0.2:2,10.213.0.4:2\n"
 

@@ -10,7 +10,7 @@ import pytest
 
 from clustertool.cluster import inventory
 from clustertool.core.errors import UsageError
-from clustertool.core.model import LEADER, Cluster, Node
+from clustertool.core.model import LEADER, ClusterRecord, Node
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +20,7 @@ def cluster(ct_env):
     nodes = [Node("node-2", 2, "10.0.0.12", slots=8, ssh_host="54.1.1.2", instance_id="i-2"),
              Node("node-1", 1, "10.0.0.11", role=LEADER, slots=8, ssh_host="54.1.1.1", instance_id="i-1"),
              Node("node-3", 3, "10.0.0.13", slots=8)]
-    return Cluster("gpu-run", "aws", user="ubuntu", nodes=nodes)
+    return ClusterRecord("gpu-run", "aws", user="ubuntu", nodes=nodes)
 
 
 def test_ansible_groups_leader_first_and_pinned_ssh(cluster):

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Job
+from clustertool.core.model import JobRecord
 from clustertool.jobs import kill, records, scripts
 from clustertool.jobs.manage import reboot_line, remote_path_sh, s3_upload_line
 
@@ -171,8 +171,9 @@ def test_parse_status_lines():
 
 
 def test_resolve_by_id_prefix_and_name():
-    jobs = [Job("j1122-aaaa11", "c", ["x"], name="train", started=1), Job("j1122-bbbb22", "c", ["x"], started=2),
-            Job("j1122-aaab33", "c", ["x"], name="train", started=3)]
+    jobs = [JobRecord("j1122-aaaa11", "c", ["x"], name="train", started=1),
+            JobRecord("j1122-bbbb22", "c", ["x"], started=2),
+            JobRecord("j1122-aaab33", "c", ["x"], name="train", started=3)]
     assert records.resolve(jobs, "j1122-bbbb22").id == "j1122-bbbb22"
     assert records.resolve(jobs, "j1122-b").id == "j1122-bbbb22"
     assert records.resolve(jobs, "train").id == "j1122-aaab33"
@@ -183,15 +184,15 @@ def test_resolve_by_id_prefix_and_name():
 
 
 def test_kill_refuses_finished_jobs_and_picks_the_single_running_one():
-    done = Job("j1-a", "c", ["x"], state="failed", exit_code=2)
-    run = Job("j1-b", "c", ["x"], state="running")
+    done = JobRecord("j1-a", "c", ["x"], state="failed", exit_code=2)
+    run = JobRecord("j1-b", "c", ["x"], state="running")
     with pytest.raises(UsageError, match="job j1-a is not running: it failed with exit code 2"):
         kill.pick_running([done, run], "j1-a")
     assert kill.pick_running([done, run], None).id == "j1-b"
     with pytest.raises(UsageError, match="no running job"):
         kill.pick_running([done], None)
     with pytest.raises(UsageError, match="2 jobs are running"):
-        kill.pick_running([run, Job("j1-c", "c", ["y"])], None)
+        kill.pick_running([run, JobRecord("j1-c", "c", ["y"])], None)
 
 
 def test_fetch_and_reboot_lines_quote_paths():

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from clustertool.core.model import Job
+from clustertool.core.model import JobRecord
 from clustertool.jobs import kill, records
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Call, Reply, ScriptedTransport
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.unit
 JOB = "j0101-abc123"
 
 
-def job_line(alive: bool, killed: bool, job: Job) -> str:
+def job_line(alive: bool, killed: bool, job: JobRecord) -> str:
     """One line of the leader's job status program (see jobs.scripts.status_script)."""
     record = base64.b64encode(json.dumps(job.to_dict()).encode()).decode()
     return f"J {job.id} - {int(alive)} {int(killed)} 1 0 {record}\n"
@@ -38,9 +38,9 @@ def kills(call: Call) -> bool:
 
 
 @pytest.fixture
-def job(ct_env) -> Job:
+def job(ct_env) -> JobRecord:
     saved_cluster("kv", 3)
-    job = Job(JOB, "kv", ["python3", "train.py"], nodes=["node-1", "node-2", "node-3"], np=3, leader="node-1",
+    job = JobRecord(JOB, "kv", ["python3", "train.py"], nodes=["node-1", "node-2", "node-3"], np=3, leader="node-1",
               started=time.time() - 60)
     records.save(job)
     return job

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clustertool.cluster import ledger
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,7 @@ def test_local_costs_nothing_unknown_types_and_spot_are_unpriced():
 
 def test_report_totals_and_json_say_approximate(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTERTOOL_HOME", str(tmp_path))
-    cluster = Cluster(name="t", provider="aws", id="t-1", nodes=[Node(name="node-1", index=1, address="")],
+    cluster = ClusterRecord(name="t", provider="aws", id="t-1", nodes=[Node(name="node-1", index=1, address="")],
                       provider_state={"instance_type": "g5.xlarge"})
     ledger.record("up", cluster, t=0.0)
     ledger.record("autostop", cluster, t=2 * H)
@@ -78,14 +78,14 @@ def test_report_totals_and_json_say_approximate(tmp_path, monkeypatch):
 def test_record_refuses_unknown_events_and_read_skips_broken_lines(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTERTOOL_HOME", str(tmp_path))
     with pytest.raises(ValueError):
-        ledger.record("explode", Cluster(name="t", provider="local"))
+        ledger.record("explode", ClusterRecord(name="t", provider="local"))
     ledger.path().write_text('{"t": 1, "event": "up", "id": "x"}\nnot json\n{"t": "x", "event": "up"}\n')
     assert [e["id"] for e in ledger.read()] == ["x"]
 
 
 def test_clusters_made_before_the_ledger_count_from_their_creation(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTERTOOL_HOME", str(tmp_path))
-    old = Cluster(name="old", provider="aws", id="old-1", created=1 * H, status="ready",
+    old = ClusterRecord(name="old", provider="aws", id="old-1", created=1 * H, status="ready",
                   nodes=[Node(name="node-1", index=1, address="")], provider_state={"instance_type": "g5.xlarge"})
     [c] = ledger.report(now=4 * H, known=[old]).clusters
     assert (c.id, c.hours_up, c.state) == ("old-1", 3.0, "running")
@@ -93,7 +93,7 @@ def test_clusters_made_before_the_ledger_count_from_their_creation(tmp_path, mon
 
 def test_a_swept_cluster_is_gone_from_then_on(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTERTOOL_HOME", str(tmp_path))
-    cluster = Cluster(name="t", provider="local", id="t-1", nodes=[Node(name="node-1", index=1, address="")])
+    cluster = ClusterRecord(name="t", provider="local", id="t-1", nodes=[Node(name="node-1", index=1, address="")])
     ledger.record("up", cluster, t=0.0)
     ledger.record_gone("t", "t-1")
     [c] = ledger.report().clusters

@@ -229,13 +229,13 @@ def test_init_config_binds_private_dirs_over_the_node_view_and_runs_sshd():
 # ---- LocalProvider.check(): fails fast, in one line, before anything is made ----------------
 
 from clustertool.core.errors import MissingPrerequisite, UsageError  # noqa: E402
-from clustertool.core.model import Cluster  # noqa: E402
+from clustertool.core.model import ClusterRecord  # noqa: E402
 from clustertool.providers import local  # noqa: E402
 from clustertool.providers.base import ProvisionRequest  # noqa: E402
 
 
 def _request(count: int = 3, **options) -> ProvisionRequest:
-    cluster = Cluster(name="unit-local", provider="local", options=options)
+    cluster = ClusterRecord(name="unit-local", provider="local", options=options)
     return ProvisionRequest(cluster=cluster, count=count, slots=None, public_key="ssh-ed25519 AAAA x",
                             key_path=Path("/nonexistent/key"), files_dir=Path("/nonexistent"))
 

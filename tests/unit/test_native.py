@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from clustertool.core.errors import ToolError
-from clustertool.core.model import LEADER, Cluster, Node
+from clustertool.core.model import LEADER, ClusterRecord, Node
 from clustertool.plugin import build, deploy, remote
 
 pytestmark = pytest.mark.unit
@@ -114,7 +114,7 @@ def test_source_tar_leaves_build_outputs_out(tmp_path):
 
 def _cluster(provider="local", user="root"):
     nodes = [Node(f"node-{i}", i, f"10.213.9.{i}", role=LEADER if i == 1 else "member") for i in (1, 2)]
-    return Cluster(name="pl", provider=provider, user=user, nodes=nodes, status="ready")
+    return ClusterRecord(name="pl", provider=provider, user=user, nodes=nodes, status="ready")
 
 
 def test_default_dest_is_private_home_for_local_and_opt_elsewhere():

@@ -7,19 +7,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clustertool.core.errors import UsageError
-from clustertool.core.model import LEADER, Cluster, Node
+from clustertool.core.model import LEADER, ClusterRecord, Node
 from clustertool.core.nodeset import expand, fold, natural_key, select
 
 pytestmark = pytest.mark.unit
 
 
-def make_cluster(count: int = 4, leader: int = 1, name: str = "demo") -> Cluster:
+def make_cluster(count: int = 4, leader: int = 1, name: str = "demo") -> ClusterRecord:
     nodes = [
         Node(name=f"node-{i}", index=i, address=f"10.213.0.{i + 1}",
              role=LEADER if i == leader else "member")
         for i in range(1, count + 1)
     ]
-    return Cluster(name=name, provider="local", nodes=nodes)
+    return ClusterRecord(name=name, provider="local", nodes=nodes)
 
 
 # --- expand -------------------------------------------------------------------------------

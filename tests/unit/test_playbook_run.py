@@ -104,9 +104,9 @@ def test_progress_events_in_order(sh_steps):
 
 def test_failure_without_a_down_step_still_tears_down_a_cluster_that_exists(sh_steps, ct_env):
     from clustertool.core import state
-    from clustertool.core.model import Cluster
+    from clustertool.core.model import ClusterRecord
 
-    state.save(Cluster("made-by-up", "local"))
+    state.save(ClusterRecord("made-by-up", "local"))
     result = run.run(book("cluster: made-by-up\nsteps:\n  - exec: {command: 'exit 1'}\n"))
     assert statuses(result)[-1] == ("always step 1 (down (on failure))", "ok")
     assert result.outcomes[-1].command == "clustertool down -c made-by-up --yes"
@@ -114,8 +114,8 @@ def test_failure_without_a_down_step_still_tears_down_a_cluster_that_exists(sh_s
 
 def test_success_without_a_down_step_keeps_the_cluster(sh_steps, ct_env):
     from clustertool.core import state
-    from clustertool.core.model import Cluster
+    from clustertool.core.model import ClusterRecord
 
-    state.save(Cluster("kept", "local"))
+    state.save(ClusterRecord("kept", "local"))
     result = run.run(book("cluster: kept\nsteps:\n  - exec: {command: 'true'}\n"))
     assert statuses(result) == [("step 1 (exec)", "ok")]

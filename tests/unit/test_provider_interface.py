@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clustertool.core.errors import NotSupported
-from clustertool.core.model import Cluster
+from clustertool.core.model import ClusterRecord
 from clustertool.providers import base
 
 pytestmark = pytest.mark.unit
@@ -32,7 +32,7 @@ def test_every_registered_provider_subclasses_the_base_and_implements_the_verbs(
 
 def test_an_unsupported_verb_is_a_usage_error_with_a_hint():
     provider = base.provider_class("static")()
-    cluster = Cluster(name="c", provider="static", user="u")
+    cluster = ClusterRecord(name="c", provider="static", user="u")
     with pytest.raises(NotSupported) as e:
         provider.replace_node(cluster, "node-2")
     assert e.value.hint and e.value.exit_code == 2

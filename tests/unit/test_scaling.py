@@ -8,7 +8,7 @@ import pytest
 
 from clustertool.bench import scaling
 from clustertool.core.errors import UsageError
-from clustertool.core.model import LEADER, Cluster, Node
+from clustertool.core.model import LEADER, ClusterRecord, Node
 
 pytestmark = pytest.mark.unit
 
@@ -115,10 +115,10 @@ def test_job_argv_splits_one_string_and_keeps_several():
         scaling.job_argv([])
 
 
-def _cluster(n: int) -> Cluster:
+def _cluster(n: int) -> ClusterRecord:
     nodes = [Node(f"node-{i}", i, f"10.213.9.{i}", role=LEADER if i == 1 else "member", slots=2)
              for i in range(1, n + 1)]
-    return Cluster("sc", "local", nodes=nodes)
+    return ClusterRecord("sc", "local", nodes=nodes)
 
 
 def test_run_scaling_with_a_fake_launcher(tmp_path):

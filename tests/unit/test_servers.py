@@ -9,16 +9,16 @@ import pytest
 
 from clustertool.core import hostfile, nodeset
 from clustertool.core.errors import UsageError
-from clustertool.core.model import LEADER, MEMBER, SERVER, Cluster, Node
+from clustertool.core.model import LEADER, MEMBER, SERVER, ClusterRecord, Node
 from clustertool.jobs import launch, records, reducers, scripts
 
 pytestmark = pytest.mark.unit
 
 
-def _cluster() -> Cluster:
+def _cluster() -> ClusterRecord:
     nodes = [Node("server-1", 3, "10.0.0.3", SERVER, 0), Node("node-2", 2, "10.0.0.2", MEMBER, 2),
              Node("node-1", 1, "10.0.0.1", LEADER, 2), Node("server-2", 4, "10.0.0.4", SERVER, 0)]
-    return Cluster("c", "local", nodes=nodes)
+    return ClusterRecord("c", "local", nodes=nodes)
 
 
 def test_servers_come_last_and_are_neither_members_nor_slots():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from clustertool.cluster.facts import facts_script
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.jobs import scripts
 from clustertool.remote import keys
 
@@ -38,7 +38,8 @@ def test_shellcheck_passes(path):
 
 
 def _cluster():
-    return Cluster("demo", "local", nodes=[Node("node-1", 1, "10.0.0.1", role="leader", host_keys=["ssh-ed25519 A"])])
+    return ClusterRecord("demo", "local",
+                         nodes=[Node("node-1", 1, "10.0.0.1", role="leader", host_keys=["ssh-ed25519 A"])])
 
 
 QUOTED = "'/data/my set '\"'\"'v2'\"'\"' \"q\" ü; rm -rf /'"

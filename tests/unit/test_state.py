@@ -8,13 +8,13 @@ import pytest
 
 from clustertool.core import state
 from clustertool.core.errors import StateError, UsageError
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 
 pytestmark = pytest.mark.unit
 
 
 def _cluster(name="alpha", n=2):
-    return Cluster(name=name, provider="local",
+    return ClusterRecord(name=name, provider="local",
                    nodes=[Node(f"node-{i}", i, f"10.0.0.{i}", role="leader" if i == 1 else "member")
                           for i in range(1, n + 1)])
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clustertool.core.errors import ProviderError, UsageError
-from clustertool.core.model import Cluster
+from clustertool.core.model import ClusterRecord
 from clustertool.providers.base import ProvisionRequest, get_provider, provider_class
 from clustertool.providers.static import StaticProvider, Target, check_key, parse_hosts
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 
 def request_for(options: dict, count: int | None = None, slots: int | None = None, tmp: Path | None = None):
     saved = []
-    cluster = Cluster(name="adopted", provider="static", user="me", options=dict(options))
+    cluster = ClusterRecord(name="adopted", provider="static", user="me", options=dict(options))
     req = ProvisionRequest(cluster=cluster, count=count, slots=slots, public_key="ssh-ed25519 AAAA x",
                            key_path=Path("/nonexistent/key"), files_dir=Path("/nonexistent"),
                            save=lambda: saved.append(dict(cluster.provider_state)))
@@ -227,7 +227,7 @@ def test_plan_describes_adoption_without_creating_anything(key_file):
 
 # --- reachability -------------------------------------------------------------------------
 
-def cluster_of(ports: list[int]) -> Cluster:
+def cluster_of(ports: list[int]) -> ClusterRecord:
     req = request_for({"hosts": ",".join(f"127.0.0.1:{p}" for p in ports)})
     req.cluster.nodes = StaticProvider().run_instances(req)
     return req.cluster
@@ -289,7 +289,7 @@ def test_terminate_leaves_machines_running_and_says_so():
         "left node-1 (127.0.0.1) running: static machines are adopted, never terminated",
         "left node-2 (127.0.0.1) running: static machines are adopted, never terminated",
     ]
-    assert StaticProvider().terminate_instances(Cluster("empty", "static")) == []
+    assert StaticProvider().terminate_instances(ClusterRecord("empty", "static")) == []
 
 
 @pytest.mark.parametrize("verb", ["stop_instances", "start_instances"])

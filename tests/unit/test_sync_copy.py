@@ -55,7 +55,7 @@ def setup(tmp_path, ct_env, monkeypatch):
                     shutil.copy2(src / name, dest / name)
         return chain.ChainRun(0, "", 0.0, done={node: {"rc": 0} for node in NODES})
 
-    monkeypatch.setattr(drive.chains, "stream", stream)
+    monkeypatch.setattr(drive.chain, "stream", stream)
     return fake, src, streamed
 
 

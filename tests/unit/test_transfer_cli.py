@@ -3,7 +3,7 @@
 import pytest
 
 from clustertool.core import state
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.unit, pytest.mark.cli]
@@ -14,7 +14,7 @@ def fake_cluster(ct_env):
     # loopback, port 9 (discard, closed here): an SSH attempt would fail at once and stay local
     nodes = [Node("node-1", 1, "127.0.0.1", role="leader", ssh_port=9),
              Node("node-2", 2, "127.0.0.1", ssh_port=9)]
-    state.save(Cluster("fake", "static", nodes=nodes, status="ready"))
+    state.save(ClusterRecord("fake", "static", nodes=nodes, status="ready"))
     return ct_env
 
 
@@ -33,7 +33,7 @@ def test_bad_input_is_one_line_and_exit_2(fake_cluster, args, message):
 
 
 def test_cluster_not_ready_is_refused_before_any_ssh(ct_env):
-    state.save(Cluster("fake", "static", nodes=[Node("node-1", 1, "127.0.0.1", role="leader", ssh_port=9)],
+    state.save(ClusterRecord("fake", "static", nodes=[Node("node-1", 1, "127.0.0.1", role="leader", ssh_port=9)],
                        status="stopped"))
     proc = run_cli("copy", "-c", "fake", "/a", "/b", env=ct_env, timeout=60)
     assert proc.returncode == 2 and "is stopped, not ready" in proc.stderr

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from clustertool.core.model import Cluster, Node
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.core.state import ClusterPaths
 from clustertool.remote import keys, transport
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 def _cluster():
     nodes = [Node("node-1", 1, "10.1.0.1", role="leader", host_keys=["ssh-ed25519 AAAAleader"]),
              Node("node-2", 2, "10.1.0.2", ssh_host="54.1.2.3", ssh_port=2222, host_keys=["ssh-ed25519 AAAAm2"])]
-    return Cluster(name="demo", provider="local", nodes=nodes)
+    return ClusterRecord(name="demo", provider="local", nodes=nodes)
 
 
 def test_config_pins_host_keys_and_multiplexes(ct_env):

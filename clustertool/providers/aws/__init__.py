@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from clustertool.core.model import Cluster, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
 
 
@@ -71,7 +71,7 @@ class AwsProvider(Provider):
             self._prep = prepare.prepare(request)
         return self._prep
 
-    def _session(self, cluster: Cluster):
+    def _session(self, cluster: ClusterRecord):
         """The session `up` prepared (it carries the lease), else a new one for the cluster's region."""
         from clustertool.providers.aws import provision
 
@@ -92,56 +92,56 @@ class AwsProvider(Provider):
 
         return provision.run(request, self._prepared(request))
 
-    def wait_instances(self, cluster: Cluster, timeout: float = 600.0) -> list[Node]:
+    def wait_instances(self, cluster: ClusterRecord, timeout: float = 600.0) -> list[Node]:
         from clustertool.providers.aws import provision
 
         return provision.wait(cluster, self._session(cluster))
 
-    def finish(self, cluster: Cluster) -> None:
+    def finish(self, cluster: ClusterRecord) -> None:
         """`up` succeeded: its lease becomes 'done', so sweeps know the cluster is complete."""
         from clustertool.providers.aws import provision
 
         provision.finish(cluster, self._session(cluster))
 
-    def query_instances(self, cluster: Cluster) -> list[Node]:
+    def query_instances(self, cluster: ClusterRecord) -> list[Node]:
         from clustertool.providers.aws import provision
 
         return provision.query(cluster, self.report)
 
-    def confirm_owner(self, cluster: Cluster, force: bool, verb: str) -> None:
+    def confirm_owner(self, cluster: ClusterRecord, force: bool, verb: str) -> None:
         """Refuse (unless ``force``) a cluster whose state or tags say another owner made it."""
         from clustertool.providers.aws import provision
 
         provision.confirm_owner(cluster, force, verb, self.report)
 
-    def stop_instances(self, cluster: Cluster) -> None:
+    def stop_instances(self, cluster: ClusterRecord) -> None:
         from clustertool.providers.aws import provision
 
         provision.stop(cluster, self.report)
 
-    def start_instances(self, cluster: Cluster) -> list[Node]:
+    def start_instances(self, cluster: ClusterRecord) -> list[Node]:
         from clustertool.providers.aws import provision
 
         return provision.start(cluster, self.report)
 
-    def terminate_instances(self, cluster: Cluster) -> list[str]:
+    def terminate_instances(self, cluster: ClusterRecord) -> list[str]:
         from clustertool.providers.aws import provision
 
         return provision.terminate(cluster, self.report)
 
-    def set_shutdown_behavior(self, cluster: Cluster, behavior: str) -> None:
+    def set_shutdown_behavior(self, cluster: ClusterRecord, behavior: str) -> None:
         """What each instance does when its OS powers off: "stop" or "terminate" (autostop/autodown)."""
         from clustertool.providers.aws import provision
 
         provision.set_shutdown_behavior(cluster, behavior, self.report)
 
-    def owns_cluster(self, cluster: Cluster) -> bool:
+    def owns_cluster(self, cluster: ClusterRecord) -> bool:
         """Adopted clusters are not ours to terminate unless down --terminate-adopted said so."""
         if cluster.provider_state.get("adopted"):
             return bool(cluster.options.get("terminate_adopted"))
         return True
 
-    def describe(self, cluster: Cluster) -> dict:
+    def describe(self, cluster: ClusterRecord) -> dict:
         from clustertool.providers.aws import provision
 
         return provision.describe(cluster)

@@ -7,7 +7,7 @@ import secrets
 from typing import Any, Callable
 
 from clustertool.core.errors import ProviderError
-from clustertool.core.model import Cluster, Reporter
+from clustertool.core.model import ClusterRecord, Reporter
 from clustertool.providers.aws import capacity, leader, network, placement, servers, tags, teardown
 from clustertool.providers.aws.client import NEXT_AZ_CODES, Aws, aws_errors, is_code
 from clustertool.providers.aws.images import Image
@@ -16,7 +16,7 @@ DEFAULT_IOPS = 10_000  # what the seeds provisioned for their dataset disks
 IOPS_TYPES = ("io1", "io2", "gp3")
 
 
-def recorder(cluster: Cluster, save: Callable[[], None]) -> Callable[[str, str], None]:
+def recorder(cluster: ClusterRecord, save: Callable[[], None]) -> Callable[[str, str], None]:
     """Record a created resource in provider_state and persist at once (an interrupted up can be undone)."""
     def record(kind: str, rid: str) -> None:
         items = cluster.provider_state.setdefault(kind, [])
@@ -26,7 +26,7 @@ def recorder(cluster: Cluster, save: Callable[[], None]) -> Callable[[str, str],
     return record
 
 
-def unrecord(cluster: Cluster, kind: str, rid: str) -> None:
+def unrecord(cluster: ClusterRecord, kind: str, rid: str) -> None:
     items = cluster.provider_state.get(kind, [])
     if rid in items:
         items.remove(rid)
@@ -99,7 +99,7 @@ def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: I
     return params
 
 
-def launch_in_order(aws: Aws, cluster: Cluster, *, stamp: tags.Stamp, count: int, info: capacity.TypeInfo,
+def launch_in_order(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, count: int, info: capacity.TypeInfo,
                     image: Image, azs: list[str], group_id: str, key_name: str, suffix: str,
                     record: Callable[[str, str], None], report: Reporter, public_key: str = "",
                     server_plan: servers.ServerPlan | None = None,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from clustertool.core import state
 from clustertool.core.errors import ProviderError, UsageError
-from clustertool.core.model import Cluster, Reporter
+from clustertool.core.model import ClusterRecord, Reporter
 from clustertool.providers.aws import census, lease, tags
 from clustertool.providers.aws.client import Aws, aws_errors
 
@@ -90,7 +90,7 @@ def check_race(aws: Aws, stamp: tags.Stamp, me: Owner) -> None:
                                 hint="pick another --name")
 
 
-def confirm(aws: Aws, cluster: Cluster, force: bool, verb: str) -> None:
+def confirm(aws: Aws, cluster: ClusterRecord, force: bool, verb: str) -> None:
     """Refuse to act on a cluster whose state or resources say another owner made it."""
     me = caller(aws)
     recorded = cluster.provider_state.get("owner") or {}
@@ -108,7 +108,7 @@ def confirm(aws: Aws, cluster: Cluster, force: bool, verb: str) -> None:
                                 hint=f"`clustertool {verb} --force-owner` acts on it anyway")
 
 
-def stamp_for(cluster: Cluster, me: Owner) -> tags.Stamp:
+def stamp_for(cluster: ClusterRecord, me: Owner) -> tags.Stamp:
     """The tags of everything this `up` makes; the lease starts now."""
     return tags.Stamp(cluster.name, cluster.id, owner=me.arn, home=me.home, lease=lease.expiry(),
                       created=f"{time.time():.3f}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from clustertool.core.errors import ProviderError
-from clustertool.core.model import Cluster, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.providers.aws import (
     adopt,
     az_launch,
@@ -27,7 +27,7 @@ from clustertool.providers.base import ProvisionRequest
 from clustertool.remote import access
 
 
-def session_for(cluster: Cluster, report: Reporter = silent) -> Aws:
+def session_for(cluster: ClusterRecord, report: Reporter = silent) -> Aws:
     ps, opts = cluster.provider_state, cluster.options
     return Aws(region=ps.get("region") or opts.get("region"), profile=opts.get("profile"), report=report)
 
@@ -116,7 +116,7 @@ def _gpus(aws: Aws, types: list[str]) -> int:
     return counts.pop() if len(counts) == 1 else 0
 
 
-def wait(cluster: Cluster, aws: Aws) -> list[Node]:
+def wait(cluster: ClusterRecord, aws: Aws) -> list[Node]:
     """Until running with status checks ``ok``, then (unless no_ssh) until SSH answers; host keys from
     the console output when it has them.  Ends by checking that every instance still runs."""
     ids = instances.ids_of(cluster.nodes)
@@ -140,7 +140,7 @@ def wait(cluster: Cluster, aws: Aws) -> list[Node]:
     return nodes
 
 
-def finish(cluster: Cluster, aws: Aws) -> None:
+def finish(cluster: ClusterRecord, aws: Aws) -> None:
     """`up` succeeded: the lease becomes 'done' (this fails if a sweep removed the cluster meanwhile)."""
     if cluster.provider_state.get("adopted"):
         return
@@ -148,7 +148,7 @@ def finish(cluster: Cluster, aws: Aws) -> None:
     lease.Lease(aws).done(groups + instances.ids_of(cluster.nodes))
 
 
-def query(cluster: Cluster, report: Reporter = silent) -> list[Node]:
+def query(cluster: ClusterRecord, report: Reporter = silent) -> list[Node]:
     """Current nodes; of a cluster whose `up` did not finish, what its id tag finds in AWS (an `up`
     killed right after RunInstances has recorded no node yet, but its instances run)."""
     aws = session_for(cluster, report)
@@ -159,12 +159,12 @@ def query(cluster: Cluster, report: Reporter = silent) -> list[Node]:
     return instances.refresh(aws, [Node.from_dict(n.to_dict()) for n in cluster.nodes])
 
 
-def _refuse_spot(cluster: Cluster, verb: str) -> None:
+def _refuse_spot(cluster: ClusterRecord, verb: str) -> None:
     if cluster.options.get("spot"):
         raise ProviderError(f"cannot {verb} one-time spot instances", hint="`clustertool down` them instead")
 
 
-def _move(cluster: Cluster, verb: str, doing: str, target: str, report: Reporter) -> Aws:
+def _move(cluster: ClusterRecord, verb: str, doing: str, target: str, report: Reporter) -> Aws:
     """stop/start every node's instance and wait until all are ``target``."""
     _refuse_spot(cluster, verb)
     aws = session_for(cluster, report)
@@ -175,16 +175,16 @@ def _move(cluster: Cluster, verb: str, doing: str, target: str, report: Reporter
     return aws
 
 
-def stop(cluster: Cluster, report: Reporter = silent) -> None:
+def stop(cluster: ClusterRecord, report: Reporter = silent) -> None:
     _move(cluster, "stop", "stopping", "stopped", report)
 
 
-def start(cluster: Cluster, report: Reporter = silent) -> list[Node]:
+def start(cluster: ClusterRecord, report: Reporter = silent) -> list[Node]:
     aws = _move(cluster, "start", "starting", "running", report)
     return instances.refresh(aws, cluster.nodes)  # public addresses change across stop/start
 
 
-def set_shutdown_behavior(cluster: Cluster, behavior: str, report: Reporter = silent) -> None:
+def set_shutdown_behavior(cluster: ClusterRecord, behavior: str, report: Reporter = silent) -> None:
     aws = session_for(cluster, report)
     for instance_id in instances.ids_of(cluster.nodes):
         with aws_errors(f"setting the shutdown behaviour of {instance_id}"):
@@ -192,13 +192,13 @@ def set_shutdown_behavior(cluster: Cluster, behavior: str, report: Reporter = si
                      InstanceInitiatedShutdownBehavior={"Value": behavior})
 
 
-def confirm_owner(cluster: Cluster, force: bool, verb: str, report: Reporter = silent) -> None:
+def confirm_owner(cluster: ClusterRecord, force: bool, verb: str, report: Reporter = silent) -> None:
     if cluster.provider_state.get("adopted"):
         return  # adopted machines carry no clustertool tags; the state is the whole story
     owner.confirm(session_for(cluster, report), cluster, force, verb)
 
 
-def terminate(cluster: Cluster, report: Reporter = silent) -> list[str]:
+def terminate(cluster: ClusterRecord, report: Reporter = silent) -> list[str]:
     """Everything the cluster made, found by its id tag and state; adopted instances only when asked."""
     aws = session_for(cluster, report)
     owned = teardown.owned(aws, cluster)
@@ -218,7 +218,7 @@ def terminate(cluster: Cluster, report: Reporter = silent) -> list[str]:
     return lines
 
 
-def _hourly(aws: Aws | None, cluster: Cluster, count: int) -> str:
+def _hourly(aws: Aws | None, cluster: ClusterRecord, count: int) -> str:
     """The cluster's price per hour: ``count`` GPU nodes, plus its reduction servers."""
     ps, opts = cluster.provider_state, cluster.options
     itype, is_spot = ps.get("instance_type") or "", bool(opts.get("spot"))
@@ -230,7 +230,7 @@ def _hourly(aws: Aws | None, cluster: Cluster, count: int) -> str:
     return f"${total:,.2f}/h ({basis})" if total is not None else basis
 
 
-def describe(cluster: Cluster) -> dict:
+def describe(cluster: ClusterRecord) -> dict:
     """Status lines: hourly price and the cost so far since launch."""
     ps, opts = cluster.provider_state, cluster.options
     itype, count = ps.get("instance_type") or "", len([n for n in cluster.nodes if not n.is_server])

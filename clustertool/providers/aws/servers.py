@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Cluster
+from clustertool.core.model import ClusterRecord
 from clustertool.providers.aws import capacity, pricing, quota, tags
 from clustertool.providers.aws.client import Aws, aws_errors
 from clustertool.providers.aws.instances import SERVER_TAG
@@ -82,7 +82,7 @@ def plan_lines(plan: ServerPlan | None, options: dict) -> list[str]:
             "servers' quota: " + (plan.limits.describe() if plan.limits else "not checked")]
 
 
-def hourly(cluster: Cluster, is_spot: bool, spot_price: float | None = None) -> tuple[float | None, str] | None:
+def hourly(cluster: ClusterRecord, is_spot: bool, spot_price: float | None = None) -> tuple[float | None, str] | None:
     """The servers' share of the hourly price, or None without servers."""
     k = sum(1 for n in cluster.nodes if n.is_server) or int(cluster.provider_state.get("servers") or 0)
     itype = cluster.provider_state.get("server_type") or ""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from clustertool.core import interrupts
 from clustertool.core.errors import ProviderError
-from clustertool.core.model import Cluster, Reporter
+from clustertool.core.model import ClusterRecord, Reporter
 from clustertool.providers.aws import placement, tags
 from clustertool.providers.aws.client import Aws, aws_errors, error_message, is_code, poll_interval, wait_timeout
 from clustertool.providers.aws.instances import describe, state_of, tagged_by, wait_for_state
@@ -53,7 +53,7 @@ def _merge(*lists) -> list[str]:
     return out
 
 
-def owned(aws: Aws, cluster: Cluster) -> Owned:
+def owned(aws: Aws, cluster: ClusterRecord) -> Owned:
     """Everything tagged with the cluster's id plus everything its state recorded (adopted machines
     excluded unless the user asked to terminate them)."""
     ps = cluster.provider_state
@@ -218,7 +218,7 @@ def _key_exists(aws: Aws, name: str) -> bool:
             raise
 
 
-def clean_attempt(aws: Aws, cluster: Cluster, az: str, group: str | None, report: Reporter) -> None:
+def clean_attempt(aws: Aws, cluster: ClusterRecord, az: str, group: str | None, report: Reporter) -> None:
     """Undo one failed launch attempt: its instances in ``az`` (if any got made) and its placement group."""
     stamp = tags.Stamp(cluster.name, cluster.id)
     leftovers = [i["InstanceId"] for i in tagged_by(aws, stamp.filter())

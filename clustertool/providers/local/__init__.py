@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from clustertool.core import state
 from clustertool.core.errors import MissingPrerequisite, ProviderError, UsageError
-from clustertool.core.model import LEADER, MEMBER, SERVER, Cluster, Node
+from clustertool.core.model import LEADER, MEMBER, SERVER, ClusterRecord, Node
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
 from clustertool.providers.local import firewall, net, sysops
 from clustertool.providers.local.removal import teardown
@@ -112,11 +112,11 @@ class LocalProvider(Provider):
                 hint="another CLUSTERTOOL_HOME may use this name: pick another name, or bring that one down")
 
     @staticmethod
-    def _behind_leader(cluster: Cluster) -> bool:
+    def _behind_leader(cluster: ClusterRecord) -> bool:
         return cluster.options.get("access") == "leader"
 
     @staticmethod
-    def _link_options(cluster: Cluster) -> tuple[str | None, str | None]:
+    def _link_options(cluster: ClusterRecord) -> tuple[str | None, str | None]:
         values = []
         for key, parse in (("link_rate", net.rate_bits), ("link_delay", net.delay_seconds)):
             value = cluster.options.get(key)
@@ -250,7 +250,7 @@ class LocalProvider(Provider):
         (node_dir / "tmp").mkdir(exist_ok=True)
         os.chmod(node_dir / "tmp", 0o1777)
 
-    def _make_network(self, cluster: Cluster, slot: int, indices: list[int]) -> None:
+    def _make_network(self, cluster: ClusterRecord, slot: int, indices: list[int]) -> None:
         tag = net.link_tag(cluster.name, cluster.provider_state["token"])
         host_lines = [line for i in indices for line in net.host_node_lines(cluster.name, slot, i, tag)]
         sysops.run_batch(net.ip_batch_argv(), host_lines)
@@ -292,7 +292,7 @@ class LocalProvider(Provider):
                     slots=0 if role == SERVER else slots or 1, ssh_host=address, ssh_port=22, state="running",
                     instance_id=None, host_keys=host_keys, extra={"log": str(nodes_dir / name / "node.log")})
 
-    def _start_node(self, cluster: Cluster, index: int) -> int:
+    def _start_node(self, cluster: ClusterRecord, index: int) -> int:
         """Launch node ``index`` (its PID 1 and sshd) in a new session; return the launcher pid."""
         node_dir = Path(cluster.provider_state["nodes_dir"]) / node_name(index, cluster.provider_state["count"])
         argv = net.node_start_argv(net.netns_name(cluster.name, index), sys.executable,
@@ -305,7 +305,7 @@ class LocalProvider(Provider):
 
     # ---- waiting and querying -------------------------------------------------------
 
-    def wait_instances(self, cluster: Cluster, timeout: float = 600.0) -> list[Node]:
+    def wait_instances(self, cluster: ClusterRecord, timeout: float = 600.0) -> list[Node]:
         """Until every node's sshd accepts TCP; a node's sshd starts in well under a second,
         so waiting is capped at WAIT_LIMIT whatever a cloud-minded caller allows."""
         timeout = min(timeout, self.WAIT_LIMIT)
@@ -335,7 +335,7 @@ class LocalProvider(Provider):
             node.state = "running"
         return cluster.nodes
 
-    def query_instances(self, cluster: Cluster) -> list[Node]:
+    def query_instances(self, cluster: ClusterRecord) -> list[Node]:
         names = {n.name: net.netns_name(cluster.name, n.index) for n in cluster.nodes}
         pids = sysops.pids_in_netns(ns for ns in names.values() if sysops.netns_exists(ns))
         out = []
@@ -352,14 +352,14 @@ class LocalProvider(Provider):
 
     # ---- stop / start / terminate ---------------------------------------------------
 
-    def stop_instances(self, cluster: Cluster) -> None:
+    def stop_instances(self, cluster: ClusterRecord) -> None:
         namespaces = [net.netns_name(cluster.name, n.index) for n in cluster.nodes]
         pids = sysops.pids_in_netns(namespaces)
         sysops.kill_all([p for ps in pids.values() for p in ps], reap=_reap_launched)
         for node in cluster.nodes:
             node.state = "stopped"
 
-    def start_instances(self, cluster: Cluster) -> list[Node]:
+    def start_instances(self, cluster: ClusterRecord) -> list[Node]:
         missing = [n.name for n in cluster.nodes
                    if not sysops.netns_exists(net.netns_name(cluster.name, n.index))]
         if missing:
@@ -376,10 +376,10 @@ class LocalProvider(Provider):
             pids[node.name] = self._start_node(cluster, node.index)
         return self.wait_instances(cluster, timeout=60.0)
 
-    def terminate_instances(self, cluster: Cluster) -> list[str]:
+    def terminate_instances(self, cluster: ClusterRecord) -> list[str]:
         return teardown(cluster, reap=_reap_launched)
 
-    def autostop_record(self, cluster: Cluster) -> dict | None:
+    def autostop_record(self, cluster: ClusterRecord) -> dict | None:
         """What the leader's watcher wrote when it powered the cluster off (its home is on this disk)."""
         nodes_dir = cluster.provider_state.get("nodes_dir")
         leader = next((n.name for n in cluster.nodes if n.is_leader), "node-1")
@@ -395,7 +395,7 @@ def node_name(index: int, count: int) -> str:
     return f"node-{index}" if index <= count else f"server-{index - count}"
 
 
-def _servers(cluster: Cluster) -> int:
+def _servers(cluster: ClusterRecord) -> int:
     value = cluster.options.get("reduction_servers") or 0
     if not isinstance(value, int) or value < 0:
         raise UsageError(f"option reduction_servers: expected 0 or a positive integer, got {value!r}")

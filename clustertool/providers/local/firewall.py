@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from clustertool.core.errors import ProviderError
-from clustertool.core.model import LEADER, Cluster, Node
+from clustertool.core.model import LEADER, ClusterRecord, Node
 from clustertool.providers.local import net, sysops
 
 TABLE = "clustertool_access"
@@ -70,7 +70,7 @@ def wait_from(netns: str, python: str, addresses: list[str], timeout: float) -> 
     return proc.stdout.split() if proc.returncode else []
 
 
-def wait_members(cluster: Cluster, members: list[Node], timeout: float) -> None:
+def wait_members(cluster: ClusterRecord, members: list[Node], timeout: float) -> None:
     """Members that take no SSH from here: waited for from inside the leader's namespace."""
     if not members:
         return

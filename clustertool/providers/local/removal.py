@@ -16,7 +16,7 @@ from typing import Callable
 
 from clustertool.core import state
 from clustertool.core.errors import ProviderError
-from clustertool.core.model import Cluster
+from clustertool.core.model import ClusterRecord
 from clustertool.core.nodeset import fold
 from clustertool.providers.local import net, sysops
 
@@ -34,7 +34,7 @@ def _fold(names: list[str]) -> str:
     return f"{fold(names)} ({len(names)})" if len(names) > 1 else names[0]
 
 
-def _our_namespaces(cluster: Cluster) -> list[str]:
+def _our_namespaces(cluster: ClusterRecord) -> list[str]:
     pattern = net.netns_pattern(cluster.name)
     names = set(cluster.provider_state.get("netns", []))
     names |= {ns for ns in sysops.netns_list() if pattern.match(ns)}
@@ -42,7 +42,7 @@ def _our_namespaces(cluster: Cluster) -> list[str]:
     return sorted(present, key=lambda ns: int(pattern.match(ns).group(1)) if pattern.match(ns) else 0)
 
 
-def _our_links(cluster: Cluster, tag: str) -> list[str]:
+def _our_links(cluster: ClusterRecord, tag: str) -> list[str]:
     ps = cluster.provider_state
     names = set(ps.get("veths", []))
     if ps.get("slot") is not None:
@@ -69,7 +69,7 @@ def _release_shared(bridge: str | None, tag: str) -> list[str]:
     return removed
 
 
-def teardown(cluster: Cluster, reap: Callable[[], None] = lambda: None, files: bool = True) -> list[str]:
+def teardown(cluster: ClusterRecord, reap: Callable[[], None] = lambda: None, files: bool = True) -> list[str]:
     """Remove the cluster's namespaces, processes, links and (``files``) its node directories."""
     ps = cluster.provider_state
     nodes_dir = Path(ps.get("nodes_dir") or state.ClusterPaths(cluster.name).root / "local")

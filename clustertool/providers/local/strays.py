@@ -15,7 +15,7 @@ from pathlib import Path
 
 from clustertool.core import state
 from clustertool.core.errors import ToolError
-from clustertool.core.model import Cluster, Reporter, silent
+from clustertool.core.model import ClusterRecord, Reporter, silent
 from clustertool.providers.local import net, sysops
 from clustertool.providers.local.removal import teardown
 
@@ -101,7 +101,7 @@ def find_orphans(force_owner: bool = False) -> list[LocalOrphan]:
 def delete_orphans(orphans: list[LocalOrphan], report: Reporter = silent) -> list[str]:
     removed = []
     for orphan in orphans:
-        cluster = Cluster(name=orphan.cluster, provider="local",
+        cluster = ClusterRecord(name=orphan.cluster, provider="local",
                           provider_state={"token": orphan.token, "slot": orphan.slot, "bridge": orphan.id})
         # files=False: a same-named cluster of this home may own the derived node directory
         # (the caller forgets this home's leftovers by the marker's cluster id)
