@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Sequence
 
 NET_PREFIX = "10.213"
 NET_RANGE = f"{NET_PREFIX}.0.0/16"
@@ -344,7 +345,7 @@ def shared_software(paths: list[str]) -> list[str]:
     return [p for p in hidden if not any(p != q and p.startswith(q + "/") for q in hidden)]
 
 
-def init_config(hostname: str, node_dir: Path, hosts_file: Path, shared: list[str] = ()) -> dict:
+def init_config(hostname: str, node_dir: Path, hosts_file: Path, shared: Sequence[str] = ()) -> dict:
     """What the node's PID 1 (init.py) does: hostname, private mounts, then sshd.
 
     Host directories under ``node_dir`` are bound over /root, /scratch, /tmp and /etc/ssh;
