@@ -12,10 +12,13 @@ dry-run plan), provision (the verbs' bodies), sweep (clusters no state of this h
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from clustertool.model import Cluster, Node, Reporter, silent
 from clustertool.providers.base import OptionSpec, ProvisionRequest
+
+if TYPE_CHECKING:
+    from clustertool.providers.aws.prepare import Prep
 
 
 class AwsProvider:
@@ -61,10 +64,10 @@ class AwsProvider:
     }
 
     def __init__(self, report: Reporter = silent, **_ignored: object) -> None:
-        self._prep = None
+        self._prep: Prep | None = None
         self.report = report
 
-    def _prepared(self, request: ProvisionRequest):
+    def _prepared(self, request: ProvisionRequest) -> Prep:
         from clustertool.providers.aws import prepare
 
         if self._prep is None:
