@@ -13,6 +13,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 from clustertool import state
 from clustertool.model import Cluster
@@ -209,7 +210,7 @@ def basis() -> str:
             "stopped hours cost only their disks, which are not counted; local nodes cost nothing")
 
 
-def report(since: float | None = None, now: float | None = None, known: list[Cluster] = ()) -> CostReport:
+def report(since: float | None = None, now: float | None = None, known: Sequence[Cluster] = ()) -> CostReport:
     """The ledger's clusters; ``known`` clusters (state files) it has never seen -- made before the
     ledger existed -- count from their creation, in their recorded state."""
     events = read()

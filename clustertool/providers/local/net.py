@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 NET_PREFIX = "10.213"
 NET_RANGE = f"{NET_PREFIX}.0.0/16"
@@ -283,7 +283,7 @@ def node_start_argv(netns: str, python: str, init_script: Path, config_path: Pat
 NODE_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
-def node_environment(host_env: dict[str, str]) -> dict[str, str]:
+def node_environment(host_env: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in host_env.items() if k in NODE_ENV_KEEP}
     env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     return env
