@@ -125,7 +125,7 @@ class HopStatus:
     files: int = 0                 # files the stream held (written or not)
     verified: int = 0              # of those, written bytes hashed as the source's
     bytes: int = 0
-    bad: list[str] = field(default_factory=list)   # the files that differ or could not be written
+    bad: list[list[str]] = field(default_factory=list)  # [reason, path] of files that differ or could not be written
     bad_count: int = 0
 
     @property
