@@ -89,7 +89,7 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def provider_class(name: str) -> type:
+def provider_class(name: str) -> type[Provider]:
     try:
         target = REGISTRY[name]
     except KeyError:
