@@ -53,13 +53,16 @@ demo: setup
 	$(VENV)/bin/clustertool play playbooks/quickstart-local.yaml
 
 # House rules (pyproject's [tool.ruff]: line length 120, pyflakes, pycodestyle, import order)
+# and types (pyproject's [tool.mypy]: the package, stricter per module as modules get clean)
 lint: venv
 	$(VENV)/bin/ruff check clustertool tests bench examples
+	$(VENV)/bin/mypy
 
 test: setup
 	$(MAKE) -C native test
 	$(MAKE) -C native gpu
 	$(VENV)/bin/ruff check clustertool tests bench examples
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q
 
 # The whole AWS fault matrix (every signal after every AWS call of up and down, the default
@@ -70,7 +73,8 @@ test-faults: venv
 
 test-fast: venv
 	$(VENV)/bin/ruff check clustertool tests bench examples
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -m "unit or cli"
 
 clean:
-	rm -rf $(VENV) native/build .pytest_cache
+	rm -rf $(VENV) native/build .pytest_cache .mypy_cache

@@ -94,6 +94,7 @@ class Cluster:
         """Bring a cluster up, like `clustertool up`: a spec file's path, a dict of its keys, or keywords
         (``provider="local", nodes=4, name="demo", link_rate="200mbit"``; keywords win over the file)."""
         result = lifecycle.up(cls._spec(spec, keywords), no_ssh=no_ssh, report=report)
+        assert result.cluster is not None  # only a dry run has none
         return cls(result.cluster, report=report)
 
     @classmethod

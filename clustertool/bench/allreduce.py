@@ -131,7 +131,7 @@ def link_ratios(rows: Sequence[Row], rate_bits: int) -> str:
     return f"busbw/B at {size_text(size)} (B = link rate, {rate_bits / 1e6:g} Mbit/s): {', '.join(parts)}"
 
 
-def tuner_csv(rows: Sequence[Row], nodes: int) -> str:
+def tuner_table(rows: Sequence[Row], nodes: int) -> str:
     """A tuner table: for each measured size, CollNet where the plugin beat MPI_Allreduce,
     NCCL's ring otherwise; each row covers sizes up to the next measured one."""
     sizes = sorted({r.size for r in rows})

@@ -25,26 +25,27 @@ def write_chart(report: ScalingResult, path: str | Path, title: str | None = Non
     """Two panels: throughput (with the linear ideal) and scaling efficiency, both vs ranks."""
     plt = pyplot()
     points = [p for p in report.points if p.ok]
+    measured = [p.throughput for p in points if p.throughput is not None]  # every ok point has one
+    # (ranks, efficiency %): none when the smallest size measured 0/s (add_efficiency leaves them None)
+    rated = [(p.ranks, 100 * p.efficiency) for p in points if p.efficiency is not None]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     ranks = [p.ranks for p in points]
     if points:
         base = points[0]
-        left.plot(ranks, [p.throughput for p in points], "o-", label="measured (median)" if
+        left.plot(ranks, measured, "o-", label="measured (median)" if
                   any(len(p.runs) > 1 for p in points) else "measured")
-        spread = [(p.throughput - min(p.runs or [p.throughput]), max(p.runs or [p.throughput]) - p.throughput)
-                  for p in points]
-        left.errorbar(ranks, [p.throughput for p in points], yerr=list(zip(*spread)), fmt="none",
+        spread = [(t - min(p.runs or [t]), max(p.runs or [t]) - t) for p, t in zip(points, measured)]
+        left.errorbar(ranks, measured, yerr=list(zip(*spread)), fmt="none",
                       ecolor="tab:blue", capsize=4, alpha=0.6)
-        left.plot(ranks, [base.throughput * r / base.ranks for r in ranks], "--", color="grey", label="linear")
-        right.plot(ranks, [100 * p.efficiency for p in points], "o-", color="tab:green")
-        for p in points:
-            right.annotate(f"{100 * p.efficiency:.0f}%", (p.ranks, 100 * p.efficiency),
-                           textcoords="offset points", xytext=(0, 6), ha="center")
+        left.plot(ranks, [measured[0] * r / base.ranks for r in ranks], "--", color="grey", label="linear")
+        right.plot([r for r, _ in rated], [e for _, e in rated], "o-", color="tab:green")
+        for r, e in rated:
+            right.annotate(f"{e:.0f}%", (r, e), textcoords="offset points", xytext=(0, 6), ha="center")
     left.set(xlabel="ranks", ylabel="throughput (per second)", title="throughput")
     left.legend()
-    top = max([110.0] + [100 * p.efficiency * 1.12 for p in points])  # superlinear points stay visible
+    top = max([110.0] + [e * 1.12 for _, e in rated])  # superlinear points stay visible
     right.set(xlabel="ranks", ylabel="scaling efficiency (%)", title="scaling efficiency", ylim=(0, top))
     for ax in (left, right):
         ax.set_xticks(ranks or [1])

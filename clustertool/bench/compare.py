@@ -161,8 +161,8 @@ def write_chart(result: CompareResult, path: str | Path, title: str | None = Non
     fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(result.variants) + 2), 4))
     shown = [v for v in result.variants if v.ok]
     names = [v.name for v in shown]
-    values = [v.throughput for v in shown]
-    spread = [(v.throughput - min(v.runs), max(v.runs) - v.throughput) for v in shown]
+    values = [v.throughput for v in shown if v.throughput is not None]  # every ok variant has one
+    spread = [(t - min(v.runs), max(v.runs) - t) for v, t in zip(shown, values)]
     bars = ax.bar(names, values, color=["tab:grey"] + ["tab:blue"] * (len(shown) - 1),
                   yerr=list(zip(*spread)) if shown else None, capsize=5)
     for bar, v in zip(bars, shown):

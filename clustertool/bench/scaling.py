@@ -160,6 +160,7 @@ def add_efficiency(points: list[Point]) -> list[Point]:
         if base is None or not p.ok or not base.throughput:
             p.speedup = p.efficiency = None
             continue
+        assert p.throughput is not None  # p.ok
         p.speedup = p.throughput / base.throughput
         p.efficiency = p.speedup / (p.ranks / base.ranks)
     return points
@@ -240,7 +241,7 @@ def rows(report_: ScalingResult) -> list[list[str]]:
 
     return [[str(p.nodes), str(p.ranks), fmt(p.throughput, ".1f"), fmt(p.speedup, ".2f"),
              "" if p.efficiency is None else f"{100 * p.efficiency:.0f}%", f"{p.seconds:.1f}",
-             "ok" if p.ok else p.error] for p in report_.points]
+             "ok" if p.ok else p.error or ""] for p in report_.points]
 
 
 def to_csv(report_: ScalingResult) -> str:

@@ -6,6 +6,7 @@ import importlib
 import os
 import sys
 import traceback
+from typing import Any, Protocol, cast
 
 import click
 import typer
@@ -26,7 +27,8 @@ def _click_modules() -> list:
     return modules + [bundled]
 
 
-def _classes(name: str, *extra: type) -> tuple[type, ...]:
+def _classes(name: str, *extra: type[BaseException]) -> tuple[Any, ...]:
+    """click's exception classes of that name (Any: found by name, from click and typer's copy alike)."""
     found = [getattr(m.exceptions, name, None) for m in _click_modules()]
     return tuple(dict.fromkeys([c for c in found if c is not None] + list(extra)))
 
@@ -87,10 +89,21 @@ def root(
         os.environ["CLUSTERTOOL_AWS_API_TIMEOUT"] = str(api_timeout)
 
 
-_GROUP: list[click.Group] = []
+class CommandGroup(Protocol):
+    """A click.Group, or the copy of it that typer >= 0.20 bundles (typer._click): what build() uses."""
+
+    commands: dict[str, Any]
+
+    def add_command(self, cmd: Any, name: str | None = None) -> None: ...
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any: ...
 
 
-def build() -> click.Group:
+_GROUP: list[CommandGroup] = []
+
+
+def build() -> CommandGroup:
     """The click group: typer commands plus modules' plain click commands (built once)."""
     if _GROUP:
         return _GROUP[0]
@@ -100,7 +113,7 @@ def build() -> click.Group:
         module.register(app)
         if hasattr(module, "click_commands"):
             extra += module.click_commands()
-    group = typer.main.get_command(app)
+    group = cast(CommandGroup, typer.main.get_command(app))  # a Typer of several commands gives a group
     for command in extra:
         group.add_command(command)
     usage.name_params(group)

@@ -193,7 +193,7 @@ def allreduce(
         side_by_side,
         side_by_side_columns,
         table_rows,
-        tuner_csv,
+        tuner_table,
     )
     from clustertool.bench.benchjobs import launcher
     from clustertool.cli import render
@@ -229,7 +229,7 @@ def allreduce(
         render.info(link_ratios(rows, rate_bits(str(rate))))
     if tuner_csv is not None and rows:
         tuner_csv.parent.mkdir(parents=True, exist_ok=True)
-        tuner_csv.write_text(tuner_csv(rows, len(c.workers)))
+        tuner_csv.write_text(tuner_table(rows, len(c.workers)))
         render.info(f"wrote {tuner_csv}")
     if error or code != 0 or not rows:
         raise ToolError(f"allreduce benchmark failed: {error or f'mpirun exit {code}' if code else 'no result rows'}",

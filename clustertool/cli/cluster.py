@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import List, Optional
+from types import ModuleType
+from typing import Any, List, Optional
 
 import typer
 
@@ -58,6 +59,8 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
            force_owner: bool) -> None:
     from clustertool.cli import render
 
+    sweep: ModuleType  # providers.local.sweep or providers.aws.sweep (_delete_orphans tells them apart)
+    rows: list[tuple[Any, ...]]
     if provider == "local":
         from clustertool.providers.local import strays
 

@@ -36,9 +36,9 @@ def doctor(
     result = run(cluster_name(cluster), fix=fix, checks=checks, plugin=plugin_path,
                      disk_paths=list(disk_path) or None, report=reporter(json_output))
     if json_output:
-        checks = [{**render.to_jsonable(c), "status": c.status} for c in result.checks]
+        check_dicts = [{**render.to_jsonable(c), "status": c.status} for c in result.checks]
         render.print_json({"cluster": result.cluster, "clean": result.clean, "fixed": result.fixed,
-                           "checks": checks})
+                           "checks": check_dicts})
         raise typer.Exit(result.exit_code)
     for line in result.fixed:
         typer.echo(f"fixed: {line}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import List
+from typing import Any, List
 
 import typer
 
@@ -60,7 +60,7 @@ def resolver(path: tuple[str, ...]) -> CommandSpec:
     """The command at `path` (e.g. ("plugin", "build")) described for the playbook."""
     from clustertool.cli.app import build
 
-    command = build()
+    command: Any = build()  # then its subcommands: click's or typer's bundled ones, duck-typed
     for word in path:
         command = command.get_command(None, word) if hasattr(command, "get_command") else None
         if command is None:  # playbook.steps.KNOWN_COMMANDS names a command the CLI lacks: a bug

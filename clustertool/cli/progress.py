@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from clustertool.cli import render
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 class NodeProgress:
@@ -21,7 +24,7 @@ class NodeProgress:
         self._nodes = list(nodes)
         self._tasks: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._progress = None
+        self._progress: Progress | None = None
 
     def __enter__(self) -> "NodeProgress":
         if not self.enabled:

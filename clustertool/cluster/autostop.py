@@ -211,8 +211,8 @@ def status_lines(cluster: ClusterRecord, view: WatcherView | None, now: float | 
         out["idle"] = "not watched: brought up with --no-ssh, so no watcher runs on the leader"
     elif view is None:
         out["idle"] = "unknown (the leader did not answer)"
-    elif view.idle_for(now) is not None:
-        out["idle"] = f"{format_duration(view.idle_for(now))} so far (stops at {format_duration(setting.idle_s)})"
+    elif (idle := view.idle_for(now)) is not None:
+        out["idle"] = f"{format_duration(idle)} so far (stops at {format_duration(setting.idle_s)})"
     elif view.state.get("busy"):
         out["idle"] = "0s: " + "; ".join(view.state["busy"])
     else:

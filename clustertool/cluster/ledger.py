@@ -13,6 +13,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 from clustertool.core import state
 from clustertool.core.model import ClusterRecord
@@ -206,7 +207,7 @@ def basis() -> str:
             "stopped hours cost only their disks, which are not counted; local nodes cost nothing")
 
 
-def report(since: float | None = None, now: float | None = None, known: list[ClusterRecord] = ()) -> CostReport:
+def report(since: float | None = None, now: float | None = None, known: Sequence[ClusterRecord] = ()) -> CostReport:
     """The ledger's clusters; ``known`` clusters (state files) it has never seen -- made before the
     ledger existed -- count from their creation, in their recorded state."""
     events = read()

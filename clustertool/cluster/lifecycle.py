@@ -23,7 +23,7 @@ from clustertool.core import interrupts, state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.hostfile import render_cluster
 from clustertool.core.model import ClusterRecord, GroupResult, Node, Reporter, jsonable, silent
-from clustertool.providers.base import ProvisionRequest, get_provider
+from clustertool.providers.base import Provider, ProvisionRequest, get_provider
 from clustertool.remote import access, keys, mesh, mux, reach
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import SSH, Transport, control_exit_argv, forget_warm, master_socket, write_ssh_config
@@ -47,7 +47,7 @@ def hostfile_dir() -> Path:
     return Path(os.environ.get("CLUSTERTOOL_HOSTFILE_DIR") or Path.cwd() / "hostfiles")
 
 
-def _new_cluster(spec, report: Reporter = silent) -> tuple[ClusterRecord, object]:
+def _new_cluster(spec, report: Reporter = silent) -> tuple[ClusterRecord, Provider]:
     provider = get_provider(spec.provider, report=report)
     cluster = ClusterRecord(
         name=spec.name, provider=spec.provider, user=spec.user or provider.default_user,
@@ -70,9 +70,13 @@ def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = 
     if no_ssh:
         cluster.options["no_ssh"] = True  # providers wait for "running", not for SSH
     paths = state.ClusterPaths(cluster.name)
+
+    def save() -> None:
+        state.save(cluster)
+
     request = ProvisionRequest(cluster=cluster, count=spec.nodes, slots=spec.slots,
                                public_key="", key_path=paths.key, files_dir=paths.root,
-                               save=lambda: state.save(cluster), report=report, dry_run=dry_run)
+                               save=save, report=report, dry_run=dry_run)
     if state.exists(cluster.name):  # refused without touching the home; checked again under the lock
         raise _already(cluster.name)
     setting = autostop.setting_of(cluster)

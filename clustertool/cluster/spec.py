@@ -17,6 +17,7 @@ error is one line naming the file (or the flag), the key and what was expected.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -153,7 +154,7 @@ def read_file(path: str) -> dict[str, Any]:
     return normalised
 
 
-def _provider_options(provider: str) -> tuple[dict[str, base.OptionSpec], type]:
+def _provider_options(provider: str) -> tuple[dict[str, base.OptionSpec], type[base.Provider]]:
     try:
         cls = base.provider_class(provider)
     except (ImportError, AttributeError) as exc:
@@ -186,8 +187,8 @@ class _Sources:
 
     def absolute(self, key: str, value: str) -> str:
         """A file option made absolute: relative to the spec file when written there."""
-        from_file = key not in self.overrides and self.path is not None
-        base_dir = os.path.dirname(os.path.abspath(self.path)) if from_file else os.getcwd()
+        spec_file = self.path if key not in self.overrides else None  # a flag's is relative to the working folder
+        base_dir = os.path.dirname(os.path.abspath(spec_file)) if spec_file is not None else os.getcwd()
         return os.path.normpath(os.path.join(base_dir, os.path.expanduser(value)))
 
 
@@ -198,10 +199,10 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
     provider = src.checked("provider", lambda v: _check_base("provider", v)) or DEFAULT_PROVIDER
     option_specs, cls = _provider_options(provider)
     _reject_unknown(src.data, overrides, option_specs, provider, src.label)
-    values = {key: src.checked(key, lambda v, k=key: _check_base(k, v)) for key in BASE_KEYS if key != "provider"}
+    values = {key: src.checked(key, functools.partial(_check_base, key)) for key in BASE_KEYS if key != "provider"}
     options = {}
     for key, spec in option_specs.items():
-        value = src.checked(key, lambda v, s=spec: _check_option(v, s))
+        value = src.checked(key, functools.partial(_check_option, spec=spec))
         options[key] = spec.default if value is None else value
         if key in cls.PATH_OPTIONS and isinstance(options[key], str):
             options[key] = src.absolute(key, options[key])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypedDict
 
 HANDLED = (signal.SIGTERM, signal.SIGHUP)
 
@@ -46,7 +46,13 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-_STATE = {"deferring": 0, "pending": None, "fired": False}
+class _State(TypedDict):
+    deferring: int          # depth of nested deferred() blocks
+    pending: int | None     # a signal that arrived while deferring
+    fired: bool             # a signal was raised (later ones are ignored)
+
+
+_STATE: _State = {"deferring": 0, "pending": None, "fired": False}
 
 
 def _handler(signum: int, frame) -> None:
@@ -63,14 +69,14 @@ def install() -> Callable[[], None]:
     """Handle SIGTERM/SIGHUP in this (main) thread; returns a function restoring the old handlers."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    _STATE.update(deferring=0, pending=None, fired=False)
+    _STATE.update({"deferring": 0, "pending": None, "fired": False})
     # a signal the caller chose to ignore (`nohup` ignores SIGHUP) stays ignored
     old = {sig: signal.signal(sig, _handler) for sig in HANDLED if signal.getsignal(sig) is not signal.SIG_IGN}
 
     def restore() -> None:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-        _STATE.update(deferring=0, pending=None, fired=False)
+        _STATE.update({"deferring": 0, "pending": None, "fired": False})
     return restore
 
 

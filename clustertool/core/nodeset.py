@@ -54,7 +54,9 @@ def check_chars(text: str, what: str = "node selection") -> None:
 
 def split_top(pattern: str) -> list[str]:
     """Split on commas that are not inside brackets; brackets must balance."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
     for ch in pattern:
         if ch == "[":
             depth += 1

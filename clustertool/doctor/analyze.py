@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from typing import Iterable
+from typing import AbstractSet, Iterable
 
 from clustertool.bench.allreduce import size_text
-from clustertool.cluster.facts import NodeFacts
+from clustertool.cluster.facts import Disk, NodeFacts
 from clustertool.doctor.findings import Finding
 from clustertool.plugin.check_report import CheckReport
 
@@ -36,7 +36,7 @@ def _gib(kb: int) -> str:
 def disk_findings(facts: Iterable[NodeFacts]) -> list[Finding]:
     out = []
     for f in facts:
-        seen = {}
+        seen: dict[str, list[Disk]] = {}
         for d in f.disks:
             seen.setdefault(d.mount, []).append(d)
         for mount, disks in seen.items():
@@ -60,7 +60,8 @@ def disk_findings(facts: Iterable[NodeFacts]) -> list[Finding]:
 ROLE_KEYS = ("nproc", "gpus", "driver", "cuda", "nccl", "instance_type")  # compared within workers, within servers
 
 
-def sameness_findings(facts: list[NodeFacts], slots: dict[str, int], servers: set[str] = frozenset()) -> list[Finding]:
+def sameness_findings(facts: list[NodeFacts], slots: dict[str, int],
+                      servers: AbstractSet[str] = frozenset()) -> list[Finding]:
     """Findings for nodes that differ from the others. Reduction servers (``servers``) are CPU
     machines: their hardware is compared among themselves; the plugin, MPI and AZ with every node."""
     out = []

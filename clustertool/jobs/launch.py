@@ -16,9 +16,8 @@ from typing import Callable
 from clustertool.core import nodeset, state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, silent
-from clustertool.jobs import logs, output, records, reducers, scripts
+from clustertool.jobs import logs, output, records, reducers, scripts, syncdir
 from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile, split_command
-from clustertool.jobs.sync import resolve
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes
@@ -139,7 +138,7 @@ def _sync_target(opts: MpiOptions, sync: str | None, sync_to: str | None) -> tup
         if sync_to is not None:
             raise UsageError("--sync-to goes with --sync", hint="clustertool run --sync [DIR] --sync-to PATH -- CMD")
         return None
-    local, dest = resolve(sync, sync_to)
+    local, dest = syncdir.resolve(sync, sync_to)
     if opts.workdir is not None and opts.workdir != dest:
         raise UsageError("--sync sets the working directory (the synced folder on the nodes): leave out --workdir",
                          hint="--sync-to PATH puts the folder elsewhere on the nodes")
@@ -175,7 +174,7 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
     synced = None
     if synced_dir is not None:
         report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(job.nodes)}")
-        synced = sync(cluster.name, *synced_dir, ordered, report=report, on_progress=on_progress,
+        synced = syncdir.sync(cluster.name, *synced_dir, ordered, report=report, on_progress=on_progress,
                               transport=transport)
     started = []
     if servers:

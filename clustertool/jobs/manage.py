@@ -142,6 +142,7 @@ def fetch(cluster_name: str, ref: str, path: str, dest: str | None = None, trans
             f"tar -cf - -C \"$(dirname {src})\" \"$(basename {src})\"")
     with subprocess.Popen(transport.argv(cluster.name, leader, line), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE) as ssh:
+        assert ssh.stderr is not None  # PIPE
         untar = subprocess.run(["tar", "-xf", "-", "-C", str(target)], stdin=ssh.stdout,
                                capture_output=True)
         err = ssh.stderr.read().decode(errors="replace")

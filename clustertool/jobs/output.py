@@ -22,6 +22,7 @@ import os
 import re
 import secrets
 import shlex
+import subprocess
 import threading
 from typing import Callable, Iterable
 
@@ -44,6 +45,7 @@ def _ignore(_text: str) -> None:
 
 def job_dir(job: JobRecord) -> str:
     """The job's folder (absolute, as on the leader) of a job with per-rank output."""
+    assert job.output_dir is not None, f"job {job.id} has no per-rank output (logs.py reads its log)"
     return os.path.dirname(job.output_dir.rstrip("/"))
 
 
@@ -89,7 +91,7 @@ def read(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, ranks: se
         nodes.append(leader)
 
     def program(n: Node) -> bytes:
-        own = ranks if (node is None or n.name == node) else []
+        own: Iterable[int] | None = ranks if (node is None or n.name == node) else []
         args = node_args(job, mode="read", ranks=own, with_log=with_log and n.name == job.leader, tail=tail,
                          final=job.finished, keys=True)
         return nodeprogs.program_text("ranklog", args)
@@ -116,7 +118,8 @@ class _Recording(Transport):
     """The transport, keeping every process it starts (to end them if the client is interrupted)."""
 
     def __init__(self, inner: Transport):
-        self.inner, self.procs = inner, []
+        self.inner = inner
+        self.procs: list[subprocess.Popen] = []
 
     def argv(self, cluster_name, node, command=None, *, extra=None):
         return self.inner.argv(cluster_name, node, command, extra=extra)
@@ -148,7 +151,7 @@ def follow_lines(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, r
 
     def program(n: Node) -> bytes:
         if n.name == job.leader:
-            own = ranks if leader in selected else []
+            own: Iterable[int] | None = ranks if leader in selected else []
             args = node_args(job, mode="follow", ranks=own, with_log=ranks is None, tail=tail, end=leader_end(job))
         else:
             args = node_args(job, mode="follow", ranks=ranks, tail=tail, end={"stop": stop})

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import re
 import shlex
+from typing import Sequence
 
 from clustertool.core.errors import UsageError
 from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR, MPI_COMMS
@@ -43,7 +44,7 @@ def _write_file(path_sh: str, text: str, mode: str | None = None) -> str:
     return line + (f" && chmod {mode} {path_sh}" if mode else "")
 
 
-def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: list[str] = ()) -> str:
+def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: Sequence[str] = ()) -> str:
     """launch.sh: record its ids, run mpirun into the log, then record the exit code.
 
     The exit file is written only after the log is complete, so whoever sees ``exit`` sees the

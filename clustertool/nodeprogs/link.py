@@ -216,5 +216,7 @@ def prepare(args):
     return 0
 
 
+ARGS: dict  # prepended by nodeprogs.program_text; declared for type checkers (an annotation binds nothing)
+
 if __name__ == "__main__" and "ARGS" in globals() and "prepare" in ARGS:  # noqa: F821 (prepended)
     prepare(ARGS)  # noqa: F821  (in a survey, manifest.py follows and lists DEST)

@@ -140,5 +140,7 @@ def run(args, write=sys.stdout.write, keep=None):
         write(json.dumps(e) + "\n")
 
 
+ARGS: dict  # prepended by nodeprogs.program_text; declared for type checkers (an annotation binds nothing)
+
 if __name__ == "__main__" and "ARGS" in globals() and "root" in ARGS:  # noqa: F821  (prepended)
     run(ARGS)  # noqa: F821

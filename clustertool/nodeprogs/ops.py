@@ -35,5 +35,7 @@ def apply(args):
     return done
 
 
+ARGS: dict  # prepended by nodeprogs.program_text; declared for type checkers (an annotation binds nothing)
+
 if __name__ == "__main__" and "ARGS" in globals():
     print(json.dumps(apply(ARGS)))  # noqa: F821

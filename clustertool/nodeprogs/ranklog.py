@@ -239,5 +239,7 @@ def main(args):
         pass
 
 
+ARGS: dict  # prepended by nodeprogs.program_text; declared for type checkers (an annotation binds nothing)
+
 if __name__ == "__main__" and "ARGS" in globals():
     main(ARGS)  # noqa: F821

@@ -140,5 +140,7 @@ def main(args):
     return run_hop(args)
 
 
+ARGS: dict  # prepended by nodeprogs.program_text; declared for type checkers (an annotation binds nothing)
+
 if __name__ == "__main__" and "ARGS" in globals() and "node" in ARGS:  # noqa: F821  (prepended)
     sys.exit(main(ARGS))  # noqa: F821

@@ -382,6 +382,8 @@ def main(args):
     return 0 if not result["fatal"] and not result["errors"] else 1
 
 
+ARGS: dict  # prepended by nodeprogs.program_text; declared for type checkers (an annotation binds nothing)
+
 if __name__ == "__main__" and "ARGS" in globals():
     code = main(ARGS)  # noqa: F821
     sys.stdout.flush()

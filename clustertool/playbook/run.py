@@ -78,10 +78,12 @@ def _run_process(argv: list[str], timeout: float | None, out: TextIO | None,
     # SIGINT back to default, as a playbook started in the background inherits it ignored.
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=_default_sigint)
+    stderr = proc.stderr
+    assert stderr is not None  # PIPE
     tail: list[str] = []
 
     def pump() -> None:
-        for raw in iter(proc.stderr.readline, b""):
+        for raw in iter(stderr.readline, b""):
             line = raw.decode("utf-8", "replace")
             err(line)
             if line.strip():
@@ -89,6 +91,7 @@ def _run_process(argv: list[str], timeout: float | None, out: TextIO | None,
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    code: int | None
     try:
         code = proc.wait(timeout=timeout)
         why = ""

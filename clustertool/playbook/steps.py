@@ -102,15 +102,20 @@ def as_bool(value: Any) -> bool:
     raise ValueProblem(f"expects true or false, got {value!r}")
 
 
+def _flag(param: ParamSpec) -> str:
+    assert param.flag is not None, f"{param.name}: every option and flag has one (cli/play.py)"
+    return param.flag
+
+
 def param_argv(param: ParamSpec, value: Any) -> tuple[list[str], list[str]]:
     """(options, positionals) for one key's value."""
     if param.kind == "flag":
         on = as_bool(value)
         if on:
-            return [param.flag], []
+            return [_flag(param)], []
         return ([param.off_flag] if param.off_flag else []), []
     if param.bare_value is not None and isinstance(value, bool):  # `sync: true` is the bare --sync
-        return ([param.flag] if value else []), []
+        return ([_flag(param)] if value else []), []
     values = value if isinstance(value, list) else [value]
     if not param.multiple and isinstance(value, list):
         raise ValueProblem(f"expects a single value, got a list of {len(value)}")
@@ -119,5 +124,5 @@ def param_argv(param: ParamSpec, value: Any) -> tuple[list[str], list[str]]:
         return [], texts
     out: list[str] = []
     for text in texts:
-        out += [param.flag, text]
+        out += [_flag(param), text]
     return out, []

@@ -117,7 +117,9 @@ def build_on_leader(cluster: ClusterRecord, native_dir: Path = NATIVE_DIR, trans
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(res.stdout)), mode="r:gz") as tar:
         for a in ARTEFACTS:
             member = tar.getmember(a)
-            data = tar.extractfile(member).read()
+            fh = tar.extractfile(member)
+            assert fh is not None, f"{a}: not a regular file in the build's tar"
+            data = fh.read()
             (out / a).write_bytes(data)
             os.chmod(out / a, 0o755)
     return describe(out, built_on=cluster.leader.name)

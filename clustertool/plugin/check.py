@@ -165,7 +165,7 @@ def find_python(cluster: ClusterRecord, python: str | None, transport: Transport
     if missing:
         raise MissingPrerequisite(f"no python with torch on {nodeset.fold(missing)} (tried "
                                   f"{python or ', '.join(PYTHONS)})", hint="--python PATH names the interpreter")
-    paths = sorted(set(found.values()))
+    paths = sorted({p for p in found.values() if p is not None})  # all of them: none is missing
     if len(paths) > 1:
         raise ToolError(f"the nodes' python with torch differ: {', '.join(paths)}", hint="--python PATH names one")
     return paths[0]

@@ -25,7 +25,7 @@ COLLNET_ALGOS = frozenset({"COLLNET_DIRECT", "COLLNET_CHAIN"})
 
 # (first release, newest net/CollNet ABI it asks for, newest tuner ABI), from each tag's
 # loader: src/net.cc up to 2.25, src/plugin/net.cc after; src/misc/tuner.cc, src/plugin/tuner.cc.
-_ABI_BY_RELEASE = (
+_ABI_BY_RELEASE: tuple[tuple[tuple[int, int], int, int], ...] = (
     ((2, 19), 7, 1),
     ((2, 20), 8, 1),
     ((2, 21), 8, 2),
@@ -146,7 +146,7 @@ def _release(version: str | None) -> tuple[int, int] | None:
 def _newest(version: str | None, column: int) -> int | None:
     """Column 1 (net/CollNet) or 2 (tuner) of the newest _ABI_BY_RELEASE row the release reaches."""
     rel = _release(version)
-    found = [row[column] for row in _ABI_BY_RELEASE if rel is not None and rel >= row[0]]
+    found = [(net, tuner)[column - 1] for release, net, tuner in _ABI_BY_RELEASE if rel is not None and rel >= release]
     return found[-1] if found else None
 
 

@@ -64,7 +64,7 @@ def _checked_host(host: str, where: str) -> str:
 
 def parse_hosts(text: str, default_port: int = 22) -> list[Target]:
     """``a,b:2222,10.0.1.[10-13]`` -> targets in written order."""
-    targets = []
+    targets: list[Target] = []
     try:
         items = nodeset.split_top(text.strip())
     except UsageError as exc:

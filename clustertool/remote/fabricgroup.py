@@ -74,6 +74,7 @@ def _bastion(cluster: ClusterRecord):
     from fabric import Config, Connection
 
     via = access.jump(cluster)
+    assert via is not None  # only for a node whose hop is the --jump bastion (a member's gateway is the leader)
     conn = Connection(via.host, user=via.user, port=via.port, config=Config(ssh_config=paramiko.SSHConfig()),
                       connect_timeout=CONNECT_TIMEOUT)
     return _pinned(conn, via.host if via.port == 22 else f"[{via.host}]:{via.port}", cluster.jump_keys)

@@ -91,6 +91,7 @@ def run_on_nodes(
 
 
 def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    assert proc.stdin is not None  # spawned with stdin=PIPE
     try:
         proc.stdin.write(data)
         proc.stdin.close()

@@ -184,7 +184,9 @@ class MuxSession:
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._done.wait(timeout):
+            assert timeout is not None  # wait(None) returns only once done
             raise subprocess.TimeoutExpired("mux session", timeout)
+        assert self.returncode is not None  # set before _done
         return self.returncode
 
     def kill(self) -> None:

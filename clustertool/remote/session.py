@@ -41,6 +41,7 @@ class _Session:
         threading.Thread(target=self._write, args=(opening,), daemon=True).start()  # nodes start together
 
     def _write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None  # spawned with stdin, stdout and stderr pipes
         with self._lock:
             try:
                 self.proc.stdin.write(data)
@@ -52,6 +53,7 @@ class _Session:
         self._write((json.dumps(message) + "\n").encode())
 
     def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None and self.proc.stdin is not None
         for raw in iter(self.proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace")
             message = _message(line)
@@ -71,6 +73,7 @@ class _Session:
                 pass
 
     def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
         for raw in iter(self.proc.stderr.readline, b""):
             self.err.append(raw.decode("utf-8", "replace"))
         self.proc.stderr.close()

@@ -125,7 +125,7 @@ class HopStatus:
     files: int = 0                 # files the stream held (written or not)
     verified: int = 0              # of those, written bytes hashed as the source's
     bytes: int = 0
-    bad: list[str] = field(default_factory=list)   # the files that differ or could not be written
+    bad: list[list[str]] = field(default_factory=list)  # [reason, path] of files that differ or could not be written
     bad_count: int = 0
 
     @property
@@ -188,7 +188,9 @@ def stream(argv: list[str], stdin: bytes | None = None, *, on_progress: Progress
     done: dict[str, dict] = {}
     reader = threading.Thread(target=_read_progress, args=(head.stderr, on_progress, other, done), daemon=True)
     reader.start()
-    collector = threading.Thread(target=lambda: out.append(head.stdout.read()), daemon=True)
+    head_out = head.stdout
+    assert head_out is not None  # stdout=PIPE
+    collector = threading.Thread(target=lambda: out.append(head_out.read()), daemon=True)
     collector.start()
     try:
         head.wait(timeout=timeout)

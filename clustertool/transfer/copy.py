@@ -37,6 +37,7 @@ def _targets(cluster: ClusterRecord, selection: str | None, from_local: bool) ->
 
 def _source_manifest(run: CopyRun, prepare: list[dict] | None = None) -> manifest.Manifest:
     where = "here" if run.from_local else f"on the leader ({run.cluster.leader.name})"
+    man: manifest.Manifest | str
     if run.from_local:
         man = manifest.local(run.src, pick_hash=True, keep=run.keep)
     else:
@@ -65,13 +66,14 @@ def survey(run: CopyRun, strategy: str) -> dict[str, plan.NodePlan]:
     """The first round, all at once: SRC's manifest (and the fastest hash) at the source, every
     target's DEST, and where a chain is likely, its stations prepared ahead (stations.py)."""
     hop_st, src_st = stations.ahead(run) if _chain_likely(run, strategy) else ({}, [])
-    got: dict[str, object] = {}
+    got: dict[str, manifest.Manifest] = {}
+    failed: list[BaseException] = []
 
     def at_source() -> None:
         try:
             got["source"] = _source_manifest(run, src_st)
         except BaseException as exc:  # raised in the caller's thread below
-            got["error"] = exc
+            failed.append(exc)
 
     worker = threading.Thread(target=at_source, daemon=True)
     worker.start()
@@ -81,8 +83,8 @@ def survey(run: CopyRun, strategy: str) -> dict[str, plan.NodePlan]:
     dests = manifest.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport,
                       prepare=lambda n: hop_st.get(n.name))
     worker.join()
-    if "error" in got:
-        raise got["error"]
+    if failed:
+        raise failed[0]
     run.source = got["source"]
     return _plans(run, run.targets, dests)
 
@@ -101,7 +103,7 @@ def _plans(run: CopyRun, nodes: list[Node], dests: dict[str, manifest.Manifest |
         elif dest.exists and not dest.is_dir:
             run.fail(node.name, f"DEST {run.dest!r} exists and is not a directory")
         else:
-            out[node.name] = plan.plan_node(node.name, run.source, dest, delete=run.delete)
+            out[node.name] = plan.plan_node(node.name, run.manifest, dest, delete=run.delete)
     _settle_hashes(run, out)
     return out
 
@@ -119,7 +121,7 @@ def _settle_hashes(run: CopyRun, node_plans: dict[str, plan.NodePlan]) -> None:
     for name, paths in need.items():
         man = got[name]
         dest_hashes = {} if isinstance(man, str) else {p: man.entries.get(p, {}).get("h") for p in paths}
-        plan.resolve_hashes(node_plans[name], src_hashes, dest_hashes, run.source)
+        plan.resolve_hashes(node_plans[name], src_hashes, dest_hashes, run.manifest)
 
 
 def _apply_ops(run: CopyRun, node_plans: dict[str, plan.NodePlan]) -> None:
@@ -193,13 +195,13 @@ def _copy(run: CopyRun, strategy: str, started: float, timings: dict[str, float]
     _apply_ops(run, node_plans)
     timings["plan"] = time.monotonic() - started
     live = [n for n in run.targets if n.name not in run.results]
-    union = plan.union_send([node_plans[n.name] for n in live], run.source)
-    payload = plan.payload_bytes(union, run.source)
+    union = plan.union_send([node_plans[n.name] for n in live], run.manifest)
+    payload = plan.payload_bytes(union, run.manifest)
     chosen = choose_strategy(strategy, len(live), payload, run.keep is not None)
-    run.report(f"{len(run.source.entries)} entries, {run.source.total_bytes} bytes at the source; "
+    run.report(f"{len(run.manifest.entries)} entries, {run.manifest.total_bytes} bytes at the source; "
                f"{payload} bytes to send ({chosen}, {len(live)} node(s))")
     result = CopyResult(run.src, run.dest, "local" if run.from_local else run.cluster.leader.name, chosen, [],
-                        run.source.total_bytes, run.source.file_count,
+                        run.manifest.total_bytes, run.manifest.file_count,
                         verify="stream" if run.verify else "off", hash=run.algo if run.verify else None)
     if chosen == "chain":
         drive.chain_transfer(run, node_plans, live, result, replan=lambda nodes: replan(run, nodes))
@@ -214,7 +216,7 @@ def _copy(run: CopyRun, strategy: str, started: float, timings: dict[str, float]
     for node in run.targets:
         base = run.results.get(node.name) or NodeCopy(node.name)
         base.files_sent = base.files_sent or len([p for p in node_plans.get(node.name, plan.NodePlan("")).send
-                                                  if run.source.entries[p]["t"] == "f"])
+                                                  if run.manifest.entries[p]["t"] == "f"])
         result.nodes.append(base)
     return _finish(run, result, started, timings)
 
@@ -229,8 +231,8 @@ def _finish(run: CopyRun, result: CopyResult, started: float, timings: dict[str,
 def _verify_only(run: CopyRun, started: float, timings: dict[str, float]) -> CopyResult:
     """No transfer: hash every file on every node and at the source, compare, one verdict each."""
     result = CopyResult(run.src, run.dest, "local" if run.from_local else run.cluster.leader.name, "none", [],
-                        run.source.total_bytes, run.source.file_count, verify="reread", hash=run.algo)
-    run.report(f"re-reading {run.source.file_count} files ({run.source.total_bytes} bytes) at the source and "
+                        run.manifest.total_bytes, run.manifest.file_count, verify="reread", hash=run.algo)
+    run.report(f"re-reading {run.manifest.file_count} files ({run.manifest.total_bytes} bytes) at the source and "
                f"on {len(run.targets)} node(s), hash {run.algo}")
     verify.verify(run, run.targets, result)
     result.verified = True

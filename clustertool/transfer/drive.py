@@ -30,7 +30,7 @@ def _one_pass(run: CopyRun, pending: list[Node], union: list[str],
         route = stations.prepare(run, route, pass_no)
     if not route:
         return {}
-    total = plan.payload_bytes(union, run.source)
+    total = plan.payload_bytes(union, run.manifest)
     progress = None
     if run.on_progress is not None:
         progress = lambda node, done: run.on_progress(node, min(done, total), total)  # noqa: E731
@@ -45,9 +45,10 @@ def _one_pass(run: CopyRun, pending: list[Node], union: list[str],
     out: dict[str, chain.HopStatus | str] = {}
     for node, _ in route:
         out[node.name] = chain.hop_status(node.name, streamed.done.get(node.name))
-    first = route[0][0].name
+    head = out[route[0][0].name]
     if streamed.returncode != 0 and streamed.stderr:
-        out[first].stderr = (out[first].stderr + "; " + streamed.stderr[-300:]).strip("; ")
+        assert isinstance(head, chain.HopStatus)  # every hop's status was set just above
+        head.stderr = (head.stderr + "; " + streamed.stderr[-300:]).strip("; ")
     return out
 
 
@@ -79,8 +80,8 @@ def chain_transfer(run: CopyRun, node_plans: dict[str, plan.NodePlan], live: lis
     for attempt in range(REPAIR_PASSES + 1):
         if not pending:
             return
-        union = plan.union_send([node_plans[n.name] for n in pending], run.source)
-        payload = plan.payload_bytes(union, run.source)
+        union = plan.union_send([node_plans[n.name] for n in pending], run.manifest)
+        payload = plan.payload_bytes(union, run.manifest)
         run.report(f"chain pass {attempt + 1}: {len(union)} entries, {payload} bytes through "
                    f"{' -> '.join(n.name for n in pending)}")
         statuses = _one_pass(run, pending, union, attempt + 1)
@@ -121,7 +122,7 @@ def _record_stream(run: CopyRun, name: str, st: chain.HopStatus, union: list[str
     """What the node checked in the stream: those files need no re-read; the ones it got wrong
     are its problems.  Counts that do not add up trust nothing (verification re-reads)."""
     run.covered.setdefault(name, set()).update(union)
-    files = [p for p in union if run.source.entries[p]["t"] == "f"]
+    files = [p for p in union if run.manifest.entries[p]["t"] == "f"]
     bad = {path: reason for reason, path in st.bad}
     run.stream_problems[name] = [f"{reason}: {path}" for path, reason in bad.items()]
     if st.bad_count > len(bad):
@@ -144,7 +145,7 @@ def fanout_transfer(run: CopyRun, node_plans: dict[str, plan.NodePlan], live: li
     progress = None
     if run.on_progress is not None:
         progress = lambda node, done: run.on_progress(node, done, node_plans[node].send_bytes)  # noqa: E731
-    src, is_dir, leader = run.src, run.source.is_dir, run.cluster.leader
+    src, is_dir, leader = run.src, run.manifest.is_dir, run.cluster.leader
     if run.from_local:
         src, is_dir, targets = _stage_on_leader(run, targets, progress, result)
         if src is None:
@@ -170,7 +171,7 @@ def fanout_transfer(run: CopyRun, node_plans: dict[str, plan.NodePlan], live: li
 def _rsync_checked(run: CopyRun, name: str, r: fanout.RsyncResult) -> None:
     """Files rsync received were checked by rsync as written (its whole-file checksum)."""
     if run.verify:
-        files = run.source.entries
+        files = run.manifest.entries
         run.streamed.setdefault(name, set()).update(p for p in r.names if files.get(p, {}).get("t") == "f")
 
 
@@ -180,7 +181,7 @@ def _stage_on_leader(run: CopyRun, targets, progress, result: CopyResult):
     on_leader = any(n.name == leader.name for n in targets)
     stage = run.dest if on_leader else f".cache/clustertool/stage-{_stage_key(run.src)}"
     r = fanout.from_local(run.cluster.name, str(ClusterPaths(run.cluster.name).ssh_config), leader,
-                          run.src, run.source.is_dir, stage, cipher=run.cipher, delete=run.delete,
+                          run.src, run.manifest.is_dir, stage, cipher=run.cipher, delete=run.delete,
                           on_bytes=progress if on_leader else None)
     result.bytes_sent += r.bytes_sent
     if on_leader:
@@ -191,8 +192,8 @@ def _stage_on_leader(run: CopyRun, targets, progress, result: CopyResult):
         for node in targets:
             run.fail(node.name, f"staging on the leader failed: {r.error}")
         return None, None, []
-    staged = stage if run.source.is_dir else f"{stage.rstrip('/')}/{run.src.rstrip('/').rsplit('/', 1)[-1]}"
-    return staged, run.source.is_dir, [n for n in targets if n.name != leader.name]
+    staged = stage if run.manifest.is_dir else f"{stage.rstrip('/')}/{run.src.rstrip('/').rsplit('/', 1)[-1]}"
+    return staged, run.manifest.is_dir, [n for n in targets if n.name != leader.name]
 
 
 def _stage_key(src: str) -> str:

@@ -78,16 +78,18 @@ def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | 
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     procs.append(proc)
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None  # PIPE
     err: list[str] = []
     def collect() -> None:  # line by line: a lingering ssh master may hold the pipe open past exit
-        for raw in iter(proc.stderr.readline, b""):
+        for raw in iter(stderr.readline, b""):
             err.append(raw.decode(errors="replace").rstrip("\n"))
 
     t = threading.Thread(target=collect, daemon=True)
     t.start()
     sent = files = 0
     names: list[str] = []
-    for raw in iter(proc.stdout.readline, b""):
+    for raw in iter(stdout.readline, b""):
         got = parse_file_line(raw.decode("utf-8", "surrogateescape"))
         if got is not None:
             files += 1
@@ -108,7 +110,8 @@ def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | 
 def run_parallel(jobs: list[tuple[str, list[str]]], on_bytes=None) -> dict[str, RsyncResult]:
     """Run (node name, argv) jobs at once; every job's outcome is a value."""
     results: dict[str, RsyncResult] = {}
-    threads, procs = [], []
+    threads: list[threading.Thread] = []
+    procs: list[subprocess.Popen] = []
     for node, argv in jobs:
         def work(node=node, argv=argv):
             results[node] = _run_one(node, argv, on_bytes, procs)

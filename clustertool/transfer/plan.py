@@ -85,7 +85,7 @@ def plan_node(node: str, source: Manifest, dest: Manifest, *, delete: bool = Fal
     return plan
 
 
-def resolve_hashes(plan: NodePlan, source_hashes: dict[str, str], dest_hashes: dict[str, str],
+def resolve_hashes(plan: NodePlan, source_hashes: dict[str, str | None], dest_hashes: dict[str, str | None],
                    source: Manifest) -> NodePlan:
     """Settle ``hash_check`` entries once both sides' hashes are known."""
     for path in plan.hash_check:

@@ -99,8 +99,14 @@ class CopyRun:
         return self.algo if self.verify else None
 
     @property
+    def manifest(self) -> Manifest:
+        """The source's manifest: every step after the survey, which reads it, uses it."""
+        assert self.source is not None, "the survey reads the source's manifest first"
+        return self.source
+
+    @property
     def src_dir(self) -> str:
-        return self.src if self.source.is_dir else (os.path.dirname(self.src.rstrip("/")) or ".")
+        return self.src if self.manifest.is_dir else (os.path.dirname(self.src.rstrip("/")) or ".")
 
     def entry(self, name: str) -> NodeCopy:
         """The node's verdict, made (ok, so far) on first use."""

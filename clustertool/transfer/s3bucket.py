@@ -8,6 +8,7 @@ lazily, so ``clustertool --help`` stays fast.
 
 from __future__ import annotations
 
+import builtins
 import re
 import threading
 import time
@@ -137,7 +138,7 @@ class Bucket:
         except Exception as exc:
             raise _tool_error(exc, f"s3://{self.name}/{prefix}") from None
 
-    def siblings(self, prefix: str, limit: int = 5) -> list[str]:
+    def siblings(self, prefix: str, limit: int = 5) -> builtins.list[str]:  # builtins: list is a method here
         """Up to ``limit`` names beside a prefix that matched nothing (for the hint)."""
         parent = prefix.rstrip("/").rpartition("/")[0]
         parent = parent + "/" if parent else ""
@@ -164,7 +165,7 @@ class Bucket:
             self._checks[obj.key] = check
         return check
 
-    def checks(self, objects: list[S3Object]) -> dict[str, int]:
+    def checks(self, objects: builtins.list[S3Object]) -> dict[str, int]:
         multipart = [o for o in objects if o.multipart]
         if multipart:
             with ThreadPoolExecutor(max_workers=16) as pool:

@@ -30,26 +30,28 @@ def source_manifest(run: CopyRun, want_hash) -> manifest.Manifest:
     return got
 
 
-def source_hashes(run: CopyRun, paths: list[str]) -> dict[str, str]:
+def source_hashes(run: CopyRun, paths: list[str]) -> dict[str, str | None]:
     man = source_manifest(run, paths)
     return {p: man.entries[p].get("h") for p in paths if p in man.entries}
 
 
-def _with_hashes(source: manifest.Manifest, hashes: dict[str, str]) -> manifest.Manifest:
+def _with_hashes(source: manifest.Manifest, hashes: dict[str, str | None]) -> manifest.Manifest:
     entries = {p: (dict(e, h=hashes.get(p)) if e["t"] == "f" else e) for p, e in source.entries.items()}
     return manifest.Manifest(source.root, source.exists, entries, source.error, source.is_dir)
 
 
-def _reread(run: CopyRun, need: dict[str, list[str]]) -> tuple[dict[str, str], dict[str, manifest.Manifest | str]]:
+def _reread(run: CopyRun,
+            need: dict[str, list[str]]) -> tuple[dict[str, str | None], dict[str, manifest.Manifest | str]]:
     """Hash ``need`` (node -> files) on the nodes and their union at the source, at the same time."""
     every = sorted({p for paths in need.values() for p in paths})
-    src: dict[str, object] = {}
+    src: dict[str, dict[str, str | None]] = {}
+    failed: list[Exception] = []
 
     def at_source() -> None:
         try:
             src["hashes"] = source_hashes(run, every) if every else {}
         except Exception as exc:  # handed to the caller's thread below
-            src["error"] = exc
+            failed.append(exc)
 
     worker = threading.Thread(target=at_source, daemon=True)
     worker.start()
@@ -57,8 +59,8 @@ def _reread(run: CopyRun, need: dict[str, list[str]]) -> tuple[dict[str, str], d
     got = manifest.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport,
                     algo=run.algo) if nodes else {}
     worker.join()
-    if "error" in src:
-        raise src["error"]
+    if failed:
+        raise failed[0]
     return src["hashes"], got
 
 
@@ -67,15 +69,15 @@ def verify(run: CopyRun, nodes: list[Node], result: CopyResult) -> None:
     nodes = [n for n in nodes if run.results.get(n.name) is None or run.results[n.name].status != "unreachable"]
     if not nodes:
         return
-    files = [p for p, e in run.source.entries.items() if e["t"] == "f"]
+    files = [p for p, e in run.manifest.entries.items() if e["t"] == "f"]
     need = {}
     for node in nodes:
         trusted = run.streamed.get(node.name, set())
         missing = [p for p in files if p not in trusted]
-        if missing or run.delete or not run.covered.get(node.name, set()) >= run.source.entries.keys():
+        if missing or run.delete or not run.covered.get(node.name, set()) >= run.manifest.entries.keys():
             need[node.name] = missing
     hashes, fresh = _reread(run, need)
-    source = _with_hashes(run.source, hashes)
+    source = _with_hashes(run.manifest, hashes)
     for node in nodes:
         _judge(run, node.name, fresh.get(node.name), source, len(files))
 

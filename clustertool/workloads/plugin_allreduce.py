@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
+from typing import Mapping
 
 LIBRARY = "libnccl-net-clustertool.so"
 ALGORITHMS = ("servers", "sharded", "ring")
@@ -37,7 +38,7 @@ class PluginAllreduceError(RuntimeError):
     """The plugin could not be loaded, connected, or failed an allreduce (one line, with its reason)."""
 
 
-def library_candidates(explicit: str | None = None, env: dict | None = None) -> list[str]:
+def library_candidates(explicit: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
     """Where to look for the plugin library, in order (pure: no file is opened)."""
     env = os.environ if env is None else env
     if explicit:

@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Callable
 
 # GPU defaults, then the CPU ones (a small model and images, a few steps)
 _DEFAULTS = {"cuda": dict(model="resnet50", batch_size=64, image_size=224, warmup_steps=10, steps_per_iter=10,
@@ -156,6 +157,7 @@ def main(argv=None) -> int:
 
     args = _resolve(args, torch.cuda.is_available())
     comm = _backend(args.backend, args.device)
+    sync: Callable[[], None]
     if args.device == "cuda":
         torch.cuda.set_device(comm.local_rank)
         torch.backends.cudnn.benchmark = True

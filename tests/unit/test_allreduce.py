@@ -70,7 +70,7 @@ def test_sizes_read_as_people_write_them(n, text):
 
 
 def test_tuner_csv_picks_collnet_only_where_the_plugin_won():
-    text = allreduce.tuner_csv(allreduce.parse_rows(OUTPUT), nodes=4)
+    text = allreduce.tuner_table(allreduce.parse_rows(OUTPUT), nodes=4)
     lines = text.strip().splitlines()
     assert lines[0].startswith("collective,min_bytes")
     assert lines[1] == "allreduce,0,67108863,ring,simple,-1,4,-1"

@@ -166,6 +166,17 @@ def test_chart_is_a_png(tmp_path):
     assert short_command(report.command) == "train_mlp.py --steps 5"
 
 
+def test_chart_of_a_zero_baseline_leaves_efficiency_out(tmp_path):
+    """The smallest size measured 0/s: efficiency is undefined (None), the chart still draws."""
+    pytest.importorskip("matplotlib", reason="the chart needs matplotlib (the train extra)")
+    from clustertool.bench.chart import write_chart
+
+    points = scaling.add_efficiency([scaling.Point(1, 1, 0.0), scaling.Point(2, 2, 190.0)])
+    assert [p.efficiency for p in points] == [None, None]
+    path = write_chart(scaling.ScalingResult("sc", "t", points), tmp_path / "z.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_repeat_runs_sizes_round_robin_and_takes_the_median(tmp_path):
     calls, figures = [], iter([100.0, 150.0, 90.0, 210.0, 110.0, 180.0])
 

@@ -12,10 +12,13 @@ dry-run plan), provision (the verbs' bodies), sweep (clusters no state of this h
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
+
+if TYPE_CHECKING:
+    from clustertool.providers.aws.prepare import Prep
 
 
 class AwsProvider(Provider):
@@ -62,9 +65,9 @@ class AwsProvider(Provider):
 
     def __init__(self, report: Reporter = silent, **_ignored: object) -> None:
         super().__init__(report)
-        self._prep = None
+        self._prep: Prep | None = None
 
-    def _prepared(self, request: ProvisionRequest):
+    def _prepared(self, request: ProvisionRequest) -> Prep:
         from clustertool.providers.aws import prepare
 
         if self._prep is None:

@@ -43,7 +43,7 @@ def _created(values: dict[str, str], inst: dict | None) -> float | None:
     except (KeyError, ValueError):
         pass
     launch = (inst or {}).get("LaunchTime")
-    return launch.timestamp() if hasattr(launch, "timestamp") else None
+    return launch.timestamp() if launch is not None and hasattr(launch, "timestamp") else None
 
 
 def collect(aws: Aws, name: str | None = None, kinds: tuple[str, ...] = KINDS) -> dict[str, Found]:
@@ -85,6 +85,6 @@ def collect(aws: Aws, name: str | None = None, kinds: tuple[str, ...] = KINDS) -
     if "address" in kinds:
         for address in teardown.tagged_addresses(aws, flt):
             add("address", address["AllocationId"], address.get("Tags"))
-    for key, values in leases.items():
-        groups[key].lease = lease.summarize(values)
+    for cluster_key, values in leases.items():
+        groups[cluster_key].lease = lease.summarize(values)
     return groups

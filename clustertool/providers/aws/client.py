@@ -55,6 +55,8 @@ class Aws:
     ``report`` gets the progress lines of retries; ``tick``, when set, runs before each call
     (``up`` refreshes its lease there)."""
 
+    _owner: object  # owner.caller's cache of an owner.Owner (absent until its first STS call; not imported: a cycle)
+
     def __init__(self, region: str | None = None, profile: str | None = None, report: Reporter = silent):
         import boto3
         import botocore.session

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Iterable
+from typing import AbstractSet, Iterable
 
 from clustertool.core import interrupts
 from clustertool.core.errors import ProviderError
@@ -53,7 +53,7 @@ def state_of(inst: dict) -> str:
 
 
 def wait_for_state(aws: Aws, ids: list[str], wanted: set[str], *, what: str,
-                   bad: set[str] = frozenset(), timeout: float | None = None) -> list[dict]:
+                   bad: AbstractSet[str] = frozenset(), timeout: float | None = None) -> list[dict]:
     """Poll until every instance is in ``wanted`` (missing ones count as terminated)."""
     timeout = wait_timeout() if timeout is None else timeout
     deadline = time.monotonic() + timeout

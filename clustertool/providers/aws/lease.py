@@ -52,6 +52,7 @@ def describe(lease: str | float | None, now: float | None = None) -> str:
         return "up finished"
     if lease is None:
         return "no lease (made before leases)"
+    assert not isinstance(lease, str), lease  # summarize gives DONE, an expiry or None
     if lease > now:
         return f"up in flight (lease for {lease - now:.0f}s more)"
     return f"up died (lease expired {now - lease:.0f}s ago)"

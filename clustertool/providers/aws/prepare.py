@@ -119,6 +119,7 @@ def _cidr(prep: Prep) -> str:
 
 def hourly_line(prep: Prep, options: dict, count: int) -> str:
     is_spot, az = bool(options.get("spot")), prep.azs[0] if prep.azs else None
+    assert prep.info is not None  # a launch's prep (prepare sets it unless adopting)
     spot = pricing.spot(prep.aws, prep.info.name, az) if is_spot else None
     total, basis = pricing.hourly(prep.info.name, count, spot_price=spot, is_spot=is_spot)
     if prep.servers is not None:
@@ -136,6 +137,7 @@ def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
             f"  {n.name} ({n.role}): {n.extra['label']} {n.instance_id} {n.address}" for n in nodes] + [
             "nothing is created; `down` leaves these instances running (unless --terminate-adopted)"]
     info, count = prep.info, request.count
+    assert info is not None  # prepare sets it unless adopting
     image = images.resolve(prep.aws, options.get("ami"), info.arch)
     vol = volume(options)
     gpus = f"{info.gpus} x {info.gpu_name} GPU(s)" if info.gpus else "no GPUs"
@@ -173,6 +175,7 @@ def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
 def dry_run_checks(prep: Prep, request: ProvisionRequest, image: images.Image) -> list[str]:
     """EC2 DryRun=True calls: DryRunOperation means the real call would succeed."""
     aws, options, info, az = prep.aws, request.cluster.options, prep.info, prep.azs[0]
+    assert info is not None  # a launch's prep (plan_lines)
     try:
         subnet, vpc = network.subnet_for(aws, az, options.get("subnet"))
     except Exception as exc:  # a ToolError: report, do not stop the plan

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from typing import Any
 
 from clustertool.providers.aws.client import Aws
 
@@ -34,8 +35,9 @@ def spot(aws: Aws, instance_type: str, az: str | None = None) -> float | None:
     """The latest Linux spot price for the type (in ``az`` when given); None when unknown."""
     from botocore.exceptions import ClientError
 
-    kwargs = {"InstanceTypes": [instance_type], "ProductDescriptions": ["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
-              "StartTime": datetime.datetime.now(datetime.timezone.utc), "MaxResults": 20}
+    kwargs: dict[str, Any] = {
+        "InstanceTypes": [instance_type], "ProductDescriptions": ["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
+        "StartTime": datetime.datetime.now(datetime.timezone.utc), "MaxResults": 20}
     if az:
         kwargs["AvailabilityZone"] = az
     try:

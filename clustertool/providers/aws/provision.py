@@ -40,13 +40,14 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     if prep.adopting:
         return _adopt(request, prep)
     record = az_launch.recorder(cluster, request.save)
-    info, aws, stamp = prep.info, prep.aws, prep.stamp
+    info, aws, stamp, me = prep.info, prep.aws, prep.stamp, prep.me
+    assert info is not None and stamp is not None and me is not None  # prepare sets them unless adopting
     suffix = ps.setdefault("suffix", stamp.id.rsplit("-", 1)[-1] if stamp.id else az_launch.new_suffix())
     ps["instance_type"] = info.name
     ps["slots"] = request.slots or info.gpus or 1  # before launch: a killed up's status still knows
     if prep.servers is not None:
         ps["server_type"], ps["servers"] = prep.servers.info.name, prep.servers.count
-    ps["owner"] = {"arn": prep.me.arn, "home": prep.me.home}
+    ps["owner"] = {"arn": me.arn, "home": me.home}
     request.save()
     held = lease.Lease(aws)
     aws.tick = held.beat
@@ -61,7 +62,7 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     group_id = network.create_security_group(aws, stamp, vpc, None if behind else cidr, record)
     held.hold(group_id)
     leader_group = leader.create_group(aws, stamp, vpc, cidr, record) if behind else None
-    owner.check_race(aws, stamp, prep.me)
+    owner.check_race(aws, stamp, me)
     key_name = cluster.options.get("key_name") or network.import_key_pair(aws, stamp, request.public_key, record)
     server_image = None
     if prep.servers is not None:

@@ -117,7 +117,7 @@ class LocalProvider(Provider):
 
     @staticmethod
     def _link_options(cluster: ClusterRecord) -> tuple[str | None, str | None]:
-        values = []
+        values: list[str | None] = []
         for key, parse in (("link_rate", net.rate_bits), ("link_delay", net.delay_seconds)):
             value = cluster.options.get(key)
             if value in (None, ""):
@@ -382,6 +382,8 @@ class LocalProvider(Provider):
     def autostop_record(self, cluster: ClusterRecord) -> dict | None:
         """What the leader's watcher wrote when it powered the cluster off (its home is on this disk)."""
         nodes_dir = cluster.provider_state.get("nodes_dir")
+        if nodes_dir is None:
+            return None
         leader = next((n.name for n in cluster.nodes if n.is_leader), "node-1")
         try:
             return json.loads((Path(nodes_dir) / leader / "home" / ".clustertool" / "autostop" /

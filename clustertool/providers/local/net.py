@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Mapping, Sequence
 
 NET_PREFIX = "10.213"
 NET_RANGE = f"{NET_PREFIX}.0.0/16"
@@ -282,7 +283,7 @@ def node_start_argv(netns: str, python: str, init_script: Path, config_path: Pat
 NODE_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
-def node_environment(host_env: dict[str, str]) -> dict[str, str]:
+def node_environment(host_env: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in host_env.items() if k in NODE_ENV_KEEP}
     env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     return env
@@ -344,7 +345,7 @@ def shared_software(paths: list[str]) -> list[str]:
     return [p for p in hidden if not any(p != q and p.startswith(q + "/") for q in hidden)]
 
 
-def init_config(hostname: str, node_dir: Path, hosts_file: Path, shared: list[str] = ()) -> dict:
+def init_config(hostname: str, node_dir: Path, hosts_file: Path, shared: Sequence[str] = ()) -> dict:
     """What the node's PID 1 (init.py) does: hostname, private mounts, then sshd.
 
     Host directories under ``node_dir`` are bound over /root, /scratch, /tmp and /etc/ssh;

@@ -39,7 +39,7 @@ def _our_namespaces(cluster: ClusterRecord) -> list[str]:
     names = set(cluster.provider_state.get("netns", []))
     names |= {ns for ns in sysops.netns_list() if pattern.match(ns)}
     present = [ns for ns in names if sysops.netns_exists(ns)]
-    return sorted(present, key=lambda ns: int(pattern.match(ns).group(1)) if pattern.match(ns) else 0)
+    return sorted(present, key=lambda ns: int(m.group(1)) if (m := pattern.match(ns)) else 0)
 
 
 def _our_links(cluster: ClusterRecord, tag: str) -> list[str]:

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from clustertool.core.errors import ProviderError
 from clustertool.core.state import flocked
@@ -39,7 +39,7 @@ def run_batch(argv: list[str], lines: list[str], check: bool = True) -> subproce
     return run(argv, stdin="\n".join(lines) + "\n", check=check)
 
 
-def run_parallel(jobs: list[tuple[list[str], str | None]]) -> list[subprocess.CompletedProcess]:
+def run_parallel(jobs: Sequence[tuple[list[str], str | None]]) -> list[subprocess.CompletedProcess]:
     """Start every (argv, stdin) at once, then collect; raise on the first failure."""
     procs = []
     for argv, stdin in jobs:
