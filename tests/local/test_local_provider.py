@@ -20,7 +20,7 @@ from clustertool.core.errors import MissingPrerequisite, ProviderError
 from clustertool.core.model import ClusterRecord
 from clustertool.providers import local
 from clustertool.providers.base import ProvisionRequest
-from clustertool.providers.local import LocalProvider, net, sysops
+from clustertool.providers.local import LocalProvider, net, nodes, sysops
 from tests.conftest import unique
 from tests.local.conftest import local_leftovers
 
@@ -241,21 +241,21 @@ def test_terminate_leaves_nothing_behind(make):
     assert_route_matches_bridges()
 
 
-@pytest.mark.parametrize("step", ["_make_network", "_start_node"])
+@pytest.mark.parametrize("step", ["make_network", "start_node"])
 def test_an_interrupted_run_instances_is_fully_undone_from_saved_state(make, monkeypatch, step):
     m = make(3, up=False)
-    real = getattr(LocalProvider, step)
+    real = getattr(nodes, step)
     calls = []
 
-    def interrupted(self, cluster, *args):
+    def interrupted(cluster, *args):
         calls.append(args)
-        if step == "_make_network" or len(calls) == 3:  # after the network / after node 2
-            if step == "_make_network":
-                real(self, cluster, *args)
+        if step == "make_network" or len(calls) == 3:  # after the network / after node 2
+            if step == "make_network":
+                real(cluster, *args)
             raise KeyboardInterrupt
-        return real(self, cluster, *args)
+        return real(cluster, *args)
 
-    monkeypatch.setattr(LocalProvider, step, interrupted)
+    monkeypatch.setattr(nodes, step, interrupted)
     with pytest.raises(KeyboardInterrupt):
         m.provider.run_instances(m.request)
     assert snapshot(m)["netns"]  # something was made
