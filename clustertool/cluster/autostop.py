@@ -21,7 +21,7 @@ from clustertool import nodeprogs
 from clustertool.cluster import ledger
 from clustertool.core import state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
-from clustertool.core.model import ClusterRecord, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, ClusterState, Node, Reporter, silent
 from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import SSH, Transport
@@ -83,7 +83,7 @@ class Setting:
 
 
 def setting_of(cluster: ClusterRecord) -> Setting | None:
-    return Setting.from_dict(cluster.options.get("autostop"))
+    return Setting.from_dict(cluster.autostop)
 
 
 def plan_line(setting: Setting, provider: str) -> str:
@@ -274,11 +274,11 @@ def reconcile(cluster: ClusterRecord, provider, queried: list[Node]) -> list[str
              + (f" ({done['why']})" if done.get("why") else "")]
     if event == "autodown":
         lines += provider.terminate_instances(cluster)
-        cluster.status = "autodowned"
+        cluster.status = ClusterState.AUTODOWNED
         for node in cluster.nodes:
             node.state = "terminated"
     else:
-        cluster.status = "autostopped"
+        cluster.status = ClusterState.AUTOSTOPPED
         for node in cluster.nodes:
             node.state = "stopped"
     cluster.provider_state["autostopped"] = {"t": when, "event": event, "why": done.get("why", "")}
@@ -309,7 +309,7 @@ def apply(cluster: ClusterRecord, provider, setting: Setting | None, transport: 
     if setting is not None:
         provider.set_shutdown_behavior(cluster, "terminate" if setting.down else "stop")
     how = install(cluster, setting, poweroff_command(provider), transport)
-    cluster.options["autostop"] = setting.to_dict() if setting else None
+    cluster.autostop = setting.to_dict() if setting else None
     return how
 
 

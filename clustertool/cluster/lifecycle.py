@@ -22,7 +22,7 @@ from clustertool.cluster.status import list_all
 from clustertool.core import interrupts, state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.hostfile import render_cluster
-from clustertool.core.model import ClusterRecord, GroupResult, Node, Reporter, jsonable, silent
+from clustertool.core.model import ClusterRecord, ClusterState, GroupResult, Node, Reporter, jsonable, silent
 from clustertool.providers.base import Provider, ProvisionRequest, get_provider
 from clustertool.remote import access, keys, mesh, mux, reach
 from clustertool.remote.group import run_on_nodes
@@ -54,7 +54,7 @@ def _new_cluster(spec, report: Reporter = silent) -> tuple[ClusterRecord, Provid
         options=dict(spec.options), created=time.time(), id=f"{spec.name}-{secrets.token_hex(3)}",
     )
     if spec.autostop:
-        cluster.options["autostop"] = dict(spec.autostop)
+        cluster.autostop = dict(spec.autostop)
     return cluster, provider
 
 
@@ -68,7 +68,7 @@ def _already(name: str) -> ToolError:
 def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = silent) -> UpResult:
     cluster, provider = _new_cluster(spec, report)
     if no_ssh:
-        cluster.options["no_ssh"] = True  # providers wait for "running", not for SSH
+        cluster.no_ssh = True  # providers wait for "running", not for SSH
     paths = state.ClusterPaths(cluster.name)
 
     def save() -> None:
@@ -123,7 +123,7 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
             timings["wire"] = time.monotonic() - t1
         autostop.install_at_up(cluster, provider, no_ssh, report)
         provider.finish(cluster)
-        cluster.status = "ready" if not no_ssh else "provisioned"
+        cluster.status = ClusterState.READY if not no_ssh else ClusterState.PROVISIONED
         state.save(cluster)
     except BaseException as exc:
         _rollback(cluster, provider, report, exc)
@@ -144,7 +144,7 @@ def _rollback(cluster, provider, report: Reporter, exc: BaseException) -> None:
         for line in provider.terminate_instances(cluster):
             report(line)
     except BaseException as cleanup_exc:  # keep state so `down` can finish
-        cluster.status = "failed"
+        cluster.status = ClusterState.FAILED
         state.save(cluster)
         raise ToolError(
             f"up failed ({why}) and the cleanup failed too: {cleanup_exc}",
@@ -272,7 +272,7 @@ def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = Fals
         provider = get_provider(cluster.provider, report=report)
         lines: list[str] = []
         if terminate_adopted:
-            cluster.options["terminate_adopted"] = True
+            cluster.terminate_adopted = True
         try:
             with interrupts.deferred():
                 _confirm_owner(provider, cluster, force_owner, "down")
@@ -345,7 +345,7 @@ def stop(name: str, *, report: Reporter = silent, force_owner: bool = False) -> 
         close_masters(cluster)
         provider.stop_instances(cluster)
         was = cluster.status
-        cluster.status = "stopped"
+        cluster.status = ClusterState.STOPPED
         for node in cluster.nodes:
             node.state = "stopped"
         state.save(cluster)
@@ -362,11 +362,11 @@ def start(name: str, *, report: Reporter = silent, force_owner: bool = False) ->
         cluster.nodes = provider.start_instances(cluster)
         cluster.nodes = provider.wait_instances(cluster)
         write_hostfile(cluster)
-        if cluster.options.get("no_ssh"):  # brought up with --no-ssh: nothing to re-wire
-            cluster.status = "provisioned"
+        if cluster.no_ssh:  # brought up with --no-ssh: nothing to re-wire
+            cluster.status = ClusterState.PROVISIONED
         else:
             wire(cluster)
-            cluster.status = "ready"
+            cluster.status = ClusterState.READY
             setting = autostop.setting_of(cluster)
             if setting:  # addresses may have changed; the idle count starts again
                 autostop.install(cluster, setting, autostop.poweroff_command(provider))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -76,6 +77,28 @@ class Node:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+class ClusterState(str, enum.Enum):
+    """Where a cluster is in its life (the state file and `status` print the value)."""
+
+    PROVISIONING = "provisioning"  # `up` is making it (or died doing so: `down` removes what it made)
+    PROVISIONED = "provisioned"    # up with --no-ssh: machines run, SSH is not wired
+    READY = "ready"                # up and wired: commands run on it
+    STOPPED = "stopped"            # `stop`: machines off, disks kept
+    AUTOSTOPPED = "autostopped"    # its watcher powered it off
+    AUTODOWNED = "autodowned"      # its watcher terminated it
+    FAILED = "failed"              # `up` failed and its rollback failed too
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+# Keys older state files kept in ``options`` (the provider's bag) that are core fields now.
+_CORE_FLAGS = ("no_ssh", "terminate_adopted", "autostop")
+
+
 @dataclass
 class ClusterRecord:
     """A cluster as recorded in its state file."""
@@ -87,7 +110,10 @@ class ClusterRecord:
     nodes: list[Node] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)  # provider options from spec/flags
     provider_state: dict[str, Any] = field(default_factory=dict)  # what the provider made
-    status: str = "provisioning"  # provisioning | ready | stopped | failed
+    status: ClusterState = ClusterState.PROVISIONING
+    no_ssh: bool = False  # up --no-ssh: providers wait for "running", not for SSH; nothing is wired
+    terminate_adopted: bool = False  # down --terminate-adopted: adopted machines are terminated too
+    autostop: dict[str, Any] | None = None  # the autostop setting (cluster.autostop.Setting.to_dict())
     created: float = 0.0
     ssh_key: str | None = None  # path of the initial identity when not the cluster key (static)
     hostfile_path: str | None = None
@@ -140,6 +166,12 @@ class ClusterRecord:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["nodes"] = [Node.from_dict(n) for n in data.get("nodes", [])]
+        options = dict(values.get("options") or {})
+        for key in _CORE_FLAGS:  # a state file from before they were fields
+            if key in options:
+                values.setdefault(key, options.pop(key))
+        values["options"] = options
+        values["status"] = ClusterState(values.get("status", ClusterState.PROVISIONING))
         return cls(**values)
 
 

@@ -16,7 +16,7 @@ Lifecycle, as driven by ``clustertool.cluster.lifecycle``::
                               request.cluster.provider_state and call request.save()
                               right after each, so an interrupted `up` can be undone
     wait_instances(cluster)   until every node answers on its SSH port (only until "running"
-                              when cluster.options.get("no_ssh")); fills ssh_host, and
+                              when cluster.no_ssh); fills ssh_host, and
                               host_keys when the provider knows them
     finish(cluster)           `up` succeeded (AWS: its lease becomes done)
     query_instances(cluster)  current node states (status)

@@ -236,7 +236,7 @@ class StaticProvider(Provider):
 
     def wait_instances(self, cluster: ClusterRecord, timeout: float = 600.0) -> list[Node]:
         """Every node's SSH port must accept a TCP connection within a bounded time."""
-        if cluster.options.get("no_ssh"):
+        if cluster.no_ssh:
             return cluster.nodes
         deadline = time.monotonic() + min(timeout, self.reach_timeout)
         failures = {name: why for name, why in _probe_all(cluster.nodes, deadline).items() if why}

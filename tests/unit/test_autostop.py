@@ -152,7 +152,7 @@ def test_show_output_parses_config_state_poweroff_and_log():
 def test_status_lines_say_the_setting_and_the_idle_time():
     c = _cluster()
     assert autostop.status_lines(c, None) == {"autostop": "off"}
-    c.options["autostop"] = {"idle_s": 1800, "down": False, "wait_for": "jobs"}
+    c.autostop = {"idle_s": 1800, "down": False, "wait_for": "jobs"}
     view = autostop.WatcherView(state={"idle_since": 1000.0})
     assert autostop.status_lines(c, view, now=1300) == {
         "autostop": "stop every node after 30m idle (counting jobs and GPU use)", "idle": "5m so far (stops at 30m)"}
@@ -165,17 +165,17 @@ def test_status_lines_say_the_setting_and_the_idle_time():
     (["terminated", "terminated", "missing"], False, "autodown"), (["stopped", "stopped", "running"], False, None)])
 def test_powered_off_tells_autostop_from_autodown_and_waits_for_every_node(states, down, event):
     c = _cluster()
-    c.options["autostop"] = {"idle_s": 60, "down": down}
+    c.autostop = {"idle_s": 60, "down": down}
     queried = [Node(name=f"node-{i}", index=i, address="", state=s) for i, s in enumerate(states, 1)]
     assert autostop.powered_off(c, queried) == event
-    c.options["autostop"] = None
+    c.autostop = None
     assert autostop.powered_off(c, queried) is None  # stopped outside clustertool: not ours to name
 
 
 def test_launch_shutdown_behaviour_follows_autodown_and_spot():
     assert az_launch.shutdown_behavior({}) == "stop"
-    assert az_launch.shutdown_behavior({"autostop": {"idle_s": 60, "down": False}}) == "stop"
-    assert az_launch.shutdown_behavior({"autostop": {"idle_s": 60, "down": True}}) == "terminate"
+    assert az_launch.shutdown_behavior({}, {"idle_s": 60, "down": False}) == "stop"
+    assert az_launch.shutdown_behavior({}, {"idle_s": 60, "down": True}) == "terminate"
     assert az_launch.shutdown_behavior({"spot": True}) == "terminate"
 
 

@@ -271,7 +271,7 @@ def test_wait_succeeds_when_a_port_opens_before_the_deadline():
 
 def test_wait_is_skipped_when_ssh_is_not_wired():
     cluster = cluster_of([closed_port()])
-    cluster.options["no_ssh"] = True
+    cluster.no_ssh = True
     assert StaticProvider(reach_timeout=0.2).wait_instances(cluster) == cluster.nodes
 
 

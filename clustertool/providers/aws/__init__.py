@@ -141,7 +141,7 @@ class AwsProvider(Provider):
     def owns_cluster(self, cluster: ClusterRecord) -> bool:
         """Adopted clusters are not ours to terminate unless down --terminate-adopted said so."""
         if cluster.provider_state.get("adopted"):
-            return bool(cluster.options.get("terminate_adopted"))
+            return cluster.terminate_adopted
         return True
 
     def describe(self, cluster: ClusterRecord) -> dict:

@@ -66,15 +66,15 @@ def interfaces(subnet: str, group_id: str, efa: int, public_ip: bool = True) -> 
              "Groups": [group_id], "InterfaceType": "efa", "DeleteOnTermination": True} for card in range(efa)]
 
 
-def shutdown_behavior(options: dict) -> str:
+def shutdown_behavior(options: dict, autostop: dict | None = None) -> str:
     """terminate for autodown (and for one-time spot, which cannot stop), else stop."""
-    setting = options.get("autostop") or {}
-    return "terminate" if setting.get("down") or options.get("spot") else "stop"
+    return "terminate" if (autostop or {}).get("down") or options.get("spot") else "stop"
 
 
 def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: Image, subnet: str,
                   group_id: str, key_name: str, az: str, placement_group: str | None,
-                  options: dict, token: str, public_key: str = "", efa_interfaces: int = 0) -> dict[str, Any]:
+                  options: dict, token: str, public_key: str = "", efa_interfaces: int = 0,
+                  autostop: dict | None = None) -> dict[str, Any]:
     """The one RunInstances request of an attempt (pure: unit-tested)."""
     efa = (efa_interfaces or 1) if options.get("efa") else 0
     where: dict[str, Any] = {"AvailabilityZone": az}
@@ -89,7 +89,7 @@ def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: I
                               stamp.spec("volume"), stamp.spec("network-interface")],
         "ClientToken": token[:64],
         # what an OS power-off does: the autostop watcher powers nodes off from inside (no credentials)
-        "InstanceInitiatedShutdownBehavior": shutdown_behavior(options),
+        "InstanceInitiatedShutdownBehavior": shutdown_behavior(options, autostop),
     }
     if options.get("key_name") and public_key.strip():
         params["UserData"] = user_data(public_key)  # the cluster key works beside the user's key pair
@@ -119,7 +119,8 @@ def launch_in_order(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, coun
         params = launch_params(stamp=stamp, count=count, instance_type=info.name, image=image,
                                subnet=subnet, group_id=group_id, key_name=key_name, az=az,
                                placement_group=group, options=cluster.options,
-                               token=f"{stamp.id}-{az}", public_key=public_key, efa_interfaces=info.efa_interfaces)
+                               token=f"{stamp.id}-{az}", public_key=public_key, efa_interfaces=info.efa_interfaces,
+                               autostop=cluster.autostop)
         report(f"{az}: launching {count} x {info.name}" + (f" in placement group {group}" if group else ""))
         server_insts: list[dict] = []
         try:
@@ -132,7 +133,7 @@ def launch_in_order(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, coun
                                         key_name=key_name, az=az, placement_group=group,
                                         options=servers.launch_options(cluster.options),
                                         token=f"{stamp.id}-{az}-servers",
-                                        public_key=public_key)
+                                        public_key=public_key, autostop=cluster.autostop)
                 sparams["TagSpecifications"][0] = stamp.spec("instance", **{"clustertool__role": "server"})
                 report(f"{az}: launching {server_plan.count} x {server_plan.info.name} (reduction servers) "
                        "beside them")

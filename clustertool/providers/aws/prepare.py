@@ -182,7 +182,8 @@ def dry_run_checks(prep: Prep, request: ProvisionRequest, image: images.Image) -
         return [f"dry run: no subnet in {az}: {getattr(exc, 'message', exc)}"]
     params = launch_params(stamp=prep.stamp or tags.Stamp(request.cluster.name), count=request.count,
                            instance_type=info.name, image=image, subnet=subnet, group_id="", key_name="", az=az,
-                           placement_group=None, options=options, token="dry-run", efa_interfaces=info.efa_interfaces)
+                           placement_group=None, options=options, token="dry-run", efa_interfaces=info.efa_interfaces,
+                           autostop=request.cluster.autostop)
     for iface in params["NetworkInterfaces"]:
         iface.pop("Groups")
     params.pop("KeyName")

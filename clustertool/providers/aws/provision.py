@@ -127,7 +127,7 @@ def wait(cluster: ClusterRecord, aws: Aws) -> list[Node]:
     for node in nodes:
         if not node.host_keys and node.instance_id:
             node.host_keys = instances.console_host_keys(aws, node.instance_id)
-    if not cluster.options.get("no_ssh"):
+    if not cluster.no_ssh:
         polls = {"n": 0}
 
         def still_running() -> None:
@@ -211,7 +211,7 @@ def terminate(cluster: ClusterRecord, report: Reporter = silent) -> list[str]:
     removed = teardown.remove(aws, owned, report)
     lines += removed
     adopted = cluster.provider_state.get("adopted", [])
-    if adopted and not cluster.options.get("terminate_adopted"):
+    if adopted and not cluster.terminate_adopted:
         lines.append(f"left {len(adopted)} adopted instance(s) running: {', '.join(adopted)} "
                      "(down --terminate-adopted terminates them)")
     if not removed:

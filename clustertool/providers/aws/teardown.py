@@ -65,7 +65,7 @@ def owned(aws: Aws, cluster: ClusterRecord) -> Owned:
                 if state_of(i) != "terminated"] if ps.get("instances") else []
     ids = _merge(mine(tagged_by(aws, flt), "InstanceId"), recorded)
     ids = [i for i in ids if i not in adopted]
-    if cluster.options.get("terminate_adopted") and adopted:
+    if cluster.terminate_adopted and adopted:
         ids += [i["InstanceId"] for i in describe(aws, adopted) if state_of(i) != "terminated"]
     return Owned(
         instances=ids,
