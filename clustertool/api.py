@@ -22,21 +22,24 @@ from __future__ import annotations
 import os
 from typing import Callable, Iterable, Mapping, Sequence
 
-from clustertool.cluster import autostop as autostops
+import clustertool.cluster.status
+import clustertool.jobs.kill
+import clustertool.transfer.copy
 from clustertool.cluster import lifecycle
-from clustertool.cluster import spec as specs
-from clustertool.cluster import status as clusterstatus
+from clustertool.cluster.autostop import AutostopReport, configure
+from clustertool.cluster.session import ClusterSession
+from clustertool.cluster.spec import ClusterSpec, load_spec
+from clustertool.cluster.status import ClusterStatus
 from clustertool.core import nodeset, state
 from clustertool.core.errors import RemoteError, UsageError
-from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Reporter, silent
-from clustertool.jobs import kill as jobkill
+from clustertool.core.model import GroupResult, JobRecord, Reporter, silent
 from clustertool.jobs import launch, records
-from clustertool.jobs import logs as joblogs
+from clustertool.jobs.kill import KillResult
+from clustertool.jobs.logs import find_job, show
 from clustertool.jobs.mpirun import MpiOptions
 from clustertool.remote import fabricgroup
 from clustertool.remote.execute import execute
 from clustertool.transfer.chain import DEFAULT_CIPHER
-from clustertool.transfer.copy import copy as copy_tree
 from clustertool.transfer.results import CopyResult, ProgressCb
 
 LineFn = Callable[[str], None]
@@ -69,27 +72,25 @@ def _ranks(rank: int | str | Iterable[int] | None) -> str | None:
     return ",".join(str(int(r)) for r in rank)
 
 
-class Cluster:
-    """A cluster this machine knows (a handle on its state record; ``record`` is that record)."""
-
-    def __init__(self, record: ClusterRecord, *, report: Reporter = silent):
-        self.record = record
-        self.report = report
+class Cluster(ClusterSession):
+    """A cluster this machine knows: the session every command makes (``record``: its state record,
+    ``transport``: how its nodes are reached, ``report``: where progress lines go), with the verbs.
+    ``Cluster(record, transport=ScriptedTransport())`` runs the same code over a test transport."""
 
     # ---- making and finding clusters -------------------------------------------------
 
     @staticmethod
-    def _spec(spec, keywords: dict) -> specs.ClusterSpec:
-        if isinstance(spec, specs.ClusterSpec):
+    def _spec(spec, keywords: dict) -> ClusterSpec:
+        if isinstance(spec, ClusterSpec):
             if keywords:
                 raise UsageError("give a ClusterSpec or keywords, not both")
             return spec
         if spec is None or isinstance(spec, Mapping):
-            return specs.load_spec(None, {**dict(spec or {}), **keywords})
-        return specs.load_spec(os.fspath(spec), keywords)
+            return load_spec(None, {**dict(spec or {}), **keywords})
+        return load_spec(os.fspath(spec), keywords)
 
     @classmethod
-    def up(cls, spec: str | os.PathLike | Mapping | specs.ClusterSpec | None = None, *, no_ssh: bool = False,
+    def up(cls, spec: str | os.PathLike | Mapping | ClusterSpec | None = None, *, no_ssh: bool = False,
            report: Reporter = silent, **keywords) -> "Cluster":
         """Bring a cluster up, like `clustertool up`: a spec file's path, a dict of its keys, or keywords
         (``provider="local", nodes=4, name="demo", link_rate="200mbit"``; keywords win over the file)."""
@@ -98,14 +99,9 @@ class Cluster:
         return cls(result.cluster, report=report)
 
     @classmethod
-    def plan(cls, spec: str | os.PathLike | Mapping | specs.ClusterSpec | None = None, **keywords) -> list[str]:
+    def plan(cls, spec: str | os.PathLike | Mapping | ClusterSpec | None = None, **keywords) -> list[str]:
         """What `up` would make (`up --dry-run`), creating nothing."""
         return lifecycle.up(cls._spec(spec, keywords), dry_run=True).plan
-
-    @classmethod
-    def load(cls, name: str | None = None, *, report: Reporter = silent) -> "Cluster":
-        """A cluster by name (default: the only one this machine knows)."""
-        return cls(state.load(state.resolve_name(name)), report=report)
 
     @classmethod
     def names(cls) -> list[str]:
@@ -115,26 +111,17 @@ class Cluster:
     # ---- what it is ----------------------------------------------------------------------
 
     @property
-    def name(self) -> str:
-        return self.record.name
-
-    @property
-    def nodes(self) -> list:
-        """Its nodes, leader first (``model.Node``: name, role, address, slots ...)."""
-        return self.record.ordered_nodes()
-
-    @property
     def hostfile(self) -> str | None:
         return self.record.hostfile_path
 
     def refresh(self) -> "Cluster":
         """Re-read the state record (after another process changed the cluster)."""
-        self.record = state.load(self.name)
+        self.reload()
         return self
 
-    def status(self, *, check_ssh: bool = True) -> clusterstatus.ClusterStatus:
+    def status(self, *, check_ssh: bool = True) -> ClusterStatus:
         """Nodes with role, address, slots, state and reachability (`status`; ``to_dict()`` is its --json)."""
-        result = clusterstatus.status(self.name, check_ssh=check_ssh)
+        result = clustertool.cluster.status.status(self, check_ssh=check_ssh)
         self.record = result.cluster
         return result
 
@@ -145,7 +132,7 @@ class Cluster:
         """Run on the selected nodes at once (`exec`): one string is a shell line, a list is quoted word
         by word.  ``on_line(node, "stdout"|"stderr", line)`` sees output as it comes.  ``check``: raise
         RemoteError when a node failed (else failures are values: ``result.failed()``)."""
-        result = execute(self.name, nodes, _words(command), timeout=timeout, on_line=on_line)
+        result = execute(self, nodes, _words(command), timeout=timeout, on_line=on_line)
         if check and not result.ok:
             bad = result.failed()
             raise RemoteError(f"{len(bad)} node(s) failed: " + "; ".join(f"{r.node}: {r.reason}" for r in bad),
@@ -157,7 +144,7 @@ class Cluster:
              on_progress: ProgressCb | None = None) -> CopyResult:
         """SRC onto DEST of the selected nodes (`copy`): from the leader, or with ``source="local"`` from
         here; incremental, verified by hash.  Check ``result.exit_code`` (0: every node matches)."""
-        return copy_tree(self.name, src, dest, source=source, selection=nodes, strategy=strategy,
+        return clustertool.transfer.copy.copy(self, src, dest, source=source, selection=nodes, strategy=strategy,
                          verify_after=verify, delete=delete, cipher=cipher, on_progress=on_progress,
                          report=self.report)
 
@@ -178,18 +165,18 @@ class Cluster:
                           horovod_timeline=horovod.get("timeline"), horovod_autotune=bool(horovod.get("autotune")),
                           nccl_debug=nccl_debug, workdir=workdir, oversubscribe=oversubscribe, tag_output=tag_output)
         folder = None if sync is None or sync is False else ("." if sync is True else os.fspath(sync))
-        started = launch.run(self.name, opts, selection=nodes, name=name, allow_concurrent=allow_concurrent,
+        started = launch.run(self, opts, selection=nodes, name=name, allow_concurrent=allow_concurrent,
                              use_plugin=plugin, sync=folder, sync_to=sync_to, on_progress=on_progress,
                              report=self.report)
         return Job(self, started.job, synced=started.synced)
 
     def jobs(self) -> list["Job"]:
         """The cluster's jobs, oldest first, with their state as the leader sees it now (`jobs`)."""
-        return [Job(self, j) for j in records.refresh(self.record)]
+        return [Job(self, j) for j in records.refresh(self)]
 
     def job(self, ref: str) -> "Job":
         """A job by id, unique id prefix or name."""
-        return Job(self, joblogs.find_job(self.name, ref)[1])
+        return Job(self, find_job(self, ref)[1])
 
     def fabric(self, nodes: str | None = None):
         """A ``fabric.ThreadingGroup`` of the selected nodes (leader first) that trusts only the pinned
@@ -198,11 +185,10 @@ class Cluster:
         return fabricgroup.thread_group(cluster, nodeset.select(cluster, nodes))
 
     def autostop(self, idle: str | None = None, *, down: bool = False, wait_for: str | None = None,
-                 cancel: bool = False) -> autostops.AutostopReport:
+                 cancel: bool = False) -> AutostopReport:
         """`clustertool autostop`: set (``idle="30m"``, ``down=True`` to terminate), ``cancel=True``, or
         (neither) read the setting and the leader's idle time; ``.to_dict()`` is what `--json` prints."""
-        return autostops.configure(self.name, idle, down=down, wait_for=wait_for, cancel=cancel,
-                                   report=self.report)
+        return configure(self, idle, down=down, wait_for=wait_for, cancel=cancel)
 
     def down(self, *, terminate_adopted: bool = False) -> list[str]:
         """Remove everything the cluster made (`down --yes`); what was removed, line by line."""
@@ -241,32 +227,32 @@ class Job:
         return self.record.exit_code
 
     def refresh(self) -> "Job":
-        self.record = joblogs.find_job(self.cluster.name, self.id)[1]
+        self.record = find_job(self.cluster, self.id)[1]
         return self
 
     def wait(self, timeout: float | None = None, *, poll: float = 2.0) -> int | None:
         """Wait until the job ends; its exit code (None: killed or lost without one).  A job still
         running after ``timeout`` seconds raises ToolError and keeps running."""
-        self.record = launch.wait(self.cluster.name, self.id, timeout=timeout, poll=poll)
+        self.record = launch.wait(self.cluster, self.id, timeout=timeout, poll=poll)
         return self.record.exit_code
 
     def logs(self, *, rank: int | str | Iterable[int] | None = None, node: str | None = None,
              tail: int | None = None) -> list[str]:
         """The job's output so far in whole lines, as `logs` prints them (``[1,R]<stdout>:text``)."""
         lines: list[str] = []
-        joblogs.show(self.cluster.name, self.id, lines.append, node=node, rank=_ranks(rank), lines=tail)
+        show(self.cluster, self.id, lines.append, node=node, rank=_ranks(rank), lines=tail)
         return lines
 
     def follow(self, on_line: LineFn = print, *, rank: int | str | Iterable[int] | None = None,
                node: str | None = None) -> int | None:
         """Hand each line to ``on_line`` as it completes until the job ends (`logs -f`); its exit code."""
-        code = joblogs.show(self.cluster.name, self.id, on_line, follow_log=True, node=node, rank=_ranks(rank))
+        code = show(self.cluster, self.id, on_line, follow_log=True, node=node, rank=_ranks(rank))
         self.refresh()
         return code
 
-    def kill(self, signal: str = "TERM", *, grace: float = 10.0) -> jobkill.KillResult:
+    def kill(self, signal: str = "TERM", *, grace: float = 10.0) -> KillResult:
         """Stop the job's processes on every node and verify (`kill`); ``result.clean`` says all is gone."""
-        result = jobkill.kill(self.cluster.name, self.id, signal=signal, grace=grace)
+        result = clustertool.jobs.kill.kill(self.cluster, self.id, signal=signal, grace=grace)
         if result.job is not None:
             self.record = result.job
         return result

@@ -10,6 +10,7 @@ import threading
 from typing import Sequence
 
 from clustertool.bench.scaling import Launcher
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError
 from clustertool.jobs import kill, launch
 from clustertool.jobs.mpirun import MpiOptions
@@ -25,10 +26,11 @@ def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, 
 def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
                   plugin: bool = False, name: str | None = None) -> Launcher:
     """``name``: the job's name in `clustertool jobs` (default ``scaling-<N>n``)."""
+    session = ClusterSession(cluster)
     def start(nodes, per_node, argv):
         opts = MpiOptions(command=list(argv), per_node=per_node, env=list(env))
         try:
-            started = launch.run(cluster.name, opts, selection=",".join(n.name for n in nodes),
+            started = launch.run(session, opts, selection=",".join(n.name for n in nodes),
                                  name=name or f"scaling-{len(nodes)}n", use_plugin=plugin)
         except ToolError as exc:
             return None, "", exc.message
@@ -43,7 +45,7 @@ def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = N
         def stop() -> None:
             expired.set()
             try:
-                kill.kill(cluster.name, started.job.id)
+                kill.kill(session, started.job.id)
             except ToolError:
                 pass
 
@@ -52,7 +54,7 @@ def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = N
             timer.daemon = True
             timer.start()
         try:
-            code = launch.follow(cluster.name, started.job, line)
+            code = launch.follow(session, started.job, line)
         finally:
             if timer:
                 timer.cancel()

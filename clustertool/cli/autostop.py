@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, cluster_name, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, open_session
 from clustertool.core.errors import UsageError
 
 
@@ -35,8 +35,7 @@ def autostop(
     if show and (idle is not None or cancel):
         raise UsageError("--show only shows: give it alone")
     check_request(idle, down=down, wait_for=wait_for, cancel=cancel)  # before looking for the cluster
-    result = configure(cluster_name(cluster), idle, down=down, wait_for=wait_for, cancel=cancel,
-                            report=reporter(json_output))
+    result = configure(open_session(cluster, json_output), idle, down=down, wait_for=wait_for, cancel=cancel)
     if json_output:
         render.print_json(result.to_dict())
         return

@@ -10,7 +10,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, open_session, reporter
 from clustertool.core.errors import UsageError
 
 ForceOwnerOpt = typer.Option(False, "--force-owner",
@@ -131,7 +131,7 @@ def status(
     from clustertool.cli import render
     from clustertool.cluster.status import status
 
-    report = status(cluster_name(cluster), check_ssh=not no_check, report=reporter(json_output))
+    report = status(open_session(cluster, json_output), check_ssh=not no_check)
     c, rows, extra = report.cluster, report.nodes, report.extra
     if json_output:
         render.print_json(report.to_dict())

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from typer.core import TyperCommand
 
 from clustertool.core import state
 from clustertool.core.model import Reporter, silent
+
+if TYPE_CHECKING:  # a fast --help: the session (and what it imports) loads in the command
+    from clustertool.cluster.session import ClusterSession
 
 
 def complete_cluster(incomplete: str) -> list[str]:
@@ -86,6 +89,14 @@ class BareValueCommand(TyperCommand):
 
 def cluster_name(name: Optional[str]) -> str:
     return state.resolve_name(name)
+
+
+def open_session(name: Optional[str], json_output: bool = False) -> "ClusterSession":
+    """The command's one session: the named cluster (or the only one), its progress on stderr
+    (none with --json)."""
+    from clustertool.cluster.session import ClusterSession
+
+    return ClusterSession.load(name, report=reporter(json_output))
 
 
 def reporter(json_output: bool) -> Reporter:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, open_session, reporter
 
 
 def copy_cmd(
@@ -45,7 +45,7 @@ def copy_cmd(
     name = cluster_name(cluster)
     bars = progress.NodeProgress([], enabled=not json_output)
     with bars:
-        result = copy(name, src, dest, source=source, selection=nodes, strategy=strategy,
+        result = copy(open_session(name, json_output), src, dest, source=source, selection=nodes, strategy=strategy,
                       verify_after=verify, delete=delete, cipher=cipher or None,
                       on_progress=bars.update, report=reporter(json_output), verify_only=verify_only)
     if json_output:
@@ -96,8 +96,9 @@ def sync_s3_cmd(
     name = cluster_name(cluster)
     bars = progress.NodeProgress([], enabled=not json_output)
     with bars:
-        result = sync_s3(name, url, dest, selection=nodes, shard=shard, endpoint_url=endpoint_url, region=region,
-                         threads=threads, url_expiry=expiry, recheck=recheck, on_progress=bars.update,
+        result = sync_s3(open_session(name, json_output), url, dest, selection=nodes, shard=shard,
+                         endpoint_url=endpoint_url, region=region, threads=threads, url_expiry=expiry,
+                         recheck=recheck, on_progress=bars.update,
                          report=reporter(json_output))
     if json_output:
         render.print_json({"exit_code": result.exit_code, **render.to_jsonable(result)})

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, cluster_name, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, open_session, reporter
 
 
 def doctor(
@@ -33,7 +33,7 @@ def doctor(
     from clustertool.doctor import choose_checks, run
 
     checks = choose_checks(check, skip)
-    result = run(cluster_name(cluster), fix=fix, checks=checks, plugin=plugin_path,
+    result = run(open_session(cluster, json_output), fix=fix, checks=checks, plugin=plugin_path,
                      disk_paths=list(disk_path) or None, report=reporter(json_output))
     if json_output:
         check_dicts = [{**render.to_jsonable(c), "status": c.status} for c in result.checks]

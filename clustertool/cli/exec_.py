@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name
+from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, open_session
 
 
 def exec_(
@@ -32,7 +32,7 @@ def exec_(
     on_line = None
     if live and not json_output:
         on_line = render.live_line
-    result = execute(cluster_name(cluster), nodes, command, timeout=timeout, on_line=on_line)
+    result = execute(open_session(cluster), nodes, command, timeout=timeout, on_line=on_line)
     if json_output:
         render.print_json(result.to_dict())
     else:

@@ -17,6 +17,7 @@ from clustertool.cli.common import (
     NodesOpt,
     cluster_name,
     complete_job,
+    open_session,
     reporter,
 )
 
@@ -38,7 +39,7 @@ def _follow(name: str, job) -> int:
     from clustertool.jobs.launch import follow
 
     try:
-        code = follow(name, job, _echo_line, warn=_warn)
+        code = follow(open_session(name), job, _echo_line, warn=_warn)
     except KeyboardInterrupt:
         sys.stderr.write(f"detached; job {job.id} keeps running (`clustertool logs -f {job.id}`, "
                          f"`clustertool kill {job.id}`)\n")
@@ -103,7 +104,7 @@ def run(
                       oversubscribe=oversubscribe, tag_output=tag_output)
     name_ = cluster_name(cluster)
     with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
-        started = launch.run(name_, opts, selection=nodes, name=name, dry_run=dry_run,
+        started = launch.run(open_session(name_, json_output), opts, selection=nodes, name=name, dry_run=dry_run,
                              allow_concurrent=allow_concurrent, use_plugin=plugin, sync=sync, sync_to=sync_to,
                              on_progress=bars.update, report=reporter(json_output))
     if dry_run:
@@ -148,10 +149,9 @@ def _state_text(job) -> str:
 def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
     """Jobs of the cluster with their state and duration."""
     from clustertool.cli import render
-    from clustertool.core import state
     from clustertool.jobs import records
 
-    all_jobs = records.refresh(state.load(cluster_name(cluster)))
+    all_jobs = records.refresh(open_session(cluster))
     if json_output:
         render.print_json({"jobs": all_jobs})
         return
@@ -185,7 +185,7 @@ def logs(
     from clustertool.jobs.logs import show
 
     try:
-        code = show(cluster_name(cluster), job, _echo_line, follow_log=follow, node=node, rank=rank,
+        code = show(open_session(cluster), job, _echo_line, follow_log=follow, node=node, rank=rank,
                             lines=lines, warn=_warn)
     except KeyboardInterrupt:
         raise typer.Exit(130)
@@ -200,7 +200,7 @@ def attach(job: str = typer.Argument(..., metavar="JOB", autocompletion=complete
     from clustertool.jobs.logs import find_job
     from clustertool.remote.transport import session_argv
 
-    c, j = find_job(cluster_name(cluster), job)
+    c, j = find_job(open_session(cluster), job)
     if j.state != "running":
         raise UsageError(f"job {j.id} is not running ({j.state})", hint=f"`clustertool logs {j.id}`")
     if j.launcher != "tmux":
@@ -224,8 +224,9 @@ def kill(
     from clustertool.jobs.kill import kill, kill_all_python
 
     name = cluster_name(cluster)
-    result = (kill_all_python(name, nodes) if all_python
-              else kill(name, job, signal=signal, grace=grace))
+    session = open_session(name)
+    result = (kill_all_python(session, nodes) if all_python
+              else kill(session, job, signal=signal, grace=grace))
     if json_output:
         render.print_json(result.to_dict())
     else:
@@ -250,7 +251,7 @@ def reboot(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
         if not sys.stdin.isatty():
             raise UsageError("refusing to reboot without --yes (no terminal to ask on)")
         typer.confirm(f"Reboot {nodes or 'all nodes'} of {name!r}? Running jobs there die.", abort=True)
-    done = manage.reboot(name, nodes, timeout=timeout, report=reporter(False))
+    done = manage.reboot(open_session(name), nodes, timeout=timeout, report=reporter(False))
     typer.echo(f"rebooted {nodeset.fold(n.name for n in done)}; SSH and the mesh answer")
 
 
@@ -264,7 +265,7 @@ def clean(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
 
     if not logs_ and not jobs_:
         logs_ = jobs_ = True
-    result = manage.clean(cluster_name(cluster), logs=logs_, jobs=jobs_, selection=nodes)
+    result = manage.clean(open_session(cluster), logs=logs_, jobs=jobs_, selection=nodes)
     removed = {line.split()[1] for r in result.results for line in r.stdout.splitlines() if line.startswith("removed ")}
     bad = [r for r in result.results if not r.ok]
     typer.echo(f"removed {'records' if jobs_ else 'logs'} of {len(removed)} job(s) on "
@@ -283,7 +284,7 @@ def fetch(job: str = typer.Argument(..., metavar="JOB", autocompletion=complete_
     """Copy a job's output back from the leader (or upload it from the leader to S3)."""
     from clustertool.jobs import manage
 
-    typer.echo(manage.fetch(cluster_name(cluster), job, path, to))
+    typer.echo(manage.fetch(open_session(cluster), job, path, to))
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, cluster_name
+from clustertool.cli.common import ClusterOpt, JsonOpt, cluster_name, open_session
 
 plugin_app = typer.Typer(name="plugin", no_args_is_help=True, add_completion=False,
                          help="Build the native NCCL plugin (net + CollNet + tuner), put it on every node, check it.")
@@ -31,9 +31,9 @@ def build_cmd(
     if on not in ("local", "leader"):
         raise UsageError(f"--on {on!r}: choose local or leader")
     if on == "leader":
-        c = state.load(cluster_name(cluster))
-        b = build.build_on_leader(c)
-        build.remember_build(c.name, b)
+        session = open_session(cluster)
+        b = build.build_on_leader(session)
+        build.remember_build(session.name, b)
     else:
         b = build.build_local()
         known = state.list_clusters()
@@ -66,11 +66,10 @@ def deploy_cmd(
     replaces the EFA plugin's own tuner.
     """
     from clustertool.cli.common import reporter
-    from clustertool.core import state
     from clustertool.plugin import build, deploy
 
-    c = state.load(cluster_name(cluster))
-    rows = deploy.deploy(c, build.current_build(c.name), dest=dest, tuner_table=tuner_table,
+    session = open_session(cluster, json_output)
+    rows = deploy.deploy(session, build.current_build(session.name), dest=dest, tuner_table=tuner_table,
                          report=reporter(json_output))
     _show(rows, json_output)
 
@@ -78,16 +77,15 @@ def deploy_cmd(
 @plugin_app.command("status")
 def status_cmd(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
     """Per node: installed version and checksum, and whether it matches the local build."""
-    from clustertool.core import state
     from clustertool.core.errors import ToolError
     from clustertool.plugin import build, deploy
 
-    c = state.load(cluster_name(cluster))
+    session = open_session(cluster)
     try:
-        b = build.current_build(c.name)
+        b = build.current_build(session.name)
     except ToolError:
         b = None
-    rows = deploy.status(c, b)
+    rows = deploy.status(session, b)
     _show(rows, json_output)
     raise typer.Exit(0 if all(r.matches for r in rows) else 1)
 
@@ -130,7 +128,7 @@ def check_cmd(
     from clustertool.cli.common import reporter
     from clustertool.plugin import check
 
-    result = check.run(cluster_name(cluster), sizes=sizes, iters=iters, warmup=warmup, python=python,
+    result = check.run(open_session(cluster, json_output), sizes=sizes, iters=iters, warmup=warmup, python=python,
                        timeout=timeout, report=reporter(json_output))
     if json_output:
         render.print_json({**render.to_jsonable(result), "wrong": result.wrong, "ok": result.ok})

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 from clustertool import nodeprogs
 from clustertool.cluster import ledger
+from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, ClusterState, Node, Reporter, silent
 from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_node
-from clustertool.remote.transport import SSH, Transport
 
 WAIT_FOR = ("jobs", "jobs-and-ssh")
 UP = ("ready", "provisioned")  # statuses of a cluster that is up (provisioned: brought up with --no-ssh)
@@ -118,11 +118,11 @@ def install_script(config: dict) -> str:
                                   CONFIG_B64=base64.b64encode(json.dumps(config).encode()).decode())
 
 
-def install(cluster: ClusterRecord, setting: Setting | None, poweroff: str, transport: Transport = SSH) -> str:
+def install(session: ClusterSession, setting: Setting | None, poweroff: str) -> str:
     """Write the watcher and its config on the leader and make sure it runs; returns how it runs."""
+    cluster = session.record
     script = install_script(watcher_config(cluster, setting, poweroff))
-    result = run_on_node(cluster.name, cluster.leader, "sh -s", stdin_data=script.encode(), timeout=60,
-                         transport=transport)
+    result = run_on_node(session, cluster.leader, "sh -s", stdin_data=script.encode(), timeout=60)
     how = next((line.strip() for line in result.stdout.splitlines() if line.startswith(("watcher", "error"))), "")
     if not result.ok or not how.startswith("watcher"):
         detail = how or result.reason
@@ -163,21 +163,22 @@ def parse_show(text: str) -> WatcherView:
     return view
 
 
-def read_watcher(cluster: ClusterRecord, transport: Transport = SSH, timeout: float = 10.0) -> WatcherView | None:
+def read_watcher(session: ClusterSession, timeout: float = 10.0) -> WatcherView | None:
     """The watcher's config, idle time and log tail, read over SSH (None when the leader does not answer)."""
+    cluster = session.record
     script = nodeprogs.shell_script("autostop", MODE="show", PROGRAM_B64="", CONFIG_B64="")
-    result = run_on_node(cluster.name, cluster.leader, "sh -s", stdin_data=script.encode(), timeout=timeout,
-                         transport=transport)
+    result = run_on_node(session, cluster.leader, "sh -s", stdin_data=script.encode(), timeout=timeout)
     return parse_show(result.stdout) if result.ok else None
 
 
-def status_extra(cluster: ClusterRecord, check_ssh: bool, transport: Transport = SSH) -> dict:
+def status_extra(session: ClusterSession, check_ssh: bool) -> dict:
     """`status`'s autostop lines: the setting, the idle time (read from the leader), or when and why
     the watcher powered the cluster off."""
+    cluster = session.record
     out: dict = {}
     if setting_of(cluster) or cluster.status == "ready":
         ask = check_ssh and cluster.status == "ready" and setting_of(cluster) is not None
-        out.update(status_lines(cluster, read_watcher(cluster, transport) if ask else None))
+        out.update(status_lines(cluster, read_watcher(session) if ask else None))
     if cluster.status in ("autostopped", "autodowned"):
         done = cluster.provider_state.get("autostopped") or {}
         out[cluster.status] = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(done.get("t", 0)))
@@ -195,7 +196,7 @@ def install_at_up(cluster: ClusterRecord, provider, no_ssh: bool, report: Report
                "only chooses what an OS shutdown does")
         return
     report("installing the autostop watcher on the leader")
-    how = install(cluster, setting, poweroff_command(provider))
+    how = install(ClusterSession(cluster, report=report), setting, poweroff_command(provider))
     report(f"autostop: {setting.describe()} ({how})")
 
 
@@ -303,12 +304,13 @@ def check_allowed(cluster: ClusterRecord, provider, setting: Setting | None) -> 
                          hint="use --autodown (or --down) with --spot")
 
 
-def apply(cluster: ClusterRecord, provider, setting: Setting | None, transport: Transport = SSH) -> str:
+def apply(session: ClusterSession, provider, setting: Setting | None) -> str:
     """Give a ready cluster the setting (None: cancel): the provider's shutdown behaviour, then the
     leader's watcher.  Returns how the watcher runs."""
+    cluster = session.record
     if setting is not None:
         provider.set_shutdown_behavior(cluster, "terminate" if setting.down else "stop")
-    how = install(cluster, setting, poweroff_command(provider), transport)
+    how = install(session, setting, poweroff_command(provider))
     cluster.autostop = setting.to_dict() if setting else None
     return how
 
@@ -345,19 +347,17 @@ def check_request(idle: str | None, *, down: bool = False, wait_for: str | None 
     return Setting(parse_duration(idle), down, wait_for or "jobs") if idle is not None else None
 
 
-def configure(name: str, idle: str | None = None, *, down: bool = False, wait_for: str | None = None,
-              cancel: bool = False, transport: Transport = SSH, report=None) -> AutostopReport:
+def configure(session: ClusterSession, idle: str | None = None, *, down: bool = False, wait_for: str | None = None,
+              cancel: bool = False) -> AutostopReport:
     """`clustertool autostop`: set (``idle``), cancel, or (neither) show the cluster's autostop."""
     setting = check_request(idle, down=down, wait_for=wait_for, cancel=cancel)
     if idle is None and not cancel:
-        cluster = state.load(name)
-        view = read_watcher(cluster, transport) if cluster.status == "ready" else None
+        cluster = session.reload()
+        view = read_watcher(session) if cluster.status == "ready" else None
         return AutostopReport(cluster, setting_of(cluster), view=view)
-    with state.locked(name, purpose="autostop"):
-        cluster = state.ready_cluster(name)
-        provider = get_provider(cluster.provider, **({"report": report} if report else {}))
-        check_allowed(cluster, provider, setting)
-        how = apply(cluster, provider, setting, transport)
-        state.save(cluster)
-    return AutostopReport(cluster, setting, changed=True, watcher=how,
-                          view=read_watcher(cluster, transport))
+    with session.locked(purpose="autostop") as cluster:
+        session.ready()
+        check_allowed(cluster, session.provider, setting)
+        how = apply(session, session.provider, setting)
+        session.save()
+    return AutostopReport(cluster, setting, changed=True, watcher=how, view=read_watcher(session))

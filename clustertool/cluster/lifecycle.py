@@ -18,6 +18,7 @@ from pathlib import Path
 
 from clustertool import nodeprogs
 from clustertool.cluster import autostop, ledger
+from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.status import list_all
 from clustertool.core import interrupts, state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
@@ -26,7 +27,7 @@ from clustertool.core.model import ClusterRecord, ClusterState, GroupResult, Nod
 from clustertool.providers.base import Provider, ProvisionRequest, get_provider
 from clustertool.remote import access, keys, mesh, mux, reach
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport, control_exit_argv, forget_warm, master_socket, write_ssh_config
+from clustertool.remote.transport import control_exit_argv, forget_warm, master_socket, write_ssh_config
 
 
 @dataclass
@@ -119,7 +120,7 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
         if not no_ssh:
             t1 = time.monotonic()
             report("pinning host keys and wiring cluster SSH")
-            wire(cluster)
+            wire(ClusterSession(cluster, report=report))
             timings["wire"] = time.monotonic() - t1
         autostop.install_at_up(cluster, provider, no_ssh, report)
         provider.finish(cluster)
@@ -169,13 +170,14 @@ def write_hostfile(cluster: ClusterRecord) -> Path:
     return path
 
 
-def wire(cluster: ClusterRecord, transport: Transport = SSH) -> GroupResult:
+def wire(session: ClusterSession) -> GroupResult:
     """Pin host keys, write local ssh config, push key + known_hosts + config to every node.
 
     Members behind the leader are waited for, and (without keys from the provider) scanned, from
     the leader: this also opens the one persistent connection to it that theirs ride on."""
-    reach.wait_behind_jumps(cluster, transport)
-    keys.pin_host_keys(cluster, transport)
+    cluster = session.record
+    reach.wait_behind_jumps(session)
+    keys.pin_host_keys(session)
     state.save(cluster)
     keys.write_local_known_hosts(cluster)
     write_ssh_config(cluster)
@@ -190,22 +192,22 @@ def wire(cluster: ClusterRecord, transport: Transport = SSH) -> GroupResult:
     def script(node) -> bytes:
         return leader_script if node.name == leader else member_script
 
-    result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=60, transport=transport)
+    result = run_on_nodes(session, cluster.nodes, "sh -s", stdin_data=script, timeout=60)
     _raise_on_failures(result, "wiring SSH")
-    check_leader_mesh(cluster, transport)
+    check_leader_mesh(session)
     return result
 
 
-def check_leader_mesh(cluster: ClusterRecord, transport: Transport = SSH) -> None:
+def check_leader_mesh(session: ClusterSession) -> None:
     """The leader must reach every node by private address without a prompt (mpirun needs it):
     real ssh to every node, or past mesh.LEADER_FULL_MAX nodes to a sample and an SSH banner
     check of every other node (nodeprogs/reach.py; remote/mesh.py says why that suffices)."""
+    cluster = session.record
     by_ssh, by_banner = mesh.leader_targets(cluster.nodes)
     program = nodeprogs.program_text("reach", {"ssh": [n.address for n in by_ssh],
                                                "banner": [n.address for n in by_banner],
                                                "port": 22, "timeout": 10})
-    result = run_on_nodes(cluster.name, [cluster.leader], nodeprogs.python_command(), timeout=60,
-                          transport=transport, stdin_data=program)
+    result = run_on_nodes(session, [cluster.leader], nodeprogs.python_command(), timeout=60, stdin_data=program)
     _raise_on_failures(result, "checking the leader's SSH mesh")
     by_addr = {n.address: n.name for n in cluster.nodes}
     failed = mesh.failed_targets(result.results[0].stdout)
@@ -279,7 +281,7 @@ def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = Fals
                 if autostop.setting_of(cluster) and cluster.status in autostop.UP:
                     lines += autostop.reconcile(cluster, provider, provider.query_instances(cluster))
                 if not _owns(provider, cluster) and cluster.nodes and cluster.status == "ready":
-                    lines += unwire(cluster)
+                    lines += unwire(ClusterSession(cluster, report=report))
                 close_masters(cluster)
                 for line in provider.terminate_instances(cluster):
                     report(line)
@@ -325,13 +327,14 @@ def _owns(provider, cluster: ClusterRecord) -> bool:
     return provider.owns_cluster(cluster)
 
 
-def unwire(cluster: ClusterRecord, transport: Transport = SSH) -> list[str]:
+def unwire(session: ClusterSession) -> list[str]:
     """Remove the cluster key and config block from machines we do not own."""
+    cluster = session.record
     public = state.ClusterPaths(cluster.name).pubkey
     if not public.exists() or not state.ClusterPaths(cluster.name).ssh_config.exists():
         return []
     script = keys.unwire_script(cluster, public.read_text()).encode()
-    result = run_on_nodes(cluster.name, cluster.nodes, "sh -s", stdin_data=script, timeout=30, transport=transport)
+    result = run_on_nodes(session, cluster.nodes, "sh -s", stdin_data=script, timeout=30)
     return [f"{r.node}: removed clustertool key and ssh config" if r.ok
             else f"{r.node}: could not remove clustertool key ({r.reason})"
             for r in result.results]
@@ -365,11 +368,11 @@ def start(name: str, *, report: Reporter = silent, force_owner: bool = False) ->
         if cluster.no_ssh:  # brought up with --no-ssh: nothing to re-wire
             cluster.status = ClusterState.PROVISIONED
         else:
-            wire(cluster)
+            wire(ClusterSession(cluster, report=report))
             cluster.status = ClusterState.READY
             setting = autostop.setting_of(cluster)
             if setting:  # addresses may have changed; the idle count starts again
-                autostop.install(cluster, setting, autostop.poweroff_command(provider))
+                autostop.install(ClusterSession(cluster, report=report), setting, autostop.poweroff_command(provider))
         state.save(cluster)
         ledger.record("start", cluster)
         return cluster
@@ -384,6 +387,6 @@ def repin(name: str, node_names: list[str] | None = None) -> list[str]:
             if node_names is None or node.name in node_names:
                 node.host_keys = []
                 changed.append(node.name)
-        wire(cluster)
+        wire(ClusterSession(cluster))
         state.save(cluster)
         return changed

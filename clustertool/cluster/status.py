@@ -6,13 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clustertool.cluster import autostop
+from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import ToolError
-from clustertool.core.model import ClusterRecord, Reporter, jsonable, silent
-from clustertool.providers.base import get_provider
+from clustertool.core.model import ClusterRecord, jsonable
 from clustertool.remote import access
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport
 
 
 @dataclass
@@ -43,14 +42,12 @@ class ClusterStatus:
                 "nodes": jsonable(self.nodes), **jsonable(self.extra)}
 
 
-def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transport: Transport = SSH,
-           report: Reporter = silent) -> ClusterStatus:
+def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 10.0) -> ClusterStatus:
     """Nodes as the provider sees them now; a provider that cannot be reached is an error.
 
     Of a cluster whose `up` did not finish (killed, or its rollback failed) the nodes are what
     the provider finds by the cluster's id, not the (possibly empty) list the state recorded."""
-    cluster = state.load(name)
-    provider = get_provider(cluster.provider, report=report)
+    cluster, provider, report = session.reload(), session.provider, session.report
     queried = provider.query_instances(cluster)
     unfinished = cluster.status in ("provisioning", "failed")
     if unfinished:
@@ -60,7 +57,7 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transpor
     states = {n.name: n.state for n in queried}
     reach: dict[str, tuple[bool, str]] = {}
     if check_ssh and cluster.status == "ready":
-        for r in run_on_nodes(cluster.name, cluster.nodes, "true", timeout=timeout, transport=transport).results:
+        for r in run_on_nodes(session, cluster.nodes, "true", timeout=timeout).results:
             reach[r.node] = (r.ok, r.reason)
     rows = [
         NodeStatus(n.name, n.role, n.address, n.slots, states.get(n.name, "missing"),
@@ -69,7 +66,7 @@ def status(name: str, *, check_ssh: bool = True, timeout: float = 10.0, transpor
     ]
     extra = provider.describe(cluster)
     extra["access"] = access.describe(cluster)
-    extra.update(autostop.status_extra(cluster, check_ssh, transport))
+    extra.update(autostop.status_extra(session, check_ssh))
     if unfinished:
         extra["up"] = _unfinished(cluster)
     return ClusterStatus(cluster, rows, extra)

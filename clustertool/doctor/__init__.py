@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from clustertool.cluster.facts import NodeFacts, facts_script, gpu_count, parse_facts
-from clustertool.core import state
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.doctor import analyze, netchecks
@@ -27,7 +27,6 @@ from clustertool.plugin.check import check
 from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.mesh import FULL_MESH_MAX, failed_targets, mesh_peers, mesh_script
-from clustertool.remote.transport import SSH, Transport
 
 ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links", "plugin-nccl")
 ALIASES = {"mesh": "ssh-mesh", "ssh": "reach", "mpi": "mpi-smoke", "link": "links"}
@@ -63,8 +62,9 @@ def _timed(name: str, fn) -> CheckResult:
     return result
 
 
-def _reach(cluster: ClusterRecord, transport: Transport) -> tuple[CheckResult, list[Node]]:
-    result = run_on_nodes(cluster.name, cluster.nodes, "true", timeout=15, transport=transport)
+def _reach(session: ClusterSession) -> tuple[CheckResult, list[Node]]:
+    cluster = session.record
+    result = run_on_nodes(session, cluster.nodes, "true", timeout=15)
     bad = {r.node: r for r in result.failed()}
     servers = {n.name for n in cluster.servers}
     findings = [Finding("reach", name, "error", f"not reachable over SSH: {r.reason}",
@@ -78,9 +78,8 @@ def _reach(cluster: ClusterRecord, transport: Transport) -> tuple[CheckResult, l
     return CheckResult("reach", findings), [n for n in cluster.nodes if n.name not in bad]
 
 
-def _facts(cluster: ClusterRecord, nodes: list[Node], plugin: str, disk_paths: list[str],
-           transport: Transport) -> list[NodeFacts]:
-    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=60, transport=transport,
+def _facts(session: ClusterSession, nodes: list[Node], plugin: str, disk_paths: list[str]) -> list[NodeFacts]:
+    result = run_on_nodes(session, nodes, "sh -s", timeout=60,
                           stdin_data=facts_script(plugin, disk_paths).encode())
     out = []
     for node, r in zip(nodes, result.results):
@@ -97,10 +96,10 @@ def _facts(cluster: ClusterRecord, nodes: list[Node], plugin: str, disk_paths: l
     return out
 
 
-def _clock(cluster: ClusterRecord, nodes: list[Node], transport: Transport) -> CheckResult:
+def _clock(session: ClusterSession, nodes: list[Node]) -> CheckResult:
     offsets, slack = {}, {}
     t0 = time.time()
-    result = run_on_nodes(cluster.name, nodes, "date +%s.%N", timeout=15, transport=transport)
+    result = run_on_nodes(session, nodes, "date +%s.%N", timeout=15)
     for r in result.results:
         try:
             remote = float(r.stdout.strip())
@@ -112,34 +111,36 @@ def _clock(cluster: ClusterRecord, nodes: list[Node], transport: Transport) -> C
     return CheckResult("clock", analyze.clock_findings(offsets, slack), data={"offsets_s": offsets})
 
 
-def _mesh(cluster: ClusterRecord, reachable: list[Node], transport: Transport) -> CheckResult:
+def _mesh(session: ClusterSession, reachable: list[Node]) -> CheckResult:
     """From every node to its peers (all others, or a ring sample on large clusters: mesh.py)."""
+    cluster = session.record
     peers = mesh_peers(cluster.nodes)
     parallel = cluster.provider != "local"  # local nodes share this machine's CPUs: one peer at a time each
-    result = run_on_nodes(cluster.name, reachable, lambda node: mesh_script(peers[node.name], parallel),
-                          timeout=180, transport=transport)
+    result = run_on_nodes(session, reachable, lambda node: mesh_script(peers[node.name], parallel),
+                          timeout=180)
     outputs = {r.node: r.stdout for r in result.results}
-    outputs = _mesh_again(cluster, reachable, outputs, transport)
+    outputs = _mesh_again(session, reachable, outputs)
     unreachable = {n.name for n in cluster.nodes} - {n.name for n in reachable}
     pairs = sum(len(peers[n.name]) for n in reachable)
     data = {"pairs_tried": pairs, "sampled": len(cluster.nodes) > FULL_MESH_MAX}
     return CheckResult("ssh-mesh", netchecks.mesh_findings(cluster, reachable, outputs, unreachable, peers), data=data)
 
 
-def _mesh_again(cluster: ClusterRecord, reachable: list[Node], outputs: dict[str, str],
-                transport: Transport) -> dict[str, str]:
+def _mesh_again(session: ClusterSession, reachable: list[Node], outputs: dict[str, str]) -> dict[str, str]:
     """Try each failed pair once more, one at a time from its source: only what fails twice stays."""
+    cluster = session.record
     by_addr = {n.address: n for n in cluster.nodes}
     failed = {name: [by_addr[a] for a in failed_targets(out) if a in by_addr] for name, out in outputs.items()}
     sources = [n for n in reachable if failed.get(n.name)]
     if not sources:
         return outputs
-    again = run_on_nodes(cluster.name, sources, lambda node: mesh_script(failed[node.name], parallel=False),
-                         timeout=180, transport=transport)
+    again = run_on_nodes(session, sources, lambda node: mesh_script(failed[node.name], parallel=False),
+                         timeout=180)
     return {**outputs, **{r.node: r.stdout for r in again.results if r.ok}}
 
 
-def _links(cluster: ClusterRecord, reachable: list[Node], facts: list[NodeFacts], transport: Transport) -> CheckResult:
+def _links(session: ClusterSession, reachable: list[Node], facts: list[NodeFacts]) -> CheckResult:
+    cluster = session.record
     missing = [f.node for f in facts if f.values.get("iperf3") != "yes"]
     if missing:
         return CheckResult("links", [Finding("links", n, "warning", "iperf3 is not installed: link check skipped",
@@ -147,19 +148,20 @@ def _links(cluster: ClusterRecord, reachable: list[Node], facts: list[NodeFacts]
     if len(reachable) < 2:
         return CheckResult("links", skipped="fewer than two reachable nodes")
     parallel = cluster.provider != "local"  # local nodes share this machine's CPUs: one pair at a time
-    pairs, failed = netchecks.link_check(cluster, reachable, parallel=parallel, transport=transport)
+    pairs, failed = netchecks.link_check(session, reachable, parallel=parallel)
     slow = {f.node for f in analyze.link_findings(pairs, {}) if f.node}
     if slow:  # measure the suspects' pairs once more and keep the better figure: noise is not a finding
-        again, _ = netchecks.link_check(cluster, reachable, parallel=parallel, only=slow, transport=transport)
+        again, _ = netchecks.link_check(session, reachable, parallel=parallel, only=slow)
         pairs = {k: max(v, again.get(k, 0.0)) for k, v in pairs.items()}
     data = {"pairs_bits_per_s": {f"{a}<->{b}": bw for (a, b), bw in pairs.items()},
             "node_median_bits_per_s": analyze.node_scores(pairs)}
     return CheckResult("links", analyze.link_findings(pairs, failed), data=data)
 
 
-def _plugin_nccl(cluster: ClusterRecord, reachable: list[Node], facts: list[NodeFacts], report: Reporter,
-                 transport: Transport) -> CheckResult:
+def _plugin_nccl(session: ClusterSession, reachable: list[Node], facts: list[NodeFacts],
+                 report: Reporter) -> CheckResult:
     """`plugin check` on GPU clusters with the plugin deployed: NCCL's own word on the plugin."""
+    cluster = session.record
     gpus = {f.node: gpu_count(f) for f in facts}
     if not any(gpus.values()):
         return CheckResult("plugin-nccl", skipped="no GPU")
@@ -167,45 +169,45 @@ def _plugin_nccl(cluster: ClusterRecord, reachable: list[Node], facts: list[Node
         return CheckResult("plugin-nccl", skipped="plugin not deployed")
     if len(reachable) < len(cluster.nodes):
         return CheckResult("plugin-nccl", skipped="a node is unreachable")
-    running = running_job_ids(cluster, transport)
+    running = running_job_ids(session)
     if running:   # the GPUs are busy: not the moment to start NCCL on them
         return CheckResult("plugin-nccl", skipped=f"job {sorted(running)[0]} is running")
     try:
-        result = check(cluster, gpus=gpus, report=report, transport=transport)
+        result = check(session, gpus=gpus, report=report)
     except ToolError as exc:   # e.g. files that differ from the deploy (sameness names those too)
         return CheckResult("plugin-nccl", [Finding("plugin-nccl", None, "warning", f"plugin check could not run: "
                                                    f"{exc.message}", fix=exc.hint or "")])
     return CheckResult("plugin-nccl", analyze.nccl_findings(result))
 
 
-def diagnose(cluster: ClusterRecord, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: str | None = None,
-             disk_paths: list[str] | None = None, report: Reporter = silent,
-             transport: Transport = SSH) -> Diagnosis:
+def diagnose(session: ClusterSession, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: str | None = None,
+             disk_paths: list[str] | None = None, report: Reporter = silent) -> Diagnosis:
+    cluster = session.record
     unknown = [c for c in checks if c not in ALL_CHECKS]
     if unknown:
         raise UsageError(f"unknown check {unknown[0]!r}", hint=f"checks: {', '.join(ALL_CHECKS)}")
     out = Diagnosis(cluster.name)
     report("reach: SSH to every node")
-    reach, reachable = _reach(cluster, transport)
+    reach, reachable = _reach(session)
     out.checks.append(reach)
     if not reachable:
         return out
     facts: list[NodeFacts] = []
     if any(c in checks for c in NEEDS_FACTS):  # one round on every node, only when a check reads it
-        facts = _facts(cluster, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"], transport)
+        facts = _facts(session, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"])
     slots = {n.name: n.slots for n in cluster.nodes}
     servers = {n.name for n in cluster.servers}
     steps = {
-        "ssh-mesh": lambda: _mesh(cluster, reachable, transport),
+        "ssh-mesh": lambda: _mesh(session, reachable),
         "disk": lambda: analyze.disk_findings(facts),
         "sameness": lambda: CheckResult("sameness", analyze.sameness_findings(facts, slots, servers),
                                         data={f.node: f.values for f in facts}),
-        "strays": lambda: analyze.stray_findings(facts, running_job_ids(cluster, transport)),
-        "clock": lambda: _clock(cluster, reachable, transport),
-        "mpi-smoke": lambda: (netchecks.smoke_test(cluster, transport=transport) if len(reachable) == len(cluster.nodes)
+        "strays": lambda: analyze.stray_findings(facts, running_job_ids(session)),
+        "clock": lambda: _clock(session, reachable),
+        "mpi-smoke": lambda: (netchecks.smoke_test(session) if len(reachable) == len(cluster.nodes)
                               else CheckResult("mpi-smoke", skipped="a node is unreachable")),
-        "links": lambda: _links(cluster, reachable, facts, transport),
-        "plugin-nccl": lambda: _plugin_nccl(cluster, reachable, facts, report, transport),
+        "links": lambda: _links(session, reachable, facts),
+        "plugin-nccl": lambda: _plugin_nccl(session, reachable, facts, report),
     }
     for name, fn in steps.items():
         if name in checks:
@@ -216,18 +218,17 @@ def diagnose(cluster: ClusterRecord, *, checks: tuple[str, ...] = ALL_CHECKS, pl
     return out
 
 
-def run(cluster_name: str, *, fix: bool = False, checks: tuple[str, ...] = ALL_CHECKS,
+def run(session: ClusterSession, *, fix: bool = False, checks: tuple[str, ...] = ALL_CHECKS,
         plugin: str | None = None, disk_paths: list[str] | None = None,
-        report: Reporter = silent, transport: Transport = SSH) -> Diagnosis:
-    cluster = state.ready_cluster(cluster_name)
-    result = diagnose(cluster, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report, transport=transport)
+        report: Reporter = silent) -> Diagnosis:
+    session.ready()
+    result = diagnose(session, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report)
     if not fix or result.clean:
         return result
-    done = apply_fixes(cluster, result.findings, report=report, transport=transport)
+    done = apply_fixes(session, result.findings, report=report)
     if not done:
         return result
     report("checking again after the fixes")
-    again = diagnose(cluster, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report,
-                     transport=transport)
+    again = diagnose(session, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report)
     again.fixed = done
     return again

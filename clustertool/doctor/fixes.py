@@ -11,12 +11,12 @@ from __future__ import annotations
 import shlex
 
 from clustertool.cluster import lifecycle
-from clustertool.core.model import ClusterRecord, Reporter, silent
+from clustertool.cluster.session import ClusterSession
+from clustertool.core.model import Reporter, silent
 from clustertool.doctor.findings import Finding
 from clustertool.jobs import scripts
 from clustertool.jobs.records import running_job_ids
 from clustertool.remote.group import run_on_node
-from clustertool.remote.transport import SSH, Transport
 
 
 def kill_pids_line(comms: dict[str, str]) -> str:
@@ -26,8 +26,8 @@ def kill_pids_line(comms: dict[str, str]) -> str:
     return "; ".join(parts + ["true"])
 
 
-def apply_fixes(cluster: ClusterRecord, findings: list[Finding], report: Reporter = silent,
-                transport: Transport = SSH) -> list[str]:
+def apply_fixes(session: ClusterSession, findings: list[Finding], report: Reporter = silent) -> list[str]:
+    cluster = session.record
     done: list[str] = []
     running = None
     for f in findings:
@@ -35,20 +35,20 @@ def apply_fixes(cluster: ClusterRecord, findings: list[Finding], report: Reporte
             continue
         node = cluster.node(f.node) if f.node in {n.name for n in cluster.nodes} else None
         if f.check == "strays" and node:
-            r = run_on_node(cluster.name, node, kill_pids_line(f.data["comms"]), timeout=30, transport=transport)
+            r = run_on_node(session, node, kill_pids_line(f.data["comms"]), timeout=30)
             if r.ok:
                 done.append(f"{f.node}: killed {len(f.data['comms'])} stray process(es)")
         elif f.check == "disk" and node:
             if running is None:
-                running = sorted(running_job_ids(cluster, transport))
-            r = run_on_node(cluster.name, node, "sh -s", timeout=60, transport=transport,
+                running = sorted(running_job_ids(session))
+            r = run_on_node(session, node, "sh -s", timeout=60,
                             stdin_data=scripts.clean_script(running, logs=True, records=False).encode())
             removed = [line for line in r.stdout.splitlines() if line.startswith("removed ")]
             if removed:
                 done.append(f"{f.node}: removed the logs of {len(removed)} finished job(s)")
     if any(f.check == "ssh-mesh" and f.fixable for f in findings):
         report("pushing keys and known_hosts to every node again")
-        lifecycle.wire(cluster, transport)
+        lifecycle.wire(session)
         done.append("pushed the cluster key, pinned known_hosts and ssh config to every node")
     for line in done:
         report(line)

@@ -6,11 +6,11 @@ import json
 import secrets
 import shlex
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.doctor.findings import Finding
 from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet
 from clustertool.remote.group import run_on_node, run_on_nodes
-from clustertool.remote.transport import SSH, Transport
 
 
 def mesh_findings(cluster: ClusterRecord, sources: list[Node], outputs: dict[str, str],
@@ -48,13 +48,14 @@ def mesh_findings(cluster: ClusterRecord, sources: list[Node], outputs: dict[str
     return out
 
 
-def smoke_test(cluster: ClusterRecord, timeout: float = 90.0, transport: Transport = SSH) -> list[Finding]:
+def smoke_test(session: ClusterSession, timeout: float = 90.0) -> list[Finding]:
     """`mpirun hostname` over every slot: each rank must answer, every node must appear."""
+    cluster = session.record
     nodes = cluster.workers  # servers run no ranks
     opts = MpiOptions(command=["hostname"], as_root=cluster.user == "root", tag_output=False, unbuffered=False,
                       subnet=cluster_subnet([n.address for n in nodes]))
     argv = build_argv([(n.address, n.slots) for n in nodes], opts)
-    result = run_on_node(cluster.name, cluster.leader, shlex.join(argv), timeout=timeout, transport=transport)
+    result = run_on_node(session, cluster.leader, shlex.join(argv), timeout=timeout)
     # one host name per rank; mpirun's own notices (lines with spaces) are not answers
     names = [x.strip() for x in result.stdout.splitlines() if x.strip() and " " not in x.strip()]
     expected = cluster.total_slots
@@ -112,8 +113,8 @@ def parse_iperf(text: str) -> float:
     return float(min(values))
 
 
-def link_check(cluster: ClusterRecord, nodes: list[Node], parallel: bool,
-               only: set[str] | None = None, transport: Transport = SSH) -> tuple[dict, dict]:
+def link_check(session: ClusterSession, nodes: list[Node], parallel: bool,
+               only: set[str] | None = None) -> tuple[dict, dict]:
     """Pairwise bandwidth with iperf3 (servers on each node for the duration of the check).
 
     ``only``: measure just the pairs that involve one of these node names.
@@ -125,7 +126,7 @@ def link_check(cluster: ClusterRecord, nodes: list[Node], parallel: bool,
     stop = f"[ -f {pidfile} ] && kill $(cat {pidfile}) 2>/dev/null; rm -f {pidfile}; true"
     pairs: dict[tuple[str, str], float] = {}
     failed: dict[tuple[str, str], str] = {}
-    run_on_nodes(cluster.name, nodes, start, timeout=20, transport=transport)
+    run_on_nodes(session, nodes, start, timeout=20)
     try:
         todo = [p for p in _pairs(nodes) if only is None or p[0].name in only or p[1].name in only]
         plan = rounds(todo)
@@ -133,8 +134,7 @@ def link_check(cluster: ClusterRecord, nodes: list[Node], parallel: bool,
         for batch in batches:
             srcs = [a for a, _ in batch]
             peer = {a.name: b for a, b in batch}
-            result = run_on_nodes(cluster.name, srcs, lambda n: iperf_client_line(n, peer[n.name], port), timeout=30,
-                                  transport=transport)
+            result = run_on_nodes(session, srcs, lambda n: iperf_client_line(n, peer[n.name], port), timeout=30)
             for r in result.results:
                 key = (r.node, peer[r.node].name)
                 try:
@@ -142,5 +142,5 @@ def link_check(cluster: ClusterRecord, nodes: list[Node], parallel: bool,
                 except (ValueError, KeyError) as exc:
                     failed[key] = r.reason if r.error else str(exc)[:200]  # unreachable, else iperf3's word
     finally:
-        run_on_nodes(cluster.name, nodes, stop, timeout=20, transport=transport)
+        run_on_nodes(session, nodes, stop, timeout=20)
     return pairs, failed

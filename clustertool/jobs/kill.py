@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clustertool.core import nodeset, state
+from clustertool.cluster.session import ClusterSession
+from clustertool.core import nodeset
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, jsonable
 from clustertool.jobs import records, scripts
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport
 
 
 @dataclass
@@ -90,19 +90,17 @@ def _per_node(result: GroupResult) -> list[NodeKill]:
     return out
 
 
-def kill(cluster_name: str, ref: str | None = None, *, signal: str = "TERM", grace: float = 10.0,
-         transport: Transport = SSH) -> KillResult:
-    cluster = state.load(cluster_name)
-    job = pick_running(records.refresh(cluster, transport=transport), ref)
+def kill(session: ClusterSession, ref: str | None = None, *, signal: str = "TERM", grace: float = 10.0) -> KillResult:
+    cluster = session.reload()
+    job = pick_running(records.refresh(session), ref)
     if grace < 0:
         raise UsageError("--grace must be 0 or more")
     names = list(job.nodes) + [s for s in job.servers if s not in job.nodes]  # its reducers: on the servers
     nodes = [cluster.node(n) for n in names if n in {x.name for x in cluster.nodes}]
     script = scripts.kill_script(job.id, signal.upper(), 0 if signal.upper() == "KILL" else grace)
-    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=grace + 60, stdin_data=script.encode(),
-                          transport=transport)
+    result = run_on_nodes(session, nodes, "sh -s", timeout=grace + 60, stdin_data=script.encode())
     per_node = _per_node(result)
-    refreshed = {j.id: j for j in records.refresh(cluster, transport=transport)}
+    refreshed = {j.id: j for j in records.refresh(session)}
     job = refreshed.get(job.id, job)
     if job.state == "running":  # the leader was unreachable: record the kill locally
         job.state = "killed"
@@ -110,13 +108,13 @@ def kill(cluster_name: str, ref: str | None = None, *, signal: str = "TERM", gra
     return KillResult(job, per_node)
 
 
-def kill_all_python(cluster_name: str, selection: str | None = None, transport: Transport = SSH) -> KillResult:
+def kill_all_python(session: ClusterSession, selection: str | None = None) -> KillResult:
     """The seeds' blunt fallback: ``pkill -9 python`` on every (selected) node."""
-    cluster: ClusterRecord = state.load(cluster_name)
+    cluster: ClusterRecord = session.reload()
     nodes = nodeset.select(cluster, selection)
     line = ("echo \"signaled $(pgrep -x 'python[0-9.]*' | tr '\\n' ' ')\"; pkill -9 -x 'python[0-9.]*' ; sleep 0.3; "
             "echo \"remaining $(pgrep -x 'python[0-9.]*' | tr '\\n' ' ')\"")
-    out = _per_node(run_on_nodes(cluster.name, nodes, line, timeout=60, transport=transport))
+    out = _per_node(run_on_nodes(session, nodes, line, timeout=60))
     if all(n.error for n in out):
         raise ToolError("no node could be reached", exit_code=255)
     return KillResult(None, out)

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from clustertool.core import nodeset, state
+from clustertool.cluster.session import ClusterSession
+from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, silent
 from clustertool.jobs import logs, output, records, reducers, scripts, syncdir
@@ -21,7 +22,6 @@ from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_su
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes
-from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer.results import CopyResult, ProgressCb
 
 
@@ -86,10 +86,9 @@ def _finalize_argv(argv: list[str], home: str) -> list[str]:
 ENDING_GRACE_S = 10.0  # how long a job that has ended may take to lose its last processes
 
 
-def _scan(cluster: ClusterRecord, nodes: list[Node], transport: Transport):
+def _scan(session: ClusterSession, nodes: list[Node]):
     """(the scan's result, {job id: [nodes with its processes]})."""
-    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=20, stdin_data=scripts.scan_script().encode(),
-                          transport=transport)
+    result = run_on_nodes(session, nodes, "sh -s", timeout=20, stdin_data=scripts.scan_script().encode())
     down = result.failed()
     if down:
         detail = ", ".join(f"{r.node} ({r.reason})" for r in down)
@@ -103,23 +102,25 @@ def _scan(cluster: ClusterRecord, nodes: list[Node], transport: Transport):
     return result, busy
 
 
-def _ended(cluster: ClusterRecord, job_ids, transport: Transport) -> bool:
+def _ended(session: ClusterSession, job_ids) -> bool:
     """Every one of these jobs has its exit recorded on the leader (it ended; its last processes
     may still be exiting, e.g. ranks after mpirun returned)."""
+    cluster = session.record
     line = " && ".join(f"test -f {scripts.job_dir_sh(j)}/exit" for j in sorted(job_ids))
-    return run_on_node(cluster.name, cluster.leader, line, timeout=20, transport=transport).ok
+    return run_on_node(session, cluster.leader, line, timeout=20).ok
 
 
-def preflight(cluster: ClusterRecord, nodes: list[Node], allow_concurrent: bool, transport: Transport = SSH,
+def preflight(session: ClusterSession, nodes: list[Node], allow_concurrent: bool,
               grace: float = ENDING_GRACE_S) -> str:
     """Every node answers; no other clustertool job has processes there. Returns the leader's $HOME.
 
     Processes of a job that has ended (the one before, in a loop of jobs) get ``grace`` seconds to go."""
-    result, busy = _scan(cluster, nodes, transport)
+    cluster = session.record
+    result, busy = _scan(session, nodes)
     deadline = time.monotonic() + grace
-    while busy and not allow_concurrent and time.monotonic() < deadline and _ended(cluster, busy, transport):
+    while busy and not allow_concurrent and time.monotonic() < deadline and _ended(session, busy):
         time.sleep(0.3)
-        busy = _scan(cluster, [n for n in nodes if any(n.name in w for w in busy.values())], transport)[1]
+        busy = _scan(session, [n for n in nodes if any(n.name in w for w in busy.values())])[1]
     if busy and not allow_concurrent:
         job_id, where = next(iter(busy.items()))
         raise UsageError(f"job {job_id} is still running on {nodeset.fold(where)}",
@@ -146,13 +147,13 @@ def _sync_target(opts: MpiOptions, sync: str | None, sync_to: str | None) -> tup
     return local, dest
 
 
-def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, name: str | None = None,
+def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = None, name: str | None = None,
         dry_run: bool = False, allow_concurrent: bool = False, use_plugin: bool = False,
         sync: str | None = None, sync_to: str | None = None, on_progress: ProgressCb | None = None,
-        report: Reporter = silent, transport: Transport = SSH) -> Launch:
+        report: Reporter = silent) -> Launch:
     """Start the job (after sending ``sync``, a local folder, to ``sync_to`` or its own path on the nodes)."""
     synced_dir = _sync_target(opts, sync, sync_to)
-    cluster = state.ready_cluster(cluster_name)
+    cluster = session.ready()
     nodes = rank_nodes(cluster, selection)
     opts.command = split_command(opts.command)
     servers = cluster.servers if use_plugin else []
@@ -170,21 +171,20 @@ def run(cluster_name: str, opts: MpiOptions, *, selection: str | None = None, na
     if dry_run:
         return Launch(job, argv, dry_run=True, sync=synced_dir)
     report(f"preflight on {nodeset.fold(job.nodes)}")
-    home = preflight(cluster, ordered, allow_concurrent, transport)
+    home = preflight(session, ordered, allow_concurrent)
     synced = None
     if synced_dir is not None:
         report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(job.nodes)}")
-        synced = syncdir.sync(cluster.name, *synced_dir, ordered, report=report, on_progress=on_progress,
-                              transport=transport)
+        synced = syncdir.sync(session, *synced_dir, ordered, report=report, on_progress=on_progress)
     started = []
     if servers:
-        started = reducers.start(cluster, job_id, plugin_env_dest(cluster), report=report, transport=transport)
+        started = reducers.start(session, job_id, plugin_env_dest(cluster), report=report)
         opts.plugin_env.update(reducers.env(started))
         argv = plan(cluster, nodes, opts, job_id)
     try:
-        return _start(cluster, job, argv, home, ordered, opts, started, synced_dir, synced, report, transport)
+        return _start(session, job, argv, home, ordered, opts, started, synced_dir, synced, report)
     except BaseException:
-        reducers.stop(cluster, job_id, [r.node for r in started], transport=transport)
+        reducers.stop(session, job_id, [r.node for r in started])
         raise
 
 
@@ -192,7 +192,8 @@ def plugin_env_dest(cluster: ClusterRecord) -> str:
     return load_record(cluster.name)["deployed"]["dest"]
 
 
-def _start(cluster, job, argv, home, ordered, opts, started, synced_dir, synced, report, transport) -> Launch:
+def _start(session: ClusterSession, job, argv, home, ordered, opts, started, synced_dir, synced, report) -> Launch:
+    cluster = session.record
     job_id = job.id
     job.argv = argv = _finalize_argv(argv, home)
     job.output_dir = _finalize_argv([job.output_dir], home)[0]
@@ -202,8 +203,7 @@ def _start(cluster, job, argv, home, ordered, opts, started, synced_dir, synced,
     script = scripts.install_and_start_script(job_id, launch_sh, hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job))
     report(f"starting job {job_id} on {cluster.leader.name}: {shlex.join(argv[:1])} -np {job.np} ...")
-    result = run_on_node(cluster.name, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode(),
-                         transport=transport)
+    result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
     if not result.ok:
         raise RemoteError(f"could not start the job on the leader: {result.reason}")
     job.launcher = "tmux" if "launcher=tmux" in result.stdout else "setsid"
@@ -211,14 +211,13 @@ def _start(cluster, job, argv, home, ordered, opts, started, synced_dir, synced,
     return Launch(job, argv, sync=synced_dir, synced=synced)
 
 
-def wait(cluster_name: str, job_id: str, *, timeout: float | None = None, poll: float = 2.0,
-         transport: Transport = SSH) -> JobRecord:
+def wait(session: ClusterSession, job_id: str, *, timeout: float | None = None, poll: float = 2.0) -> JobRecord:
     """Ask the leader until the job has ended (or ``timeout`` seconds passed); its final record."""
-    cluster = state.load(cluster_name)
+    session.reload()
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = min(0.5, poll)
     while True:
-        job = records.resolve(records.refresh(cluster, transport=transport), job_id)
+        job = records.resolve(records.refresh(session), job_id)
         if job.finished:
             return job
         if deadline is not None and time.monotonic() >= deadline:
@@ -229,8 +228,8 @@ def wait(cluster_name: str, job_id: str, *, timeout: float | None = None, poll: 
         delay = min(poll, delay * 2)
 
 
-def follow(cluster_name: str, job: JobRecord, on_line: Callable[[str], None], *,
-           warn: Callable[[str], None] | None = None, transport: Transport = SSH) -> int | None:
+def follow(session: ClusterSession, job: JobRecord, on_line: Callable[[str], None], *,
+           warn: Callable[[str], None] | None = None) -> int | None:
     """Stream the job's lines until it ends; return its exit code (None: ended without one)."""
-    return logs.job_lines(state.load(cluster_name), job, on_line, follow=True, warn=warn or (lambda _t: None),
-                          transport=transport)
+    session.reload()
+    return logs.job_lines(session, job, on_line, follow=True, warn=warn or (lambda _t: None))

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 from typing import Callable
 
-from clustertool.core import state
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, JobRecord
 from clustertool.jobs import output, records
-from clustertool.remote.transport import SSH, Transport
 
 
-def find_job(cluster_name: str, ref: str, refresh: bool = True,
-             transport: Transport = SSH) -> tuple[ClusterRecord, JobRecord]:
-    cluster = state.load(cluster_name)
-    jobs = records.refresh(cluster, transport=transport) if refresh else records.load_all(cluster.name)
+def find_job(session: ClusterSession, ref: str, refresh: bool = True) -> tuple[ClusterRecord, JobRecord]:
+    cluster = session.reload()
+    jobs = records.refresh(session) if refresh else records.load_all(cluster.name)
     return cluster, records.resolve(jobs, ref)
 
 
@@ -36,31 +34,30 @@ def parse_ranks(text: str | None) -> set[int] | None:
     return ranks
 
 
-def show(cluster_name: str, ref: str, on_line: Callable[[str], None], *, follow_log: bool = False,
+def show(session: ClusterSession, ref: str, on_line: Callable[[str], None], *, follow_log: bool = False,
          node: str | None = None, rank: str | None = None, lines: int | None = None,
-         warn: Callable[[str], None] = lambda _t: None, transport: Transport = SSH) -> int | None:
+         warn: Callable[[str], None] = lambda _t: None) -> int | None:
     """Print the job's lines (or follow them); returns the exit code when following to the end."""
     ranks = parse_ranks(rank)
-    cluster, job = find_job(cluster_name, ref, transport=transport)
+    cluster, job = find_job(session, ref)
     if node is not None:
         cluster.node(node)  # an unknown node is a clear error
-    return job_lines(cluster, job, on_line, follow=follow_log, ranks=ranks, node=node, tail=lines, warn=warn,
-                     transport=transport)
+    return job_lines(session, job, on_line, follow=follow_log, ranks=ranks, node=node, tail=lines, warn=warn)
 
 
-def job_lines(cluster: ClusterRecord, job: JobRecord, on_line: Callable[[str], None], *, follow: bool = False,
+def job_lines(session: ClusterSession, job: JobRecord, on_line: Callable[[str], None], *, follow: bool = False,
               ranks: set[int] | None = None, node: str | None = None, tail: int | None = None,
-              warn: Callable[[str], None] = lambda _t: None, transport: Transport = SSH) -> int | None:
+              warn: Callable[[str], None] = lambda _t: None) -> int | None:
     """The job's lines (following: until it ends, then its exit code)."""
     if job.output_dir is None:  # a job from before per-rank files: the leader's log
         wanted = ranks
         if node is not None:
-            on_node = output.legacy_ranks_on(cluster, job, node, transport)
+            on_node = output.legacy_ranks_on(session, job, node)
             wanted = on_node if ranks is None else on_node & ranks
         keep = output.legacy_filter(wanted, untagged=ranks is None)
-        output.legacy_show(cluster, job, on_line, follow=follow, keep=keep, lines=tail, transport=transport)
+        output.legacy_show(session, job, on_line, follow=follow, keep=keep, lines=tail)
     elif follow:
-        output.follow_lines(cluster, job, on_line, ranks=ranks, node=node, tail=tail, warn=warn, transport=transport)
+        output.follow_lines(session, job, on_line, ranks=ranks, node=node, tail=tail, warn=warn)
     else:
-        output.read(cluster, job, on_line, ranks=ranks, node=node, tail=tail, warn=warn, transport=transport)
-    return output.exit_code(cluster, job, transport) if follow else None
+        output.read(session, job, on_line, ranks=ranks, node=node, tail=tail, warn=warn)
+    return output.exit_code(session, job) if follow else None

@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 from clustertool.cluster.lifecycle import check_leader_mesh, close_masters
+from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset, state
 from clustertool.core.errors import ToolError, UsageError
-from clustertool.core.model import ClusterRecord, GroupResult, Node, Reporter, silent
+from clustertool.core.model import GroupResult, Node, Reporter, silent
 from clustertool.jobs import records, scripts
 from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport
 
 
 def reboot_line(user: str) -> str:
@@ -33,18 +33,17 @@ def reboot_line(user: str) -> str:
     return f"nohup sh -c {shlex.quote('sleep 1; ' + cmd)} >/dev/null 2>&1 &"
 
 
-def _wait_ssh(cluster: ClusterRecord, nodes: list[Node], timeout: float, down_first: bool,
-              transport: Transport) -> None:
+def _wait_ssh(session: ClusterSession, nodes: list[Node], timeout: float, down_first: bool) -> None:
     deadline = time.monotonic() + timeout
     if down_first:  # wait until each node stopped answering, so we do not see it pre-reboot
         pending = list(nodes)
         while pending and time.monotonic() < deadline:
-            result = run_on_nodes(cluster.name, pending, "true", timeout=5, transport=transport)
+            result = run_on_nodes(session, pending, "true", timeout=5)
             pending = [n for n, r in zip(pending, result.results) if r.ok]
             time.sleep(1)
     pending = list(nodes)
     while pending:
-        result = run_on_nodes(cluster.name, pending, "true", timeout=10, transport=transport)
+        result = run_on_nodes(session, pending, "true", timeout=10)
         pending = [n for n, r in zip(pending, result.results) if not r.ok]
         if pending and time.monotonic() > deadline:
             raise ToolError(f"{nodeset.fold(n.name for n in pending)} did not answer SSH within {timeout:.0f}s "
@@ -53,10 +52,9 @@ def _wait_ssh(cluster: ClusterRecord, nodes: list[Node], timeout: float, down_fi
             time.sleep(1)
 
 
-def reboot(cluster_name: str, selection: str | None, *, timeout: float = 600.0,
-           report: Reporter = silent, transport: Transport = SSH) -> list[Node]:
-    with state.locked(cluster_name):
-        cluster = state.load(cluster_name)
+def reboot(session: ClusterSession, selection: str | None, *, timeout: float = 600.0,
+           report: Reporter = silent) -> list[Node]:
+    with session.locked() as cluster:
         nodes = nodeset.select(cluster, selection)
         provider = get_provider(cluster.provider)
         subset = dataclasses.replace(cluster, nodes=nodes)
@@ -65,31 +63,30 @@ def reboot(cluster_name: str, selection: str | None, *, timeout: float = 600.0,
             report(f"restarting {nodeset.fold(n.name for n in nodes)} (all processes end, sshd starts again)")
             provider.stop_instances(subset)
             provider.start_instances(subset)
-            _wait_ssh(cluster, nodes, timeout, False, transport)
+            _wait_ssh(session, nodes, timeout, False)
         elif provider.REBOOT == "provider":
             report(f"rebooting {nodeset.fold(n.name for n in nodes)} through the {cluster.provider} provider")
             provider.reboot_instances(subset)
-            _wait_ssh(cluster, nodes, timeout, True, transport)
+            _wait_ssh(session, nodes, timeout, True)
         else:
             report(f"rebooting {nodeset.fold(n.name for n in nodes)} over SSH")
-            run_on_nodes(cluster.name, nodes, reboot_line(cluster.user), timeout=20, transport=transport)
-            _wait_ssh(cluster, nodes, timeout, True, transport)
+            run_on_nodes(session, nodes, reboot_line(cluster.user), timeout=20)
+            _wait_ssh(session, nodes, timeout, True)
         for node in nodes:
             node.state = "running"
         state.save(cluster)
         report("nodes answer SSH again; checking the leader's SSH mesh")
-        check_leader_mesh(cluster, transport)
+        check_leader_mesh(session)
         return nodes
 
 
-def clean(cluster_name: str, *, logs: bool, jobs: bool, selection: str | None = None,
-          transport: Transport = SSH) -> GroupResult:
+def clean(session: ClusterSession, *, logs: bool, jobs: bool, selection: str | None = None) -> GroupResult:
     """Remove logs (and with ``jobs`` whole records) of finished jobs on every node."""
-    cluster = state.load(cluster_name)
-    all_jobs = records.refresh(cluster, transport=transport)
+    cluster = session.reload()
+    all_jobs = records.refresh(session)
     keep = [j.id for j in all_jobs if j.state == "running"]
     nodes = nodeset.select(cluster, selection)
-    result = run_on_nodes(cluster.name, nodes, "sh -s", timeout=60, transport=transport,
+    result = run_on_nodes(session, nodes, "sh -s", timeout=60,
                           stdin_data=scripts.clean_script(keep, logs, jobs).encode())
     if jobs:
         for job in all_jobs:
@@ -123,15 +120,15 @@ def s3_upload_line(src_sh: str, url: str) -> str:
             f"else aws s3 cp {src_sh} {shlex.quote(url)}; fi")
 
 
-def fetch(cluster_name: str, ref: str, path: str, dest: str | None = None, transport: Transport = SSH) -> str:
+def fetch(session: ClusterSession, ref: str, path: str, dest: str | None = None) -> str:
     """Copy a job's output (file or folder) from the leader; ``s3://`` uploads from the leader."""
-    cluster = state.load(cluster_name)
-    job = records.resolve(records.refresh(cluster, transport=transport), ref)
+    transport = session.transport
+    cluster = session.reload()
+    job = records.resolve(records.refresh(session), ref)
     leader = cluster.node(job.leader)
     src = remote_path_sh(job.workdir, path)
     if dest and dest.startswith("s3://"):
-        result = run_on_nodes(cluster.name, [leader], s3_upload_line(src, dest), timeout=3600,
-                              transport=transport).results[0]
+        result = run_on_nodes(session, [leader], s3_upload_line(src, dest), timeout=3600).results[0]
         if not result.ok:
             raise ToolError(f"upload from the leader failed: {result.reason}",
                             hint="the leader needs the aws CLI and credentials (an instance role on AWS)")

@@ -27,12 +27,13 @@ import threading
 from typing import Callable, Iterable
 
 from clustertool import nodeprogs
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 from clustertool.core.model import ClusterRecord, HostResult, JobRecord, Node
 from clustertool.jobs import records, scripts
 from clustertool.remote.group import run_on_node, run_on_nodes
-from clustertool.remote.transport import SSH, Transport, stop_process
+from clustertool.remote.transport import Transport, stop_process
 
 TAG_RE = re.compile(r"^\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 LineSink = Callable[[str], None]
@@ -81,9 +82,10 @@ def _warn_failed(results: Iterable[HostResult], warn: Warn) -> None:
             warn(f"{r.node}: could not read its ranks' output: {r.reason}")
 
 
-def read(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, ranks: set[int] | None = None,
-         node: str | None = None, tail: int | None = None, warn: Warn = _ignore, transport: Transport = SSH) -> None:
+def read(session: ClusterSession, job: JobRecord, on_line: LineSink, *, ranks: set[int] | None = None,
+         node: str | None = None, tail: int | None = None, warn: Warn = _ignore) -> None:
     """Every line there is now: rank by rank (stdout, then stderr), then mpirun's own lines."""
+    cluster = session.record
     nodes = _job_nodes(cluster, job, node)
     leader = cluster.node(job.leader)
     with_log = ranks is None
@@ -96,8 +98,7 @@ def read(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, ranks: se
                          final=job.finished, keys=True)
         return nodeprogs.program_text("ranklog", args)
 
-    result = run_on_nodes(cluster.name, nodes, nodeprogs.python_command(), stdin_data=program, timeout=120,
-                          transport=transport)
+    result = run_on_nodes(session, nodes, nodeprogs.python_command(), stdin_data=program, timeout=120)
     _warn_failed(result.results, warn)
     keyed, found = [], False
     for r in result.results:
@@ -134,10 +135,11 @@ def _stop_line(path: str) -> str:
     return f"mkdir -p {shlex.quote(os.path.dirname(path))} && touch {shlex.quote(path)}"
 
 
-def follow_lines(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, ranks: set[int] | None = None,
-                 node: str | None = None, tail: int | None = None, warn: Warn = _ignore,
-                 transport: Transport = SSH) -> None:
+def follow_lines(session: ClusterSession, job: JobRecord, on_line: LineSink, *, ranks: set[int] | None = None,
+                 node: str | None = None, tail: int | None = None, warn: Warn = _ignore) -> None:
     """Lines as they complete on every node of the job, until the job ends (Ctrl-C: stop following)."""
+    cluster = session.record
+    transport = session.transport
     selected = _job_nodes(cluster, job, node)
     leader = cluster.node(job.leader)
     members = [n for n in selected if n.name != job.leader]
@@ -161,19 +163,19 @@ def follow_lines(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, r
     member_results: list[HostResult] = []
 
     def follow_members() -> None:
-        member_results.extend(run_on_nodes(cluster.name, members, nodeprogs.python_command(), on_line=emit,
-                                           stdin_data=program, transport=recording).results)
+        member_results.extend(run_on_nodes(ClusterSession(cluster, recording), members, nodeprogs.python_command(),
+                                           on_line=emit, stdin_data=program).results)
 
     thread = threading.Thread(target=follow_members, daemon=True)
     if members:
         thread.start()
     try:
-        lead = run_on_node(cluster.name, leader, nodeprogs.python_command(), on_line=emit,
-                           stdin_data=program(leader), transport=transport)
+        lead = run_on_node(session, leader, nodeprogs.python_command(), on_line=emit,
+                           stdin_data=program(leader))
         _warn_failed([lead], warn)
     finally:
         if members:
-            run_on_nodes(cluster.name, members, _stop_line(stop), timeout=20, transport=transport)
+            run_on_nodes(session, members, _stop_line(stop), timeout=20)
             thread.join(timeout=30)
             for proc in recording.procs:  # a member that never saw its stop file: end its ssh
                 if proc.poll() is None:
@@ -182,11 +184,11 @@ def follow_lines(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, r
     _warn_failed(member_results, warn)
 
 
-def exit_code(cluster: ClusterRecord, job: JobRecord, transport: Transport = SSH) -> int | None:
+def exit_code(session: ClusterSession, job: JobRecord) -> int | None:
     """The job's exit code from the leader (None: it ended without one); refreshes ``job``'s state."""
-    code = run_on_node(cluster.name, cluster.node(job.leader), scripts.read_exit_script(job.id), timeout=20,
-                       transport=transport).stdout.strip()
-    refreshed = {j.id: j for j in records.refresh(cluster, transport=transport)}
+    cluster = session.record
+    code = run_on_node(session, cluster.node(job.leader), scripts.read_exit_script(job.id), timeout=20).stdout.strip()
+    refreshed = {j.id: j for j in records.refresh(session)}
     if job.id in refreshed:
         job.state, job.exit_code = refreshed[job.id].state, refreshed[job.id].exit_code
     return int(code) if code.lstrip("-").isdigit() else None
@@ -206,18 +208,19 @@ def legacy_filter(ranks: set[int] | None, untagged: bool = True) -> Callable[[st
     return keep
 
 
-def legacy_ranks_on(cluster: ClusterRecord, job: JobRecord, node_name: str, transport: Transport = SSH) -> set[int]:
+def legacy_ranks_on(session: ClusterSession, job: JobRecord, node_name: str) -> set[int]:
     """Ranks of ``job`` that ran on ``node_name`` (from its rank records there)."""
+    cluster = session.record
     node = cluster.node(node_name)
     d = f'"$HOME/{JOBS_DIR}/{scripts.check_id(job.id)}/ranks"'
-    result = run_on_node(cluster.name, node, f'ls {d} 2>/dev/null | grep "^$(uname -n)\\." || true', timeout=20,
-                         transport=transport)
+    result = run_on_node(session, node, f'ls {d} 2>/dev/null | grep "^$(uname -n)\\." || true', timeout=20)
     return {int(name.rsplit(".", 1)[-1]) for name in result.stdout.split() if name.rsplit(".", 1)[-1].isdigit()}
 
 
-def legacy_show(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, follow: bool, keep: Callable[[str], bool],
-                lines: int | None, transport: Transport = SSH) -> None:
+def legacy_show(session: ClusterSession, job: JobRecord, on_line: LineSink, *, follow: bool,
+                keep: Callable[[str], bool], lines: int | None) -> None:
     """The leader's log (or follow it)."""
+    cluster = session.record
     leader = cluster.node(job.leader)
 
     def emit(text: str) -> None:
@@ -227,13 +230,12 @@ def legacy_show(cluster: ClusterRecord, job: JobRecord, on_line: LineSink, *, fo
     if follow:
         start = 1
         if lines:
-            count = run_on_node(cluster.name, leader, f'wc -l < "$HOME/{JOBS_DIR}/{job.id}/log"', timeout=20,
-                                transport=transport).stdout.strip()
+            count = run_on_node(session, leader, f'wc -l < "$HOME/{JOBS_DIR}/{job.id}/log"', timeout=20).stdout.strip()
             start = max(1, int(count or 0) - lines + 1) if count.isdigit() else 1
-        run_on_node(cluster.name, leader, "sh -s", on_line=lambda _n, _s, text: emit(text), transport=transport,
+        run_on_node(session, leader, "sh -s", on_line=lambda _n, _s, text: emit(text),
                     stdin_data=scripts.follow_script(job.id, start).encode())
         return
-    result = run_on_node(cluster.name, leader, scripts.tail_script(job.id, lines), timeout=60, transport=transport)
+    result = run_on_node(session, leader, scripts.tail_script(job.id, lines), timeout=60)
     if not result.ok:  # the node answered but has no log: it was cleaned away
         why = result.reason if result.error else "it was removed (`clustertool clean`)"
         raise ToolError(f"no log for job {job.id} on {job.leader}: {why}")

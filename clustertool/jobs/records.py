@@ -15,12 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import UsageError
-from clustertool.core.model import ClusterRecord, JobRecord
+from clustertool.core.model import JobRecord
 from clustertool.jobs import scripts
 from clustertool.remote.group import run_on_node
-from clustertool.remote.transport import SSH, Transport
 
 
 def new_id() -> str:
@@ -118,13 +118,14 @@ def parse_lost(output: str) -> dict[str, list[str]]:
     return out
 
 
-def refresh(cluster: ClusterRecord, timeout: float = 20.0, transport: Transport = SSH) -> list[JobRecord]:
+def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
     """Ask the leader for every job's state; merge into local records; return all jobs.
 
     When the leader cannot be reached, the local records are returned as they are.
     """
+    cluster = session.record
     local = {j.id: j for j in load_all(cluster.name)}
-    result = run_on_node(cluster.name, cluster.leader, "sh -s", timeout=timeout, transport=transport,
+    result = run_on_node(session, cluster.leader, "sh -s", timeout=timeout,
                          stdin_data=scripts.status_script().encode())
     if not result.ok:
         return sorted(local.values(), key=lambda j: j.started)
@@ -152,6 +153,6 @@ def refresh(cluster: ClusterRecord, timeout: float = 20.0, transport: Transport 
     return sorted(local.values(), key=lambda j: j.started)
 
 
-def running_job_ids(cluster: ClusterRecord, transport: Transport = SSH) -> set[str]:
+def running_job_ids(session: ClusterSession) -> set[str]:
     """Ids of the cluster's jobs that are running now (the leader's view)."""
-    return {j.id for j in refresh(cluster, transport=transport) if j.state == "running"}
+    return {j.id for j in refresh(session) if j.state == "running"}

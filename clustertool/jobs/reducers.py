@@ -13,13 +13,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import RemoteError
 from clustertool.core.jobpaths import JOB_ENV
-from clustertool.core.model import ClusterRecord, Node, Reporter, silent
+from clustertool.core.model import Node, Reporter, silent
 from clustertool.jobs.scripts import check_id, job_dir_sh
 from clustertool.plugin.build import REDUCER
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport
 
 ENV_LIST = "CLUSTERTOOL_REDUCERS"
 ENV_TIMEOUT = "CLUSTERTOOL_REDUCER_TIMEOUT_MS"
@@ -93,14 +93,15 @@ def parse_started(node: Node, stdout: str) -> Reducer | None:
     return None
 
 
-def start(cluster: ClusterRecord, job_id: str, dest: str, *, io_timeout_ms: int | None = None,
-          report: Reporter = silent, transport: Transport = SSH) -> list[Reducer]:
+def start(session: ClusterSession, job_id: str, dest: str, *, io_timeout_ms: int | None = None,
+          report: Reporter = silent) -> list[Reducer]:
     """One reducer per server node, all or none: a server that fails stops the others and raises."""
+    cluster = session.record
     servers = cluster.servers
     binary = f"{dest.rstrip('/')}/{REDUCER}"
     report(f"starting {len(servers)} reducer(s) for job {job_id} on {', '.join(n.name for n in servers)}")
     by_node = {n.name: n for n in servers}
-    group = run_on_nodes(cluster.name, servers, "sh -s", timeout=30, transport=transport,
+    group = run_on_nodes(session, servers, "sh -s", timeout=30,
                          stdin_data=lambda n: start_script(job_id, binary, n.address, io_timeout_ms).encode())
     started, bad = [], []
     for r in group.results:
@@ -110,7 +111,7 @@ def start(cluster: ClusterRecord, job_id: str, dest: str, *, io_timeout_ms: int 
         else:
             started.append(reducer)
     if bad:
-        stop(cluster, job_id, [r.node for r in started], transport=transport)
+        stop(session, job_id, [r.node for r in started])
         raise RemoteError(f"reduction server(s) did not start for job {job_id}: {'; '.join(bad)}",
                           hint="`clustertool doctor` checks the servers; `clustertool plugin deploy` ships the "
                                "reducer")
@@ -118,11 +119,11 @@ def start(cluster: ClusterRecord, job_id: str, dest: str, *, io_timeout_ms: int 
     return sorted(started, key=lambda r: order[r.node])
 
 
-def stop(cluster: ClusterRecord, job_id: str, names: list[str], transport: Transport = SSH) -> None:
+def stop(session: ClusterSession, job_id: str, names: list[str]) -> None:
+    cluster = session.record
     nodes = [n for n in cluster.servers if n.name in set(names)]
     if nodes:
-        run_on_nodes(cluster.name, nodes, "sh -s", timeout=30, stdin_data=stop_script(job_id).encode(),
-                     transport=transport)
+        run_on_nodes(session, nodes, "sh -s", timeout=30, stdin_data=stop_script(job_id).encode())
 
 
 def env(reducers: list[Reducer], io_timeout_ms: int | None = None) -> dict[str, str]:

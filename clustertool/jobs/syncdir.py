@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import Node, Reporter, silent
-from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer import ignore
 from clustertool.transfer.copy import copy
 from clustertool.transfer.results import CopyResult, ProgressCb
@@ -34,15 +34,15 @@ def resolve(directory: str | None, dest: str | None = None) -> tuple[str, str]:
     return local, os.path.normpath(target)
 
 
-def sync(cluster_name: str, directory: str, dest: str, nodes: list[Node], *, report: Reporter = silent,
-         on_progress: ProgressCb | None = None, transport: Transport = SSH) -> CopyResult:
+def sync(session: ClusterSession, directory: str, dest: str, nodes: list[Node], *, report: Reporter = silent,
+         on_progress: ProgressCb | None = None) -> CopyResult:
     """Send ``directory`` (less what its ignore rules leave out) to ``dest`` on ``nodes``.
 
     Raises when a node did not end up with the folder exactly (it then names the node and why).
     """
     matcher = ignore.Matcher(directory)
-    result = copy(cluster_name, directory, dest, source="local", selection=",".join(n.name for n in nodes),
-                  strategy="auto", keep=matcher.keep, on_progress=on_progress, report=report, transport=transport)
+    result = copy(session, directory, dest, source="local", selection=",".join(n.name for n in nodes),
+                  strategy="auto", keep=matcher.keep, on_progress=on_progress, report=report)
     bad = [n for n in result.nodes if n.status != "ok"]
     if bad:
         by_reason: dict[str, list[str]] = {}

@@ -17,12 +17,11 @@ import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import MissingPrerequisite, ToolError
-from clustertool.core.model import ClusterRecord
 from clustertool.plugin.remote import leader_build_command
 from clustertool.remote.group import run_on_node
-from clustertool.remote.transport import SSH, Transport
 
 NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 NET_NAME = "clustertool"  # NCCL_NET_PLUGIN=<name> loads libnccl-net-<name>.so
@@ -101,13 +100,14 @@ def source_tar(native_dir: Path = NATIVE_DIR) -> bytes:
 
 
 
-def build_on_leader(cluster: ClusterRecord, native_dir: Path = NATIVE_DIR, transport: Transport = SSH) -> Build:
+def build_on_leader(session: ClusterSession, native_dir: Path = NATIVE_DIR) -> Build:
     """Compile on the leader (its compiler and libraries match the nodes) and bring the
     artefacts back into this cluster's folder, so deploy ships those exact bytes."""
+    cluster = session.record
     workdir = f"/tmp/clustertool-plugin-build-{secrets.token_hex(4)}"
-    res = run_on_node(cluster.name, cluster.leader, leader_build_command(workdir, ARTEFACTS),
-                      stdin_data=source_tar(native_dir), timeout=900, transport=transport)
-    run_on_node(cluster.name, cluster.leader, f"rm -rf {workdir}", timeout=60, transport=transport)
+    res = run_on_node(session, cluster.leader, leader_build_command(workdir, ARTEFACTS),
+                      stdin_data=source_tar(native_dir), timeout=900)
+    run_on_node(session, cluster.leader, f"rm -rf {workdir}", timeout=60)
     if not res.ok:
         tail = "\n".join(res.stderr.strip().splitlines()[-8:])
         raise ToolError(f"plugin build on {res.node} failed ({res.reason}):\n{tail}",

@@ -25,14 +25,14 @@ from typing import Callable
 from clustertool.bench.allreduce import bench_argv, parse_sizes
 from clustertool.bench.benchjobs import jobs_launcher
 from clustertool.cluster.facts import facts_script, gpu_count, parse_facts
-from clustertool.core import nodeset, state
+from clustertool.cluster.session import ClusterSession
+from clustertool.core import nodeset
 from clustertool.core.errors import MissingPrerequisite, RemoteError, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, Reporter, silent
 from clustertool.plugin.build import ARTEFACTS, BENCH, NET_LIB, load_record
 from clustertool.plugin.check_report import RESULT_MARK, CheckReport, nccl_report, standin_report
 from clustertool.plugin.remote import mismatched, parse_sums, status_command
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport
 
 WORKER = Path(__file__).resolve().parents[2] / "bench" / "nccl_gpu_worker.py"
 CHECK_DIR = ".clustertool/plugin-check"     # under each node's home: the worker and each rank's result
@@ -118,12 +118,13 @@ def deployed_record(cluster: ClusterRecord) -> dict:
     return deployed
 
 
-def verify_deployed(cluster: ClusterRecord, deployed: dict, transport: Transport = SSH) -> None:
+def verify_deployed(session: ClusterSession, deployed: dict) -> None:
     """Every node holds the files `plugin deploy` put there (NCCL hangs when nodes differ)."""
+    cluster = session.record
     expected = deployed.get("files") or {NET_LIB: deployed["sha256"]}
     files = [a for a in ARTEFACTS if a in expected]
-    group = run_on_nodes(cluster.name, cluster.ordered_nodes(), status_command(deployed["dest"], files),
-                         timeout=60, transport=transport)
+    group = run_on_nodes(session, cluster.ordered_nodes(), status_command(deployed["dest"], files),
+                         timeout=60)
     down = [f"{r.node} ({r.reason})" for r in group.failed()]
     if down:
         raise RemoteError(f"plugin check: {', '.join(down)}", hint="`clustertool doctor` says more")
@@ -138,25 +139,26 @@ def verify_deployed(cluster: ClusterRecord, deployed: dict, transport: Transport
                         hint="clustertool plugin deploy (then `clustertool plugin status`)")
 
 
-def probe_gpus(cluster: ClusterRecord, dest: str, transport: Transport = SSH) -> dict[str, int]:
+def probe_gpus(session: ClusterSession, dest: str) -> dict[str, int]:
     """{worker: GPUs} from the node facts doctor reads (reduction servers run no rank)."""
+    cluster = session.record
     script = facts_script(f"{dest.rstrip('/')}/{NET_LIB}", []).encode()
-    group = run_on_nodes(cluster.name, cluster.workers, "sh -s", stdin_data=script, timeout=60,
-                         transport=transport)
+    group = run_on_nodes(session, cluster.workers, "sh -s", stdin_data=script, timeout=60)
     down = [f"{r.node} ({r.reason})" for r in group.failed()]
     if down:
         raise RemoteError(f"plugin check: {', '.join(down)}", hint="`clustertool doctor` says more")
     return {r.node: gpu_count(parse_facts(r.node, r.stdout)) for r in group.results}
 
 
-def find_python(cluster: ClusterRecord, python: str | None, transport: Transport = SSH) -> str:
+def find_python(session: ClusterSession, python: str | None) -> str:
     """Send the worker to every node and find the python with torch; the same path everywhere
     (mpirun runs one command line on every node)."""
+    cluster = session.record
     worker = WORKER.read_bytes() if WORKER.is_file() else None
     if worker is None:
         raise MissingPrerequisite(f"{WORKER} is missing", hint="plugin check runs from the clustertool repository")
-    group = run_on_nodes(cluster.name, cluster.workers, python_probe([python] if python else PYTHONS),
-                         stdin_data=worker, timeout=120, transport=transport)
+    group = run_on_nodes(session, cluster.workers, python_probe([python] if python else PYTHONS),
+                         stdin_data=worker, timeout=120)
     down = [f"{r.node} ({r.reason})" for r in group.failed()]
     if down:
         raise RemoteError(f"plugin check: {', '.join(down)}")
@@ -178,10 +180,11 @@ def _default_launch(cluster: ClusterRecord, timeout: float, on_line) -> Launch:
     return launch
 
 
-def check(cluster: ClusterRecord, *, sizes: str = "1M:64M", iters: int = 5, warmup: int = 2, python: str | None = None,
-          timeout: float = 600, gpus: dict[str, int] | None = None, report: Reporter = silent,
-          transport: Transport = SSH, launch: Launch | None = None) -> CheckReport:
+def check(session: ClusterSession, *, sizes: str = "1M:64M", iters: int = 5, warmup: int = 2,
+          python: str | None = None, timeout: float = 600, gpus: dict[str, int] | None = None,
+          report: Reporter = silent, launch: Launch | None = None) -> CheckReport:
     """Run the check on ``cluster`` (``gpus``: per node, when the caller knows them already)."""
+    cluster = session.record
     size_values = size_list(sizes)
     if iters < 1 or warmup < 0:
         raise UsageError("--iters must be >= 1 and --warmup >= 0")
@@ -191,8 +194,8 @@ def check(cluster: ClusterRecord, *, sizes: str = "1M:64M", iters: int = 5, warm
     servers = len(cluster.servers)
     with_servers = f" and {servers} reduction server(s)" if servers else ""
     report(f"comparing the plugin on {nodeset.fold([n.name for n in cluster.ordered_nodes()])} with the deploy")
-    verify_deployed(cluster, deployed, transport)
-    gpus = gpus if gpus is not None else probe_gpus(cluster, deployed["dest"], transport)
+    verify_deployed(session, deployed)
+    gpus = gpus if gpus is not None else probe_gpus(session, deployed["dest"])
     launch = launch or _default_launch(cluster, timeout, None)
     if not any(gpus.get(n, 0) for n in names):
         note = f"no GPU on {nodeset.fold(names)}: running the collnet_bench stand-in (not NCCL){with_servers}"
@@ -206,7 +209,7 @@ def check(cluster: ClusterRecord, *, sizes: str = "1M:64M", iters: int = 5, warm
         return standin_report(cluster.name, names, output, code, error, plugin, note, servers=servers)
     _check_slots(cluster, gpus)
     report("finding python with torch on every node")
-    py = find_python(cluster, python, transport)
+    py = find_python(session, python)
     ranks = cluster.total_slots
     note = f"NCCL allreduce on {ranks} GPU rank(s) over {len(names)} node(s){with_servers} ({py})"
     report(f"{note}, {sizes}, as job plugin-check")
@@ -228,6 +231,7 @@ def _check_slots(cluster: ClusterRecord, gpus: dict[str, int]) -> None:
                         hint="slots come from `clustertool up --slots N` (or the spec's `slots:`): one per GPU")
 
 
-def run(cluster_name: str, **kwargs) -> CheckReport:
+def run(session: ClusterSession, **kwargs) -> CheckReport:
     """`clustertool plugin check`: see :func:`check` for the arguments."""
-    return check(state.ready_cluster(cluster_name), **kwargs)
+    session.ready()
+    return check(session, **kwargs)

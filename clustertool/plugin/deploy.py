@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError
 from clustertool.core.model import ClusterRecord, GroupResult, HostResult, Reporter, silent
 from clustertool.plugin.build import (
@@ -38,7 +39,6 @@ from clustertool.plugin.remote import (
     status_command,
 )
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport
 
 
 @dataclass
@@ -81,14 +81,15 @@ def _failures(group: GroupResult, check: Callable[[HostResult], str | None]) -> 
     return out
 
 
-def deploy(cluster: ClusterRecord, build: Build, dest: str | None = None, tuner_table: Path | None = None,
-           report: Reporter = silent, timeout: float = 300, transport: Transport = SSH) -> list[PluginStatus]:
+def deploy(session: ClusterSession, build: Build, dest: str | None = None, tuner_table: Path | None = None,
+           report: Reporter = silent, timeout: float = 300) -> list[PluginStatus]:
     """Put the same build on every node; all nodes or none.
 
     1. stage: unpack into DEST/.staging-TOKEN on every node, compare sums with the build;
     2. any failure: remove the staging folders everywhere, raise naming the nodes;
     3. commit: rename into DEST on every node and compare the sums again.
     """
+    cluster = session.record
     dest = dest or default_dest(cluster)
     nodes = cluster.ordered_nodes()
     files = list(ARTEFACTS) + ([TUNER_TABLE] if tuner_table else [])
@@ -97,17 +98,16 @@ def deploy(cluster: ClusterRecord, build: Build, dest: str | None = None, tuner_
         expected[TUNER_TABLE] = sha256_file(tuner_table)
     token = secrets.token_hex(4)
     report(f"staging plugin {build.version} ({build.sha256[:12]}) in {dest} on {len(nodes)} node(s)")
-    staged = run_on_nodes(cluster.name, nodes, stage_command(dest, token, files),
-                          stdin_data=artefact_tar(build, tuner_table), timeout=timeout, transport=transport)
+    staged = run_on_nodes(session, nodes, stage_command(dest, token, files),
+                          stdin_data=artefact_tar(build, tuner_table), timeout=timeout)
     bad = _failures(staged, lambda r: (f"checksum differs for {', '.join(m)}"
                                        if (m := mismatched(expected, parse_sums(r.stdout), files)) else None))
     if bad:
-        run_on_nodes(cluster.name, nodes, abort_command(dest, token), timeout=60, transport=transport)
+        run_on_nodes(session, nodes, abort_command(dest, token), timeout=60)
         raise ToolError("plugin deploy stopped before changing any node: " + "; ".join(bad),
                         hint="fix the named nodes (disk space, permissions, --dest) and deploy again")
     report("all nodes staged with matching checksums; switching them over")
-    done = run_on_nodes(cluster.name, nodes, commit_command(dest, token, files), timeout=timeout,
-                        transport=transport)
+    done = run_on_nodes(session, nodes, commit_command(dest, token, files), timeout=timeout)
     bad = _failures(done, lambda r: (f"checksum differs for {', '.join(m)}"
                                      if (m := mismatched(expected, parse_sums(r.stdout), files)) else None))
     if bad:
@@ -121,12 +121,12 @@ def deploy(cluster: ClusterRecord, build: Build, dest: str | None = None, tuner_
     return [PluginStatus(r.node, build.version, build.sha256, True) for r in done.results]
 
 
-def status(cluster: ClusterRecord, build: Build | None, dest: str | None = None,
-           timeout: float = 60, transport: Transport = SSH) -> list[PluginStatus]:
+def status(session: ClusterSession, build: Build | None, dest: str | None = None,
+           timeout: float = 60) -> list[PluginStatus]:
     """Per node: installed version and net-library checksum, and whether it matches ``build``."""
+    cluster = session.record
     dest = dest or load_record(cluster.name).get("deployed", {}).get("dest") or default_dest(cluster)
-    group = run_on_nodes(cluster.name, cluster.ordered_nodes(), status_command(dest, ARTEFACTS), timeout=timeout,
-                         transport=transport)
+    group = run_on_nodes(session, cluster.ordered_nodes(), status_command(dest, ARTEFACTS), timeout=timeout)
     rows = []
     for r in group.results:
         if not r.ok:

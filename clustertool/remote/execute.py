@@ -5,11 +5,11 @@ from __future__ import annotations
 import shlex
 from typing import Sequence
 
-from clustertool.core import nodeset, state
+from clustertool.core import nodeset
 from clustertool.core.errors import UsageError
 from clustertool.core.model import GroupResult
 from clustertool.remote.group import LineCallback, run_on_nodes
-from clustertool.remote.transport import SSH, Transport
+from clustertool.remote.transport import Link
 
 
 def command_line(args: Sequence[str]) -> str:
@@ -20,12 +20,10 @@ def command_line(args: Sequence[str]) -> str:
     return args[0] if len(args) == 1 else shlex.join(args)
 
 
-def execute(cluster_name: str, selection: str | None, args: Sequence[str], *,
-            timeout: float | None = None, on_line: LineCallback | None = None,
-            transport: Transport = SSH) -> GroupResult:
-    cluster = state.ready_cluster(cluster_name)
+def execute(link: Link, selection: str | None, args: Sequence[str], *,
+            timeout: float | None = None, on_line: LineCallback | None = None) -> GroupResult:
+    cluster = link.ready()
     nodes = nodeset.select(cluster, selection)
     if timeout is not None and timeout <= 0:
         raise UsageError("--timeout must be positive")
-    return run_on_nodes(cluster.name, nodes, command_line(args), timeout=timeout, on_line=on_line,
-                        transport=transport)
+    return run_on_nodes(link, nodes, command_line(args), timeout=timeout, on_line=on_line)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from clustertool.core.model import GroupResult, HostResult, Node
-from clustertool.remote.transport import SSH, Transport, classify_ssh_failure, stop_process
+from clustertool.remote.transport import Link, classify_ssh_failure, stop_process
 
 LineCallback = Callable[[str, str, str], None]  # (node name, "stdout"|"stderr", line)
 CommandFor = Callable[[Node], str]
@@ -50,7 +50,7 @@ def _result(run: _Running) -> HostResult:
 
 
 def run_on_nodes(
-    cluster_name: str,
+    link: Link,
     nodes: Iterable[Node],
     command: str | CommandFor,
     *,
@@ -58,12 +58,13 @@ def run_on_nodes(
     on_line: LineCallback | None = None,
     stdin_data: bytes | Callable[[Node], bytes] | None = None,
     ssh_extra: list[str] | None = None,
-    transport: Transport = SSH,
 ) -> GroupResult:
     """Run ``command`` (a remote shell line, or a function of the node) on every node.
 
     ``stdin_data`` (bytes, or a function of the node) is written to the command's stdin.
     """
+    cluster_name = link.name
+    transport = link.transport
     nodes = list(nodes)
     runs: list[_Running] = []
     threads: list[threading.Thread] = []
@@ -111,5 +112,5 @@ def _wait_all(runs: list[_Running], timeout: float | None) -> None:
             run.proc.wait()
 
 
-def run_on_node(cluster_name: str, node: Node, command: str, **kwargs) -> HostResult:
-    return run_on_nodes(cluster_name, [node], command, **kwargs).results[0]
+def run_on_node(link: Link, node: Node, command: str, **kwargs) -> HostResult:
+    return run_on_nodes(link, [node], command, **kwargs).results[0]

@@ -26,8 +26,7 @@ from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import (
     KEX_PREFERENCE,
     KEYGEN_TYPE,
-    SSH,
-    Transport,
+    Link,
     alias,
     leader_alias,
     write_ssh_config,
@@ -78,12 +77,13 @@ def keyscan(node: Node) -> list[str]:
     return keys
 
 
-def keyscan_via_leader(cluster: ClusterRecord, nodes: list[Node], transport: Transport = SSH) -> None:
+def keyscan_via_leader(link: Link, nodes: list[Node]) -> None:
     """First contact with members behind the leader: the leader (pinned already) scans them on the
     cluster's private network, over the pinned connection to it."""
+    cluster = link.record
     for node in nodes:
         line = " ".join(keyscan_argv(node.address, node.ssh_port))
-        result = run_on_nodes(cluster.name, [cluster.leader], line, timeout=60, transport=transport).results[0]
+        result = run_on_nodes(link, [cluster.leader], line, timeout=60).results[0]
         node.host_keys = parse_keyscan(result.stdout)
         if not node.host_keys:
             raise RemoteError(f"{node.name} ({node.address}:{node.ssh_port}): no host key could be collected "
@@ -109,9 +109,10 @@ def pin_jump_keys(cluster: ClusterRecord) -> None:
                           hint=f"connect once with `ssh -p {via.port} {via.user}@{via.host}` and check the key")
 
 
-def pin_host_keys(cluster: ClusterRecord, transport: Transport = SSH) -> None:
+def pin_host_keys(link: Link) -> None:
     """Make sure every node has pinned host keys (collecting them once where unknown): this machine
     scans the nodes it reaches directly, the leader those behind it."""
+    cluster = link.record
     pin_jump_keys(cluster)
     for node in access.direct(cluster, cluster.nodes):
         if not node.host_keys:
@@ -123,7 +124,7 @@ def pin_host_keys(cluster: ClusterRecord, transport: Transport = SSH) -> None:
     if behind:
         write_local_known_hosts(cluster)
         write_ssh_config(cluster)
-        keyscan_via_leader(cluster, behind, transport)
+        keyscan_via_leader(link, behind)
 
 
 def local_known_hosts(cluster: ClusterRecord) -> str:

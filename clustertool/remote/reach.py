@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 
 from clustertool.core.errors import RemoteError
-from clustertool.core.model import ClusterRecord, GroupResult
+from clustertool.core.model import GroupResult
 from clustertool.remote import access, keys, mesh
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport, write_ssh_config
+from clustertool.remote.transport import Link, write_ssh_config
 
 
 def _raise_on_failures(result: GroupResult, what: str) -> None:
@@ -22,14 +22,15 @@ def _raise_on_failures(result: GroupResult, what: str) -> None:
         raise RemoteError(f"{what} failed on {len(bad)} node(s): {detail}")
 
 
-def _through_bastion(cluster: ClusterRecord, transport: Transport = SSH, limit: float = 180.0) -> None:
+def _through_bastion(link: Link, limit: float = 180.0) -> None:
     """Nodes reached through the user's bastion (this machine cannot see their ports): until each
     answers SSH through it, or ``limit`` seconds."""
+    cluster = link.record
     pending = [n for n in cluster.nodes if access.jump(cluster) and access.hop(cluster, n) == access.jump_alias(
         cluster.name) and n.host_keys]
     deadline = time.monotonic() + limit
     while pending:
-        failed = run_on_nodes(cluster.name, pending, "true", timeout=30, transport=transport).failed()
+        failed = run_on_nodes(link, pending, "true", timeout=30).failed()
         pending = [n for n in pending if n.name in {r.node for r in failed if r.reason.startswith("unreachable")}]
         if pending and time.monotonic() > deadline:
             raise RemoteError(f"{', '.join(n.name for n in pending)} did not answer SSH through --jump "
@@ -39,14 +40,15 @@ def _through_bastion(cluster: ClusterRecord, transport: Transport = SSH, limit: 
             time.sleep(3)
 
 
-def wait_behind_jumps(cluster: ClusterRecord, transport: Transport = SSH) -> None:
+def wait_behind_jumps(link: Link) -> None:
     """Pin the bastion's key and wait for the nodes behind it; then the leader waits for its members
     (keys: the provider's, else the leader's own is scanned from here unless it is behind a bastion)."""
+    cluster = link.record
     keys.pin_jump_keys(cluster)
     if access.jump(cluster):
         keys.write_local_known_hosts(cluster)
         write_ssh_config(cluster)
-        _through_bastion(cluster, transport)
+        _through_bastion(link)
     behind = [n for n in cluster.nodes if access.behind_leader(cluster, n)]
     if not behind:
         return
@@ -54,7 +56,7 @@ def wait_behind_jumps(cluster: ClusterRecord, transport: Transport = SSH) -> Non
         cluster.leader.host_keys = keys.keyscan(cluster.leader)
     keys.write_local_known_hosts(cluster)
     write_ssh_config(cluster)
-    result = run_on_nodes(cluster.name, [cluster.leader], "bash -s", timeout=180, transport=transport,
+    result = run_on_nodes(link, [cluster.leader], "bash -s", timeout=180,
                           stdin_data=mesh.port_wait_script(behind).encode())
     _raise_on_failures(result, "waiting for the members through the leader")
     failed = mesh.failed_targets(result.results[0].stdout)

@@ -13,12 +13,12 @@ import os
 import threading
 import time
 
-from clustertool.core import nodeset, state
+from clustertool.cluster.session import ClusterSession
+from clustertool.core import nodeset
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer import chain, drive, manifest, plan, stations, verify
 from clustertool.transfer.results import CopyResult, CopyRun, NodeCopy, ProgressCb, relative_remote
 
@@ -41,7 +41,7 @@ def _source_manifest(run: CopyRun, prepare: list[dict] | None = None) -> manifes
     if run.from_local:
         man = manifest.local(run.src, pick_hash=True, keep=run.keep)
     else:
-        got = manifest.remote(run.cluster.name, [run.cluster.leader], run.src, timeout=600, transport=run.transport,
+        got = manifest.remote(run.session, [run.cluster.leader], run.src, timeout=600,
                         pick_hash=True, prepare=(lambda n: prepare) if prepare else None)
         man = got[run.cluster.leader.name]
         if isinstance(man, str):
@@ -80,7 +80,7 @@ def survey(run: CopyRun, strategy: str) -> dict[str, plan.NodePlan]:
     nodes = list(run.targets)
     if hop_st.get(run.cluster.leader.name) and all(not n.is_leader for n in nodes):
         nodes.append(run.cluster.leader)  # from local: the leader relays for the members
-    dests = manifest.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport,
+    dests = manifest.remote(run.session, nodes, run.dest, timeout=600,
                       prepare=lambda n: hop_st.get(n.name))
     worker.join()
     if failed:
@@ -91,7 +91,7 @@ def survey(run: CopyRun, strategy: str) -> dict[str, plan.NodePlan]:
 
 def replan(run: CopyRun, nodes: list[Node]) -> dict[str, plan.NodePlan]:
     """What each of ``nodes`` lacks, from its own disk (repairs after a cut chain)."""
-    return _plans(run, nodes, manifest.remote(run.cluster.name, nodes, run.dest, timeout=600, transport=run.transport))
+    return _plans(run, nodes, manifest.remote(run.session, nodes, run.dest, timeout=600))
 
 
 def _plans(run: CopyRun, nodes: list[Node], dests: dict[str, manifest.Manifest | str]) -> dict[str, plan.NodePlan]:
@@ -116,7 +116,7 @@ def _settle_hashes(run: CopyRun, node_plans: dict[str, plan.NodePlan]) -> None:
     every = sorted({path for paths in need.values() for path in paths})
     src_hashes = verify.source_hashes(run, every)
     nodes = [run.cluster.node(name) for name in need]
-    got = manifest.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport,
+    got = manifest.remote(run.session, nodes, run.dest, want_hash=lambda name: need[name],
                     algo=run.algo)
     for name, paths in need.items():
         man = got[name]
@@ -130,7 +130,7 @@ def _apply_ops(run: CopyRun, node_plans: dict[str, plan.NodePlan]) -> None:
         return
     nodes = [run.cluster.node(n) for n in todo]
     group = run_on_nodes(
-        run.cluster.name, nodes, python_command(), timeout=600, transport=run.transport,
+        run.session, nodes, python_command(), timeout=600,
         stdin_data=lambda node: program_text("ops", {
             "root": relative_remote(run.dest), "delete": todo[node.name].delete,
             "touch": todo[node.name].touch}))
@@ -152,15 +152,16 @@ def choose_strategy(strategy: str, n_nodes: int, payload: int, filtered: bool = 
     return "chain" if n_nodes >= AUTO_CHAIN_MIN_NODES and payload >= AUTO_CHAIN_MIN_BYTES else "fanout"
 
 
-def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", selection: str | None = None,
+def copy(session: ClusterSession, src: str, dest: str, *, source: str = "leader", selection: str | None = None,
          strategy: str = "auto", verify_after: bool = True, delete: bool = False,
          cipher: str | None = chain.DEFAULT_CIPHER, on_progress: ProgressCb | None = None,
-         report: Reporter = silent, transport: Transport = SSH, verify_only: bool = False,
+         report: Reporter = silent, verify_only: bool = False,
          keep: manifest.Keep | None = None) -> CopyResult:
     """Copy, or with ``verify_only`` only compare every node's DEST with SRC (re-reading both).
 
     ``keep(rel, is_dir)`` (a local SRC only) picks the entries that are part of the source: the rest
     is neither sent nor verified (nor deletable)."""
+    transport = session.transport
     started = time.monotonic()
     if source not in ("leader", "local"):
         raise UsageError(f"--from must be leader or local, not {source!r}")
@@ -169,7 +170,7 @@ def copy(cluster_name: str, src: str, dest: str, *, source: str = "leader", sele
     if keep is not None and (source != "local" or delete):
         raise UsageError("a file filter works on a local SRC only (--from local), without --delete")
     choose_strategy(strategy, 0, 0, keep is not None)  # reject a bad strategy before touching any node
-    cluster = state.ready_cluster(cluster_name)
+    cluster = session.ready()
     from_local = source == "local"
     src = os.path.abspath(os.path.expanduser(src)) if from_local else relative_remote(src)
     run = CopyRun(cluster, src, relative_remote(dest), from_local, _targets(cluster, selection, from_local),

@@ -151,9 +151,8 @@ def fanout_transfer(run: CopyRun, node_plans: dict[str, plan.NodePlan], live: li
         if src is None:
             return
     try:
-        got = fanout.from_source_node(run.cluster.name, leader, targets, src, is_dir, run.dest,
-                                      cipher=run.cipher, delete=False, on_bytes=progress, run_id=run.run_id,
-                                      transport=run.transport)
+        got = fanout.from_source_node(run.session, leader, targets, src, is_dir, run.dest,
+                                      cipher=run.cipher, delete=False, on_bytes=progress, run_id=run.run_id)
     except BaseException:  # Ctrl-C: stop the rsyncs on the leader too
         abort(run, [leader])
         raise

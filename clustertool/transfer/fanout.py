@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.model import Node
-from clustertool.remote.transport import SSH, Transport, alias, classify_ssh_failure, warm_jump
+from clustertool.remote.transport import alias, classify_ssh_failure, warm_jump
 from clustertool.transfer.chain import DEFAULT_CIPHER, node_ssh_argv, status_dir
 
 FILE_MARK = "CTFILE"
@@ -135,10 +136,12 @@ def tracked(command: str, sdir: str) -> str:
     return f"mkdir -p {q} && ps -o pgid= $$ | tr -d ' ' > {q}/pgid; {command}; rc=$?; rm -rf {q}; exit $rc"
 
 
-def from_source_node(cluster_name: str, source: Node, targets: list[Node], src: str, src_is_dir: bool,
+def from_source_node(session: ClusterSession, source: Node, targets: list[Node], src: str, src_is_dir: bool,
                      dest: str, *, cipher: str | None, delete: bool, on_bytes=None,
-                     run_id: str | None = None, transport: Transport = SSH) -> dict[str, RsyncResult]:
+                     run_id: str | None = None) -> dict[str, RsyncResult]:
     """rsync on the source node to every target at once (one ssh session per target)."""
+    cluster_name = session.name
+    transport = session.transport
     jobs = []
     for node in targets:
         command = shlex.join(rsync_argv(src, src_is_dir, node.address, dest, cipher=cipher, delete=delete))

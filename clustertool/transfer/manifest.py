@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.model import Node
 from clustertool.nodeprogs import manifest, program_text, python_command
 from clustertool.remote.group import run_on_nodes
-from clustertool.remote.transport import SSH, Transport
 
 MAX_LISTED = 10  # files named per node in a mismatch message
 Keep = Callable[[str, bool], bool]  # (relative path, is a directory) -> part of the source?
@@ -72,8 +72,8 @@ def remote_args(root: str, want_hash: bool | Iterable[str] = False, algo: str | 
     return program_text(program, _args(root, want_hash, algo, **more))
 
 
-def remote(cluster_name: str, nodes: list[Node], root: str, want_hash=False,
-           timeout: float | None = None, transport: Transport = SSH, *, algo: str | None = None,
+def remote(session: ClusterSession, nodes: list[Node], root: str, want_hash=False,
+           timeout: float | None = None, *, algo: str | None = None,
            pick_hash: bool = False, cleanup=None, prepare=None) -> dict[str, Manifest | str]:
     """Manifest of ``root`` on every node, in parallel; a node that failed maps to its error.
 
@@ -87,8 +87,7 @@ def remote(cluster_name: str, nodes: list[Node], root: str, want_hash=False,
         return remote_args(root, want, algo, pick_hash=pick_hash, program="survey" if stations else "manifest",
                            cleanup=cleanup(node) if cleanup is not None else None, prepare=stations)
 
-    group = run_on_nodes(cluster_name, nodes, python_command(), stdin_data=data, timeout=timeout,
-                         transport=transport)
+    group = run_on_nodes(session, nodes, python_command(), stdin_data=data, timeout=timeout)
     out: dict[str, Manifest | str] = {}
     for r in group.results:
         if not r.ok:

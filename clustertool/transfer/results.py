@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, Node, Reporter, jsonable
 from clustertool.remote.transport import SSH, Transport
@@ -92,6 +93,11 @@ class CopyRun:
     ahead: list[str] | None = None   # the chain prepared in the survey (pass 0), in order, until used or discarded
     cleanups: list = field(default_factory=list)                         # background take-downs to wait for
     source_errors: list[str] = field(default_factory=list)               # files the source could not send whole
+
+    @property
+    def session(self) -> ClusterSession:
+        """The cluster and the transport, as the functions that reach nodes take them."""
+        return ClusterSession(self.cluster, self.transport)
 
     @property
     def stream_algo(self) -> str | None:

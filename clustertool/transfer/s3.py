@@ -15,12 +15,12 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from clustertool.core import nodeset, state
+from clustertool.cluster.session import ClusterSession
+from clustertool.core import nodeset
 from clustertool.core.errors import ToolError
 from clustertool.core.model import HostResult, Reporter, silent
 from clustertool.nodeprogs import program_stream, stream_command
-from clustertool.remote.session import run_sessions
-from clustertool.remote.transport import SSH, Transport
+from clustertool.remote.dialog import run_sessions
 from clustertool.transfer import manifest
 from clustertool.transfer.results import ProgressCb, relative_remote
 from clustertool.transfer.s3bucket import Bucket, S3Object, folder_prefix, local_name, parse_url, shard_of
@@ -165,14 +165,13 @@ class _Conversation:
             talk.result = msg["result"]
 
 
-def sync_s3(cluster_name: str, url: str, dest: str, *, selection: str | None = None, shard: bool = False,
+def sync_s3(session: ClusterSession, url: str, dest: str, *, selection: str | None = None, shard: bool = False,
             endpoint_url: str | None = None, region: str | None = None, threads: int = DEFAULT_THREADS,
             url_expiry: int = DEFAULT_EXPIRY, recheck: bool = False, timeout: float | None = None,
-            on_progress: ProgressCb | None = None, report: Reporter = silent,
-            transport: Transport = SSH) -> SyncResult:
+            on_progress: ProgressCb | None = None, report: Reporter = silent) -> SyncResult:
     started = time.monotonic()
     bucket_name, prefix = parse_url(url)
-    cluster = state.ready_cluster(cluster_name)
+    cluster = session.ready()
     nodes = sorted(nodeset.select(cluster, selection), key=lambda n: n.index)
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -197,8 +196,8 @@ def sync_s3(cluster_name: str, url: str, dest: str, *, selection: str | None = N
         return program_stream("s3", node_args(remote_dest, threads, url_expiry, recheck), lib=("s3lib",)) + \
             (json.dumps({"objects": rows}) + "\n").encode()
 
-    group = run_sessions(cluster.name, nodes, stream_command(), opening=opening,
-                         on_message=_Conversation(bucket, talks, on_progress), timeout=timeout, transport=transport)
+    group = run_sessions(session, nodes, stream_command(), opening=opening,
+                         on_message=_Conversation(bucket, talks, on_progress), timeout=timeout)
     return SyncResult(url, dest, shard, len(objects), total, url_expiry, threads,
                       [_verdict(r, talks[r.node], shards[r.node]) for r in group.results],
                       skipped, time.monotonic() - started)

@@ -96,9 +96,8 @@ def prepare(run: CopyRun, route: list[tuple[Node, bool]], pass_no: int) -> list[
         if src:
             per.setdefault(leader.name, []).extend(src)
         nodes = [n for n, _ in route] + ([leader] if src and leader.name not in {n.name for n, _ in route} else [])
-        group = run_on_nodes(run.cluster.name, nodes, python_command(),
-                             stdin_data=lambda n: chain.prepare_program(per[n.name]), timeout=60,
-                             transport=run.transport)
+        group = run_on_nodes(run.session, nodes, python_command(),
+                             stdin_data=lambda n: chain.prepare_program(per[n.name]), timeout=60)
         bad = {r.node: r for r in group.failed()}
         if src and leader.name in bad:
             abort(run, nodes, pass_no)
@@ -127,8 +126,7 @@ def abort(run: CopyRun, nodes: list[Node], pass_no: int | None = None) -> None:
     """Stop this run's stations (of one pass, or all) on the nodes; best effort."""
     unique = list({n.name: n for n in nodes}.values())
     try:
-        run_on_nodes(run.cluster.name, unique, chain.abort_command(run.run_id, pass_no), timeout=20,
-                     transport=run.transport)
+        run_on_nodes(run.session, unique, chain.abort_command(run.run_id, pass_no), timeout=20)
     except Exception:
         pass
 

@@ -23,7 +23,7 @@ def source_manifest(run: CopyRun, want_hash) -> manifest.Manifest:
     if run.from_local:
         return manifest.local(run.src, want_hash, algo=run.algo, keep=run.keep)
     leader = run.cluster.leader
-    got = manifest.remote(run.cluster.name, [leader], run.src, want_hash=want_hash, transport=run.transport,
+    got = manifest.remote(run.session, [leader], run.src, want_hash=want_hash,
                     algo=run.algo)[leader.name]
     if isinstance(got, str):
         raise RemoteError(f"cannot hash SRC on the leader: {got}")
@@ -56,7 +56,7 @@ def _reread(run: CopyRun,
     worker = threading.Thread(target=at_source, daemon=True)
     worker.start()
     nodes = [run.cluster.node(name) for name in need]
-    got = manifest.remote(run.cluster.name, nodes, run.dest, want_hash=lambda name: need[name], transport=run.transport,
+    got = manifest.remote(run.session, nodes, run.dest, want_hash=lambda name: need[name],
                     algo=run.algo) if nodes else {}
     worker.join()
     if failed:

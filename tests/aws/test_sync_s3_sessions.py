@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError
 from clustertool.nodeprogs.s3lib import partial_name
 from clustertool.transfer.s3 import sync_s3
@@ -63,7 +64,7 @@ def s3(moto_url, ct_env, tmp_path, monkeypatch):
     fake = ScriptedTransport(tmp_path / "nodes")
     with S3Proxy("127.0.0.1", moto_url, client) as proxy:
         def run(url="s3://data/ds", dest="ds", **kw):
-            return sync_s3("s3", url, dest, endpoint_url=proxy.url, transport=fake, **kw)
+            return sync_s3(ClusterSession.load("s3", transport=fake), url, dest, endpoint_url=proxy.url, **kw)
         yield SimpleNamespace(client=client, fake=fake, proxy=proxy, run=run, home=fake.home)
 
 

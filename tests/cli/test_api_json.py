@@ -27,12 +27,19 @@ GROUP = GroupResult([HostResult("node-1", 0, "node-1\n", "", 0.25),
                      HostResult("node-3", None, "", "", 10.0, error="timed out")])
 
 
+@pytest.fixture
+def x_cluster(ct_env):
+    """Cluster x exists (the command makes its session from the state file); the core function the
+    test patches does the rest."""
+    return saved_cluster("x", 2)
+
+
 def printed(capsys, *argv) -> tuple[int, object]:
     code = run(list(argv))
     return code, json.loads(capsys.readouterr().out)
 
 
-def test_exec_json_is_the_group_results_to_dict(monkeypatch, capsys):
+def test_exec_json_is_the_group_results_to_dict(monkeypatch, capsys, x_cluster):
     monkeypatch.setattr("clustertool.remote.execute.execute", lambda *a, **k: GROUP)
     code, data = printed(capsys, "exec", "-c", "x", "--json", "--", "hostname")
     assert data == GROUP.to_dict() and code == GROUP.exit_code == 255
@@ -40,7 +47,7 @@ def test_exec_json_is_the_group_results_to_dict(monkeypatch, capsys):
                                   "duration": 1.5, "error": None}
 
 
-def test_status_json_is_the_status_to_dict(monkeypatch, capsys):
+def test_status_json_is_the_status_to_dict(monkeypatch, capsys, x_cluster):
     cluster = ClusterRecord("x", "local", nodes=[Node("node-1", 1, "10.0.0.1", role="leader")], status="ready")
     row = status.NodeStatus("node-1", "leader", "10.0.0.1", 1, "running", True)
     report = status.ClusterStatus(cluster, [row], {"price": "$0/h"})
@@ -50,7 +57,7 @@ def test_status_json_is_the_status_to_dict(monkeypatch, capsys):
     assert data["nodes"][0]["reachable"] is True and data["price"] == "$0/h"
 
 
-def test_copy_json_is_the_copy_results_to_dict(monkeypatch, capsys):
+def test_copy_json_is_the_copy_results_to_dict(monkeypatch, capsys, x_cluster):
     result = CopyResult("/src", "/dest", "local", "chain", [NodeCopy("node-1", bytes_received=5, files_sent=1)],
                         total_bytes=5, total_files=1, bytes_sent=5, passes=1, verified=True)
     monkeypatch.setattr("clustertool.transfer.copy.copy", lambda *a, **k: result)
@@ -58,12 +65,12 @@ def test_copy_json_is_the_copy_results_to_dict(monkeypatch, capsys):
     assert code == 0 and data == result.to_dict() and data["exit_code"] == 0
 
 
-def test_run_json_is_the_launchs_to_dict_with_what_sync_sent(monkeypatch, capsys):
+def test_run_json_is_the_launchs_to_dict_with_what_sync_sent(monkeypatch, capsys, x_cluster):
     job = JobRecord("j1", "x", ["python", "t.py"], nodes=["node-1"], np=1, workdir="/p")
     synced = CopyResult("/p", "/p", "local", "chain", [NodeCopy("node-1", files_sent=2)], bytes_sent=9)
     seen = {}
 
-    def fake_run(cluster_name, opts, **kwargs):
+    def fake_run(session, opts, **kwargs):
         seen.update(kwargs, command=opts.command)
         return Launch(job, ["mpirun"], sync=("/p", "/p"), synced=synced)
 
@@ -74,7 +81,7 @@ def test_run_json_is_the_launchs_to_dict_with_what_sync_sent(monkeypatch, capsys
     assert (seen["sync"], seen["sync_to"], seen["command"]) == (".", None, ["python", "t.py"])
 
 
-def test_kill_json_is_the_kill_results_to_dict(monkeypatch, capsys):
+def test_kill_json_is_the_kill_results_to_dict(monkeypatch, capsys, x_cluster):
     from clustertool.jobs.kill import KillResult, NodeKill
 
     result = KillResult(JobRecord("j1", "x", ["sleep", "9"], state="killed"),

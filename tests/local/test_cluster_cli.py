@@ -208,6 +208,7 @@ def test_up_adds_an_include_so_plain_ssh_reaches_leader_and_nodes(ct_env, tmp_pa
 
 def test_past_32_nodes_up_checks_the_leader_by_sample_and_banner_and_a_dead_sshd_is_named(ct_env, local_cluster):
     from clustertool.cluster.lifecycle import check_leader_mesh
+    from clustertool.cluster.session import ClusterSession
     from clustertool.core.errors import RemoteError
     from clustertool.remote.mesh import leader_targets
 
@@ -217,5 +218,5 @@ def test_past_32_nodes_up_checks_the_leader_by_sample_and_banner_and_a_dead_sshd
     assert "node-20" in {n.name for n in by_banner} and len(by_ssh) < 10
     run_cli("exec", "-c", name, "--nodes", "node-20", "--timeout", "10", "--", "pkill -x sshd", env=ct_env)
     with pytest.raises(RemoteError) as err:
-        check_leader_mesh(cluster)
+        check_leader_mesh(ClusterSession(cluster))
     assert err.value.message.startswith("the leader cannot ssh to node-20: cannot connect to port 22")

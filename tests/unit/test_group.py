@@ -5,14 +5,16 @@ import time
 
 import pytest
 
-from clustertool.core.model import Node
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.remote import group
+from clustertool.remote.transport import Link
 from tests.fakes.transport import LocalShell
 
 pytestmark = pytest.mark.unit
 
 
 SHELL = LocalShell()
+LINK = Link(ClusterRecord("c", "local"), SHELL)  # the cluster name is all a test shell looks at
 
 
 def _nodes(n):
@@ -20,15 +22,14 @@ def _nodes(n):
 
 
 def test_exit_code_is_the_highest_and_each_node_has_a_result():
-    result = group.run_on_nodes("c", _nodes(3), lambda n: f"exit {n.index}", transport=SHELL)
+    result = group.run_on_nodes(LINK, _nodes(3), lambda n: f"exit {n.index}")
     assert [r.exit_code for r in result.results] == [1, 2, 3]
     assert result.exit_code == 3
 
 
 def test_a_hung_node_is_reported_and_does_not_stall_the_others():
     start = time.monotonic()
-    result = group.run_on_nodes("c", _nodes(3), lambda n: "sleep 30" if n.index == 2 else "echo ok", timeout=1,
-                                transport=SHELL)
+    result = group.run_on_nodes(LINK, _nodes(3), lambda n: "sleep 30" if n.index == 2 else "echo ok", timeout=1)
     assert time.monotonic() - start < 5
     by = result.by_node()
     assert by["node-2"].error == "timed out" and by["node-2"].effective_code == 255
@@ -38,16 +39,16 @@ def test_a_hung_node_is_reported_and_does_not_stall_the_others():
 
 def test_runs_in_parallel_not_in_sequence():
     start = time.monotonic()
-    group.run_on_nodes("c", _nodes(8), "sleep 0.5", transport=SHELL)
+    group.run_on_nodes(LINK, _nodes(8), "sleep 0.5")
     assert time.monotonic() - start < 2.5
 
 
 def test_lines_stream_to_the_callback_with_the_node_name():
     seen = []
-    group.run_on_nodes("c", _nodes(2), "echo out; echo err >&2", on_line=lambda *a: seen.append(a), transport=SHELL)
+    group.run_on_nodes(LINK, _nodes(2), "echo out; echo err >&2", on_line=lambda *a: seen.append(a))
     assert ("node-1", "stdout", "out") in seen and ("node-2", "stderr", "err") in seen
 
 
 def test_stdin_can_differ_per_node():
-    result = group.run_on_nodes("c", _nodes(2), "cat", stdin_data=lambda n: n.name.encode(), transport=SHELL)
+    result = group.run_on_nodes(LINK, _nodes(2), "cat", stdin_data=lambda n: n.name.encode())
     assert [r.stdout for r in result.results] == ["node-1", "node-2"]

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.model import JobRecord
 from clustertool.jobs import kill, records
 from tests.fakes.cluster import saved_cluster
@@ -58,7 +59,7 @@ def test_what_a_node_reports_left_decides_clean_and_every_node_of_the_job_is_ask
     fake.on(kills, Reply("signaled 101 102\nforced \nremaining \ngpu none\n"), node="node-1")
     fake.on(kills, Reply("signaled 201\nforced 201\nremaining 201:python3\ngpu checked 201:1024\n"), node="node-2")
     fake.on(kills, Reply.unreachable("10.0.0.3"), node="node-3")
-    result = kill.kill("kv", JOB, grace=2, transport=fake)
+    result = kill.kill(ClusterSession.load("kv", transport=fake), JOB, grace=2)
 
     nodes = {n.node: n for n in result.nodes}
     assert nodes["node-1"].clean and nodes["node-1"].signaled == [101, 102]
@@ -74,7 +75,7 @@ def test_what_a_node_reports_left_decides_clean_and_every_node_of_the_job_is_ask
 def test_a_node_whose_kill_program_fails_is_not_called_clean(fake):
     fake.on(kills, Reply(stderr="sh: 1: cannot fork: Resource temporarily unavailable\n", code=2), node="node-2")
     fake.on(kills, Reply("signaled 7\nforced \nremaining \ngpu none\n"))
-    result = kill.kill("kv", JOB, transport=fake)
+    result = kill.kill(ClusterSession.load("kv", transport=fake), JOB)
     node2 = next(n for n in result.nodes if n.node == "node-2")
     assert node2.error == "exit 2: sh: 1: cannot fork: Resource temporarily unavailable"
     assert not result.clean
@@ -84,6 +85,6 @@ def test_with_the_leader_unreachable_the_job_is_recorded_killed_here(tmp_path, j
     fake = ScriptedTransport(tmp_path / "nodes")
     fake.on(lambda c: True, Reply.unreachable("10.0.0.1"), node="node-1")
     fake.on(kills, Reply("signaled 5\nforced \nremaining \ngpu none\n"))
-    result = kill.kill("kv", JOB, transport=fake)
+    result = kill.kill(ClusterSession.load("kv", transport=fake), JOB)
     assert result.job.state == "killed" and not result.clean
     assert [j.state for j in records.load_all("kv")] == ["killed"]

@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import ToolError
 from clustertool.core.model import SERVER, Node
@@ -95,7 +96,7 @@ def test_gpu_run_is_one_rank_per_slot_with_the_plugin_env_and_nccls_info_log(gpu
         raise ToolError("dry run: nothing started")
 
     monkeypatch.setattr(jobs_launch, "run", dry)
-    report = check.check(gpu_cluster, sizes="1M:4M", gpus={"node-1": 8, "node-2": 8}, transport=fake)
+    report = check.check(ClusterSession(gpu_cluster, fake), sizes="1M:4M", gpus={"node-1": 8, "node-2": 8})
     argv = seen["launch"].argv
     assert argv[argv.index("-np") + 1] == "16" and seen["launch"].job.name == "plugin-check"
     xs = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
@@ -273,7 +274,7 @@ def test_no_gpu_anywhere_runs_the_standin_one_rank_per_node(ct_env, fake):
     deployed("cpu")
     fake.on("nproc=", facts("none"))
     launch, calls = launch_recorder(STANDIN_OUT)
-    r = check.check(c, sizes="64K:256K", transport=fake, launch=launch)
+    r = check.check(ClusterSession(c, fake), sizes="64K:256K", launch=launch)
     assert r.note == "no GPU on node-[1-4]: running the collnet_bench stand-in (not NCCL)"
     env, argv, plugin, per_node = calls[0]
     assert argv[:5] == [f"{DEST}/collnet_bench", "-b", "65536", "-e", "262144"]
@@ -285,7 +286,7 @@ def test_gpu_cluster_runs_nccl_with_the_plugin_and_reports_it(gpu_cluster, fake)
     fake.on("nproc=", facts("8"))
     out = job_output([LOG_2_26] * 16, [[(MB, 300.0, 0)]] * 16)
     launch, calls = launch_recorder(out)
-    r = check.check(gpu_cluster, sizes="1M:1M", transport=fake, launch=launch)
+    r = check.check(ClusterSession(gpu_cluster, fake), sizes="1M:1M", launch=launch)
     env, argv, plugin, per_node = calls[0]
     assert plugin and per_node is None and "NCCL_DEBUG=INFO" in env
     assert r.mode == "nccl" and r.ranks == 16 and r.nccl.plugin_loaded and r.exit_code == 0
@@ -299,14 +300,14 @@ def test_gpu_cluster_runs_nccl_with_the_plugin_and_reports_it(gpu_cluster, fake)
 def test_nodes_that_cannot_give_every_rank_a_gpu_stop_before_the_run(gpu_cluster, fake, gpus, words):
     launch, calls = launch_recorder()
     with pytest.raises(ToolError, match=re.escape(words)):
-        check.check(gpu_cluster, gpus=gpus, transport=fake, launch=launch)
+        check.check(ClusterSession(gpu_cluster, fake), gpus=gpus, launch=launch)
     assert calls == []
 
 
 def test_not_deployed_is_one_error_before_any_node_is_asked(ct_env, fake):
     c = saved_cluster("nd", 2)
     with pytest.raises(ToolError, match="not deployed") as exc:
-        check.check(c, transport=fake, launch=launch_recorder()[0])
+        check.check(ClusterSession(c, fake), launch=launch_recorder()[0])
     assert "plugin deploy" in exc.value.hint and fake.calls == []
 
 
@@ -314,7 +315,7 @@ def test_a_node_whose_files_differ_from_the_deploy_stops_the_check(gpu_cluster, 
     fake.sums["node-2"] = {k: ("f" * 64 if k == ARTEFACTS[0] else v) for k, v in SUMS.items() if k != ARTEFACTS[2]}
     launch, calls = launch_recorder()
     with pytest.raises(ToolError) as exc:
-        check.check(gpu_cluster, gpus={"node-1": 8, "node-2": 8}, transport=fake, launch=launch)
+        check.check(ClusterSession(gpu_cluster, fake), gpus={"node-1": 8, "node-2": 8}, launch=launch)
     assert exc.value.message == ("the plugin on the nodes is not the one deployed: node-2: "
                                  "libnccl-net-clustertool.so differs, collnet_bench missing")
     assert calls == []
@@ -351,7 +352,7 @@ def test_with_servers_the_standin_runs_servers_too_on_the_workers_only(served, f
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(jobs_launch, "run", dry)
     try:
-        r = check.check(served, sizes="64K:64K", transport=fake)
+        r = check.check(ClusterSession(served, fake), sizes="64K:64K")
     finally:
         monkeypatch.undo()
     argv = seen["launch"].argv
@@ -369,7 +370,7 @@ def test_a_standin_whose_servers_did_not_answer_says_so_with_the_fix(served, fak
     out = "\n".join([tagged(0, "# collnet_bench: 2 ranks, plugin /x/libnccl-net-clustertool.so"),
                      "[1,0]<stderr>:collnet_bench: asked for servers, the plugin runs sharded (see the WARN above)"])
     launch, calls = launch_recorder(out, code=1)
-    r = check.check(served, sizes="64K:64K", transport=fake, launch=launch)
+    r = check.check(ClusterSession(served, fake), sizes="64K:64K", launch=launch)
     assert calls[0][2] is True  # plugin: the reducers start with the job
     assert r.exit_code == 1 and r.problems[0].message.startswith(
         "the reduction servers did not answer: the plugin ran sharded instead of servers (mpirun exit 1)")
@@ -380,7 +381,7 @@ def test_gpu_workers_with_cpu_servers_run_nccl_and_name_the_plugins_algorithm(se
     fake.on("nproc=", facts("8"))  # asked of workers only: a server without GPU stops nothing
     out = job_output([LOG_2_26 + "\n" + first_op("servers")] * 16, [[(MB, 300.0, 0)]] * 16)
     launch, calls = launch_recorder(out)
-    r = check.check(served, sizes="1M:1M", transport=fake, launch=launch)
+    r = check.check(ClusterSession(served, fake), sizes="1M:1M", launch=launch)
     assert calls[0][2] is True and r.ranks == 16 and r.servers == 2
     assert r.note.startswith("NCCL allreduce on 16 GPU rank(s) over 2 node(s) and 2 reduction server(s)")
     assert r.nccl.plugin_algorithm == "servers" and r.problems == [] and r.exit_code == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError
 from clustertool.plugin import build, deploy
 from tests.fakes.cluster import saved_cluster
@@ -60,7 +61,7 @@ def test_one_node_failing_to_stage_leaves_every_node_untouched(fake, cluster, pl
     fake.on(staging, Reply(sums(plugin_build)))
     fake.on(aborting, Reply())
     with pytest.raises(ToolError) as info:
-        deploy.deploy(cluster, plugin_build, dest=DEST, transport=fake)
+        deploy.deploy(ClusterSession(cluster, fake), plugin_build, dest=DEST)
     assert info.value.message == ("plugin deploy stopped before changing any node: node-2: exit 2: "
                                   "tar: libnccl-net-clustertool.so: Cannot write: No space left on device")
     assert sorted(c.node for c in fake.calls if aborting(c)) == ["node-1", "node-2", "node-3"]
@@ -73,14 +74,14 @@ def test_a_node_that_staged_other_bytes_rolls_everyone_back(fake, cluster, plugi
     fake.on(staging, Reply(sums(plugin_build)))
     fake.on(aborting, Reply())
     with pytest.raises(ToolError, match=f"node-3: checksum differs for {build.TUNER_LIB}"):
-        deploy.deploy(cluster, plugin_build, dest=DEST, transport=fake)
+        deploy.deploy(ClusterSession(cluster, fake), plugin_build, dest=DEST)
     assert len([c for c in fake.calls if aborting(c)]) == 3 and not [c for c in fake.calls if committing(c)]
 
 
 def test_every_node_staged_right_is_switched_over_and_recorded(fake, cluster, plugin_build):
     fake.on(staging, Reply(sums(plugin_build)))
     fake.on(committing, Reply(sums(plugin_build) + "LD_LIBRARY_PATH=/usr/local/cuda/lib64\n"))
-    rows = deploy.deploy(cluster, plugin_build, dest=DEST, transport=fake)
+    rows = deploy.deploy(ClusterSession(cluster, fake), plugin_build, dest=DEST)
     assert [(r.node, r.matches) for r in rows] == [("node-1", True), ("node-2", True), ("node-3", True)]
     staged = [c for c in fake.calls if staging(c)]
     assert len(staged) == 3 and all(c.stdin is not None for c in staged)  # the artefacts travel on stdin
@@ -93,7 +94,7 @@ def test_status_names_an_unreachable_node_and_a_node_without_the_plugin(fake, cl
     fake.on("sha256sum", Reply.unreachable("10.0.0.2"), node="node-2")
     fake.on("sha256sum", Reply(""), node="node-3")
     fake.on("sha256sum", Reply(sums(plugin_build) + "clustertool-nccl-plugin 9.9.9\n"))
-    rows = {r.node: r for r in deploy.status(cluster, plugin_build, dest=DEST, transport=fake)}
+    rows = {r.node: r for r in deploy.status(ClusterSession(cluster, fake), plugin_build, dest=DEST)}
     assert rows["node-1"].matches and rows["node-1"].version == "9.9.9"
     assert (rows["node-2"].matches, rows["node-2"].error) == (False, "unreachable: connection refused")
     assert (rows["node-3"].matches, rows["node-3"].error) == (False, "not installed")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import UsageError
 from clustertool.jobs import launch
 from tests.fakes.cluster import saved_cluster
@@ -38,7 +39,7 @@ def test_leftovers_of_a_job_that_ended_are_waited_for(ct_env, tmp_path):
     fake = ScriptedTransport(tmp_path / "nodes")
     ended(fake, "j1-aaaa")
     seen = scanning(fake, [["j1-aaaa"], ["j1-aaaa"], []])
-    assert launch.preflight(c, c.nodes, False, fake) == "/home/u"
+    assert launch.preflight(ClusterSession(c, fake), c.nodes, False) == "/home/u"
     assert len(seen) > 2  # scanned again until they were gone
 
 
@@ -47,7 +48,7 @@ def test_a_job_still_running_refuses_at_once_and_names_it(ct_env, tmp_path):
     fake = ScriptedTransport(tmp_path / "nodes")
     seen = scanning(fake, [["j2-bbbb"]])
     with pytest.raises(UsageError, match=r"job j2-bbbb is still running on node-\[1-2\]"):
-        launch.preflight(c, c.nodes, False, fake)
+        launch.preflight(ClusterSession(c, fake), c.nodes, False)
     assert len(seen) == 2  # no exit recorded: no waiting
 
 
@@ -57,5 +58,5 @@ def test_leftovers_that_outlive_the_grace_are_refused_with_the_fix(ct_env, tmp_p
     ended(fake, "j3-cccc")
     scanning(fake, [["j3-cccc"]])
     with pytest.raises(UsageError, match="job j3-cccc is still running") as exc:
-        launch.preflight(c, c.nodes, False, fake, grace=0.5)
+        launch.preflight(ClusterSession(c, fake), c.nodes, False, grace=0.5)
     assert "doctor --fix" in exc.value.hint

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import UsageError
 from clustertool.transfer import chain, drive
 from clustertool.transfer.copy import choose_strategy, copy
@@ -65,7 +66,8 @@ def files_on(fake, node: str) -> list[str]:
 
 
 def sync(fake, src: Path):
-    return copy("sy", str(src), "proj", source="local", keep=Matcher(str(src)).keep, transport=fake)
+    session = ClusterSession.load("sy", transport=fake)
+    return copy(session, str(src), "proj", source="local", keep=Matcher(str(src)).keep)
 
 
 def test_ignored_files_are_never_streamed_and_the_rest_is_verified_on_every_node(setup):
@@ -105,7 +107,7 @@ def test_files_only_on_the_nodes_are_left_alone(setup):
 def test_a_filter_is_refused_where_it_cannot_hold(setup, kwargs, needle):
     fake, src, streamed = setup
     with pytest.raises(UsageError, match=needle):
-        copy("sy", str(src), "proj", keep=lambda rel, is_dir: True, transport=fake, **kwargs)
+        copy(ClusterSession.load("sy", transport=fake), str(src), "proj", keep=lambda rel, is_dir: True, **kwargs)
     assert fake.calls == [] and streamed == []
 
 

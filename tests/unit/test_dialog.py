@@ -6,9 +6,12 @@ import time
 
 import pytest
 
-from clustertool.core.model import Node
-from clustertool.remote.session import run_sessions
+from clustertool.core.model import ClusterRecord, Node
+from clustertool.remote.dialog import run_sessions
+from clustertool.remote.transport import Link
 from tests.fakes.transport import LocalShell
+
+LINK = Link(ClusterRecord("c", "local"), LocalShell())  # the cluster name is all a test shell looks at
 
 pytestmark = pytest.mark.unit
 
@@ -33,8 +36,8 @@ def test_each_node_gets_its_answers_and_its_messages_reach_the_handler():
         if "ask" in msg:
             reply({"answer": int(node[-1]) * 10 + msg["ask"]})
 
-    result = run_sessions("c", _nodes(3), ASKER, opening=lambda n: f"{n.index}\n".encode(),
-                          on_message=on_message, transport=LocalShell())
+    result = run_sessions(LINK, _nodes(3), ASKER, opening=lambda n: f"{n.index}\n".encode(),
+                          on_message=on_message)
     assert [r.exit_code for r in result.results] == [0, 0, 0]
     done = {node: msg["done"] for node, msg in got if "done" in msg}
     assert done == {"node-1": 10, "node-2": 41, "node-3": 93}  # node-3: 30 + 31 + 32
@@ -43,8 +46,8 @@ def test_each_node_gets_its_answers_and_its_messages_reach_the_handler():
 
 def test_a_node_that_never_finishes_is_timed_out_and_the_others_are_not_held_up():
     start = time.monotonic()
-    result = run_sessions("c", _nodes(2), "read x; echo '{\"a\": 1}'; sleep 30", opening=lambda n: b"go\n",
-                          on_message=lambda *a: None, timeout=1, transport=LocalShell())
+    result = run_sessions(LINK, _nodes(2), "read x; echo '{\"a\": 1}'; sleep 30", opening=lambda n: b"go\n",
+                          on_message=lambda *a: None, timeout=1)
     assert time.monotonic() - start < 5
     assert [r.error for r in result.results] == ["timed out", "timed out"]
 
@@ -55,8 +58,7 @@ def test_a_failing_handler_stops_that_node_and_says_so():
             raise RuntimeError("presign failed")
         reply({"answer": 1})
 
-    result = run_sessions("c", _nodes(2), ASKER, opening=lambda n: b"1\n", on_message=on_message,
-                          transport=LocalShell(), timeout=20)
+    result = run_sessions(LINK, _nodes(2), ASKER, opening=lambda n: b"1\n", on_message=on_message, timeout=20)
     by = result.by_node()
     assert by["node-1"].ok
     assert not by["node-2"].ok and "presign failed" in by["node-2"].reason

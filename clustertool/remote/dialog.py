@@ -17,7 +17,7 @@ import time
 from typing import Callable, Iterable
 
 from clustertool.core.model import GroupResult, HostResult, Node
-from clustertool.remote.transport import SSH, Transport, classify_ssh_failure, stop_process
+from clustertool.remote.transport import Link, classify_ssh_failure, stop_process
 
 Reply = Callable[[dict], None]
 OnMessage = Callable[[str, dict, Reply], None]
@@ -103,9 +103,11 @@ def kill(proc) -> None:
     stop_process(proc)
 
 
-def run_sessions(cluster_name: str, nodes: Iterable[Node], command: str, *, opening: Callable[[Node], bytes],
-                 on_message: OnMessage, timeout: float | None = None, transport: Transport = SSH) -> GroupResult:
+def run_sessions(link: Link, nodes: Iterable[Node], command: str, *, opening: Callable[[Node], bytes],
+                 on_message: OnMessage, timeout: float | None = None) -> GroupResult:
     """Run ``command`` on every node, write ``opening(node)`` to its stdin and keep talking to it."""
+    cluster_name = link.name
+    transport = link.transport
     sessions: list[_Session] = []
     try:
         for node in nodes:
