@@ -18,10 +18,10 @@ import threading
 import time
 from pathlib import Path
 
+from clustertool.core import state
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, ClusterState, Node
 from clustertool.core.state import ClusterPaths
-from clustertool.core.state import load as load_state
 from clustertool.remote import access, mux
 from clustertool.remote.access import alias, leader_alias
 
@@ -240,7 +240,7 @@ class Link:
 
     def reload(self) -> ClusterRecord:
         """Read the record again (another command may have changed it); returns it."""
-        self.record = load_state(self.name)
+        self.record = state.load(self.name)
         return self.record
 
     def ready(self) -> ClusterRecord:

@@ -21,7 +21,7 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import ToolError
 from clustertool.core.model import SERVER, Node
-from clustertool.jobs import launch as jobs_launch
+from clustertool.jobs import launch
 from clustertool.plugin import check, check_report
 from clustertool.plugin.build import ARTEFACTS, save_record
 from tests.fakes.cluster import saved_cluster
@@ -89,13 +89,13 @@ def job_output(logs: list[str], rows: list[list[tuple[int, float, int]]]) -> str
 
 def test_gpu_run_is_one_rank_per_slot_with_the_plugin_env_and_nccls_info_log(gpu_cluster, fake, monkeypatch):
     """The real path down to mpirun's argv: check -> jobs_launcher -> `run --plugin` (dry run)."""
-    real_run, seen = jobs_launch.run, {}
+    real_run, seen = launch.run, {}
 
-    def dry(cluster_name, opts, **kw):
-        seen["launch"] = real_run(cluster_name, opts, dry_run=True, **kw)
+    def dry(session, opts, **kw):
+        seen["launch"] = real_run(session, opts, dry_run=True, **kw)
         raise ToolError("dry run: nothing started")
 
-    monkeypatch.setattr(jobs_launch, "run", dry)
+    monkeypatch.setattr(launch, "run", dry)
     report = check.check(ClusterSession(gpu_cluster, fake), sizes="1M:4M", gpus={"node-1": 8, "node-2": 8})
     argv = seen["launch"].argv
     assert argv[argv.index("-np") + 1] == "16" and seen["launch"].job.name == "plugin-check"
@@ -263,18 +263,18 @@ def test_standin_report_reads_collnet_bench_rows_and_its_header():
 def launch_recorder(output: str = "", code: int | None = 0):
     calls = []
 
-    def launch(env, argv, plugin, per_node):
+    def launcher(env, argv, plugin, per_node):
         calls.append((env, argv, plugin, per_node))
         return code, output, None
-    return launch, calls
+    return launcher, calls
 
 
 def test_no_gpu_anywhere_runs_the_standin_one_rank_per_node(ct_env, fake):
     c = saved_cluster("cpu", 4)
     deployed("cpu")
     fake.on("nproc=", facts("none"))
-    launch, calls = launch_recorder(STANDIN_OUT)
-    r = check.check(ClusterSession(c, fake), sizes="64K:256K", launch=launch)
+    launcher, calls = launch_recorder(STANDIN_OUT)
+    r = check.check(ClusterSession(c, fake), sizes="64K:256K", launch=launcher)
     assert r.note == "no GPU on node-[1-4]: running the collnet_bench stand-in (not NCCL)"
     env, argv, plugin, per_node = calls[0]
     assert argv[:5] == [f"{DEST}/collnet_bench", "-b", "65536", "-e", "262144"]
@@ -285,8 +285,8 @@ def test_no_gpu_anywhere_runs_the_standin_one_rank_per_node(ct_env, fake):
 def test_gpu_cluster_runs_nccl_with_the_plugin_and_reports_it(gpu_cluster, fake):
     fake.on("nproc=", facts("8"))
     out = job_output([LOG_2_26] * 16, [[(MB, 300.0, 0)]] * 16)
-    launch, calls = launch_recorder(out)
-    r = check.check(ClusterSession(gpu_cluster, fake), sizes="1M:1M", launch=launch)
+    launcher, calls = launch_recorder(out)
+    r = check.check(ClusterSession(gpu_cluster, fake), sizes="1M:1M", launch=launcher)
     env, argv, plugin, per_node = calls[0]
     assert plugin and per_node is None and "NCCL_DEBUG=INFO" in env
     assert r.mode == "nccl" and r.ranks == 16 and r.nccl.plugin_loaded and r.exit_code == 0
@@ -298,9 +298,9 @@ def test_gpu_cluster_runs_nccl_with_the_plugin_and_reports_it(gpu_cluster, fake)
     ({"node-1": 8, "node-2": 4}, "more slots than GPUs on node-2 (8 slots, 4 GPUs)"),
 ])
 def test_nodes_that_cannot_give_every_rank_a_gpu_stop_before_the_run(gpu_cluster, fake, gpus, words):
-    launch, calls = launch_recorder()
+    launcher, calls = launch_recorder()
     with pytest.raises(ToolError, match=re.escape(words)):
-        check.check(ClusterSession(gpu_cluster, fake), gpus=gpus, launch=launch)
+        check.check(ClusterSession(gpu_cluster, fake), gpus=gpus, launch=launcher)
     assert calls == []
 
 
@@ -313,9 +313,9 @@ def test_not_deployed_is_one_error_before_any_node_is_asked(ct_env, fake):
 
 def test_a_node_whose_files_differ_from_the_deploy_stops_the_check(gpu_cluster, fake):
     fake.sums["node-2"] = {k: ("f" * 64 if k == ARTEFACTS[0] else v) for k, v in SUMS.items() if k != ARTEFACTS[2]}
-    launch, calls = launch_recorder()
+    launcher, calls = launch_recorder()
     with pytest.raises(ToolError) as exc:
-        check.check(ClusterSession(gpu_cluster, fake), gpus={"node-1": 8, "node-2": 8}, launch=launch)
+        check.check(ClusterSession(gpu_cluster, fake), gpus={"node-1": 8, "node-2": 8}, launch=launcher)
     assert exc.value.message == ("the plugin on the nodes is not the one deployed: node-2: "
                                  "libnccl-net-clustertool.so differs, collnet_bench missing")
     assert calls == []
@@ -343,14 +343,14 @@ def test_with_servers_the_standin_runs_servers_too_on_the_workers_only(served, f
     """Real path down to mpirun (dry run): ranks are the workers, the job is `run --plugin` (which
     names the servers' reducers to every rank) and collnet_bench runs servers beside the rest."""
     fake.on("nproc=", facts("none"))
-    real_run, seen = jobs_launch.run, {}
+    real_run, seen = launch.run, {}
 
-    def dry(cluster_name, opts, **kw):
-        seen["launch"], seen["kw"] = real_run(cluster_name, opts, dry_run=True, **kw), kw
+    def dry(session, opts, **kw):
+        seen["launch"], seen["kw"] = real_run(session, opts, dry_run=True, **kw), kw
         raise ToolError("dry run: nothing started")
 
     monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setattr(jobs_launch, "run", dry)
+    monkeypatch.setattr(launch, "run", dry)
     try:
         r = check.check(ClusterSession(served, fake), sizes="64K:64K")
     finally:
@@ -369,8 +369,8 @@ def test_a_standin_whose_servers_did_not_answer_says_so_with_the_fix(served, fak
     fake.on("nproc=", facts("none"))
     out = "\n".join([tagged(0, "# collnet_bench: 2 ranks, plugin /x/libnccl-net-clustertool.so"),
                      "[1,0]<stderr>:collnet_bench: asked for servers, the plugin runs sharded (see the WARN above)"])
-    launch, calls = launch_recorder(out, code=1)
-    r = check.check(ClusterSession(served, fake), sizes="64K:64K", launch=launch)
+    launcher, calls = launch_recorder(out, code=1)
+    r = check.check(ClusterSession(served, fake), sizes="64K:64K", launch=launcher)
     assert calls[0][2] is True  # plugin: the reducers start with the job
     assert r.exit_code == 1 and r.problems[0].message.startswith(
         "the reduction servers did not answer: the plugin ran sharded instead of servers (mpirun exit 1)")
@@ -380,8 +380,8 @@ def test_a_standin_whose_servers_did_not_answer_says_so_with_the_fix(served, fak
 def test_gpu_workers_with_cpu_servers_run_nccl_and_name_the_plugins_algorithm(served, fake):
     fake.on("nproc=", facts("8"))  # asked of workers only: a server without GPU stops nothing
     out = job_output([LOG_2_26 + "\n" + first_op("servers")] * 16, [[(MB, 300.0, 0)]] * 16)
-    launch, calls = launch_recorder(out)
-    r = check.check(ClusterSession(served, fake), sizes="1M:1M", launch=launch)
+    launcher, calls = launch_recorder(out)
+    r = check.check(ClusterSession(served, fake), sizes="1M:1M", launch=launcher)
     assert calls[0][2] is True and r.ranks == 16 and r.servers == 2
     assert r.note.startswith("NCCL allreduce on 16 GPU rank(s) over 2 node(s) and 2 reduction server(s)")
     assert r.nccl.plugin_algorithm == "servers" and r.problems == [] and r.exit_code == 0

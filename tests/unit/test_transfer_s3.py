@@ -89,7 +89,7 @@ def test_the_node_programs_carry_no_request_signing_code():
 def test_the_stream_command_runs_a_program_and_leaves_it_the_rest_of_stdin(tmp_path):
     """The boot line reads exactly the length-prefixed program; what follows is the program's."""
     (tmp_path / "echo.py").write_text("import sys\nprint(json.dumps({'args': ARGS, 'rest': sys.stdin.read()}))\n")
-    import clustertool.nodeprogs as nodeprogs
+    from clustertool import nodeprogs
 
     orig = nodeprogs.DIR
     nodeprogs.DIR = tmp_path
