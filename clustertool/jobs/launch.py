@@ -18,7 +18,8 @@ from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, silent
 from clustertool.jobs import logs, output, records, reducers, scripts, syncdir
-from clustertool.jobs.mpirun import JOBS_DIR, MpiOptions, build_argv, cluster_subnet, job_hostfile, split_command
+from clustertool.jobs.jobplan import JobPlan, plan_job
+from clustertool.jobs.mpirun import MpiOptions
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes
@@ -47,27 +48,6 @@ class Launch:
         return out
 
 
-def declared_subnet(cluster: ClusterRecord) -> str | None:
-    ps = cluster.provider_state
-    for key in ("subnet_cidr", "cidr", "subnet"):
-        if isinstance(ps.get(key), str) and "/" in ps[key]:
-            return ps[key]
-    return None
-
-
-def plan(cluster: ClusterRecord, nodes: list[Node], opts: MpiOptions, job_id: str) -> list[str]:
-    ordered = [n for n in cluster.ordered_nodes() if n in nodes]
-    if cluster.leader not in ordered:
-        raise UsageError("the selected nodes must include the leader (mpirun runs there)",
-                         hint="add the leader to --nodes, or leave --nodes out")
-    opts.job_id = job_id
-    opts.as_root = cluster.user == "root"
-    opts.subnet = cluster_subnet([n.address for n in ordered], declared_subnet(cluster))
-    opts.hostfile = f"$HOME/{JOBS_DIR}/{job_id}/hostfile"
-    opts.output_dir = f"$HOME/{JOBS_DIR}/{job_id}/out"
-    return build_argv([(n.address, n.slots) for n in ordered], opts)
-
-
 def rank_nodes(cluster: ClusterRecord, selection: str | None) -> list[Node]:
     """The nodes a job's ranks run on: the selection (default: every worker); servers are never ranks."""
     nodes = cluster.workers if selection is None else nodeset.select(cluster, selection)
@@ -77,10 +57,6 @@ def rank_nodes(cluster: ClusterRecord, selection: str | None) -> list[Node]:
         raise UsageError(f"{nodeset.fold(servers)} {what}, not rank nodes",
                          hint="leave servers out of --nodes (`run --plugin` starts the reducers on them itself)")
     return nodes
-
-
-def _finalize_argv(argv: list[str], home: str) -> list[str]:
-    return [a.replace("$HOME", home, 1) if a.startswith("$HOME/") else a for a in argv]
 
 
 ENDING_GRACE_S = 10.0  # how long a job that has ended may take to lose its last processes
@@ -133,18 +109,13 @@ def preflight(session: ClusterSession, nodes: list[Node], allow_concurrent: bool
     raise RemoteError("preflight: the leader did not say its home directory")
 
 
-def _sync_target(opts: MpiOptions, sync: str | None, sync_to: str | None) -> tuple[str, str] | None:
+def _sync_target(sync: str | None, sync_to: str | None) -> tuple[str, str] | None:
     """(local folder, folder on the nodes) for --sync, which becomes the job's working directory."""
     if sync is None:
         if sync_to is not None:
             raise UsageError("--sync-to goes with --sync", hint="clustertool run --sync [DIR] --sync-to PATH -- CMD")
         return None
-    local, dest = syncdir.resolve(sync, sync_to)
-    if opts.workdir is not None and opts.workdir != dest:
-        raise UsageError("--sync sets the working directory (the synced folder on the nodes): leave out --workdir",
-                         hint="--sync-to PATH puts the folder elsewhere on the nodes")
-    opts.workdir = dest
-    return local, dest
+    return syncdir.resolve(sync, sync_to)
 
 
 def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = None, name: str | None = None,
@@ -152,63 +123,58 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
         sync: str | None = None, sync_to: str | None = None, on_progress: ProgressCb | None = None,
         report: Reporter = silent) -> Launch:
     """Start the job (after sending ``sync``, a local folder, to ``sync_to`` or its own path on the nodes)."""
-    synced_dir = _sync_target(opts, sync, sync_to)
+    synced_dir = _sync_target(sync, sync_to)
     cluster = session.ready()
     nodes = rank_nodes(cluster, selection)
-    opts.command = split_command(opts.command)
     servers = cluster.servers if use_plugin else []
-    if use_plugin:
-        opts.plugin_env = plugin_env(cluster)
-        if servers:  # the real ports are known once the reducers listen (after preflight)
-            opts.plugin_env[reducers.ENV_LIST] = ",".join(f"{n.address}:PORT" for n in servers)
-    job_id = records.new_id()
-    argv = plan(cluster, nodes, opts, job_id)
-    ordered = [n for n in cluster.ordered_nodes() if n in nodes]
-    job = JobRecord(id=job_id, cluster=cluster.name, command=list(opts.command), argv=argv,
-              nodes=[n.name for n in ordered], np=int(argv[argv.index("-np") + 1]), name=name,
-              leader=cluster.leader.name, workdir=opts.workdir, started=time.time(), output_dir=opts.output_dir,
-              tag_output=opts.tag_output, servers=[n.name for n in servers])
+    env = plugin_env(cluster) if use_plugin else {}
+    if servers:  # the real ports are known once the reducers listen (after preflight)
+        env[reducers.ENV_LIST] = ",".join(f"{n.address}:PORT" for n in servers)
+    plan = plan_job(cluster, nodes, opts, records.new_id(), sync=synced_dir, plugin_env=env, servers=servers)
     if dry_run:
-        return Launch(job, argv, dry_run=True, sync=synced_dir)
-    report(f"preflight on {nodeset.fold(job.nodes)}")
-    home = preflight(session, ordered, allow_concurrent)
+        return Launch(_record(cluster, plan, name), plan.argv, dry_run=True, sync=synced_dir)
+    report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
+    home = preflight(session, list(plan.nodes), allow_concurrent)
     synced = None
     if synced_dir is not None:
-        report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(job.nodes)}")
-        synced = syncdir.sync(session, *synced_dir, ordered, report=report, on_progress=on_progress)
+        report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(n.name for n in plan.nodes)}")
+        synced = syncdir.sync(session, *synced_dir, list(plan.nodes), report=report, on_progress=on_progress)
     started = []
     if servers:
-        started = reducers.start(session, job_id, plugin_env_dest(cluster), report=report)
-        opts.plugin_env.update(reducers.env(started))
-        argv = plan(cluster, nodes, opts, job_id)
+        started = reducers.start(session, plan.job_id, plugin_env_dest(cluster), report=report)
+    plan = plan.with_facts(home, reducers.env(started) if started else None)
     try:
-        return _start(session, job, argv, home, ordered, opts, started, synced_dir, synced, report)
+        return _start(session, plan, _record(cluster, plan, name), started, synced, report)
     except BaseException:
-        reducers.stop(session, job_id, [r.node for r in started])
+        reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
+
+
+def _record(cluster: ClusterRecord, plan: JobPlan, name: str | None) -> JobRecord:
+    return JobRecord(id=plan.job_id, cluster=cluster.name, command=list(plan.options.command), argv=plan.argv,
+                     nodes=[n.name for n in plan.nodes], np=plan.np, name=name, leader=cluster.leader.name,
+                     workdir=plan.options.workdir, started=time.time(), output_dir=plan.options.output_dir,
+                     tag_output=plan.options.tag_output, servers=[n.name for n in plan.servers])
 
 
 def plugin_env_dest(cluster: ClusterRecord) -> str:
     return load_record(cluster.name)["deployed"]["dest"]
 
 
-def _start(session: ClusterSession, job, argv, home, ordered, opts, started, synced_dir, synced, report) -> Launch:
+def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started, synced, report) -> Launch:
     cluster = session.record
-    job_id = job.id
-    job.argv = argv = _finalize_argv(argv, home)
-    job.output_dir = _finalize_argv([job.output_dir], home)[0]
-    hostfile = job_hostfile([(n.address, opts.per_node or n.slots) for n in ordered])
-    launch_sh = scripts.launch_script(job_id, argv, opts.workdir, epilogue=reducers.epilogue_lines(job_id, started))
+    launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir,
+                                      epilogue=reducers.epilogue_lines(plan.job_id, started))
     job.launcher = "pending"
-    script = scripts.install_and_start_script(job_id, launch_sh, hostfile, json.dumps(job.to_dict()),
+    script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job))
-    report(f"starting job {job_id} on {cluster.leader.name}: {shlex.join(argv[:1])} -np {job.np} ...")
+    report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
     if not result.ok:
         raise RemoteError(f"could not start the job on the leader: {result.reason}")
     job.launcher = "tmux" if "launcher=tmux" in result.stdout else "setsid"
     records.save(job)
-    return Launch(job, argv, sync=synced_dir, synced=synced)
+    return Launch(job, plan.argv, sync=plan.sync, synced=synced)
 
 
 def wait(session: ClusterSession, job_id: str, *, timeout: float | None = None, poll: float = 2.0) -> JobRecord:
