@@ -17,6 +17,7 @@ import time
 from typing import Callable, Iterable
 
 from clustertool.core.model import GroupResult, HostResult, Node
+from clustertool.remote.group import wait_all
 from clustertool.remote.transport import Link, classify_ssh_failure, stop_process
 
 Reply = Callable[[dict], None]
@@ -115,15 +116,7 @@ def run_sessions(link: Link, nodes: Iterable[Node], command: str, *, opening: Ca
             session = _Session(node, transport.spawn(cluster_name, node, command, data), on_message)
             sessions.append(session)
             session.start(data)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for s in sessions:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                s.proc.wait(timeout=remaining)
-            except subprocess.TimeoutExpired:
-                s.timed_out = True
-                kill(s.proc)
-                s.proc.wait()
+        wait_all(sessions, timeout)
         for s in sessions:
             for t in s.threads:
                 t.join(timeout=5)

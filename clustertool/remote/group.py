@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from clustertool.core.model import GroupResult, HostResult, Node
 from clustertool.remote.transport import Link, classify_ssh_failure, stop_process
@@ -81,7 +81,7 @@ def run_on_nodes(
                 threads.append(t)
             if data is not None:
                 threading.Thread(target=_feed, args=(proc, data), daemon=True).start()
-        _wait_all(runs, timeout)
+        wait_all(runs, timeout)
         for t in threads:
             t.join(timeout=5)
     except BaseException:
@@ -100,7 +100,9 @@ def _feed(proc: subprocess.Popen, data: bytes) -> None:
         pass
 
 
-def _wait_all(runs: list[_Running], timeout: float | None) -> None:
+def wait_all(runs: Sequence[Any], timeout: float | None) -> None:
+    """Wait for each ``run.proc`` until one shared deadline; a process still going then is stopped
+    and its ``run.timed_out`` set (the others are not held up by it)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     for run in runs:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
