@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from clustertool.core.errors import UsageError
 from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import ClusterRecord, Node
-from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet, job_hostfile, split_command
+from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet, job_hostfile, placement, split_command
 
 HOME = "$HOME"  # the leader's home until preflight says it
+PORT = "PORT"  # MASTER_PORT until preflight finds a free one on the leader (a dry run shows this)
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,46 @@ class JobPlan:
         argv = self.argv
         return int(argv[argv.index("-np") + 1])
 
-    def with_facts(self, home: str, server_env: dict[str, str] | None = None) -> JobPlan:
-        """The plan once the leader's home (and the reducers' addresses) are known."""
+    def with_facts(self, home: str, server_env: dict[str, str] | None = None,
+                   master_port: int | None = None) -> JobPlan:
+        """The plan once the leader's home, a free port there and the reducers' addresses are known."""
+        rank_env = dict(self.options.rank_env)
+        if master_port is not None:
+            rank_env["MASTER_PORT"] = str(master_port)
         opts = dataclasses.replace(self.options, hostfile=_job_path(home, self.job_id, "hostfile"),
-                                   output_dir=_job_path(home, self.job_id, "out"),
+                                   output_dir=_job_path(home, self.job_id, "out"), rank_env=rank_env,
                                    plugin_env={**self.options.plugin_env, **(server_env or {})})
         return dataclasses.replace(self, options=opts, home=home)
+
+
+def rank_layout(nodes: tuple[Node, ...], opts: MpiOptions) -> list[tuple[Node, int]]:
+    """(node, its number of ranks) for the nodes that get any, as `-map-by slot` fills them in
+    hostfile order (with --oversubscribe past the slots, the rest go round the nodes again)."""
+    hosts, np = placement([(n.address, n.slots) for n in nodes], opts)
+    counts = [min(slots, max(np - sum(s for _, s in hosts[:i]), 0)) for i, (_, slots) in enumerate(hosts)]
+    extra, i = np - sum(counts), 0
+    while extra > 0:  # oversubscribed: one more rank per node, round and round
+        counts[i % len(counts)] += 1
+        extra, i = extra - 1, i + 1
+    return [(n, c) for n, c in zip(nodes, counts) if c]
+
+
+def rank_env(nodes: tuple[Node, ...], opts: MpiOptions) -> dict[str, str]:
+    """What every rank gets beside its own RANK/LOCAL_RANK (the rank wrapper adds those): where
+    rank 0 listens, how many nodes, their addresses (leader first), and where each node's ranks
+    start.  Reduction servers are never nodes here."""
+    layout = rank_layout(nodes, opts)
+    starts, at = [], 0
+    for _, count in layout:
+        starts.append(str(at))
+        at += count
+    oversubscribed = at > sum(n.slots if opts.per_node is None else opts.per_node for n in nodes)
+    env = {"MASTER_ADDR": nodes[0].address, "MASTER_PORT": PORT, "NNODES": str(len(layout)),
+           "CLUSTERTOOL_NUM_NODES": str(len(layout)),
+           "CLUSTERTOOL_NODE_IPS": "\n".join(n.address for n, _ in layout)}
+    if not oversubscribed:  # contiguous blocks: each node's first rank says which node a rank is on
+        env["CLUSTERTOOL_RANK_STARTS"] = " ".join(starts)
+    return env
 
 
 def _job_path(home: str, job_id: str, leaf: str) -> str:
@@ -83,6 +118,7 @@ def plan_job(cluster: ClusterRecord, nodes: list[Node], opts: MpiOptions, job_id
         subnet=cluster_subnet([n.address for n in ordered], declared_subnet(cluster)),
         hostfile=_job_path(HOME, job_id, "hostfile"), output_dir=_job_path(HOME, job_id, "out"),
         workdir=workdir, plugin_env=dict(plugin_env or {}), env=list(opts.env), mpi_args=list(opts.mpi_args))
+    derived = dataclasses.replace(derived, rank_env=rank_env(tuple(ordered), derived))
     plan = JobPlan(job_id, derived, tuple(ordered), tuple(servers or ()), sync)
     plan.argv  # build it once now: a bad option stops here
     return plan

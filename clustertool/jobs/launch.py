@@ -7,6 +7,7 @@ it ends and returns the exit code mpirun gave.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import time
@@ -87,8 +88,9 @@ def _ended(session: ClusterSession, job_ids) -> bool:
 
 
 def preflight(session: ClusterSession, nodes: list[Node], allow_concurrent: bool,
-              grace: float = ENDING_GRACE_S) -> str:
-    """Every node answers; no other clustertool job has processes there. Returns the leader's $HOME.
+              grace: float = ENDING_GRACE_S) -> tuple[str, int | None]:
+    """Every node answers; no other clustertool job has processes there. Returns the leader's $HOME
+    and a port free there now (None where the leader has no python3 to ask).
 
     Processes of a job that has ended (the one before, in a loop of jobs) get ``grace`` seconds to go."""
     cluster = session.record
@@ -102,11 +104,16 @@ def preflight(session: ClusterSession, nodes: list[Node], allow_concurrent: bool
         raise UsageError(f"job {job_id} is still running on {nodeset.fold(where)}",
                          hint=f"wait, `clustertool kill {job_id}`, or add --allow-concurrent "
                               "(leftovers of a job that ended: `clustertool doctor --fix`)")
-    leader_out = result.by_node()[cluster.leader.name].stdout
-    for line in leader_out.splitlines():
-        if line.startswith("home="):
-            return line[5:]
-    raise RemoteError("preflight: the leader did not say its home directory")
+    said = dict(line.split("=", 1) for line in result.by_node()[cluster.leader.name].stdout.splitlines()
+                if line.startswith(("home=", "port=")))
+    if "home" not in said:
+        raise RemoteError("preflight: the leader did not say its home directory")
+    return said["home"], int(said["port"]) if said.get("port", "").isdigit() else None
+
+
+def _fallback_port(job_id: str) -> int:
+    """A port of its own for each job where the leader could not name a free one."""
+    return 29500 + int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % 10000
 
 
 def _sync_target(sync: str | None, sync_to: str | None) -> tuple[str, str] | None:
@@ -134,7 +141,7 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
     if dry_run:
         return Launch(_record(cluster, plan, name), plan.argv, dry_run=True, sync=synced_dir)
     report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
-    home = preflight(session, list(plan.nodes), allow_concurrent)
+    home, port = preflight(session, list(plan.nodes), allow_concurrent)
     synced = None
     if synced_dir is not None:
         report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(n.name for n in plan.nodes)}")
@@ -142,7 +149,7 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
     started = []
     if servers:
         started = reducers.start(session, plan.job_id, plugin_env_dest(cluster), report=report)
-    plan = plan.with_facts(home, reducers.env(started) if started else None)
+    plan = plan.with_facts(home, reducers.env(started) if started else None, port or _fallback_port(plan.job_id))
     try:
         return _start(session, plan, _record(cluster, plan, name), started, synced, report)
     except BaseException:

@@ -27,11 +27,22 @@ from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Records "pid ppid pgid sid" of the rank (after exec the wrapper's pid is the rank's) in
-# ~/.clustertool/jobs/<job>/ranks/<host>.<rank> on the rank's node, then runs the program.
+# ~/.clustertool/jobs/<job>/ranks/<host>.<rank> on the rank's node, gives the rank the variables
+# torch.distributed's env:// (and most launchers' scripts) read, from Open MPI's own, then runs the
+# program.  NODE_RANK: the node whose first rank (CLUSTERTOOL_RANK_STARTS, in hostfile order, as
+# `-map-by slot` fills the nodes) is the last one at or below this rank.
 RANK_WRAPPER = (
     'd="$HOME/' + JOBS_DIR + '/$' + JOB_ENV + '/ranks"; mkdir -p "$d"; '
     'read -r p _ _ pp pg sid _ < /proc/$$/stat; '
-    'echo "$p $pp $pg $sid" > "$d/$(uname -n).${OMPI_COMM_WORLD_RANK:-$$}"; exec "$@"'
+    'echo "$p $pp $pg $sid" > "$d/$(uname -n).${OMPI_COMM_WORLD_RANK:-$$}"; '
+    'if [ -n "${OMPI_COMM_WORLD_RANK:-}" ]; then '
+    'export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
+    'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" '
+    'CLUSTERTOOL_GPUS_PER_NODE="$OMPI_COMM_WORLD_LOCAL_SIZE"; '
+    'n=0; NODE_RANK=0; for s in ${CLUSTERTOOL_RANK_STARTS:-0}; do '
+    '[ "$RANK" -ge "$s" ] && NODE_RANK=$n; n=$((n + 1)); done; '
+    'export NODE_RANK CLUSTERTOOL_NODE_RANK="$NODE_RANK"; fi; '
+    'exec "$@"'
 )
 
 
@@ -45,6 +56,7 @@ class MpiOptions:
     env: list[str] = field(default_factory=list)  # "VAR" (the leader's value) or "VAR=VALUE"
     mpi_args: list[str] = field(default_factory=list)
     plugin_env: dict[str, str] = field(default_factory=dict)
+    rank_env: dict[str, str] = field(default_factory=dict)  # the job-wide rank variables (jobs/jobplan.py)
     horovod_fusion_mb: float | None = None
     horovod_cycle_ms: float | None = None
     horovod_timeline: str | None = None
@@ -98,6 +110,7 @@ def env_items(opts: MpiOptions) -> list[str]:
         items.append("HOROVOD_AUTOTUNE=1")
     if opts.nccl_debug:
         items.append(f"NCCL_DEBUG={opts.nccl_debug}")
+    items += [f"{k}={v}" for k, v in opts.rank_env.items()]
     items += [f"{k}={v}" for k, v in opts.plugin_env.items()]
     for item in opts.env:
         name = item.split("=", 1)[0]

@@ -103,10 +103,16 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
     ])
 
 
+# A port nothing listens on now (the kernel's pick), for the job's MASTER_PORT.
+FREE_PORT = ("python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
+             "2>/dev/null")
+
+
 def scan_script() -> str:
-    """Any node: ids of clustertool jobs that have processes here, and the home directory."""
+    """Any node: ids of clustertool jobs that have processes here, the home directory, a free port."""
     return "\n".join([
         'echo "home=$HOME"',
+        f'echo "port=$({FREE_PORT})"',
         f"grep -a -z -o -h '^{JOB_ENV}=[a-z0-9-]*$' /proc/[0-9]*/environ 2>/dev/null "
         "| tr '\\0' '\\n' | sort -u | sed 's/^/running /'",
         "true",

@@ -53,3 +53,41 @@ def test_sync_sets_the_working_directory_and_conflicts_are_one_line():
         plan_job(_cluster(), _cluster().nodes[1:], MpiOptions(command=["true"]), "j1")
     with pytest.raises(UsageError, match="no command given"):
         plan_job(_cluster(), _cluster().nodes, MpiOptions(command=[]), "j1")
+
+
+def _wrapper_env(rank: int, local: int, size: int, local_size: int, starts: str, tmp_path) -> dict[str, str]:
+    """What the rank wrapper exports, run with sh as mpirun runs it, from Open MPI's variables."""
+    import os
+    import subprocess
+
+    from clustertool.jobs.mpirun import RANK_WRAPPER
+
+    env = dict(os.environ, HOME=str(tmp_path), CLUSTERTOOL_JOB="j1", OMPI_COMM_WORLD_RANK=str(rank),
+               OMPI_COMM_WORLD_LOCAL_RANK=str(local), OMPI_COMM_WORLD_SIZE=str(size),
+               OMPI_COMM_WORLD_LOCAL_SIZE=str(local_size), CLUSTERTOOL_RANK_STARTS=starts)
+    out = subprocess.run(["sh", "-c", RANK_WRAPPER, "ct-rank", "env"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+@pytest.mark.parametrize("rank,local,node", [(0, 0, "0"), (1, 1, "0"), (2, 0, "1"), (5, 0, "2"), (6, 1, "2")])
+def test_every_rank_gets_the_variables_env_init_reads(tmp_path, rank, local, node):
+    got = _wrapper_env(rank, local, 7, 2, "0 2 5", tmp_path)
+    assert (got["RANK"], got["LOCAL_RANK"], got["WORLD_SIZE"], got["LOCAL_WORLD_SIZE"]) == (
+        str(rank), str(local), "7", "2")
+    assert got["NODE_RANK"] == got["CLUSTERTOOL_NODE_RANK"] == node and got["CLUSTERTOOL_GPUS_PER_NODE"] == "2"
+
+
+def test_the_job_wide_variables_count_only_nodes_that_get_ranks():
+    servers = [Node("server-1", 3, "10.213.0.3", role="server", slots=0)]
+    plan = plan_job(_cluster(), _cluster().nodes, MpiOptions(command=["python", "t.py"], np=3), "j1",
+                    servers=servers)
+    env = plan.options.rank_env
+    assert env == {"MASTER_ADDR": "10.213.0.1", "MASTER_PORT": "PORT", "NNODES": "2", "CLUSTERTOOL_NUM_NODES": "2",
+                   "CLUSTERTOOL_NODE_IPS": "10.213.0.1\n10.213.0.2", "CLUSTERTOOL_RANK_STARTS": "0 2"}
+    one = plan_job(_cluster(), _cluster().nodes, MpiOptions(command=["true"], np=2), "j1").options.rank_env
+    assert one["NNODES"] == "1" and one["CLUSTERTOOL_NODE_IPS"] == "10.213.0.1"   # 2 ranks fill the leader
+    per = plan_job(_cluster(), _cluster().nodes, MpiOptions(command=["true"], per_node=1), "j1").options.rank_env
+    assert per["CLUSTERTOOL_RANK_STARTS"] == "0 1"
+    final = plan.with_facts("/root", master_port=41234)
+    assert "MASTER_PORT=41234" in final.argv and "MASTER_PORT=PORT" in plan.argv

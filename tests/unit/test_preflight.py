@@ -23,7 +23,7 @@ def scanning(fake, answers):
     def reply(call):
         ids = answers[min(len(seen), len(answers) - 1)]
         seen.append(call.node)
-        return Reply("home=/home/u\n" + "".join(f"running CLUSTERTOOL_JOB={i}\n" for i in ids))
+        return Reply("home=/home/u\nport=41234\n" + "".join(f"running CLUSTERTOOL_JOB={i}\n" for i in ids))
     fake.on(lambda c: c.stdin is not None and "CLUSTERTOOL_JOB" in c.stdin, reply)
     return seen
 
@@ -39,7 +39,7 @@ def test_leftovers_of_a_job_that_ended_are_waited_for(ct_env, tmp_path):
     fake = ScriptedTransport(tmp_path / "nodes")
     ended(fake, "j1-aaaa")
     seen = scanning(fake, [["j1-aaaa"], ["j1-aaaa"], []])
-    assert launch.preflight(ClusterSession(c, fake), c.nodes, False) == "/home/u"
+    assert launch.preflight(ClusterSession(c, fake), c.nodes, False) == ("/home/u", 41234)
     assert len(seen) > 2  # scanned again until they were gone
 
 
