@@ -181,7 +181,8 @@ class Cluster(ClusterSession):
     def fabric(self, nodes: str | None = None):
         """A ``fabric.ThreadingGroup`` of the selected nodes (leader first) that trusts only the pinned
         host keys (paramiko's RejectPolicy) and offers only the cluster key."""
-        cluster = state.ready_cluster(self.name)
+        self.reload()
+        cluster = self.ready()
         return fabricgroup.thread_group(cluster, nodeset.select(cluster, nodes))
 
     def autostop(self, idle: str | None = None, *, down: bool = False, wait_for: str | None = None,

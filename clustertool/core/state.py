@@ -283,9 +283,8 @@ def read_marker(name: str) -> dict:
         return {}
 
 
-def ready_cluster(name: str) -> ClusterRecord:
+def require_ready(cluster: ClusterRecord) -> ClusterRecord:
     """The cluster, which must be up and wired for SSH (every command that runs on nodes)."""
-    cluster = load(name)
     if cluster.status != "ready":
         raise UsageError(f"cluster {cluster.name!r} is {cluster.status}, not ready for SSH",
                          hint="bring it up without --no-ssh, or `clustertool start` it")

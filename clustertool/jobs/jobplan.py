@@ -41,8 +41,7 @@ class JobPlan:
 
     @property
     def np(self) -> int:
-        argv = self.argv
-        return int(argv[argv.index("-np") + 1])
+        return placement([(n.address, n.slots) for n in self.nodes], self.options)[1]
 
     def with_facts(self, home: str, server_env: dict[str, str] | None = None,
                    master_port: int | None = None) -> JobPlan:
@@ -77,7 +76,7 @@ def rank_env(nodes: tuple[Node, ...], opts: MpiOptions) -> dict[str, str]:
     for _, count in layout:
         starts.append(str(at))
         at += count
-    oversubscribed = at > sum(n.slots if opts.per_node is None else opts.per_node for n in nodes)
+    oversubscribed = at > sum(slots for _, slots in placement([(n.address, n.slots) for n in nodes], opts)[0])
     env = {"MASTER_ADDR": nodes[0].address, "MASTER_PORT": PORT, "NNODES": str(len(layout)),
            "CLUSTERTOOL_NUM_NODES": str(len(layout)),
            "CLUSTERTOOL_NODE_IPS": "\n".join(n.address for n, _ in layout)}

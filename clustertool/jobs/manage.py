@@ -24,7 +24,6 @@ from clustertool.core import nodeset, state
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import GroupResult, Node, Reporter, silent
 from clustertool.jobs import records, scripts
-from clustertool.providers.base import get_provider
 from clustertool.remote.group import run_on_nodes
 
 
@@ -56,7 +55,7 @@ def reboot(session: ClusterSession, selection: str | None, *, timeout: float = 6
            report: Reporter = silent) -> list[Node]:
     with session.locked() as cluster:
         nodes = nodeset.select(cluster, selection)
-        provider = get_provider(cluster.provider)
+        provider = session.provider
         subset = dataclasses.replace(cluster, nodes=nodes)
         close_masters(subset)
         if provider.REBOOT == "restart":
@@ -122,7 +121,6 @@ def s3_upload_line(src_sh: str, url: str) -> str:
 
 def fetch(session: ClusterSession, ref: str, path: str, dest: str | None = None) -> str:
     """Copy a job's output (file or folder) from the leader; ``s3://`` uploads from the leader."""
-    transport = session.transport
     cluster = session.reload()
     job = records.resolve(records.refresh(session), ref)
     leader = cluster.node(job.leader)
@@ -137,7 +135,7 @@ def fetch(session: ClusterSession, ref: str, path: str, dest: str | None = None)
     target.mkdir(parents=True, exist_ok=True)
     line = (f"[ -e {src} ] || {{ echo \"no such file or folder on the leader\" >&2; exit 2; }}; "
             f"tar -cf - -C \"$(dirname {src})\" \"$(basename {src})\"")
-    with subprocess.Popen(transport.argv(cluster.name, leader, line), stdout=subprocess.PIPE,
+    with subprocess.Popen(session.argv(leader, line), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE) as ssh:
         assert ssh.stderr is not None  # PIPE
         untar = subprocess.run(["tar", "-xf", "-", "-C", str(target)], stdin=ssh.stdout,

@@ -107,13 +107,11 @@ def kill(proc) -> None:
 def run_sessions(link: Link, nodes: Iterable[Node], command: str, *, opening: Callable[[Node], bytes],
                  on_message: OnMessage, timeout: float | None = None) -> GroupResult:
     """Run ``command`` on every node, write ``opening(node)`` to its stdin and keep talking to it."""
-    cluster_name = link.name
-    transport = link.transport
     sessions: list[_Session] = []
     try:
         for node in nodes:
             data = opening(node)
-            session = _Session(node, transport.spawn(cluster_name, node, command, data), on_message)
+            session = _Session(node, link.spawn(node, command, data), on_message)
             sessions.append(session)
             session.start(data)
         wait_all(sessions, timeout)

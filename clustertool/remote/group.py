@@ -63,8 +63,6 @@ def run_on_nodes(
 
     ``stdin_data`` (bytes, or a function of the node) is written to the command's stdin.
     """
-    cluster_name = link.name
-    transport = link.transport
     nodes = list(nodes)
     runs: list[_Running] = []
     threads: list[threading.Thread] = []
@@ -72,7 +70,7 @@ def run_on_nodes(
         for node in nodes:
             line = command(node) if callable(command) else command
             data = stdin_data(node) if callable(stdin_data) else stdin_data
-            proc = transport.spawn(cluster_name, node, line, data, extra=ssh_extra)
+            proc = link.spawn(node, line, data, extra=ssh_extra)
             run = _Running(node, proc, time.monotonic(), [], [])
             runs.append(run)
             for stream, sink, kind in ((proc.stdout, run.out, "stdout"), (proc.stderr, run.err, "stderr")):

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 from clustertool.core import state
-from clustertool.core.errors import UsageError
-from clustertool.core.model import ClusterRecord, ClusterState, Node
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.core.state import ClusterPaths
 from clustertool.remote import access, mux
 from clustertool.remote.access import alias, leader_alias
@@ -228,7 +227,7 @@ class Link:
     """One cluster as this machine reaches it: its record (nodes, ssh_config, keys, host aliases)
     and the transport that runs commands on its nodes.  Every function that reaches nodes takes a
     Link; the cluster session (cluster/session.py) is one, and tests hand in a scripted transport
-    (tests/fakes/transport.py), as Fabric's tests hand a Connection a fake."""
+    (clustertool.remote.testing), as Fabric's tests hand a Connection a fake."""
 
     def __init__(self, record: ClusterRecord, transport: Transport = SSH) -> None:
         self.record = record
@@ -245,16 +244,15 @@ class Link:
 
     def ready(self) -> ClusterRecord:
         """The record, which must be up and wired for SSH (every command that runs on nodes)."""
-        if self.record.status != ClusterState.READY:
-            raise UsageError(f"cluster {self.name!r} is {self.record.status}, not ready for SSH",
-                             hint="bring it up without --no-ssh, or `clustertool start` it")
-        return self.record
+        return state.require_ready(self.record)
 
     def argv(self, node: Node, command: str | None = None, *, extra: list[str] | None = None) -> list[str]:
         return self.transport.argv(self.name, node, command, extra=extra)
 
     def spawn(self, node: Node, command: str, stdin: bytes | None, *, extra: list[str] | None = None):
         return self.transport.spawn(self.name, node, command, stdin, extra=extra)
+
+
 WARM_FOR = 60.0  # seconds a checked jump master counts as open without asking ssh again
 _warm: dict[tuple[str, str], float] = {}
 _warm_lock = threading.Lock()

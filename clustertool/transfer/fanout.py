@@ -140,14 +140,12 @@ def from_source_node(session: ClusterSession, source: Node, targets: list[Node],
                      dest: str, *, cipher: str | None, delete: bool, on_bytes=None,
                      run_id: str | None = None) -> dict[str, RsyncResult]:
     """rsync on the source node to every target at once (one ssh session per target)."""
-    cluster_name = session.name
-    transport = session.transport
     jobs = []
     for node in targets:
         command = shlex.join(rsync_argv(src, src_is_dir, node.address, dest, cipher=cipher, delete=delete))
         if run_id is not None:
             command = tracked(command, status_dir(run_id, f"fanout-{node.name}"))
-        jobs.append((node.name, transport.argv(cluster_name, source, command)))
+        jobs.append((node.name, session.argv(source, command)))
     return run_parallel(jobs, on_bytes)
 
 
