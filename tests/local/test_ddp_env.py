@@ -59,6 +59,7 @@ def main():
     total = sum(float(p.sum()) for p in model.parameters())
     print(f"rank {rank} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} "
           f"node {os.environ['NODE_RANK']} on {socket.gethostname()} params {total:.6f}", flush=True)
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it (gloo aborts the process then)
     dist.destroy_process_group()
 
 
