@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import clustertool.cluster.status
 import clustertool.jobs.kill
+import clustertool.jobs.stacks
 import clustertool.transfer.copy
 from clustertool.cluster import lifecycle
 from clustertool.cluster.autostop import AutostopReport, configure
@@ -37,6 +38,7 @@ from clustertool.jobs import launch, records
 from clustertool.jobs.kill import KillResult
 from clustertool.jobs.logs import find_job, show
 from clustertool.jobs.mpirun import MpiOptions
+from clustertool.jobs.stacks import StacksResult
 from clustertool.remote import fabricgroup
 from clustertool.remote.execute import execute
 from clustertool.transfer.chain import DEFAULT_CIPHER
@@ -178,6 +180,13 @@ class Cluster(ClusterSession):
         """A job by id, unique id prefix or name."""
         return Job(self, find_job(self, ref)[1])
 
+    def stacks(self, job_id: str | None = None, *, py_spy: str | bool | None = None,
+               timeout: float = 10.0) -> StacksResult:
+        """Every rank's Python stack of a running job, identical stacks folded (`stacks`): ``.groups``
+        (biggest first; ``label``, ``summary``), ``.ranks`` (threads, frames, the method used),
+        ``.problems``; ``to_dict()`` is its --json.  ``py_spy=False``: /proc only."""
+        return clustertool.jobs.stacks.stacks(self, job_id, py_spy=py_spy, timeout=timeout)
+
     def fabric(self, nodes: str | None = None):
         """A ``fabric.ThreadingGroup`` of the selected nodes (leader first) that trusts only the pinned
         host keys (paramiko's RejectPolicy) and offers only the cluster key."""
@@ -257,6 +266,10 @@ class Job:
         if result.job is not None:
             self.record = result.job
         return result
+
+    def stacks(self, *, py_spy: str | bool | None = None, timeout: float = 10.0) -> StacksResult:
+        """Every rank's Python stack, identical stacks folded (`stacks`; see ``Cluster.stacks``)."""
+        return self.cluster.stacks(self.id, py_spy=py_spy, timeout=timeout)
 
     def to_dict(self) -> dict:
         return self.record.to_dict()

@@ -61,6 +61,7 @@ COMMAND_MODULES = [
     "clustertool.cli.play",
     "clustertool.cli.inventory",
     "clustertool.cli.jobs",
+    "clustertool.cli.stacks",
     "clustertool.cli.doctor",
     "clustertool.cli.autostop",
 ]
