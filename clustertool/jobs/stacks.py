@@ -64,6 +64,7 @@ class RankStack:
     threads: list[dict] = field(default_factory=list)
     proc: dict | None = None
     note: str | None = None  # why not py-spy; why gone
+    py_spy: str | None = None  # the py-spy that was asked (on the node)
 
     @property
     def key(self) -> tuple:
@@ -140,7 +141,7 @@ def rank_stack(node: str, entry: dict) -> RankStack:
         return RankStack(rank, node, pid, "gone", note=entry.get("note"))
     threads = entry.get("threads") or []
     out = RankStack(rank, node, pid, entry.get("method") or "proc", threads=threads, proc=entry.get("proc"),
-                    note=entry.get("note"))
+                    note=entry.get("note"), py_spy=entry.get("py_spy"))
     chosen = pick_thread(threads, pid) if out.method == "py-spy" else None
     if chosen is not None:
         out.thread = chosen.get("name")
@@ -168,22 +169,29 @@ def describe_frames(frames: list[Frame], limit: int = SHOWN_FRAMES) -> str:
     return " ← ".join(items)
 
 
-def describe_proc(stack: RankStack) -> str:
+def _cpu(stacks: list[RankStack]) -> str:
+    """CPU seconds of a group's ranks: "1.5s", or the range "0.03-0.05s"."""
+    seconds = sorted(float((s.proc or {}).get("cpu_s") or 0) for s in stacks)
+    low, high = (seconds[0], seconds[-1]) if seconds else (0.0, 0.0)
+    return f"{low:g}s" if low == high else f"{low:g}-{high:g}s"
+
+
+def describe_proc(stack: RankStack, group: list[RankStack] | None = None) -> str:
     proc = stack.proc or {}
     state = proc.get("state") or "?"
     call = proc.get("syscall")
     where = (f" in {call}" if call and call not in ("none", "running") else "")
     where += f" (wchan {proc['wchan']})" if proc.get("wchan") else ""
-    return (f"[/proc; {stack.note or 'no py-spy'}] state {state}{where}, cpu {proc.get('cpu_s', 0):g}s: "
+    return (f"[/proc; {stack.note or 'no py-spy'}] state {state}{where}, cpu {_cpu(group or [stack])}: "
             f"{proc.get('cmdline') or '?'}")
 
 
-def describe(stack: RankStack) -> str:
-    """A group's line after its label."""
+def describe(stack: RankStack, group: list[RankStack] | None = None) -> str:
+    """A group's line after its label (``stack``: its first rank; ``group``: all of them)."""
     if stack.method == "gone":
         return f"not running ({stack.note or 'process gone'})"
     if stack.method == "proc":
-        return describe_proc(stack)
+        return describe_proc(stack, group)
     thread = f"[thread {stack.thread}] " if stack.thread not in (None, "MainThread") else ""
     return thread + (describe_frames(stack.frames) if stack.frames else f"({stack.note})")
 
@@ -193,8 +201,8 @@ def fold(stacks: list[RankStack]) -> list[StackGroup]:
     by_key: dict[tuple, list[RankStack]] = {}
     for s in sorted(stacks, key=lambda s: s.rank):
         by_key.setdefault(s.key, []).append(s)
-    groups = [StackGroup([s.rank for s in members], sorted({s.node for s in members}), describe(members[0]),
-                         members[0]) for members in by_key.values()]
+    groups = [StackGroup([s.rank for s in members], sorted({s.node for s in members}),
+                         describe(members[0], members), members[0]) for members in by_key.values()]
     return sorted(groups, key=lambda g: (-len(g.ranks), g.ranks[0]))
 
 

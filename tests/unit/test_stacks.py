@@ -104,7 +104,7 @@ def test_proc_fallback_ranks_fold_on_state_and_call_not_on_pid_or_cpu_and_say_th
                          "cmdline": "python train.py", "threads": {"S": 3}}}
     groups = js.fold([js.rank_stack("node-1", fallback(r, r * 1.5)) for r in range(3)])
     assert len(groups) == 1 and groups[0].label == "ranks 0-2 (node-1)"
-    assert groups[0].summary == ("[/proc; py-spy not found] state S in futex (wchan futex_wait_queue), cpu 0s: "
+    assert groups[0].summary == ("[/proc; py-spy not found] state S in futex (wchan futex_wait_queue), cpu 0-3s: "
                                  "python train.py")
 
 
