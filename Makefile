@@ -44,7 +44,16 @@ $(VENV)/.torch: $(VENV)/.installed
 	  echo "installing $(TORCH_SPEC) $(TORCH_PIP_ARGS) (a CPU wheel is ~180 MB; PyPI's CUDA build is several GB)"; \
 	  $(PY) -m pip install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)' && touch $@; fi
 
-venv: $(VENV)/.installed $(VENV)/.torch
+# The launchers `run --launcher accelerate|deepspeed` start, for their tests (after torch: both need
+# it, and from PyPI pip would otherwise fetch its CUDA build). DeepSpeed is an sdist whose setup
+# imports torch: no build isolation, and DS_BUILD_OPS=0 compiles none of its ops (a few seconds).
+LAUNCHER_SPECS ?= accelerate deepspeed
+$(VENV)/.launchers: $(VENV)/.torch
+	@if [ -n "$(NO_TORCH)" ]; then echo "NO_TORCH set: not installing accelerate, deepspeed"; else \
+	  echo "installing $(LAUNCHER_SPECS)"; \
+	  DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation $(LAUNCHER_SPECS) && touch $@; fi
+
+venv: $(VENV)/.installed $(VENV)/.torch $(VENV)/.launchers
 
 native:
 	$(MAKE) -C native

@@ -155,8 +155,10 @@ class Cluster(ClusterSession):
             sync: str | os.PathLike | bool | None = None, sync_to: str | None = None, workdir: str | None = None,
             name: str | None = None, plugin: bool = False, nccl_debug: str | None = None,
             mpi_args: Sequence[str] = (), oversubscribe: bool = False, allow_concurrent: bool = False,
-            tag_output: bool = True, on_progress: ProgressCb | None = None, **horovod) -> "Job":
-        """Start an MPI job on the leader, detached (`run`).  ``sync``: a local folder (``True``: the
+            tag_output: bool = True, launcher: str | None = None, on_progress: ProgressCb | None = None,
+            **horovod) -> "Job":
+        """Start a job on the leader, detached (`run`).  ``launcher``: mpirun, torchrun, accelerate, deepspeed
+        or process (None: mpirun, or the launcher the command starts with).  ``sync``: a local folder (``True``: the
         current one) sent first to the same path on the job's nodes, where the job then runs.
         ``horovod``: fusion_mb, cycle_ms, timeline, autotune (run's --horovod-* flags)."""
         unknown = set(horovod) - {"fusion_mb", "cycle_ms", "timeline", "autotune"}
@@ -165,7 +167,8 @@ class Cluster(ClusterSession):
         opts = MpiOptions(command=_words(command), np=np, per_node=per_node, env=_env(env), mpi_args=list(mpi_args),
                           horovod_fusion_mb=horovod.get("fusion_mb"), horovod_cycle_ms=horovod.get("cycle_ms"),
                           horovod_timeline=horovod.get("timeline"), horovod_autotune=bool(horovod.get("autotune")),
-                          nccl_debug=nccl_debug, workdir=workdir, oversubscribe=oversubscribe, tag_output=tag_output)
+                          nccl_debug=nccl_debug, workdir=workdir, oversubscribe=oversubscribe, tag_output=tag_output,
+                          launcher=launcher)
         folder = None if sync is None or sync is False else ("." if sync is True else os.fspath(sync))
         started = launch.run(self, opts, selection=nodes, name=name, allow_concurrent=allow_concurrent,
                              use_plugin=plugin, sync=folder, sync_to=sync_to, on_progress=on_progress,

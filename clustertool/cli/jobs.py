@@ -55,6 +55,11 @@ def run(
                                                   help="The program and its arguments (after --)."),
     cluster: Optional[str] = ClusterOpt,
     nodes: Optional[str] = NodesOpt,
+    launcher: Optional[str] = typer.Option(
+        None, "--launcher", metavar="NAME",
+        help="What starts the ranks: mpirun (default), torchrun, accelerate, deepspeed, or process (one process "
+             "per slot, started by clustertool). A command that starts with torchrun, python -m "
+             "torch.distributed.run, accelerate launch or deepspeed gets that launcher by itself, its options kept."),
     np: Optional[int] = typer.Option(None, "--np", help="Number of ranks (default: all slots)."),
     per_node: Optional[int] = typer.Option(None, "--per-node", help="Ranks per node (caps the slots used)."),
     export: List[str] = typer.Option([], "-x", help="Export VAR=VALUE (or VAR: the leader's value) to every rank."),
@@ -83,9 +88,13 @@ def run(
         True, "--tag-output/--no-tag-output", help="Show each line as [job,rank]<stream>:text (or bare)."),
     json_output: bool = JsonOpt,
 ) -> None:
-    """Run an MPI job on the cluster, detached on the leader (survives your connection).
+    """Run a job on the cluster, detached on the leader (survives your connection).
 
-    mpirun runs on the leader in tmux (setsid without tmux) with -bind-to none -map-by slot, TCP
+    Every rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NNODES, MASTER_ADDR and
+    MASTER_PORT (free, chosen per job), so a torch.distributed script runs as it is. Under torchrun,
+    accelerate, deepspeed or process, mpirun starts one launcher per node (no ssh from the launcher)
+    and aborts the whole job when one fails. mpirun runs on the leader in tmux (setsid without tmux)
+    with -bind-to none -map-by slot, TCP
     on the cluster subnet, one rank per slot unless --np/--per-node say otherwise; every rank gets
     CLUSTERTOOL_JOB=<id> and PYTHONUNBUFFERED=1 (live logs). Each rank's output goes to its own
     files on its node; `logs` and --follow show them as whole lines, tagged [job,rank]<stream>:.
@@ -101,7 +110,7 @@ def run(
     opts = MpiOptions(command=list(args), np=np, per_node=per_node, env=list(export), mpi_args=list(mpi_arg),
                       horovod_fusion_mb=fusion_mb, horovod_cycle_ms=cycle_ms, horovod_timeline=timeline,
                       horovod_autotune=autotune, nccl_debug=nccl_debug, workdir=workdir,
-                      oversubscribe=oversubscribe, tag_output=tag_output)
+                      oversubscribe=oversubscribe, tag_output=tag_output, launcher=launcher)
     name_ = cluster_name(cluster)
     with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
         started = launch.run(open_session(name_, json_output), opts, selection=nodes, name=name, dry_run=dry_run,
@@ -114,6 +123,8 @@ def run(
             if started.sync is not None:
                 render.info(f"would sync {started.sync[0]} to {started.sync[1]} on {len(started.job.nodes)} node(s)")
             typer.echo(shlex.join(started.argv))
+            for node, argv in started.node_commands or []:
+                typer.echo(f"  {node}: {shlex.join(argv)}")
         return
     job = started.job
     if json_output and not follow:
@@ -121,7 +132,7 @@ def run(
         return
     if started.synced is not None:
         render.info(f"synced {sync or '.'} -> {started.synced.dest}: {progress.copy_summary(started.synced)}")
-    sys.stderr.write(f"job {job.id} started on {job.leader} ({job.np} ranks, {job.launcher}); "
+    sys.stderr.write(f"job {job.id} started on {job.leader} ({job.np} ranks, {job.launcher}, in {job.detached}); "
                      f"`clustertool logs -f {job.id}`\n")
     if follow:
         raise typer.Exit(_follow(name_, job))
@@ -203,7 +214,7 @@ def attach(job: str = typer.Argument(..., metavar="JOB", autocompletion=complete
     c, j = find_job(open_session(cluster), job)
     if j.state != "running":
         raise UsageError(f"job {j.id} is not running ({j.state})", hint=f"`clustertool logs {j.id}`")
-    if j.launcher != "tmux":
+    if j.detached != "tmux":
         raise UsageError(f"job {j.id} runs without tmux on the leader", hint=f"`clustertool logs -f {j.id}`")
     argv = session_argv(c.name, c.node(j.leader), f"tmux attach -t ct-{j.id}", tty=True)
     os.execvp(argv[0], argv)

@@ -74,6 +74,9 @@ class Node:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Node":
         known = {f.name for f in dataclasses.fields(cls)}
+        data = dict(data)
+        if data.get("launcher") in ("tmux", "setsid", "pending") and "detached" not in data:
+            data["detached"] = data.pop("launcher")  # a record from before launchers: its detacher
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
@@ -257,7 +260,8 @@ class JobRecord:
     name: str | None = None
     leader: str = ""
     workdir: str | None = None
-    launcher: str = ""  # tmux | setsid
+    detached: str = ""  # tmux | setsid: what keeps the job running on the leader
+    launcher: str = "mpirun"  # what starts the ranks: mpirun | torchrun | accelerate | deepspeed | process
     started: float = 0.0
     ended: float | None = None
     state: str = "running"  # running | succeeded | failed | killed | lost
@@ -277,4 +281,7 @@ class JobRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "JobRecord":
         known = {f.name for f in dataclasses.fields(cls)}
+        data = dict(data)
+        if data.get("launcher") in ("tmux", "setsid", "pending") and "detached" not in data:
+            data["detached"] = data.pop("launcher")  # a record from before launchers: its detacher
         return cls(**{k: v for k, v in data.items() if k in known})

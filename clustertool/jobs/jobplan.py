@@ -14,11 +14,15 @@ import dataclasses
 from dataclasses import dataclass
 
 from clustertool.core.errors import UsageError
-from clustertool.core.jobpaths import JOBS_DIR
+from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 from clustertool.core.model import ClusterRecord, Node
+from clustertool.jobs import launchers
+from clustertool.jobs.launchers import LaunchSpec
 from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet, job_hostfile, placement, split_command
 
 HOME = "$HOME"  # the leader's home until preflight says it
+# What mpirun starts on each node for a node launcher (torchrun, accelerate, deepspeed, process).
+AGENT_COMMAND = ["sh", "-c", f'exec python3 "$HOME/{JOBS_DIR}/${JOB_ENV}/jobagent.py"', "ct-agent"]
 PORT = "PORT"  # MASTER_PORT until preflight finds a free one on the leader (a dry run shows this)
 
 
@@ -30,18 +34,63 @@ class JobPlan:
     servers: tuple[Node, ...] = ()  # reduction servers the job starts reducers on (never ranks)
     sync: tuple[str, str] | None = None  # --sync: (the local folder, its path on the nodes)
     home: str = HOME
+    spec: LaunchSpec = LaunchSpec()  # what starts the ranks (jobs/launchers.py)
+
+    @property
+    def launcher(self) -> str:
+        return self.spec.kind
 
     @property
     def argv(self) -> list[str]:
+        if self.spec.node_launcher:  # one job agent per node that has ranks, started by mpirun
+            return build_argv([(n.address, 1) for n, _ in self.layout], self._agent_options())
         return build_argv([(n.address, n.slots) for n in self.nodes], self.options)
+
+    def _agent_options(self) -> MpiOptions:
+        return dataclasses.replace(self.options, command=list(AGENT_COMMAND), np=None, per_node=None,
+                                   output_dir=None, tag_output=False, oversubscribe=False, rank_wrapper=False,
+                                   hostfile=self.options.hostfile)
+
+    @property
+    def layout(self) -> list[tuple[Node, int]]:
+        return rank_layout(self.nodes, self.options)
 
     @property
     def hostfile(self) -> str:
+        if self.spec.node_launcher:
+            return job_hostfile([(n.address, 1) for n, _ in self.layout])
         return job_hostfile([(n.address, self.options.per_node or n.slots) for n in self.nodes])
 
     @property
     def np(self) -> int:
         return placement([(n.address, n.slots) for n in self.nodes], self.options)[1]
+
+    def node_commands(self) -> list[tuple[Node, list[str]]]:
+        """What each node's agent starts: its launcher's command ({agent}, {port}: filled in there),
+        or for ``process`` the program, once per slot."""
+        plan = self.agent_plan()
+        return [(n, share.get("argv") or list(self.spec.program)) for (n, _), share in zip(self.layout, plan["nodes"])]
+
+    def agent_plan(self) -> dict:
+        """agent.json: what every node's job agent needs (nodeprogs/jobagent.py)."""
+        layout = self.layout
+        world = sum(count for _, count in layout)
+        rdzv = launchers.Rendezvous(self.nodes[0].address, self.job_id, world, len(layout))
+        shares, first = [], 0
+        for i, (_, count) in enumerate(layout):
+            share = launchers.NodeShare(i, count, first)
+            entry: dict = {"nprocs": count, "first_rank": first}
+            if self.spec.kind != "process":
+                entry["argv"] = launchers.node_argv(self.spec, share, rdzv)
+            shares.append(entry)
+            first += count
+        plan = {"launcher": self.spec.kind, "out": self.options.output_dir, "width": len(str(max(world - 1, 0))),
+                "world_size": world, "program": launchers.rank_program(self.spec), "nodes": shares}
+        if self.spec.kind == "deepspeed":
+            plan["hostfile"] = job_hostfile([(n.address, count) for n, count in layout])
+        if launchers.wants_cpu(self.spec):
+            plan["cpu"] = True
+        return plan
 
     def with_facts(self, home: str, server_env: dict[str, str] | None = None,
                    master_port: int | None = None) -> JobPlan:
@@ -117,7 +166,25 @@ def plan_job(cluster: ClusterRecord, nodes: list[Node], opts: MpiOptions, job_id
         subnet=cluster_subnet([n.address for n in ordered], declared_subnet(cluster)),
         hostfile=_job_path(HOME, job_id, "hostfile"), output_dir=_job_path(HOME, job_id, "out"),
         workdir=workdir, plugin_env=dict(plugin_env or {}), env=list(opts.env), mpi_args=list(opts.mpi_args))
+    spec = launchers.parse(derived.command, opts.launcher)
+    if spec.per_node is not None:
+        if derived.per_node not in (None, spec.per_node):
+            raise UsageError(f"--per-node {derived.per_node} and the launcher's {spec.per_node} processes a node "
+                             "disagree", hint="give one of them")
+        derived = dataclasses.replace(derived, per_node=spec.per_node)
+    if spec.node_launcher:
+        derived = dataclasses.replace(derived, command=list(spec.program))
     derived = dataclasses.replace(derived, rank_env=rank_env(tuple(ordered), derived))
-    plan = JobPlan(job_id, derived, tuple(ordered), tuple(servers or ()), sync)
+    plan = JobPlan(job_id, derived, tuple(ordered), tuple(servers or ()), sync, spec=spec)
+    _check_shares(plan)
     plan.argv  # build it once now: a bad option stops here
     return plan
+
+
+def _check_shares(plan: JobPlan) -> None:
+    """Accelerate and DeepSpeed take one number of processes for every node."""
+    counts = {count for _, count in plan.layout}
+    if plan.spec.kind in ("accelerate", "deepspeed") and len(counts) > 1:
+        shown = ", ".join(f"{n.name}: {c}" for n, c in plan.layout)
+        raise UsageError(f"{plan.spec.kind} runs the same number of processes on every node, not {shown}",
+                         hint="use --per-node N (or an --np that fills whole nodes)")

@@ -34,12 +34,15 @@ class Launch:
     dry_run: bool = False
     sync: tuple[str, str] | None = None  # --sync: (the local folder, its path on the nodes)
     synced: CopyResult | None = None  # what --sync sent (None without --sync, or on a dry run)
+    node_commands: list[tuple[str, list[str]]] | None = None  # a dry run of a node launcher: each node's command
 
     def to_dict(self) -> dict:
         """What `run --json` prints: the job's record, plus "sync" (what was sent) with --sync.
         A dry run: the mpirun argv, nodes, ranks (and where --sync would send what)."""
         if self.dry_run:
-            out = {"argv": self.argv, "nodes": self.job.nodes, "np": self.job.np}
+            out = {"argv": self.argv, "nodes": self.job.nodes, "np": self.job.np, "launcher": self.job.launcher}
+            if self.node_commands:
+                out["node_commands"] = {name: argv for name, argv in self.node_commands}
             if self.sync is not None:
                 out["sync"] = {"dir": self.sync[0], "dest": self.sync[1]}
             return out
@@ -139,7 +142,9 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
         env[reducers.ENV_LIST] = ",".join(f"{n.address}:PORT" for n in servers)
     plan = plan_job(cluster, nodes, opts, records.new_id(), sync=synced_dir, plugin_env=env, servers=servers)
     if dry_run:
-        return Launch(_record(cluster, plan, name), plan.argv, dry_run=True, sync=synced_dir)
+        commands = [(n.name, argv) for n, argv in plan.node_commands()] if plan.spec.node_launcher else None
+        return Launch(_record(cluster, plan, name), plan.argv, dry_run=True, sync=synced_dir,
+                      node_commands=commands)
     report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
     home, port = preflight(session, list(plan.nodes), allow_concurrent)
     synced = None
@@ -151,14 +156,29 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
         started = reducers.start(session, plan.job_id, plugin_env_dest(cluster), report=report)
     plan = plan.with_facts(home, reducers.env(started) if started else None, port or _fallback_port(plan.job_id))
     try:
+        if plan.spec.node_launcher:
+            _install_agent(session, plan, report)
         return _start(session, plan, _record(cluster, plan, name), started, synced, report)
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
 
 
+def _install_agent(session: ClusterSession, plan: JobPlan, report: Reporter) -> None:
+    """The job agent and its plan, in the job's folder on every node that runs ranks."""
+    nodes = [n for n, _ in plan.layout]
+    report(f"{plan.launcher}: one launcher on each of {nodeset.fold(n.name for n in nodes)}")
+    script = scripts.agent_install_script(plan.job_id, json.dumps(plan.agent_plan()))
+    result = run_on_nodes(session, nodes, "sh -s", timeout=30, stdin_data=script.encode())
+    down = result.failed()
+    if down:
+        detail = ", ".join(f"{r.node} ({r.reason})" for r in down)
+        raise RemoteError(f"could not put the job agent on {len(down)} node(s): {detail}")
+
+
 def _record(cluster: ClusterRecord, plan: JobPlan, name: str | None) -> JobRecord:
-    return JobRecord(id=plan.job_id, cluster=cluster.name, command=list(plan.options.command), argv=plan.argv,
+    return JobRecord(id=plan.job_id, launcher=plan.launcher, cluster=cluster.name,
+                     command=list(plan.options.command), argv=plan.argv,
                      nodes=[n.name for n in plan.nodes], np=plan.np, name=name, leader=cluster.leader.name,
                      workdir=plan.options.workdir, started=time.time(), output_dir=plan.options.output_dir,
                      tag_output=plan.options.tag_output, servers=[n.name for n in plan.servers])
@@ -172,14 +192,14 @@ def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started, sync
     cluster = session.record
     launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir,
                                       epilogue=reducers.epilogue_lines(plan.job_id, started))
-    job.launcher = "pending"
+    job.detached = "pending"
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job))
     report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
     if not result.ok:
         raise RemoteError(f"could not start the job on the leader: {result.reason}")
-    job.launcher = "tmux" if "launcher=tmux" in result.stdout else "setsid"
+    job.detached = "tmux" if "detached=tmux" in result.stdout else "setsid"
     records.save(job)
     return Launch(job, plan.argv, sync=plan.sync, synced=synced)
 

@@ -71,6 +71,8 @@ class MpiOptions:
     tag_output: bool = True  # lines shown as [job,rank]<stream>:text (mpirun's --tag-output without output_dir)
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 so logs are live
     output_dir: str | None = None  # per-rank output files there, on each rank's node (--output-filename)
+    launcher: str | None = None  # mpirun | torchrun | accelerate | deepspeed | process; None: by the command
+    rank_wrapper: bool = True  # each rank under RANK_WRAPPER (off for the node agents of other launchers)
 
 
 def split_command(args: Sequence[str]) -> list[str]:
@@ -182,7 +184,7 @@ def build_argv(hosts: Sequence[tuple[str, int]], opts: MpiOptions) -> list[str]:
     for item in env_items(opts):
         argv += ["-x", item]
     argv += list(opts.mpi_args)
-    if opts.job_id:
+    if opts.job_id and opts.rank_wrapper:
         argv += ["sh", "-c", RANK_WRAPPER, "ct-rank"]
     return argv + list(opts.command)
 

@@ -22,6 +22,7 @@ from typing import Sequence
 
 from clustertool.core.errors import UsageError
 from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR, MPI_COMMS
+from clustertool.nodeprogs import DIR as NODEPROGS
 from clustertool.nodeprogs import shell_script
 
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
@@ -79,7 +80,7 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
                              prefer_tmux: bool = True, pane: bytes | None = None) -> str:
     """Leader: write the job's files, then start launch.sh detached (tmux, else setsid).
 
-    Prints ``launcher=tmux`` or ``launcher=setsid``.
+    Prints ``detached=tmux`` or ``detached=setsid``.
     """
     d = job_dir_sh(job_id)
     env = f"env {JOB_ENV}={job_id}"
@@ -97,8 +98,21 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
         *([_write_file('"$d/pane.py"', pane.decode())] if pane else []),
         ': > "$d/log"',
         start,
-        'sed -i "s/\\"launcher\\": \\"pending\\"/\\"launcher\\": \\"$l\\"/" "$d/job.json"',
-        'echo "launcher=$l"',
+        'sed -i "s/\\"detached\\": \\"pending\\"/\\"detached\\": \\"$l\\"/" "$d/job.json"',
+        'echo "detached=$l"',
+        "",
+    ])
+
+
+def agent_install_script(job_id: str, agent_json: str) -> str:
+    """Any node of a node-launcher job: the job agent (nodeprogs/jobagent.py) and its plan."""
+    d = job_dir_sh(job_id)
+    return "\n".join([
+        "set -e",
+        f"d={d}",
+        'mkdir -p "$d/ranks" "$d/exits"',
+        _write_file('"$d/jobagent.py"', (NODEPROGS / "jobagent.py").read_text(), "755"),
+        _write_file('"$d/agent.json"', agent_json),
         "",
     ])
 

@@ -38,10 +38,10 @@ def wait_for(path, timeout=10):
 def test_detached_launch_without_tmux_records_log_pid_and_exit_code(tmp_path):
     job_id = new_id()
     launch = scripts.launch_script(job_id, ["sh", "-c", "echo 'out line'; echo 'err line' >&2; exit 4"], None)
-    record = json.dumps({"id": "x", "launcher": "pending"})
+    record = json.dumps({"id": "x", "detached": "pending"})
     out = sh(scripts.install_and_start_script(job_id, launch, "h slots=1\n", record, prefer_tmux=False),
              tmp_path, check=True).stdout
-    assert "launcher=setsid" in out
+    assert "detached=setsid" in out
     d = tmp_path / ".clustertool/jobs" / job_id
     assert wait_for(d / "exit")
     assert (d / "exit").read_text().strip() == "4"
@@ -49,7 +49,7 @@ def test_detached_launch_without_tmux_records_log_pid_and_exit_code(tmp_path):
     assert (d / "hostfile").read_text() == "h slots=1\n" and len((d / "launch.pid").read_text().split()) == 4
     status = records.parse_status(sh(scripts.status_script(), tmp_path, check=True).stdout)
     code, alive, killed, launched, ended, record = status[job_id]
-    assert (code, alive, killed, launched, record) == ("4", False, False, True, {"id": "x", "launcher": "setsid"})
+    assert (code, alive, killed, launched, record) == ("4", False, False, True, {"id": "x", "detached": "setsid"})
     assert ended > 0
 
 

@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""The job agent: one per node for every launcher but mpirun (stdlib only; never imports clustertool).
+
+It runs in two roles, told apart by the environment:
+
+* **node agent** (mpirun starts one per node; ``OMPI_COMM_WORLD_RANK`` is the node's rank):
+  reads ``agent.json`` beside this file, then either starts that node's launcher (torchrun,
+  accelerate launch, deepspeed) with the node's own command line, or (``process``) one process per
+  slot itself.  When its launcher or one of its ranks fails, it stops the rest on this node, writes
+  ``failure`` (which rank, how it ended, its last stderr lines), says so in one line on stderr, and
+  exits non-zero, so mpirun aborts the job on every other node.  SIGTERM/SIGINT/SIGHUP are passed
+  on; its children die with it (PR_SET_PDEATHSIG).
+* **rank runner** (``CLUSTERTOOL_RANK_PROGRAM`` is set; the launcher runs this file as the training
+  script): sends the rank's output to ``out/1/rank.N/std{out,err}`` on this node (the files
+  mpirun's ranks write, which `logs` reads), records the rank's process in ``ranks/`` (for `kill`
+  and `stacks`), runs the user's program with this interpreter, passes signals on, and records how
+  it ended in ``exits/``.
+
+Files (in the job's folder ``~/.clustertool/jobs/<id>/`` on every node): ``jobagent.py``,
+``agent.json`` (the plan: per node its command, processes and first rank), ``ranks/``, ``exits/``,
+``out/``, ``failure``.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PROGRAM_ENV = "CLUSTERTOOL_RANK_PROGRAM"
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+STOP_GRACE_S = 5.0
+TAIL_LINES = 5
+# What MPI put in the agent's environment: a launcher's ranks must not take it for their own.
+MPI_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "ORTE_")
+
+
+def host():
+    return os.uname().nodename  # what `uname -n` says: the name kill.sh looks for in ranks/
+
+
+def job_dir():
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def die_with_parent(sig=signal.SIGKILL):
+    """In a child, before exec: get ``sig`` when the process that started it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def write_atomic(path, text):
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def rank_files(out, rank, width):
+    d = os.path.join(out, "1", "rank.%0*d" % (width, rank))
+    os.makedirs(d, exist_ok=True)
+    return os.path.join(d, "stdout"), os.path.join(d, "stderr")
+
+
+def record_rank(rank, pid):
+    """ranks/<host>.<rank>: "pid ppid pgid sid" of the rank's process (what kill and stacks read)."""
+    d = os.path.join(job_dir(), "ranks")
+    os.makedirs(d, exist_ok=True)
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        ppid, pgid, sid = fields[1], fields[2], fields[3]
+    except (OSError, IndexError):
+        ppid, pgid, sid = str(os.getpid()), "0", "0"
+    write_atomic(os.path.join(d, f"{host()}.{rank}"), f"{pid} {ppid} {pgid} {sid}\n")
+
+
+def record_exit(rank, status, stopped):
+    """exits/<host>.<rank>: how the rank ended (code or signal), when, and whether it was told to stop."""
+    d = os.path.join(job_dir(), "exits")
+    os.makedirs(d, exist_ok=True)
+    code, sig = (None, -status) if status < 0 else (status, None)
+    write_atomic(os.path.join(d, f"{host()}.{rank}"),
+                 json.dumps({"rank": rank, "node": host(), "code": code, "signal": sig, "time": time.time(),
+                             "stopped": stopped}))
+
+
+def tail(path, lines=TAIL_LINES):
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 65536))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+class Stopper:
+    """Passes the signals it gets on to the children; remembers that we were told to stop."""
+
+    def __init__(self):
+        self.children = []
+        self.told = None
+        for sig in FORWARDED:
+            signal.signal(sig, self.handle)
+
+    def handle(self, sig, _frame):
+        if self.told is None:
+            self.told = sig
+        for child in self.children:
+            try:
+                child.send_signal(sig)
+            except OSError:
+                pass
+
+
+def rank_command(program, args):
+    mode = program.get("mode", "python")
+    if mode == "exec":
+        return list(program.get("argv") or [program["target"], *args])
+    if mode == "module":
+        return [sys.executable, "-u", "-m", program["target"], *args]
+    return [sys.executable, "-u", program["target"], *args]
+
+
+def start_rank(program, args, rank, out, width, env):
+    stdout, stderr = rank_files(out, rank, width)
+    with open(stdout, "ab") as so, open(stderr, "ab") as se:
+        child = subprocess.Popen(rank_command(program, args), stdin=subprocess.DEVNULL, stdout=so, stderr=se,
+                                 env=env, preexec_fn=die_with_parent)
+    record_rank(rank, child.pid)
+    return child
+
+
+def rank_runner():
+    """Run by the launcher as its training script: one rank."""
+    program = json.loads(os.environ.pop(PROGRAM_ENV))
+    die_with_parent(signal.SIGTERM)  # the launcher died: stop the rank too
+    rank = int(os.environ.get("RANK", "0"))
+    env = dict(os.environ)
+    local = env.get("LOCAL_RANK")
+    if local is not None:
+        env.setdefault("CLUSTERTOOL_LOCAL_RANK", local)
+    stopper = Stopper()
+    try:
+        child = start_rank(program, sys.argv[1:], rank, program["out"], program["width"], env)
+    except OSError as exc:
+        sys.stderr.write(f"clustertool: rank {rank} on {host()}: cannot start {program.get('target')}: {exc}\n")
+        record_exit(rank, 127, False)
+        return 127
+    stopper.children.append(child)
+    status = wait(child)
+    record_exit(rank, status, stopper.told is not None)
+    return exit_status(status)
+
+
+def wait(child):
+    while True:
+        try:
+            return child.wait()
+        except InterruptedError:
+            continue
+
+
+def decode_status(status):
+    """os.wait's status as Popen.returncode says it: the code, or minus the signal."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def exit_status(status):
+    """Our own exit for a child's status: its code, or 128+signal as a shell says it."""
+    return status if status >= 0 else 128 - status
+
+
+def failure_line(found):
+    how = f"exited {found['code']}" if found.get("code") is not None else f"killed by signal {found.get('signal')}"
+    last = found.get("tail") or []
+    return f"rank {found['rank']} on {found['node']} {how}" + (f": {last[-1]}" if last else "")
+
+
+def first_failure(out, width):
+    """The first rank on this node that failed by itself (not told to stop), with its last stderr lines."""
+    d = os.path.join(job_dir(), "exits")
+    found = []
+    for name in os.listdir(d) if os.path.isdir(d) else []:
+        try:
+            with open(os.path.join(d, name)) as fh:
+                rec = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if rec.get("node") == host() and not rec.get("stopped") and (rec.get("code") or rec.get("signal")):
+            found.append(rec)
+    if not found:
+        return None
+    first = min(found, key=lambda r: r["time"])
+    first["tail"] = tail(rank_files(out, first["rank"], width)[1])
+    return first
+
+
+def report_failure(found, out, width, launcher_status=None):
+    """Write ``failure`` and say it on stderr (mpirun carries it to the job's log)."""
+    if found is None:
+        found = {"rank": None, "node": host(), "code": launcher_status, "signal": None, "time": time.time(),
+                 "tail": []}
+        line = f"the launcher on {host()} exited {launcher_status} before any rank failed"
+    else:
+        line = failure_line(found)
+    write_atomic(os.path.join(job_dir(), "failure"), json.dumps(found))
+    sys.stderr.write(f"clustertool: {line}; stopping the job\n")
+    sys.stderr.flush()
+
+
+def stop_all(children, sig=signal.SIGTERM):
+    for child in children:
+        if child.poll() is None:
+            try:
+                child.send_signal(sig)
+            except OSError:
+                pass
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and any(c.poll() is None for c in children):
+        time.sleep(0.05)
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+            wait(child)
+
+
+def child_env(plan, share, node_rank):
+    """The launcher's (and so its ranks') environment: the job's, less MPI's, plus this node's place."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(MPI_PREFIXES)}
+    nprocs = str(share["nprocs"])
+    env.update({"NODE_RANK": str(node_rank), "CLUSTERTOOL_NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
+                "LOCAL_WORLD_SIZE": nprocs, "CLUSTERTOOL_GPUS_PER_NODE": nprocs})
+    if plan["launcher"] == "accelerate" and (plan.get("cpu") or not os.path.exists("/dev/nvidiactl")):
+        env.setdefault("ACCELERATE_USE_CPU", "1")
+    if plan["launcher"] == "deepspeed":
+        for key, value in deepspeed_env(env).items():
+            env.setdefault(key, value)
+    return env
+
+
+def deepspeed_env(env):
+    """KEY=VALUE lines of .deepspeed_env (its name: DS_ENV_FILE) in the home folder, then the working
+    folder, as DeepSpeed's ssh runner exports them (its per-node form without ssh reads none)."""
+    name, found = env.get("DS_ENV_FILE", ".deepspeed_env"), {}
+    for folder in (os.path.expanduser("~"), os.getcwd()):
+        try:
+            with open(os.path.join(folder, name)) as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if "=" in line and not line.lstrip().startswith("#"):
+                key, value = line.split("=", 1)
+                found[key.strip()] = value.strip()
+    return found
+
+
+def run_processes(plan, share, env):
+    """``process``: one rank per slot, started here; the first failure stops the others."""
+    stopper = Stopper()
+    out, width, program = plan["out"], plan["width"], plan["program"]
+    children: dict = {}
+    for local in range(share["nprocs"]):
+        rank = share["first_rank"] + local
+        env_r = dict(env, RANK=str(rank), LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(share["nprocs"]),
+                     WORLD_SIZE=str(plan["world_size"]), CLUSTERTOOL_GPUS_PER_NODE=str(share["nprocs"]))
+        try:
+            child = start_rank(program, [], rank, out, width, env_r)
+        except OSError as exc:
+            sys.stderr.write(f"clustertool: rank {rank} on {host()}: cannot start {program['argv'][0]}: {exc}\n")
+            record_exit(rank, 127, False)
+            stop_all(list(children.values()))
+            report_failure(first_failure(out, width), out, width)
+            return 127
+        children[child.pid] = (rank, child)
+        stopper.children.append(child)
+    failed = None
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        if pid not in children:
+            continue
+        rank, child = children.pop(pid)
+        child.returncode = decode_status(status)
+        record_exit(rank, child.returncode, stopper.told is not None)
+        if child.returncode != 0 and failed is None:
+            failed = child.returncode
+            if stopper.told is None:
+                report_failure(first_failure(out, width), out, width)
+            rest = list(children.values())
+            stop_all([c for _, c in rest])
+            for r, c in rest:
+                record_exit(r, c.returncode, True)
+            children.clear()
+    if stopper.told is not None:
+        return 128 + stopper.told
+    return exit_status(failed) if failed is not None else 0
+
+
+def run_launcher(plan, share, env):
+    """torchrun / accelerate / deepspeed: this node's launcher, whose ranks run this file as their script."""
+    stopper = Stopper()
+    port = os.environ.get("MASTER_PORT", "")
+    fill = {"{agent}": os.path.abspath(__file__), "{ds_hostfile}": os.path.join(job_dir(), "ds_hostfile")}
+    if "hostfile" in plan:
+        write_atomic(fill["{ds_hostfile}"], plan["hostfile"])
+    argv = [fill.get(w, w).replace("{port}", port) for w in share["argv"]]
+    env[PROGRAM_ENV] = json.dumps(dict(plan["program"], out=plan["out"], width=plan["width"]))
+    try:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env,
+                                 preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+    except OSError as exc:
+        sys.stderr.write(f"clustertool: cannot start {argv[0]} on {host()}: {exc}\n")
+        return 127
+    stopper.children.append(child)
+    status = wait(child)
+    if status != 0 and stopper.told is None:
+        report_failure(first_failure(plan["out"], plan["width"]), plan["out"], plan["width"], status)
+    if stopper.told is not None:
+        return 128 + stopper.told
+    return exit_status(status) if status else 0
+
+
+def node_agent():
+    with open(os.path.join(job_dir(), "agent.json")) as fh:
+        plan = json.load(fh)
+    plan["out"] = os.path.expandvars(plan["out"])
+    node_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    share = plan["nodes"][node_rank]
+    env = child_env(plan, share, node_rank)
+    if plan["launcher"] == "process":
+        return run_processes(plan, share, env)
+    return run_launcher(plan, share, env)
+
+
+def main():
+    if PROGRAM_ENV in os.environ:
+        return rank_runner()
+    return node_agent()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
