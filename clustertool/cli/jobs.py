@@ -44,10 +44,27 @@ def _follow(name: str, job) -> int:
         sys.stderr.write(f"detached; job {job.id} keeps running (`clustertool logs -f {job.id}`, "
                          f"`clustertool kill {job.id}`)\n")
         return 130
+    if code != 0:
+        _say_why(name, job.id)
     if code is None:
         sys.stderr.write(f"job {job.id} ended without an exit code (killed or lost)\n")
         return 1 if job.state != "killed" else 143
     return code
+
+
+def _say_why(name: str, job_id: str) -> None:
+    """After a followed job failed: the rank (or node) that failed first, in one line."""
+    from clustertool.core.errors import ToolError
+    from clustertool.jobs import records
+    from clustertool.jobs.failure import text
+
+    try:
+        job = records.resolve(records.refresh(open_session(name)), job_id)
+    except ToolError:
+        return
+    why = text(job.failure)
+    if why and job.state != "killed":
+        sys.stderr.write(f"job {job_id} {job.state}: {why}\n")
 
 
 def run(
@@ -148,10 +165,15 @@ def _duration(job) -> str:
 
 
 def _state_text(job) -> str:
+    from clustertool.jobs.failure import text
+
     lost = getattr(job, "servers_lost", None)
     gone = f", reduction server {', '.join(lost)} gone" if lost else ""
+    why = text(getattr(job, "failure", None))
     if job.state == "failed":
-        return f"failed (exit {job.exit_code}{gone})"
+        return f"failed ({why or f'exit {job.exit_code}'}{gone})"
+    if job.state == "lost" and why:
+        return f"lost ({why})"
     if job.state == "killed" and job.exit_code is not None:
         return f"killed (exit {job.exit_code}{gone})"
     return job.state + (f" ({gone[2:]})" if gone else "")

@@ -270,6 +270,7 @@ class JobRecord:
     tag_output: bool = True  # show lines as [job,rank]<stream>:text
     servers: list[str] = field(default_factory=list)  # server nodes running this job's reducers (run --plugin)
     servers_lost: list[str] = field(default_factory=list)  # of those, the ones gone before the job ended
+    failure: dict[str, Any] | None = None  # a failed job: the rank (or node) that failed first (jobs/failure.py)
 
     @property
     def finished(self) -> bool:

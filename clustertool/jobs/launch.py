@@ -17,10 +17,12 @@ from typing import Callable
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
+from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, silent
 from clustertool.jobs import logs, output, records, reducers, scripts, syncdir
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.mpirun import MpiOptions
+from clustertool.nodeprogs import program_text
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes
@@ -164,6 +166,20 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
         raise
 
 
+SUPERVISE_INTERVAL_S = 2.0  # how often the supervisor asks the job's other nodes
+SUPERVISE_MISSES = 3  # rounds without an answer before a node counts as gone
+
+
+def _supervisor(plan: JobPlan) -> bytes | None:
+    """The leader's supervisor for a job with other nodes (nodeprogs/supervise.py)."""
+    others = [n for n in plan.nodes[1:]]
+    if not others:
+        return None
+    nodes = [[n.name, n.address, n.ssh_port if n.ssh_host in (None, n.address) else 22] for n in others]
+    return program_text("supervise", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "nodes": nodes,
+                                      "interval": SUPERVISE_INTERVAL_S, "misses": SUPERVISE_MISSES, "grace": 5.0})
+
+
 def _install_agent(session: ClusterSession, plan: JobPlan, report: Reporter) -> None:
     """The job agent and its plan, in the job's folder on every node that runs ranks."""
     nodes = [n for n, _ in plan.layout]
@@ -194,7 +210,7 @@ def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started, sync
                                       epilogue=reducers.epilogue_lines(plan.job_id, started))
     job.detached = "pending"
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
-                                              pane=output.pane_program(job))
+                                              pane=output.pane_program(job), supervisor=_supervisor(plan))
     report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
     if not result.ok:

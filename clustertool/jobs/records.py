@@ -19,7 +19,7 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import UsageError
 from clustertool.core.model import JobRecord
-from clustertool.jobs import scripts
+from clustertool.jobs import failure, scripts
 from clustertool.remote.group import run_on_node
 
 
@@ -142,6 +142,8 @@ def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
             continue
         job.state, job.exit_code = derive_state(code, alive, killed, launched, job.started, now)
         job.servers_lost = lost.get(job_id, [])
+        if job.state in ("failed", "lost") and job.failure is None:
+            job.failure = failure.explain(session, job)
         if job.finished and job.ended is None:
             job.ended = ended or now
         local[job_id] = job

@@ -9,6 +9,9 @@ through ``shlex.quote`` (job ids are checked to be
     job.json    the job record (leader)            exit      mpirun's exit code, when done
     hostfile    the job's hostfile (leader)        killed    present once `kill` ran
     launch.pid  "pid ppid pgid sid" of launch.sh   ranks/    "<host>.<rank>": same, per rank
+    mpirun.pid  mpirun's pid                        exits/    "<host>.<rank>": how a rank ended (job agent)
+    supervise.py  stops the job when a node         lost      which node stopped answering (supervisor)
+                stops answering (leader)            failure   the first failed rank here (job agent)
     pane.py     shows the job in its tmux pane     out/      <job>/rank.<N>/std{out,err}: each rank's
                 (leader)                                     output, on the rank's node
 """
@@ -56,7 +59,8 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
     """
     d = job_dir_sh(job_id)
     cd = f"cd {shlex.quote(workdir)}" if workdir else 'cd "$HOME"'
-    mpirun = f'{{ {shlex.join(argv)}; echo $? > "$d/exit.tmp"; }}'
+    # mpirun's pid in mpirun.pid: what the supervisor (supervise.py, where the job has one) stops
+    mpirun = f'{{ {shlex.join(argv)} & echo $! > "$d/mpirun.pid"; wait $!; echo $? > "$d/exit.tmp"; }}'
     return "\n".join([
         "#!/bin/sh",
         f"# clustertool job {job_id}",
@@ -65,6 +69,9 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
         f'{cd} || {{ echo "clustertool: cannot cd to the working directory" >> "$d/log"; '
         'echo 1 > "$d/exit"; exit 1; }',
         "pane=",
+        'if [ -f "$d/supervise.py" ] && py=$(command -v python3 || command -v python); then',
+        '  "$py" "$d/supervise.py" </dev/null >/dev/null 2>&1 &',
+        "fi",
         'if [ -n "${TMUX:-}" ] && [ -f "$d/pane.py" ] && py=$(command -v python3 || command -v python); then',
         '  "$py" "$d/pane.py" & pane=$!',
         "fi",
@@ -77,7 +84,8 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
 
 
 def install_and_start_script(job_id: str, launch: str, hostfile: str, record_json: str,
-                             prefer_tmux: bool = True, pane: bytes | None = None) -> str:
+                             prefer_tmux: bool = True, pane: bytes | None = None,
+                             supervisor: bytes | None = None) -> str:
     """Leader: write the job's files, then start launch.sh detached (tmux, else setsid).
 
     Prints ``detached=tmux`` or ``detached=setsid``.
@@ -96,6 +104,7 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
         _write_file('"$d/hostfile"', hostfile),
         _write_file('"$d/job.json"', record_json),
         *([_write_file('"$d/pane.py"', pane.decode())] if pane else []),
+        *([_write_file('"$d/supervise.py"', supervisor.decode())] if supervisor else []),
         ': > "$d/log"',
         start,
         'sed -i "s/\\"detached\\": \\"pending\\"/\\"detached\\": \\"$l\\"/" "$d/job.json"',
