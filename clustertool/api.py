@@ -155,10 +155,12 @@ class Cluster(ClusterSession):
             sync: str | os.PathLike | bool | None = None, sync_to: str | None = None, workdir: str | None = None,
             name: str | None = None, plugin: bool = False, nccl_debug: str | None = None,
             mpi_args: Sequence[str] = (), oversubscribe: bool = False, allow_concurrent: bool = False,
-            tag_output: bool = True, launcher: str | None = None, on_progress: ProgressCb | None = None,
-            **horovod) -> "Job":
+            tag_output: bool = True, launcher: str | None = None, hang_timeout: float | None = None,
+            hang_action: str = "keep", on_progress: ProgressCb | None = None, **horovod) -> "Job":
         """Start a job on the leader, detached (`run`).  ``launcher``: mpirun, torchrun, accelerate, deepspeed
-        or process (None: mpirun, or the launcher the command starts with).  ``sync``: a local folder (``True``: the
+        or process (None: mpirun, or the launcher the command starts with).  ``hang_timeout`` (seconds):
+        save every rank's stack and mark the job hung when nothing moved that long (``hang_action`` "kill":
+        stop it too).  ``sync``: a local folder (``True``: the
         current one) sent first to the same path on the job's nodes, where the job then runs.
         ``horovod``: fusion_mb, cycle_ms, timeline, autotune (run's --horovod-* flags)."""
         unknown = set(horovod) - {"fusion_mb", "cycle_ms", "timeline", "autotune"}
@@ -172,7 +174,7 @@ class Cluster(ClusterSession):
         folder = None if sync is None or sync is False else ("." if sync is True else os.fspath(sync))
         started = launch.run(self, opts, selection=nodes, name=name, allow_concurrent=allow_concurrent,
                              use_plugin=plugin, sync=folder, sync_to=sync_to, on_progress=on_progress,
-                             report=self.report)
+                             hang_timeout=hang_timeout, hang_action=hang_action, report=self.report)
         return Job(self, started.job, synced=started.synced)
 
     def jobs(self) -> list["Job"]:

@@ -103,6 +103,12 @@ def run(
         False, "--allow-concurrent", help="Start even if another job runs on these nodes."),
     tag_output: bool = typer.Option(
         True, "--tag-output/--no-tag-output", help="Show each line as [job,rank]<stream>:text (or bare)."),
+    hang_timeout: Optional[str] = typer.Option(
+        None, "--hang-timeout", metavar="TIME",
+        help="When no rank has written a line and no rank's CPU time has moved for TIME (10m, 1h, 90s), save "
+             "every rank's stack in the job's folder and show the job as hung? in `jobs`."),
+    hang_action: str = typer.Option("keep", "--hang-action", metavar="keep|kill",
+                                    help="With --hang-timeout: keep the hung job running (default) or kill it."),
     json_output: bool = JsonOpt,
 ) -> None:
     """Run a job on the cluster, detached on the leader (survives your connection).
@@ -119,6 +125,7 @@ def run(
     `kill ID` stops it everywhere. `--sync [DIR]` sends your local code first (only what changed).
     """
     from clustertool.cli import progress, render
+    from clustertool.cluster.autostop import parse_duration
     from clustertool.jobs import launch
     from clustertool.jobs.mpirun import MpiOptions
 
@@ -132,7 +139,9 @@ def run(
     with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
         started = launch.run(open_session(name_, json_output), opts, selection=nodes, name=name, dry_run=dry_run,
                              allow_concurrent=allow_concurrent, use_plugin=plugin, sync=sync, sync_to=sync_to,
-                             on_progress=bars.update, report=reporter(json_output))
+                             on_progress=bars.update, report=reporter(json_output),
+                             hang_timeout=parse_duration(hang_timeout, "--hang-timeout") if hang_timeout else None,
+                             hang_action=hang_action)
     if dry_run:
         if json_output:
             render.print_json(started.to_dict())
@@ -176,6 +185,10 @@ def _state_text(job) -> str:
         return f"lost ({why})"
     if job.state == "killed" and job.exit_code is not None:
         return f"killed (exit {job.exit_code}{gone})"
+    hung = getattr(job, "hung", None)
+    if job.state == "running" and hung:
+        quiet = max(0, int(time.time() - float(hung.get("since", time.time()))))
+        return f"hung? (no output, no CPU for {quiet}s{gone})"
     return job.state + (f" ({gone[2:]})" if gone else "")
 
 
@@ -183,10 +196,14 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
     """Jobs of the cluster with their state and duration."""
     from clustertool.cli import render
     from clustertool.jobs import records
+    from clustertool.jobs.stacks import saved
 
-    all_jobs = records.refresh(open_session(cluster))
+    session = open_session(cluster)
+    all_jobs = records.refresh(session)
+    hung = {j.id: saved(session, j) for j in all_jobs if j.state == "running" and j.hung}
     if json_output:
-        render.print_json({"jobs": all_jobs})
+        render.print_json({"jobs": [dict(j.to_dict(), **({"hung_stacks": [g.to_dict() for g in hung[j.id]]}
+                                                       if j.id in hung else {})) for j in all_jobs]})
         return
     if not all_jobs:
         typer.echo("no jobs")
@@ -194,6 +211,10 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
     render.plain_table(["id", "name", "state", "started", "duration", "ranks", "nodes", "command"],
                  [(j.id, j.name or "", _state_text(j), time.strftime("%m-%d %H:%M:%S", time.localtime(j.started)),
                    _duration(j), j.np, len(j.nodes), render.clip(shlex.join(j.command))) for j in all_jobs])
+    for job_id, groups in hung.items():   # where the hung jobs' ranks are (the stacks saved at the time)
+        typer.echo(f"\njob {job_id} hung? where its ranks were (`clustertool stacks {job_id}` for now):")
+        for group in groups:
+            typer.echo(f"  {group.label}: {group.summary}")
 
 
 def logs(

@@ -33,19 +33,19 @@ DEFAULT_POWEROFF = 'if [ "$(id -u)" = 0 ]; then shutdown -h now; else sudo -n sh
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
 
-def parse_duration(text: str) -> int:
-    """Seconds in ``30m``, ``1h``, ``1h30m``, ``90s`` or a bare number of minutes."""
+def parse_duration(text: str, what: str = "idle time") -> int:
+    """Seconds in ``30m``, ``1h``, ``1h30m``, ``90s`` or a bare number of minutes (``what``: for errors)."""
     value = str(text).strip().lower()
     if value.isdigit():
         seconds = int(value) * 60
     else:
         match = _DURATION.match(value)
         if not value or not match:
-            raise UsageError(f"invalid idle time {text!r}", hint="write it as 30m, 1h, 1h30m or 90s")
+            raise UsageError(f"invalid {what} {text!r}", hint="write it as 30m, 1h, 1h30m or 90s")
         h, m, s = (int(g or 0) for g in match.groups())
         seconds = h * 3600 + m * 60 + s
     if seconds < 1:
-        raise UsageError(f"invalid idle time {text!r}: it must be at least one second")
+        raise UsageError(f"invalid {what} {text!r}: it must be at least one second")
     return seconds
 
 

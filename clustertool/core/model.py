@@ -271,6 +271,9 @@ class JobRecord:
     servers: list[str] = field(default_factory=list)  # server nodes running this job's reducers (run --plugin)
     servers_lost: list[str] = field(default_factory=list)  # of those, the ones gone before the job ended
     failure: dict[str, Any] | None = None  # a failed job: the rank (or node) that failed first (jobs/failure.py)
+    hang_timeout: float | None = None  # run --hang-timeout, in seconds
+    hang_action: str = "keep"  # run --hang-action: keep | kill
+    hung: dict[str, Any] | None = None  # the supervisor found it hung: {"since", "detected", ...}
 
     @property
     def finished(self) -> bool:

@@ -59,7 +59,7 @@ def parse_gathered(by_node: dict[str, str]) -> tuple[list[dict], dict[int, str],
                     continue
                 if isinstance(rec, dict):
                     rec["node"] = rec.get("node") if kind == "lost" else node
-                    rec["kind"] = kind
+                    rec["kind"] = rec.get("kind") or kind
                     found.append(rec)
             elif kind == "ranks":
                 for word in rest.split():
@@ -86,8 +86,12 @@ def from_mpirun_log(log: str) -> dict | None:
 
 
 def first(found: list[dict]) -> dict | None:
-    """The earliest: a rank that failed by itself, or a node that stopped answering."""
-    candidates = [f for f in found if f.get("kind") == "lost" or f.get("rank") is not None]
+    """A node that stopped answering (what its peers' ranks then fail of), else the earliest rank that
+    failed by itself."""
+    lost = [f for f in found if f.get("kind") == "lost"]
+    if lost:
+        return min(lost, key=lambda f: f.get("time") or 0.0)
+    candidates = [f for f in found if f.get("kind") == "hung" or f.get("rank") is not None]
     if not candidates:
         candidates = found
     return min(candidates, key=lambda f: f.get("time") or 0.0) if candidates else None
@@ -99,6 +103,8 @@ def text(failure: dict | None) -> str:
         return ""
     if failure.get("kind") == "lost":
         return f"{failure.get('node')} stopped answering"
+    if failure.get("kind") == "hung":
+        return "hung: no rank wrote a line or used CPU time (stopped by --hang-action kill)"
     who = f"rank {failure['rank']}" if failure.get("rank") is not None else "the launcher"
     on = f" on {failure['node']}" if failure.get("node") else ""
     if failure.get("code") is not None:
@@ -132,14 +138,18 @@ def explain(session: ClusterSession, job: JobRecord) -> dict:
     nodes = [n for n in cluster.nodes if n.name in job.nodes] or [cluster.leader]
     result = run_on_nodes(session, nodes, "sh -s", timeout=20, stdin_data=_gather_script(job.id).encode())
     found, where, log = parse_gathered({r.node: r.stdout for r in result.results if r.ok})
+    said = from_mpirun_log(log)
+    if said is not None and said.get("kind") == "lost":  # mpirun lost a node's daemon: that node went first
+        found.append({"kind": "lost", "address": said["address"], "time": 0.0})
+    for r in result.failed():  # a node of the job that does not answer now: gone (its peers failed of it)
+        found.append({"kind": "lost", "node": r.node, "time": 0.0, "what": f"does not answer: {r.reason}"})
     failure = first(found)
+    if failure is not None and failure.get("address"):
+        node = next((n.name for n in cluster.nodes if failure["address"] in (n.address, n.name)), failure["address"])
+        return {"kind": "lost", "node": node, "what": "mpirun lost its daemon there"}
     if failure is None:
-        said = from_mpirun_log(log)
         if said is None:
             return {"unknown": True}
-        if said.get("kind") == "lost":
-            node = next((n.name for n in cluster.nodes if said["address"] in (n.address, n.name)), said["address"])
-            return {"kind": "lost", "node": node, "what": "mpirun lost its daemon there"}
         failure = dict(said, node=where.get(said["rank"]), kind="failure")
     if failure.get("rank") is not None and not failure.get("tail") and failure.get("node"):
         failure["tail"] = _tail(session, job, failure["node"], int(failure["rank"]))

@@ -19,7 +19,7 @@ from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, silent
-from clustertool.jobs import logs, output, records, reducers, scripts, syncdir
+from clustertool.jobs import logs, output, records, reducers, scripts, stacks, syncdir
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.mpirun import MpiOptions
 from clustertool.nodeprogs import program_text
@@ -133,8 +133,12 @@ def _sync_target(sync: str | None, sync_to: str | None) -> tuple[str, str] | Non
 def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = None, name: str | None = None,
         dry_run: bool = False, allow_concurrent: bool = False, use_plugin: bool = False,
         sync: str | None = None, sync_to: str | None = None, on_progress: ProgressCb | None = None,
-        report: Reporter = silent) -> Launch:
-    """Start the job (after sending ``sync``, a local folder, to ``sync_to`` or its own path on the nodes)."""
+        hang_timeout: float | None = None, hang_action: str = "keep", report: Reporter = silent) -> Launch:
+    """Start the job (after sending ``sync``, a local folder, to ``sync_to`` or its own path on the nodes).
+
+    ``hang_timeout``: seconds without a byte of output or CPU time moved on any rank before the
+    supervisor saves every rank's stack and marks the job hung (``hang_action`` "kill" also stops it)."""
+    _check_hang(hang_timeout, hang_action)
     synced_dir = _sync_target(sync, sync_to)
     cluster = session.ready()
     nodes = rank_nodes(cluster, selection)
@@ -145,7 +149,7 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
     plan = plan_job(cluster, nodes, opts, records.new_id(), sync=synced_dir, plugin_env=env, servers=servers)
     if dry_run:
         commands = [(n.name, argv) for n, argv in plan.node_commands()] if plan.spec.node_launcher else None
-        return Launch(_record(cluster, plan, name), plan.argv, dry_run=True, sync=synced_dir,
+        return Launch(_record(cluster, plan, name, hang_timeout, hang_action), plan.argv, dry_run=True, sync=synced_dir,
                       node_commands=commands)
     report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
     home, port = preflight(session, list(plan.nodes), allow_concurrent)
@@ -160,7 +164,8 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
     try:
         if plan.spec.node_launcher:
             _install_agent(session, plan, report)
-        return _start(session, plan, _record(cluster, plan, name), started, synced, report)
+        return _start(session, plan, _record(cluster, plan, name, hang_timeout, hang_action), started, synced,
+                      report)
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
@@ -170,14 +175,23 @@ SUPERVISE_INTERVAL_S = 2.0  # how often the supervisor asks the job's other node
 SUPERVISE_MISSES = 3  # rounds without an answer before a node counts as gone
 
 
-def _supervisor(plan: JobPlan) -> bytes | None:
-    """The leader's supervisor for a job with other nodes (nodeprogs/supervise.py)."""
+def _supervisor(plan: JobPlan, job: JobRecord) -> bytes | None:
+    """The leader's supervisor for a job with other nodes, or a hang timeout (nodeprogs/supervise.py)."""
     others = [n for n in plan.nodes[1:]]
-    if not others:
+    if not others and job.hang_timeout is None:
         return None
     nodes = [[n.name, n.address, n.ssh_port if n.ssh_host in (None, n.address) else 22] for n in others]
     return program_text("supervise", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "nodes": nodes,
-                                      "interval": SUPERVISE_INTERVAL_S, "misses": SUPERVISE_MISSES, "grace": 5.0})
+                                      "interval": SUPERVISE_INTERVAL_S, "misses": SUPERVISE_MISSES, "grace": 5.0,
+                                      "hang_timeout": job.hang_timeout, "hang_action": job.hang_action,
+                                      "all_nodes": [[n.name, n.address] for n in plan.nodes]})
+
+
+def _hang_stacks(plan: JobPlan, job: JobRecord) -> bytes | None:
+    """The stacks node program the supervisor runs on every node when the job looks hung."""
+    if job.hang_timeout is None:
+        return None
+    return program_text("stacks", stacks.node_args(plan.job_id, None, 10.0))
 
 
 def _install_agent(session: ClusterSession, plan: JobPlan, report: Reporter) -> None:
@@ -192,8 +206,20 @@ def _install_agent(session: ClusterSession, plan: JobPlan, report: Reporter) -> 
         raise RemoteError(f"could not put the job agent on {len(down)} node(s): {detail}")
 
 
-def _record(cluster: ClusterRecord, plan: JobPlan, name: str | None) -> JobRecord:
+def _check_hang(timeout: float | None, action: str) -> None:
+    if timeout is not None and timeout < 1:
+        raise UsageError(f"--hang-timeout {timeout:g}s is too short: give at least 1s (e.g. 10m)")
+    if action not in ("keep", "kill"):
+        raise UsageError(f"--hang-action {action!r}: use keep (say so, leave it running) or kill")
+    if action == "kill" and timeout is None:
+        raise UsageError("--hang-action kill goes with --hang-timeout", hint="clustertool run --hang-timeout 10m "
+                         "--hang-action kill -- CMD")
+
+
+def _record(cluster: ClusterRecord, plan: JobPlan, name: str | None, hang_timeout: float | None = None,
+            hang_action: str = "keep") -> JobRecord:
     return JobRecord(id=plan.job_id, launcher=plan.launcher, cluster=cluster.name,
+                     hang_timeout=hang_timeout, hang_action=hang_action,
                      command=list(plan.options.command), argv=plan.argv,
                      nodes=[n.name for n in plan.nodes], np=plan.np, name=name, leader=cluster.leader.name,
                      workdir=plan.options.workdir, started=time.time(), output_dir=plan.options.output_dir,
@@ -210,7 +236,8 @@ def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started, sync
                                       epilogue=reducers.epilogue_lines(plan.job_id, started))
     job.detached = "pending"
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
-                                              pane=output.pane_program(job), supervisor=_supervisor(plan))
+                                              pane=output.pane_program(job), supervisor=_supervisor(plan, job),
+                                              hangstacks=_hang_stacks(plan, job))
     report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
     if not result.ok:

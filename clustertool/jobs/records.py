@@ -118,6 +118,21 @@ def parse_lost(output: str) -> dict[str, list[str]]:
     return out
 
 
+def parse_hung(output: str) -> dict[str, dict]:
+    """Job id -> what its supervisor wrote when it found the job hung (``H ID B64`` lines)."""
+    out = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "H":
+            try:
+                doc = json.loads(base64.b64decode(parts[2]))
+            except (binascii.Error, ValueError):
+                continue
+            if isinstance(doc, dict):
+                out[parts[1]] = doc
+    return out
+
+
 def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
     """Ask the leader for every job's state; merge into local records; return all jobs.
 
@@ -131,6 +146,7 @@ def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
         return sorted(local.values(), key=lambda j: j.started)
     now = time.time()
     lost = parse_lost(result.stdout)
+    hung = parse_hung(result.stdout)
     for job_id, (code, alive, killed, launched, ended, record) in parse_status(result.stdout).items():
         job = local.get(job_id)
         if job is None:
@@ -142,6 +158,7 @@ def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
             continue
         job.state, job.exit_code = derive_state(code, alive, killed, launched, job.started, now)
         job.servers_lost = lost.get(job_id, [])
+        job.hung = hung.get(job_id)
         if job.state in ("failed", "lost") and job.failure is None:
             job.failure = failure.explain(session, job)
         if job.finished and job.ended is None:

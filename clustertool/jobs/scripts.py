@@ -85,7 +85,7 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
 
 def install_and_start_script(job_id: str, launch: str, hostfile: str, record_json: str,
                              prefer_tmux: bool = True, pane: bytes | None = None,
-                             supervisor: bytes | None = None) -> str:
+                             supervisor: bytes | None = None, hangstacks: bytes | None = None) -> str:
     """Leader: write the job's files, then start launch.sh detached (tmux, else setsid).
 
     Prints ``detached=tmux`` or ``detached=setsid``.
@@ -105,6 +105,7 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
         _write_file('"$d/job.json"', record_json),
         *([_write_file('"$d/pane.py"', pane.decode())] if pane else []),
         *([_write_file('"$d/supervise.py"', supervisor.decode())] if supervisor else []),
+        *([_write_file('"$d/hangstacks.py"', hangstacks.decode())] if hangstacks else []),
         ': > "$d/log"',
         start,
         'sed -i "s/\\"detached\\": \\"pending\\"/\\"detached\\": \\"$l\\"/" "$d/job.json"',

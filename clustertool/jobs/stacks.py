@@ -9,6 +9,8 @@ big group and the few ranks that are elsewhere.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import re
@@ -23,7 +25,7 @@ from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 from clustertool.core.model import JobRecord, jsonable
 from clustertool.jobs import records, scripts
 from clustertool.jobs.kill import pick_running
-from clustertool.remote.group import run_on_nodes
+from clustertool.remote.group import run_on_node, run_on_nodes
 
 SHOWN_FRAMES = 5  # frames a group's line shows at most (innermost first)
 _LIBRARY = re.compile(r"/lib(64)?/python\d+(\.\d+)?t?/|/(site|dist)-packages/")
@@ -232,7 +234,7 @@ def _problems(job: JobRecord, found: list[RankStack], unanswered: list[str], emp
     out = list(unanswered)
     if empty:
         out.append(f"{nodeset.fold(empty)}: no rank of this job recorded there")
-    missing = sorted(set(range(job.np)) - {s.rank for s in found}) if job.launcher == "mpirun" else []
+    missing = sorted(set(range(job.np)) - {s.rank for s in found})
     if missing and not unanswered:
         out.append(f"ranks {fold_ranks(missing)}: no node reported them (not started yet, or gone)")
     return out
@@ -263,3 +265,18 @@ def stacks(session: ClusterSession, ref: str | None = None, *, py_spy: str | boo
     found.sort(key=lambda s: s.rank)
     return StacksResult(job, found, fold(found), _problems(job, found, unanswered, empty),
                         255 if unanswered else 0)
+
+
+def saved(session: ClusterSession, job: JobRecord) -> list[StackGroup]:
+    """The folded stacks the supervisor saved when it found ``job`` hung (``hang/<node>`` on the leader)."""
+    d = scripts.job_dir_sh(job.id)
+    line = f'for f in {d}/hang/*; do [ -f "$f" ] && echo "$(basename "$f") $(base64 -w0 < "$f")"; done; true'
+    result = run_on_node(session, session.record.leader, line, timeout=20)
+    found: list[RankStack] = []
+    for entry in result.stdout.splitlines() if result.ok else []:
+        node, _, b64 = entry.partition(" ")
+        try:
+            found += parse_node(node, base64.b64decode(b64).decode("utf-8", "replace"))
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            continue
+    return fold(found)

@@ -8,17 +8,40 @@ when one has not for ``misses`` rounds in a row, it writes ``lost`` in the job's
 since when) and stops mpirun (TERM, then KILL after ``grace`` seconds), whose daemons on the nodes
 that still answer then stop their ranks.
 
+With ``hang_timeout``, it also asks every node of the job (the leader itself, the others over ssh,
+as mpirun reaches them) how many bytes the job's ranks have written there and how much CPU time they
+have used.  When neither has moved anywhere for that long, it saves every node's stacks (the stacks
+node program, ``hangstacks.py``) in ``hang/<node>``, writes ``hung`` (since when), says so in the
+log, and with ``hang_action`` "kill" stops the job as for a lost node.  Output or CPU that moves
+again clears ``hung``.
+
 ``ARGS`` (prepended by the sender): ``job_dir``, ``nodes`` ([name, address, port] of the other
-nodes), ``interval``, ``misses``, ``grace``.  It ends with the job (mpirun's pid gone).
+nodes), ``interval``, ``misses``, ``grace``; ``hang_timeout`` (seconds, or null), ``hang_action``,
+``all_nodes`` ([name, address] of every node of the job, leader first).  It ends with the job
+(mpirun's pid gone).
 """
 
 import json
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 
+# One node's progress: bytes the job's ranks wrote there, and their CPU time (clock ticks).
+PROBE = r"""
+d="$HOME/.clustertool/jobs/$1"; b=0; c=0
+for f in "$d"/out/*/rank.*/std*; do [ -f "$f" ] && b=$((b + $(stat -c %s "$f"))); done
+for r in "$d/ranks/$(uname -n)".*; do
+  [ -f "$r" ] || continue
+  read -r p _ < "$r"
+  t=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}')
+  c=$((c + ${t:-0}))
+done
+echo "progress $b $c"
+"""
+SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
 
 def answers(address, port, timeout):
     try:
@@ -96,15 +119,141 @@ def stragglers(job_id):
     return found
 
 
+def on_node(node, leader, argv, stdin, timeout):
+    """Run ``argv`` (stdin: text) here for the leader, over ssh for another node: its stdout, or None."""
+    cmd = argv if node[0] == leader else SSH + [node[1], " ".join(argv)]
+    try:
+        out = subprocess.run(cmd, input=stdin.encode(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.decode("utf-8", "replace") if out.returncode == 0 else None
+
+
+def on_all(nodes, leader, argv, stdin, timeout):
+    result = {}
+
+    def one(node):
+        result[node[0]] = on_node(node, leader, argv, stdin, timeout)
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 1.0)
+    return {n[0]: result.get(n[0]) for n in nodes}
+
+
+class HangWatch:
+    """No rank wrote a byte and no rank used CPU time on any node for ``timeout`` seconds."""
+
+    def __init__(self, args):
+        self.d, self.timeout = args["job_dir"], float(args["hang_timeout"])
+        self.action = args.get("hang_action", "keep")
+        self.nodes = args["all_nodes"]
+        self.leader = self.nodes[0][0]
+        self.poll = max(1.0, min(5.0, self.timeout / 4))
+        self.next = 0.0
+        self.last = None
+        self.changed = time.time()
+        self.reported = False
+
+    def progress(self):
+        job = os.path.basename(self.d.rstrip("/"))
+        said = on_all(self.nodes, self.leader, ["sh", "-s", job], PROBE.replace("$1", job), 15.0)
+        if any(v is None or "progress " not in v for v in said.values()):
+            return None  # a node did not answer: no verdict this round (a lost node is the other check's)
+        return tuple(sorted((k, v.split("progress ", 1)[1].strip()) for k, v in said.items()))
+
+    def check(self):
+        """True when the job is to be stopped (hung, and the action is kill)."""
+        now = time.monotonic()
+        if now < self.next:
+            return False
+        self.next = now + self.poll
+        seen = self.progress()
+        if seen is None:
+            return False
+        if seen != self.last:
+            self.last, self.changed = seen, time.time()
+            if self.reported:
+                self.reported = False
+                remove(os.path.join(self.d, "hung"))
+            return False
+        if self.reported or time.time() - self.changed < self.timeout:
+            return False
+        self.reported = True
+        self.save_stacks()
+        write_json(os.path.join(self.d, "hung"), {"since": self.changed, "detected": time.time(),
+                                                  "timeout": self.timeout, "action": self.action})
+        say(self.d, f"no rank wrote a line or used CPU time for {self.timeout:g}s: hung? (stacks saved; "
+                    + ("stopping the job" if self.action == "kill" else "the job keeps running") + ")")
+        if self.action == "kill":
+            write_json(os.path.join(self.d, "lost"), {"node": None, "time": self.changed, "what": "hung",
+                                                      "kind": "hung"})
+            return True
+        return False
+
+    def save_stacks(self):
+        try:
+            with open(os.path.join(self.d, "hangstacks.py")) as fh:
+                program = fh.read()
+        except OSError:
+            return
+        os.makedirs(os.path.join(self.d, "hang"), exist_ok=True)
+        said = on_all(self.nodes, self.leader, ["python3", "-"], program, 60.0)
+        for name, out in said.items():
+            if out is not None:
+                write_text(os.path.join(self.d, "hang", name), out)
+
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def write_text(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def write_json(path, doc):
+    write_text(path, json.dumps(doc))
+
+
+def say(d, line):
+    with open(os.path.join(d, "log"), "a") as fh:
+        fh.write(f"clustertool: {line}\n")
+
+
+def running(pid, d):
+    return alive(pid) and not os.path.exists(os.path.join(d, "exit.tmp"))
+
+
+def watch_hang(watch, pid, d, grace):
+    while running(pid, d):
+        if watch.check():
+            stop(pid, grace)
+            return
+        time.sleep(0.5)
+
+
 def main(args):
     d = args["job_dir"]
     pid = read_pid(os.path.join(d, "mpirun.pid"))
-    if pid is None or not args["nodes"]:
+    if pid is None or not (args["nodes"] or args.get("hang_timeout")):
         return
+    if args.get("hang_timeout"):  # its own thread: a slow node's answer never delays the lost-node check
+        threading.Thread(target=watch_hang, args=(HangWatch(args), pid, d, float(args.get("grace", 5.0))),
+                         daemon=True).start()
     interval, misses = float(args.get("interval", 2.0)), int(args.get("misses", 3))
     missed: dict = {}
     since: dict = {}
-    while alive(pid) and not os.path.exists(os.path.join(d, "exit.tmp")):
+    while running(pid, d):
         started = time.monotonic()
         for name, ok in probe_all(args["nodes"], interval).items():
             if ok:
@@ -116,14 +265,10 @@ def main(args):
         gone = [n for n, count in missed.items() if count >= misses]
         if gone:
             first = min(gone, key=lambda n: since[n])
-            record = {"node": first, "time": since[first], "what": "stopped answering", "nodes": sorted(gone)}
-            tmp = os.path.join(d, "lost.tmp")
-            with open(tmp, "w") as fh:
-                json.dump(record, fh)
-            os.replace(tmp, os.path.join(d, "lost"))
-            with open(os.path.join(d, "log"), "a") as fh:
-                fh.write(f"clustertool: {first} stopped answering (no ssh connection for {misses} rounds of "
-                         f"{interval:g}s); stopping the job\n")
+            write_json(os.path.join(d, "lost"), {"node": first, "time": since[first], "what": "stopped answering",
+                                                 "nodes": sorted(gone)})
+            say(d, f"{first} stopped answering (no ssh connection for {misses} rounds of {interval:g}s); "
+                   "stopping the job")
             stop(pid, float(args.get("grace", 5.0)))
             for straggler in stragglers(os.path.basename(d.rstrip("/"))):
                 try:

@@ -85,7 +85,8 @@ def test_each_nodes_torchrun_line_static_rendezvous_at_the_leader():
 
 def test_accelerate_and_deepspeed_lines():
     rdzv = Rendezvous("10.0.0.1", "j1", 4, 2)
-    acc = node_argv(parse(["accelerate", "launch", "--config_file", "c.yaml", "--cpu", "t.py"]), NodeShare(1, 2, 2), rdzv)
+    spec = parse(["accelerate", "launch", "--config_file", "c.yaml", "--cpu", "t.py"])
+    acc = node_argv(spec, NodeShare(1, 2, 2), rdzv)
     assert acc[:2] == ["accelerate", "launch"] and "--multi_gpu" in acc and "--cpu" not in acc
     assert acc[acc.index("--num_processes") + 1] == "4" and acc[acc.index("--machine_rank") + 1] == "1"
     assert acc[acc.index("--config_file") + 1] == "c.yaml"

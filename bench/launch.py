@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Benchmark: from `clustertool run` to every rank's first line, and how fast a failed job is gone.
+
+Brings up local clusters (real sshd nodes in namespaces) of 8 and 32 nodes x 2 slots, then, in
+alternating rounds, starts a tiny rank program (it prints its RANK and the time, then sleeps a
+little) with:
+
+  clustertool run                      the default launcher (mpirun)
+  clustertool run --launcher torchrun  one torchrun per node, carried there by mpirun
+  clustertool run --launcher process   one process per slot, started by clustertool's agent
+  pdsh ... torchrun (by hand)          what a user types: pdsh -w <every node> torchrun --nnodes N
+                                       --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint <leader>:<port>
+
+The start time is the moment the command starts; a run's figure is the last rank's timestamp minus
+it (the nodes share this machine's clock).  Ratios are to the pdsh row, medians of the rounds.
+
+Fail fast: a job of 32 nodes where rank 1 exits 1 at once and every other rank sleeps: the time
+from that rank's exit to the last process of the job gone from every node (read from /proc in
+every node's namespace), for each launcher.
+
+    sudo .venv/bin/python bench/launch.py [--nodes 8,32] [--rounds 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+CT = [sys.executable, "-m", "clustertool"]
+SLOTS = 2
+
+FIRST = '''
+import os, sys, time
+print("first", os.environ.get("RANK"), repr(time.time()), flush=True)
+if len(sys.argv) > 1 and sys.argv[1] == "fail":
+    if os.environ.get("RANK") == "1":
+        sys.exit(1)
+    time.sleep(600)
+time.sleep(2)
+'''
+
+
+def sh(argv, env, check=True, **kw):
+    return subprocess.run(argv, env=env, check=check, capture_output=True, text=True, **kw)
+
+
+def node_bin(program: str) -> str:
+    """A launcher's script of this environment (its #! line names this environment's python)."""
+    return str(Path(sys.executable).parent / program)
+
+
+def node_python() -> list[str]:
+    from clustertool.workloads import node_python as python
+
+    return python()
+
+
+def command(launcher: str, script: str) -> list[str]:
+    """What follows `clustertool run`: torchrun as users write it (detected), the others by flag."""
+    if launcher == "torchrun":
+        return ["--", node_bin("torchrun"), script]
+    return ["--launcher", launcher, "--", *node_python(), script]
+
+
+def firsts(text: str) -> dict[int, float]:
+    return {int(r): float(t) for r, t in re.findall(r"first (\d+) ([0-9.]+)", text)}
+
+
+def ct_start(name, env, launcher, script, nranks) -> float:
+    """Seconds from `clustertool run` to the last rank's first line."""
+    argv = CT + ["run", "-c", name, "--follow", "--no-tag-output", *command(launcher, script)]
+    t0 = time.time()
+    proc = sh(argv, env, check=False, timeout=900)
+    seen = firsts(proc.stdout)
+    if proc.returncode != 0 or len(seen) != nranks:
+        raise SystemExit(f"{launcher}: {proc.returncode}, {len(seen)} of {nranks} ranks: {proc.stderr[-800:]}")
+    return max(seen.values()) - t0
+
+
+def pdsh_start(name, home, env, nodes, leader_addr, script, nranks, port) -> float:
+    cfg = f"{home}/clusters/{name}/ssh_config"
+    aliases = [f"{name}-node-{i}" for i in range(1, nodes + 1)]
+    remote = (f"{node_bin('torchrun')} --nnodes {nodes} --nproc-per-node {SLOTS} --rdzv-backend c10d "
+              f"--rdzv-endpoint {leader_addr}:{port} --rdzv-id bench{port} {script}")
+    penv = dict(env, PDSH_SSH_ARGS=f"-F {cfg} -l%u %h")
+    t0 = time.time()
+    proc = sh(["pdsh", "-R", "ssh", "-f", str(nodes), "-w", ",".join(aliases), remote], penv, check=False, timeout=900)
+    seen = firsts(proc.stdout)
+    if len(seen) != nranks:
+        raise SystemExit(f"pdsh torchrun: {proc.returncode}, {len(seen)} of {nranks} ranks: {proc.stderr[-800:]}")
+    return max(seen.values()) - t0
+
+
+def job_pids(name: str, job_id: str) -> int:
+    marker = f"CLUSTERTOOL_JOB={job_id}".encode()
+    count = 0
+    for ns in [line.split()[0] for line in sh(["ip", "netns", "list"], None).stdout.splitlines()
+               if line.startswith(f"ct-{name}-")]:
+        for pid in sh(["ip", "netns", "pids", ns], None, check=False).stdout.split():
+            try:
+                if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    count += 1
+            except OSError:
+                pass
+    return count
+
+
+def fail_fast(name, env, launcher, script) -> float:
+    """Seconds from rank 1's exit to the job's last process gone everywhere."""
+    argv = CT + ["run", "-c", name, "--no-tag-output", *command(launcher, script), "fail"]
+    job_id = sh(argv, env).stdout.strip()
+    deadline = time.monotonic() + 300
+    t_exit = None
+    while time.monotonic() < deadline:
+        if t_exit is None:
+            out = sh(CT + ["logs", "-c", name, job_id], env, check=False).stdout
+            t_exit = firsts(out).get(1)
+        elif job_pids(name, job_id) == 0:
+            return time.time() - t_exit
+        time.sleep(0.1)
+    raise SystemExit(f"{launcher}: job {job_id} still has processes after 300 s")
+
+
+def bench_size(nodes: int, rounds: int, home: str, env: dict) -> dict:
+    name = f"bl{nodes}"
+    sh(CT + ["up", "--provider", "local", "--nodes", str(nodes), "--slots", str(SLOTS), "--name", name], env)
+    folder = Path(tempfile.mkdtemp(prefix="ct-bench-launch-", dir="/var/tmp"))  # every local node sees /var/tmp
+    script = str(folder / "first.py")
+    Path(script).write_text(FIRST)
+    try:
+        status = json.loads(sh(CT + ["status", "-c", name, "--json"], env).stdout)
+        leader = next(n["address"] for n in status["nodes"] if n["role"] == "leader")
+        nranks = nodes * SLOTS
+        times: dict[str, list[float]] = {"mpirun": [], "torchrun": [], "process": [], "pdsh torchrun": []}
+        for i in range(rounds):
+            for launcher in ("mpirun", "torchrun", "process"):
+                times[launcher].append(ct_start(name, env, launcher, script, nranks))
+            times["pdsh torchrun"].append(pdsh_start(name, home, env, nodes, leader, script, nranks, 29400 + i))
+        fails = {}
+        if nodes >= 32:
+            for launcher in ("mpirun", "torchrun", "process"):
+                fails[launcher] = fail_fast(name, env, launcher, script)
+        return {"start": times, "fail_fast": fails}
+    finally:
+        sh(CT + ["down", "-c", name, "--yes"], env, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def report(results: dict, rounds: int) -> None:
+    for nodes, res in results.items():
+        med = {k: statistics.median(v) for k, v in res["start"].items()}
+        base = med["pdsh torchrun"]
+        print(f"\n{nodes} local nodes x {SLOTS} slots, {rounds} alternating rounds, run -> every rank's first line:")
+        print(f"{'contender':30} {'median s':>9} {'x pdsh':>8}")
+        for key, value in med.items():
+            print(f"{key:30} {value:9.2f} {value / base:8.2f}")
+        for key, value in res["fail_fast"].items():
+            print(f"fail fast ({key}): a rank exits -> the job's last process gone: {value:.2f} s")
+    print("\ntargets: every launcher <= 1.0x the pdsh start; fail fast at 32 nodes <= 5 s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", default="8,32")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    if not shutil.which("pdsh"):
+        raise SystemExit("pdsh not found: apt-get install pdsh")
+    home = tempfile.mkdtemp(prefix="ct-bench-launch-")
+    env = dict(os.environ, CLUSTERTOOL_HOME=home, CLUSTERTOOL_HOSTFILE_DIR=f"{home}/hostfiles",
+               CLUSTERTOOL_NO_SSH_INCLUDE="1")
+    results = {}
+    try:
+        for n in [int(x) for x in args.nodes.split(",")]:
+            results[n] = bench_size(n, args.rounds, home, env)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    report(results, args.rounds)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
