@@ -174,7 +174,13 @@ def plan_job(cluster: ClusterRecord, nodes: list[Node], opts: MpiOptions, job_id
         derived = dataclasses.replace(derived, per_node=spec.per_node)
     if spec.node_launcher:
         derived = dataclasses.replace(derived, command=list(spec.program))
-    derived = dataclasses.replace(derived, rank_env=rank_env(tuple(ordered), derived))
+    env = rank_env(tuple(ordered), derived)
+    if max(count for _, count in rank_layout(tuple(ordered), derived)) > 1 and not any(
+            item.split("=", 1)[0] == "OMP_NUM_THREADS" for item in derived.env):
+        # As torchrun does: several ranks a node, each with a thread per core, overload the node (and on
+        # a loaded machine gloo then aborted ranks at exit: "terminate called without an active exception")
+        env["OMP_NUM_THREADS"] = "1"
+    derived = dataclasses.replace(derived, rank_env=env)
     plan = JobPlan(job_id, derived, tuple(ordered), tuple(servers or ()), sync, spec=spec)
     _check_shares(plan)
     plan.argv  # build it once now: a bad option stops here

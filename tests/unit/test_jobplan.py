@@ -84,10 +84,21 @@ def test_the_job_wide_variables_count_only_nodes_that_get_ranks():
                     servers=servers)
     env = plan.options.rank_env
     assert env == {"MASTER_ADDR": "10.213.0.1", "MASTER_PORT": "PORT", "NNODES": "2", "CLUSTERTOOL_NUM_NODES": "2",
-                   "CLUSTERTOOL_NODE_IPS": "10.213.0.1\n10.213.0.2", "CLUSTERTOOL_RANK_STARTS": "0 2"}
+                   "CLUSTERTOOL_NODE_IPS": "10.213.0.1\n10.213.0.2", "CLUSTERTOOL_RANK_STARTS": "0 2",
+                   "OMP_NUM_THREADS": "1"}
     one = plan_job(_cluster(), _cluster().nodes, MpiOptions(command=["true"], np=2), "j1").options.rank_env
     assert one["NNODES"] == "1" and one["CLUSTERTOOL_NODE_IPS"] == "10.213.0.1"   # 2 ranks fill the leader
     per = plan_job(_cluster(), _cluster().nodes, MpiOptions(command=["true"], per_node=1), "j1").options.rank_env
     assert per["CLUSTERTOOL_RANK_STARTS"] == "0 1"
+    assert "OMP_NUM_THREADS" not in per   # one rank a node keeps every core's thread
+
+
+def test_several_ranks_a_node_get_one_openmp_thread_each_unless_the_user_says_otherwise():
+    """What torchrun does; unset, the ranks' thread pools overload the node."""
+    plan = plan_job(_cluster(), _cluster().nodes, MpiOptions(command=["python", "t.py"]), "j1")
+    assert "OMP_NUM_THREADS=1" in plan.argv
+    own = plan_job(_cluster(), _cluster().nodes, MpiOptions(command=["python", "t.py"], env=["OMP_NUM_THREADS=4"]),
+                   "j1")
+    assert "OMP_NUM_THREADS=4" in own.argv and "OMP_NUM_THREADS=1" not in own.argv
     final = plan.with_facts("/root", master_port=41234)
     assert "MASTER_PORT=41234" in final.argv and "MASTER_PORT=PORT" in plan.argv
