@@ -170,6 +170,11 @@ def _run(argv: list[str] | None) -> int:
         return _fail(exc.format_message(), hint, exc.exit_code)
     except _EXIT as exc:
         return exc.exit_code
+    except PermissionError as exc:  # a folder of ours this user may not write (CLUSTERTOOL_HOME, a hostfile's)
+        if _DEBUG["on"]:
+            traceback.print_exc()
+        return _fail(f"permission denied: {exc.filename or exc}", "check that this user may write there "
+                     "(CLUSTERTOOL_HOME, the hostfile folder), or run as the user who made it", ExitStatus.FAILURE)
     except Exception as exc:  # a bug: one line, traceback only with --debug
         if _DEBUG["on"]:
             traceback.print_exc()

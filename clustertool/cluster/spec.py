@@ -17,6 +17,7 @@ error is one line naming the file (or the flag), the key and what was expected.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
@@ -238,16 +239,32 @@ def _autostop(src: _Sources) -> dict | None:
 
 
 def _reject_unknown(data: dict, overrides: dict, option_specs: dict, provider: str, label: str) -> None:
+    """One line: the key, the closest valid one, where the full list is."""
     valid = set(BASE_KEYS) | set(AUTOSTOP_KEYS) | set(option_specs)
     for key in data:
         if key not in valid:
-            raise SpecError(f"{label}: {key}: unknown key for provider {provider!r} "
-                            f"(valid keys: {', '.join(sorted(valid))})")
+            guess = difflib.get_close_matches(str(key), sorted(valid), n=1, cutoff=0.6)
+            maybe = f"did you mean {guess[0]!r}? " if guess else ""
+            raise SpecError(f"{_short(label)}: {_clip(key)}: unknown key for provider {provider!r}; {maybe}"
+                            f"(every key: clustertool up --help)")
     for key in overrides:
         if key not in valid:
+            guess = difflib.get_close_matches(str(key), sorted(option_specs), n=1, cutoff=0.6)
             flags = ", ".join(_flag(k) for k in sorted(option_specs)) or "none"
-            raise SpecError(f"{_flag(key)}: not an option of provider {provider!r} "
-                            f"(its options: {flags})")
+            listed = flags if len(flags) <= 60 else "clustertool up --help"
+            maybe = f"did you mean {_flag(guess[0])}? " if guess else ""
+            raise SpecError(f"{_flag(_clip(key))}: not an option of provider {provider!r}; {maybe}"
+                            f"(its options: {listed})")
+
+
+def _short(label: str, limit: int = 48) -> str:
+    """A spec file's path as given, its folders cut when long (the file's own name always shown)."""
+    return label if len(label) <= limit else f".../{os.path.basename(label)}"
+
+
+def _clip(key, limit: int = 40) -> str:
+    text = str(key)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def describe_options(provider: str) -> list[tuple[str, str]]:

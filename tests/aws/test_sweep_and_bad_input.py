@@ -50,6 +50,7 @@ def test_bad_input_is_one_clear_line_and_creates_nothing(aws, args, expected):
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code != 0 and "Traceback" not in err
     assert len(errors) == 1 and expected in errors[0], err
+    assert len(errors[0]) < 160, errors[0]   # one line a terminal shows whole
     assert aws.total_leaks(name) == 0
     assert not [op for op in aws.recorder.ops if op.startswith(("create", "run", "import"))]
 

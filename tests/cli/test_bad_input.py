@@ -1,9 +1,12 @@
 """Bad input: one line saying what is wrong, a non-zero exit, no traceback, state untouched."""
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +35,7 @@ def _assert_one_clean_line(proc, *needles):
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     first = proc.stderr.strip().splitlines()[0]
     assert first.startswith("error: "), proc.stderr
+    assert len(first) < 160, first   # one line a terminal shows whole
     for needle in needles:
         assert needle in first, first
 
@@ -47,8 +51,9 @@ def test_malformed_yaml_names_the_file_and_line(ct_env, tmp_path, known_cluster)
 
 def test_unknown_spec_key_is_named(ct_env, tmp_path):
     spec = tmp_path / "spec.yaml"
-    spec.write_text("name: x\nprovider: local\nnodes: 2\ninstnce_type: p4d.24xlarge\n")
-    _assert_one_clean_line(run_cli("up", str(spec), env=ct_env), "instnce_type")
+    spec.write_text("name: x\nprovider: local\nnodes: 2\nlink_rte: 200mbit\n")
+    _assert_one_clean_line(run_cli("up", str(spec), env=ct_env), "link_rte", "did you mean 'link_rate'?",
+                           "clustertool up --help")
 
 
 @pytest.mark.parametrize("count", ["0", "-3"])
@@ -89,18 +94,27 @@ def test_unknown_hostfile_format(ct_env, known_cluster):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to an unprivileged user")
-def test_local_provider_as_non_root_says_root_is_needed(tmp_path):
-    home = tmp_path / "home"
+def test_local_provider_as_non_root_says_root_is_needed():
+    # a folder the other user can reach (pytest's own tmp folders are root's alone)
+    top = Path(tempfile.mkdtemp(prefix="ct-test-nonroot-", dir="/var/tmp"))
+    os.chmod(top, stat.S_IRWXU | stat.S_IRWXG | stat.S_IRWXO)
+    home = top / "home"
     home.mkdir()
-    os.chmod(tmp_path, stat.S_IRWXU | stat.S_IRWXG | stat.S_IRWXO)
     os.chmod(home, 0o777)
+    try:
+        _up_as_nobody(home)
+    finally:
+        shutil.rmtree(top)
+
+
+def _up_as_nobody(home):
     env = dict(os.environ, CLUSTERTOOL_HOME=str(home), CLUSTERTOOL_HOSTFILE_DIR=str(home / "hf"),
                CLUSTERTOOL_NO_SSH_INCLUDE="1", HOME=str(home))
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                            sys.executable, "-m", "clustertool", "up", "--provider", "local",
                            "--nodes", "2", "--name", "x"], env=env, capture_output=True, text=True,
                           cwd=str(home))
-    _assert_one_clean_line(proc, "root")
+    _assert_one_clean_line(proc, "the local provider needs root")
     assert not (home / "clusters" / "x.json").exists()
 
 
