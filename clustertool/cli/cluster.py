@@ -42,6 +42,15 @@ def down(
         _sweep(sweep_provider, region, profile, yes, json_output, force_owner)
         return
     name = cluster_name(cluster)
+    stopped = _stop_up_in_flight(name, yes, json_output)
+    if stopped is not None:
+        yes = True  # asked once, for both
+        if not state.exists(name):  # it rolled back everything it had made
+            if json_output:
+                render.print_json({"cluster": name, "stopped_up": stopped, "removed": []})
+            else:
+                typer.echo(f"{stopped}; nothing of cluster {name} is left")
+            return
     c = state.load(name)
     if not yes:
         if not sys.stdin.isatty():
@@ -50,9 +59,26 @@ def down(
     lines = lifecycle.down(name, report=reporter(json_output), terminate_adopted=terminate_adopted,
                            force_owner=force_owner)
     if json_output:
-        render.print_json({"cluster": name, "removed": lines})
+        render.print_json({"cluster": name, "removed": lines, **({"stopped_up": stopped} if stopped else {})})
     else:
-        typer.echo(f"cluster {name} is down")
+        typer.echo(f"{stopped + '; ' if stopped else ''}cluster {name} is down")
+
+
+def _stop_up_in_flight(name: str, yes: bool, json_output: bool) -> str | None:
+    """This home's `up` of ``name`` still running: stop it (SIGTERM rolls it back) once the user agrees."""
+    from clustertool.cluster import lifecycle
+
+    pid = lifecycle.up_in_flight(name)
+    if pid is None:
+        return None
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"cluster {name!r} is being created by pid {pid}; not stopping it without --yes "
+                             "(no terminal to ask on)", hint=f"clustertool down -c {name} --yes stops that `up` "
+                                                            "(it rolls back) and removes what is left")
+        typer.confirm(f"Cluster {name!r} is being created by pid {pid}. Stop that `up` (it rolls back what it "
+                      "made) and tear down whatever is left?", abort=True)
+    return lifecycle.stop_up(name, pid, report=reporter(json_output))
 
 
 def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bool, json_output: bool,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -261,6 +262,45 @@ def install_user_ssh_include() -> Path | None:
     config.write_text(f"# added by clustertool: ssh <cluster>-leader, <cluster>-node-K\n{line}\n\n{existing}")
     os.chmod(config, 0o600)
     return config
+
+
+UP_ROLLBACK_WAIT_S = 900.0  # how long `down` waits for an `up` it stopped to roll back
+
+
+def up_in_flight(name: str) -> int | None:
+    """The pid of this home's `up` of ``name`` that is running now, when it is this user's own
+    (a process of another user, or of another home, is not ours to stop)."""
+    held = state.holder(name)
+    if not held or held[1] != "up" or held[0] <= 0 or not state.alive(held[0]):
+        return None
+    try:
+        if os.stat(f"/proc/{held[0]}").st_uid != os.getuid():
+            return None
+    except OSError:
+        return None
+    return held[0]
+
+
+def stop_up(name: str, pid: int, *, report: Reporter = silent, wait_s: float = UP_ROLLBACK_WAIT_S) -> str:
+    """SIGTERM the `up` making ``name`` (it rolls back what it made, as on Ctrl-C) and wait for it to end.
+    Returns what happened, in one line."""
+    report(f"stopping the `up` of {name!r} in flight (pid {pid}): it rolls back what it made")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return f"the `up` of {name!r} (pid {pid}) had already ended"
+    started = time.monotonic()
+    said = started
+    while state.alive(pid):
+        now = time.monotonic()
+        if now - started > wait_s:
+            raise ToolError(f"the `up` of {name!r} (pid {pid}) is still rolling back after {wait_s:g}s",
+                            hint=f"wait for it to end, then `clustertool down -c {name} --yes` again")
+        if now - said >= 10:
+            report(f"waiting for the `up` (pid {pid}) to roll back ({now - started:.0f}s)")
+            said = now
+        time.sleep(0.2)
+    return f"stopped the `up` of {name!r} (pid {pid}) after {time.monotonic() - started:.1f}s of rollback"
 
 
 def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = False,

@@ -203,6 +203,15 @@ def _read_holder(path: Path) -> tuple[int, str] | None:
         return None
 
 
+def alive(pid: int) -> bool:
+    """A process with this pid exists and has not ended (a zombie, ended but not yet reaped, has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return _alive(pid)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
