@@ -31,16 +31,23 @@ def down(
     terminate_adopted: bool = typer.Option(
         False, "--terminate-adopted", help="Also terminate machines the cluster adopted (never by default)."),
     force_owner: bool = ForceOwnerOpt,
+    any_home: bool = typer.Option(
+        False, "--any-home", help="With --sweep: also delete clusters your AWS identity made from another clustertool "
+                                  "home (a lost or other machine's), not only this home's."),
     json_output: bool = JsonOpt,
 ) -> None:
-    """Tear a cluster down (by its id), leaving nothing that costs money; forget adopted machines."""
+    """Tear a cluster down (by its id), leaving nothing that costs money; forget adopted machines.
+
+    With --sweep --yes the exit code is 1 when a finished cluster that costs money was kept (another
+    home's or another owner's): the last line says which, at what hourly rate, and the flag that deletes it."""
     from clustertool.cli import render
     from clustertool.cluster import lifecycle
     from clustertool.core import state
 
     if sweep:
-        _sweep(sweep_provider, region, profile, yes, json_output, force_owner)
-        return
+        raise typer.Exit(_sweep(sweep_provider, region, profile, yes, json_output, force_owner, any_home))
+    if any_home:
+        raise UsageError("--any-home goes with --sweep", hint="clustertool down --sweep --any-home")
     name = cluster_name(cluster)
     stopped = _stop_up_in_flight(name, yes, json_output)
     if stopped is not None:
@@ -82,7 +89,8 @@ def _stop_up_in_flight(name: str, yes: bool, json_output: bool) -> str | None:
 
 
 def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bool, json_output: bool,
-           force_owner: bool) -> None:
+           force_owner: bool, any_home: bool = False) -> int:
+    """The exit code: 1 under --yes when a billable cluster was kept, else 0."""
     from clustertool.cli import render
 
     sweep: ModuleType  # providers.local.sweep or providers.aws.sweep (_delete_orphans tells them apart)
@@ -96,6 +104,7 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
         rows = [(o.cluster, o.cluster_id or "-", o.id, o.home or "?", f"{o.action}: {o.why}") for o in orphans]
         columns = ["cluster", "id", "bridge", "home", "action"]
         to_delete = [o for o in orphans if o.action == strays.DELETE]
+        kept = None
     elif provider == "aws":
         from clustertool.cluster import autostop, lifecycle
         from clustertool.cluster.status import list_all
@@ -106,33 +115,44 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
             reporter(json_output)(line)
         ids, names = lifecycle.known()
         orphans = sweep.find(region=region, profile=profile, known_ids=ids, known_names=names,
-                             force_owner=force_owner, report=reporter(json_output))
+                             force_owner=force_owner, any_home=any_home, report=reporter(json_output))
         title = "clusters no state of this clustertool home knows"
-        columns = ["cluster", "id", "owner", "age", "resources", "action"]
+        columns = ["cluster", "id", "owner", "age", "resources", "$/h", "action"]
         rows = [(o.name, o.id or "-", o.owner, _age(o.age_s) if o.age_s is not None else "?", o.summary(),
-                 f"{o.action}: {o.why}") for o in orphans]
+                 "?" if o.per_hour is None else f"{o.per_hour:,.2f}", f"{o.action}: {o.why}") for o in orphans]
         to_delete = [o for o in orphans if o.action == sweep.DELETE]
+        kept = sweep.kept_line(orphans)
     else:
         raise UsageError(f"--sweep works for aws and local, not {provider!r}")
+    if any_home and provider != "aws":
+        raise UsageError("--any-home is for --provider aws (a local cluster's home is this machine)")
+    code = 1 if yes and provider == "aws" and kept else 0
     if not orphans:
         render.print_json({"orphans": []}) if json_output else typer.echo("no orphaned clustertool resources")
-        return
+        return 0
     if not json_output:
         render.table(columns, rows, title=title)
     if not to_delete:
-        render.print_json({"orphans": orphans, "removed": []}) if json_output else typer.echo("nothing to delete")
-        return
+        if json_output:
+            render.print_json({"orphans": orphans, "removed": [], **({"kept": kept} if provider == "aws" else {})})
+        else:
+            typer.echo((kept if provider == "aws" else None) or "nothing to delete")
+        return code
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError("refusing to delete orphaned resources without --yes")
         typer.confirm(f"Delete the {len(to_delete)} marked for deletion?", abort=True)
     removed, lines = _delete_orphans(provider, finder, to_delete, reporter(json_output))
     if json_output:
-        render.print_json({"orphans": orphans, "removed": removed, "local": lines})
+        render.print_json({"orphans": orphans, "removed": removed, "local": lines,
+                           **({"kept": kept} if provider == "aws" else {})})
     else:
         for line in lines:
             typer.echo(line)
         typer.echo(f"removed {len(removed)} {'cluster(s)' if provider == 'aws' else 'resource(s)'}")
+        if provider == "aws" and kept:
+            typer.echo(kept)
+    return code
 
 
 def _delete_orphans(provider: str, finder, orphans, report) -> tuple[list, list[str]]:

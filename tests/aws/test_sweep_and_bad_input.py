@@ -31,6 +31,31 @@ def test_sweep_finds_and_deletes_clusters_this_home_lost_only(aws):
     assert aws.total_leaks(kept) == 0
 
 
+def test_a_sweep_from_a_new_home_names_your_cluster_with_its_cost_and_fails_under_yes(aws, monkeypatch, tmp_path):
+    """The clustertool home was lost: the sweep keeps the user's running cluster but says whose it is and
+    what it costs, and a script running it with --yes gets a non-zero exit; --any-home deletes it."""
+    import json
+
+    name = unique("mine")
+    assert aws.ct("up", "-p", "aws", "-N", "2", "--instance-type", "p4d.24xlarge", "--no-ssh", "--name", name)[0] == 0
+    from clustertool.core import state
+
+    cluster_id = state.load(name).id
+    monkeypatch.setenv("CLUSTERTOOL_HOME", str(tmp_path / "new-home"))   # the same AWS identity, a new home
+    code, out, err = aws.ct("down", "--sweep", "--yes")
+    assert code == 1, err   # something billable was kept: a script notices
+    last = out.strip().splitlines()[-1]
+    assert last == (f"kept 1 cluster running at $65.55/h: {cluster_id} (yours, from another clustertool home); "
+                    "--any-home deletes yours"), out
+    assert "yours (this AWS identity), from another clustertool home" in out and "65.55" in out
+    assert aws.leaks(name)["instances"] == 2
+    code, out, err = aws.ct("down", "--sweep", "--yes", "--json")
+    assert code == 1 and json.loads(out)["kept"].startswith("kept 1 cluster running at $65.55/h")
+    code, out, err = aws.ct("down", "--sweep", "--any-home", "--yes")
+    assert code == 0, err
+    assert "removed 1 cluster(s)" in out and aws.total_leaks(name) == 0
+
+
 @pytest.mark.parametrize("args, expected", [
     (("--instance-type", "p9.bogus"), "unknown instance type 'p9.bogus'"),
     (("--instance-type", "p4d.24xlarge", "--az", "us-east-1e"), "--az us-east-1e does not offer p4d.24xlarge"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from clustertool.providers.aws import lease, placement, tags, teardown
+from clustertool.providers.aws import lease, placement, pricing, tags, teardown
 from clustertool.providers.aws.client import Aws
 from clustertool.providers.aws.instances import tagged_by
 
@@ -25,6 +25,17 @@ class Found:
     created: float | None = None
     resources: dict[str, list[str]] = field(default_factory=dict)
     instances: int = 0  # live ones
+    billed: dict[str, int] = field(default_factory=dict)  # instance type -> how many are pending or running
+
+    def per_hour(self) -> float | None:
+        """What its running instances cost an hour, on demand (None: a type with no known price)."""
+        total = 0.0
+        for kind, count in self.billed.items():
+            each = pricing.on_demand(kind)
+            if each is None:
+                return None
+            total += each * count
+        return total
 
     @property
     def key(self) -> str:
@@ -66,6 +77,9 @@ def collect(aws: Aws, name: str | None = None, kinds: tuple[str, ...] = KINDS) -
         found.resources.setdefault(kind, []).append(rid)
         if kind == "instance":
             found.instances += 1
+            if (inst or {}).get("State", {}).get("Name") in ("pending", "running"):
+                kind_ = (inst or {}).get("InstanceType", "?")
+                found.billed[kind_] = found.billed.get(kind_, 0) + 1
 
     if "instance" in kinds:
         for inst in tagged_by(aws, flt):

@@ -34,6 +34,13 @@ class Swept:
     why: str = ""
     ours: bool = False  # made from this clustertool home (its local leftovers go too)
     profile: str | None = None
+    per_hour: float | None = 0.0  # its running instances, on demand (None: a type with no known price)
+    mine: bool = False  # made by this AWS identity (from this home or another)
+    in_flight: bool = False  # its `up` is still running
+
+    @property
+    def billable(self) -> bool:
+        return self.per_hour is None or self.per_hour > 0
 
     def count(self) -> int:
         return sum(len(v) for v in self.resources.values())
@@ -42,7 +49,11 @@ class Swept:
         return ", ".join(f"{len(ids)} {kind}" for kind, ids in sorted(self.resources.items()))
 
 
-def _verdict(found: census.Found, me: owner.Owner, force_owner: bool) -> tuple[str, str, bool]:
+YOURS_ELSEWHERE = "yours (this AWS identity), from another clustertool home"
+
+
+def _verdict(found: census.Found, me: owner.Owner, force_owner: bool,
+             any_home: bool = False) -> tuple[str, str, bool]:
     ours = bool(found.home) and me.matches(found.owner, found.home)
     if lease.live(found.lease):
         return KEEP, f"{lease.describe(found.lease)}: never swept", ours
@@ -51,14 +62,23 @@ def _verdict(found: census.Found, me: owner.Owner, force_owner: bool) -> tuple[s
     if not found.id:
         return DELETE, "no known cluster (made before cluster ids)", ours
     if found.lease == tags.DONE:
+        if _mine(found, me):
+            if any_home or force_owner:
+                return DELETE, f"{YOURS_ELSEWHERE} ({'--any-home' if any_home else '--force-owner'})", ours
+            return KEEP, f"{YOURS_ELSEWHERE} (--any-home deletes it)", ours
         if force_owner:
             return DELETE, "another owner's cluster (--force-owner)", ours
         return KEEP, "another owner's cluster (--force-owner deletes it)", ours
     return DELETE, f"another owner's {lease.describe(found.lease)}", ours
 
 
+def _mine(found: census.Found, me: owner.Owner) -> bool:
+    return bool(found.owner) and owner.principal(found.owner) == owner.principal(me.arn)
+
+
 def find(region: str | None = None, profile: str | None = None, known_ids: Iterable[str] = (),
-         known_names: Iterable[str] = (), force_owner: bool = False, report: Reporter = silent) -> list[Swept]:
+         known_names: Iterable[str] = (), force_owner: bool = False, any_home: bool = False,
+         report: Reporter = silent) -> list[Swept]:
     """Clusters in the region that this home does not know (by id; by name for ones without id)."""
     aws = Aws(region=region, profile=profile, report=report)
     me = owner.caller(aws)
@@ -67,9 +87,10 @@ def find(region: str | None = None, profile: str | None = None, known_ids: Itera
     for found in census.collect(aws).values():
         if (found.id and found.id in ids) or (not found.id and found.name in names):
             continue
-        action, why, ours = _verdict(found, me, force_owner)
+        action, why, ours = _verdict(found, me, force_owner, any_home)
         out.append(Swept(found.name, found.id, owner.describe(found.owner, found.home), found.age(),
-                         lease.describe(found.lease), aws.region, dict(found.resources), action, why, ours, profile))
+                         lease.describe(found.lease), aws.region, dict(found.resources), action, why, ours, profile,
+                         found.per_hour(), _mine(found, me), lease.live(found.lease)))
     return sorted(out, key=lambda s: (s.action != DELETE, s.name, s.id))
 
 
@@ -88,3 +109,19 @@ def delete(swept: list[Swept], report: Reporter = silent) -> list[Swept]:
             report(f"{item.id or item.name}: {line}")
         removed.append(item)
     return removed
+
+
+def kept_line(swept: list[Swept]) -> str | None:
+    """`kept 1 cluster running at $65.55/h: <id> (yours, from another clustertool home); --any-home deletes it`,
+    for the finished clusters the sweep keeps that cost money (an `up` in flight is not counted)."""
+    kept = [s for s in swept if s.action == KEEP and s.billable and not s.in_flight]
+    if not kept:
+        return None
+    known = [s.per_hour for s in kept if s.per_hour is not None]
+    rate = f"${sum(known):,.2f}/h" + (" and more (a type with no known price)" if len(known) < len(kept) else "")
+    whose = ", ".join(f"{s.id or s.name} ({'yours, from another clustertool home' if s.mine else 'another owner'})"
+                      for s in kept)
+    flags = "--any-home deletes yours" if any(s.mine for s in kept) else ""
+    flags += ("; " if flags else "") + "--force-owner deletes any" if any(not s.mine for s in kept) else ""
+    word = "cluster" if len(kept) == 1 else "clusters"
+    return f"kept {len(kept)} {word} running at {rate}: {whose}; {flags or '--force-owner deletes it'}"
