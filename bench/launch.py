@@ -9,7 +9,8 @@ little) with:
   clustertool run --launcher torchrun  one torchrun per node, carried there by mpirun
   clustertool run --launcher process   one process per slot, started by clustertool's agent
   pdsh ... torchrun (by hand)          what a user types: pdsh -w <every node> torchrun --nnodes N
-                                       --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint <leader>:<port>
+                                       --nproc-per-node 2 --node-rank <from the host name>
+                                       --master-addr <leader> --master-port <port>
 
 The start time is the moment the command starts; a run's figure is the last rank's timestamp minus
 it (the nodes share this machine's clock).  Ratios are to the pdsh row, medians of the rounds.
@@ -40,9 +41,11 @@ sys.path.insert(0, str(REPO))
 CT = [sys.executable, "-m", "clustertool"]
 SLOTS = 2
 
-FIRST = '''
+FIRST = r'''
 import os, sys, time
-print("first", os.environ.get("RANK"), repr(time.time()), flush=True)
+# one write: under pdsh two ranks share a pipe, and `python -u` prints each piece of a print() apart
+sys.stdout.write(f"first {os.environ.get('RANK')} {time.time()!r}\n")
+sys.stdout.flush()
 if len(sys.argv) > 1 and sys.argv[1] == "fail":
     if os.environ.get("RANK") == "1":
         sys.exit(1)
@@ -91,8 +94,11 @@ def ct_start(name, env, launcher, script, nranks) -> float:
 def pdsh_start(name, home, env, nodes, leader_addr, script, nranks, port) -> float:
     cfg = f"{home}/clusters/{name}/ssh_config"
     aliases = [f"{name}-node-{i}" for i in range(1, nodes + 1)]
-    remote = (f"{node_bin('torchrun')} --nnodes {nodes} --nproc-per-node {SLOTS} --rdzv-backend c10d "
-              f"--rdzv-endpoint {leader_addr}:{port} --rdzv-id bench{port} {script}")
+    # node-K's rank among the nodes from its host name, as a careful user would write it (static rendezvous:
+    # the same as clustertool's torchrun launcher, so the rows compare the starting, not the rendezvous)
+    remote = (f"{node_bin('torchrun')} --nnodes {nodes} --nproc-per-node {SLOTS} "
+              f"--node-rank $(( $(hostname | sed 's/^node-//') - 1 )) --master-addr {leader_addr} "
+              f"--master-port {port} {script}")
     penv = dict(env, PDSH_SSH_ARGS=f"-F {cfg} -l%u %h")
     t0 = time.time()
     proc = sh(["pdsh", "-R", "ssh", "-f", str(nodes), "-w", ",".join(aliases), remote], penv, check=False, timeout=900)

@@ -170,6 +170,22 @@ def test_a_playbook_run_step_takes_sync_true_or_a_folder(recorded, tmp_path):
         assert (f"-wdir {wdir} " in proc.stdout) if wdir else ("-wdir" not in proc.stdout)
 
 
+def test_a_playbook_run_step_takes_a_launcher_and_a_hang_timeout(recorded, tmp_path):
+    from clustertool.cli.play import resolver
+    from clustertool.playbook import load
+
+    env, _ = recorded
+    path = tmp_path / "pb.yaml"
+    path.write_text("cluster: rec\nsteps:\n"
+                    "  - run: {launcher: torchrun, hang_timeout: 10m, dry_run: true, command: 'python t.py --lr 1'}\n")
+    [step] = load.load(path, {}, resolver).steps
+    assert step.argv[:5] == ["run", "--launcher", "torchrun", "--hang-timeout", "10m"]
+    proc = run_cli(*step.argv, env=env)  # the real CLI: one torchrun a node, python's script kept
+    assert proc.returncode == 0, proc.stderr
+    assert "ct-agent" in proc.stdout and "-m torch.distributed.run --nnodes" in proc.stdout
+    assert "t.py --lr 1" not in proc.stdout.splitlines()[0] and "'{agent}' --lr 1" in proc.stdout
+
+
 def test_import_clustertool_is_cheap_and_help_loads_no_fabric():
     code = ("import sys, clustertool\n"
             "loaded = sorted(m for m in sys.modules if m.startswith('clustertool'))\n"

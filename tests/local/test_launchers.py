@@ -200,17 +200,7 @@ def test_every_launcher_trained_to_the_same_parameters(cluster):
 def test_kill_leaves_nothing_on_any_node(cluster, folder, launcher):
     needs(launcher)
     name, env = cluster
-    started = run_cli(*run_words(name, launcher, str(folder / "wait.py")), env=env, timeout=120)
-    assert started.returncode == 0, started.stderr
-    job_id = started.stdout.strip()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:   # every rank is in its allreduce loop
-        out = run_cli("logs", "-c", name, job_id, env=env).stdout
-        if len(set(re.findall(r"\[\d+,(\d)\]<stdout>:ready", out))) == 8:
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail(f"not every rank started: {out[-2000:]}")
+    job_id = start_ready(name, env, launcher, str(folder / "wait.py"))
     killed = run_cli("kill", "-c", name, job_id, env=env, timeout=120)
     assert killed.returncode == 0, killed.stderr
     assert gone_within(name, job_id, 5) == []
@@ -240,20 +230,24 @@ def test_one_rank_failing_stops_the_job_everywhere_and_jobs_names_it(cluster, fo
         assert "rank 5 gives up" in " ".join(failure["tail"])   # the rank's last stderr lines
 
 
-def wait_ready(name: str, env: dict, job_id: str) -> None:
+def start_ready(name: str, env: dict, launcher: str, script: str, *flags: str) -> str:
+    """Start ``script`` (it prints "ready" once in its loop) detached; its job id once every rank said it."""
+    words = run_words(name, launcher, script)
+    started = run_cli(*words[:3], *flags, *words[3:], env=env, timeout=120)
+    assert started.returncode == 0, started.stderr
+    job_id = started.stdout.strip()
     deadline = time.monotonic() + 120
-    while len(set(re.findall(r"\[\d+,(\d)\]<stdout>:ready", run_cli("logs", "-c", name, job_id, env=env).stdout))) < 8:
-        assert time.monotonic() < deadline, "not every rank started"
+    out = ""
+    while len(set(re.findall(r"\[\d+,(\d)\]<stdout>:ready", out))) < 8:
+        assert time.monotonic() < deadline, f"not every rank started: {out[-2000:]}"
         time.sleep(0.5)
+        out = run_cli("logs", "-c", name, job_id, env=env).stdout
+    return job_id
 
 
 def test_a_hang_is_found_and_stacks_show_the_odd_rank_alone(cluster, folder):
     name, env = cluster
-    started = run_cli(*run_words(name, "torchrun", str(folder / "hang.py"))[:3], "--hang-timeout", "20s",
-                      *run_words(name, "torchrun", str(folder / "hang.py"))[3:], env=env, timeout=120)
-    assert started.returncode == 0, started.stderr
-    job_id = started.stdout.strip()
-    wait_ready(name, env, job_id)
+    job_id = start_ready(name, env, "torchrun", str(folder / "hang.py"), "--hang-timeout", "20s")
     stacks = run_cli("stacks", "-c", name, job_id, env=env, timeout=120)
     assert stacks.returncode == 0, stacks.stdout + stacks.stderr
     groups = stacks.stdout.strip().splitlines()
@@ -285,10 +279,7 @@ def _veth(name: str, index: int) -> str:
 
 def test_a_node_that_drops_off_the_network_stops_the_job_everywhere(cluster, folder):
     name, env = cluster
-    started = run_cli(*run_words(name, "torchrun", str(folder / "wait.py")), env=env, timeout=120)
-    assert started.returncode == 0, started.stderr
-    job_id = started.stdout.strip()
-    wait_ready(name, env, job_id)
+    job_id = start_ready(name, env, "torchrun", str(folder / "wait.py"))
     veth = _veth(name, 3)
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)   # silent: no reset, no answer
     t0 = time.monotonic()
@@ -312,10 +303,7 @@ def test_a_node_that_drops_off_the_network_stops_the_job_everywhere(cluster, fol
 def test_a_node_whose_sshd_stops_mid_job_stops_the_job_everywhere(cluster, folder):
     """Last in this module: in the local provider a node whose sshd dies is gone (its PID 1 exits)."""
     name, env = cluster
-    started = run_cli(*run_words(name, "process", str(folder / "wait.py")), env=env, timeout=120)
-    assert started.returncode == 0, started.stderr
-    job_id = started.stdout.strip()
-    wait_ready(name, env, job_id)
+    job_id = start_ready(name, env, "process", str(folder / "wait.py"))
     pids = subprocess.run(["ip", "netns", "pids", f"ct-{name}-4"], capture_output=True, text=True).stdout.split()
     listener = [p for p in pids if b"[listener]" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert listener, "node-4's sshd"
