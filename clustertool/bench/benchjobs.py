@@ -17,18 +17,20 @@ from clustertool.jobs.mpirun import MpiOptions
 
 
 def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
-             plugin: bool = False) -> Launcher:
+             plugin: bool = False, launcher_name: str | None = None) -> Launcher:
     """Every rank also gets CLUSTERTOOL_LEADER_ADDR (e.g. for torch.distributed's MASTER_ADDR)."""
     env = [f"CLUSTERTOOL_LEADER_ADDR={cluster.leader.address}", *env]
-    return jobs_launcher(cluster, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
+    return jobs_launcher(cluster, env=env, timeout=timeout, on_line=on_line, plugin=plugin,
+                         launcher_name=launcher_name)
 
 
 def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
-                  plugin: bool = False, name: str | None = None) -> Launcher:
-    """``name``: the job's name in `clustertool jobs` (default ``scaling-<N>n``)."""
+                  plugin: bool = False, name: str | None = None, launcher_name: str | None = None) -> Launcher:
+    """``name``: the job's name in `clustertool jobs` (default ``scaling-<N>n``); ``launcher_name``: what
+    starts the ranks (`run --launcher`; None: mpirun, or the launcher the command starts with)."""
     session = ClusterSession(cluster)
     def start(nodes, per_node, argv):
-        opts = MpiOptions(command=list(argv), per_node=per_node, env=list(env))
+        opts = MpiOptions(command=list(argv), per_node=per_node, env=list(env), launcher=launcher_name)
         try:
             started = launch.run(session, opts, selection=",".join(n.name for n in nodes),
                                  name=name or f"scaling-{len(nodes)}n", use_plugin=plugin)

@@ -16,6 +16,9 @@ PerNodeOpt = typer.Option(None, "--per-node", help="Ranks per node (default: the
 MetricRegexOpt = typer.Option(None, "--metric-regex", help="Regex with one group around the throughput number "
                                                            "(default: images/sec, samples/sec, img/sec ... figures).")
 RankEnvOpt = typer.Option([], "-x", "--env", help="VAR or VAR=VALUE exported to every rank (repeatable).")
+LauncherOpt = typer.Option(None, "--launcher", metavar="NAME",
+                           help="What starts the ranks, as `run --launcher`: mpirun (default), torchrun, accelerate, "
+                                "deepspeed or process (a command starting with one of them gets it by itself).")
 
 bench_app = typer.Typer(name="bench", no_args_is_help=True, add_completion=False,
                         help="Benchmarks across the cluster: scaling of a training job, allreduce bandwidth.")
@@ -31,6 +34,7 @@ def scaling(
     per_node: Optional[int] = PerNodeOpt,
     metric_regex: Optional[str] = MetricRegexOpt,
     env: List[str] = RankEnvOpt,
+    launcher_name: Optional[str] = LauncherOpt,
     timeout: float = typer.Option(1800, "--timeout", help="Seconds per size before the run counts as hung."),
     repeat: int = typer.Option(
         1, "--repeat", "-r", help="Runs per size, round-robin over the sizes; the median counts (for noisy, shared "
@@ -64,7 +68,7 @@ def scaling(
     c = state.load(cluster_name(cluster))
     _warn_shared_cpus(c, sizes, per_node)
     on_line = None if (quiet or json_output) else render.live_line
-    launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
+    launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin, launcher_name=launcher_name)
     result = run_scaling(c, sizes, per_node, command, launch=launch, regex=metric_regex,
                               log_dir=log_dir, repeat=repeat, report=render.info)
     from clustertool.bench.chart import write_chart
@@ -84,6 +88,7 @@ def compare(
     per_node: Optional[int] = PerNodeOpt,
     metric_regex: Optional[str] = MetricRegexOpt,
     env: List[str] = RankEnvOpt,
+    launcher_name: Optional[str] = LauncherOpt,
     timeout: float = typer.Option(1800, "--timeout", help="Seconds per run before it counts as hung."),
     repeat: int = typer.Option(1, "--repeat", "-r", help="Runs per variant, round-robin; the median counts."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="PATH", help="Write the table as CSV here."),
@@ -112,7 +117,7 @@ def compare(
     names = parse_variants(variants)
     c = state.load(cluster_name(cluster))
     on_line = None if (quiet or json_output) else render.live_line
-    launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin)
+    launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin, launcher_name=launcher_name)
     result = run_compare(c, names, command, launch=launch, nodes=nodes, per_node=per_node, regex=metric_regex,
                               repeat=repeat, log_dir=log_dir, report=render.info)
     _finish("compare", result, f"{', '.join(names)} on {c.name} ({result.nodes} nodes): {result.command}", json_output,

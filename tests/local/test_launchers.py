@@ -268,6 +268,20 @@ def test_a_hang_is_found_and_stacks_show_the_odd_rank_alone(cluster, folder):
     assert gone_within(name, job_id, 10) == []
 
 
+def test_bench_scaling_runs_each_size_under_the_launcher(cluster, folder):
+    """`bench scaling --launcher torchrun`: each size a torchrun job on the first N nodes."""
+    name, env = cluster
+    (folder / "rate.py").write_text("import os\nprint(f\"samples/sec: {100 * int(os.environ['WORLD_SIZE'])}\", "
+                                    "flush=True)\n")
+    proc = run_cli("bench", "scaling", "-c", name, "--nodes", "1,2", "--launcher", "torchrun", "--json", "--",
+                   bin_of("torchrun"), str(folder / "rate.py"), env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    points = json.loads(proc.stdout)["points"]
+    assert [(p["nodes"], p["ranks"]) for p in points] == [(1, 2), (2, 4)]
+    jobs = json.loads(run_cli("jobs", "-c", name, "--json", env=env).stdout)["jobs"]
+    assert [j["launcher"] for j in jobs if (j["name"] or "").startswith("scaling-")][-2:] == ["torchrun"] * 2
+
+
 def _veth(name: str, index: int) -> str:
     """The host side of node ``index``'s link to the cluster bridge."""
     out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
