@@ -51,6 +51,7 @@ LAUNCHER_SPECS ?= accelerate deepspeed
 $(VENV)/.launchers: $(VENV)/.torch
 	@if [ -n "$(NO_TORCH)" ]; then echo "NO_TORCH set: not installing accelerate, deepspeed"; else \
 	  echo "installing $(LAUNCHER_SPECS)"; \
+	  $(PY) -m pip install -q setuptools wheel packaging && \
 	  DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation $(LAUNCHER_SPECS) && touch $@; fi
 
 venv: $(VENV)/.installed $(VENV)/.torch $(VENV)/.launchers
