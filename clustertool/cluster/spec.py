@@ -251,10 +251,10 @@ def _reject_unknown(data: dict, overrides: dict, option_specs: dict, provider: s
         if key not in valid:
             guess = difflib.get_close_matches(str(key), sorted(option_specs), n=1, cutoff=0.6)
             flags = ", ".join(_flag(k) for k in sorted(option_specs)) or "none"
-            listed = flags if len(flags) <= 60 else "clustertool up --help"
             maybe = f"did you mean {_flag(guess[0])}? " if guess else ""
-            raise SpecError(f"{_flag(_clip(key))}: not an option of provider {provider!r}; {maybe}"
-                            f"(its options: {listed})")
+            line = f"{_flag(_clip(key))}: not an option of provider {provider!r}; {maybe}(its options: "
+            # the options themselves where the line stays short, else where to read them
+            raise SpecError(line + (flags if len(line) + len(flags) < 150 else "clustertool up --help") + ")")
 
 
 def _short(label: str, limit: int = 48) -> str:
