@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import statistics
@@ -36,9 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-CT = [sys.executable, "-m", "clustertool"]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent))   # at the end: bench/copy.py must not shadow copy
+from benchlib import CLI as CT  # noqa: E402
+from benchlib import Home  # noqa: E402
+
 SLOTS = 2
 
 FIRST = r'''
@@ -184,15 +185,13 @@ def main() -> None:
     args = ap.parse_args()
     if not shutil.which("pdsh"):
         raise SystemExit("pdsh not found: apt-get install pdsh")
-    home = tempfile.mkdtemp(prefix="ct-bench-launch-")
-    env = dict(os.environ, CLUSTERTOOL_HOME=home, CLUSTERTOOL_HOSTFILE_DIR=f"{home}/hostfiles",
-               CLUSTERTOOL_NO_SSH_INCLUDE="1")
+    home = Home("ct-bench-launch-")   # a throw-away clustertool home
     results = {}
     try:
         for n in [int(x) for x in args.nodes.split(",")]:
-            results[n] = bench_size(n, args.rounds, home, env)
+            results[n] = bench_size(n, args.rounds, home.path, home.env)
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        home.remove()
     report(results, args.rounds)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
