@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 
 import pytest
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.model import JobRecord
 from clustertool.jobs import kill, records
-from tests.fakes.cluster import saved_cluster
+from tests.fakes.cluster import saved_job
 from tests.fakes.transport import Call, Reply, ScriptedTransport
 
 pytestmark = pytest.mark.unit
@@ -40,11 +39,7 @@ def kills(call: Call) -> bool:
 
 @pytest.fixture
 def job(ct_env) -> JobRecord:
-    saved_cluster("kv", 3)
-    job = JobRecord(JOB, "kv", ["python3", "train.py"], nodes=["node-1", "node-2", "node-3"], np=3, leader="node-1",
-              started=time.time() - 60)
-    records.save(job)
-    return job
+    return saved_job(JOB, "kv", 3, np=3)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from clustertool.core.model import JobRecord
 from clustertool.jobs import records
 from clustertool.jobs import stacks as js
 from clustertool.nodeprogs import stacks as prog
-from tests.fakes.cluster import saved_cluster
+from tests.fakes.cluster import saved_job
 from tests.fakes.transport import Reply, ScriptedTransport
 
 pytestmark = pytest.mark.unit
@@ -202,11 +201,7 @@ def asks_stacks(call) -> bool:
 
 @pytest.fixture
 def job(ct_env) -> JobRecord:
-    saved_cluster("st", 3)
-    job = JobRecord(JOB, "st", ["python3", "train.py"], nodes=["node-1", "node-2", "node-3"], np=6, leader="node-1",
-                    started=time.time() - 60)
-    records.save(job)
-    return job
+    return saved_job(JOB, "st", 3, np=6)
 
 
 def status_reply(job: JobRecord, alive: bool = True) -> Reply:
