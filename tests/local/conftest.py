@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -142,3 +143,16 @@ def s3_cluster(ct_env, local_cluster):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+# PyTorch's own teardown abort: after the last line of training, a process with gloo (and DDP) alive can
+# be aborted while the interpreter exits (a worker thread needs a GIL that is going away; see pytorch
+# PR 179291). Seen here on a loaded 2-core box about once in 40 runs of this script even with
+# OMP_NUM_THREADS=1 (more often without it). The tool then does what it should: it names that rank and
+# its signal. The test accepts exactly that, after every rank trained to the same parameters.
+TEARDOWN_ABORT = re.compile(r"failed: rank \d+ on node-\d+ killed by signal 6: terminate called without an active "
+                            r"exception$", re.M)
+
+
+def torch_teardown_abort(proc) -> bool:
+    return proc.returncode != 0 and bool(TEARDOWN_ABORT.search(proc.stderr))
