@@ -177,7 +177,7 @@ SUPERVISE_MISSES = 3  # rounds without an answer before a node counts as gone
 
 def _supervisor(plan: JobPlan, job: JobRecord) -> bytes | None:
     """The leader's supervisor for a job with other nodes, or a hang timeout (nodeprogs/supervise.py)."""
-    others = [n for n in plan.nodes[1:]]
+    others = list(plan.nodes[1:])
     if not others and job.hang_timeout is None:
         return None
     nodes = [[n.name, n.address, n.ssh_port if n.ssh_host in (None, n.address) else 22] for n in others]

@@ -224,7 +224,7 @@ def node_argv(spec: LaunchSpec, share: NodeShare, rdzv: Rendezvous) -> list[str]
         # Static rendezvous (torchrun's default): node rank k gets ranks k*nproc.., in the hostfile's
         # order, as mpirun numbers them, rank 0 on the leader; the leader's agent hosts the store.
         # A user who asked for c10d keeps it, at the leader's address, this job's id.
-        own = [o for o in spec.options]
+        own = list(spec.options)
         argv = [*spec.prefix, "--nnodes", str(rdzv.nnodes), "--nproc-per-node", str(k.nprocs),
                 "--node-rank", str(k.node_rank)]
         backend = _value_of(own, ("--rdzv-backend", "--rdzv_backend"))

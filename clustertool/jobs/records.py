@@ -14,6 +14,7 @@ import secrets
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
@@ -97,12 +98,7 @@ def parse_status(output: str) -> dict[str, tuple[str, bool, bool, bool, float | 
         parts = line.split()
         if len(parts) < 7 or parts[0] != "J":
             continue
-        record = None
-        if len(parts) >= 8:
-            try:
-                record = json.loads(base64.b64decode(parts[7]))
-            except (binascii.Error, ValueError):
-                record = None
+        record = _b64_json(parts[7]) if len(parts) >= 8 else None
         ended = float(parts[6]) if parts[6].isdigit() and parts[6] != "0" else None
         out[parts[1]] = (parts[2], parts[3] == "1", parts[4] == "1", parts[5] == "1", ended, record)
     return out
@@ -123,14 +119,17 @@ def parse_hung(output: str) -> dict[str, dict]:
     out = {}
     for line in output.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[0] == "H":
-            try:
-                doc = json.loads(base64.b64decode(parts[2]))
-            except (binascii.Error, ValueError):
-                continue
-            if isinstance(doc, dict):
-                out[parts[1]] = doc
+        if len(parts) == 3 and parts[0] == "H" and isinstance(doc := _b64_json(parts[2]), dict):
+            out[parts[1]] = doc
     return out
+
+
+def _b64_json(text: str) -> Any:
+    """The JSON document a leader's line carries in base64 (None when it is not one)."""
+    try:
+        return json.loads(base64.b64decode(text))
+    except (binascii.Error, ValueError):
+        return None
 
 
 def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:

@@ -205,7 +205,7 @@ def first_failure(out, width):
     return first
 
 
-def report_failure(found, out, width, launcher_status=None):
+def report_failure(found, launcher_status=None):
     """Write ``failure`` and say it on stderr (mpirun carries it to the job's log)."""
     if found is None:
         found = {"rank": None, "node": host(), "code": launcher_status, "signal": None, "time": time.time(),
@@ -280,7 +280,7 @@ def run_processes(plan, share, env):
             sys.stderr.write(f"clustertool: rank {rank} on {host()}: cannot start {program['argv'][0]}: {exc}\n")
             record_exit(rank, 127, False)
             stop_all(list(children.values()))
-            report_failure(first_failure(out, width), out, width)
+            report_failure(first_failure(out, width))
             return 127
         children[child.pid] = (rank, child)
         stopper.children.append(child)
@@ -300,7 +300,7 @@ def run_processes(plan, share, env):
         if child.returncode != 0 and failed is None:
             failed = child.returncode
             if stopper.told is None:
-                report_failure(first_failure(out, width), out, width)
+                report_failure(first_failure(out, width))
             rest = list(children.values())
             stop_all([c for _, c in rest])
             for r, c in rest:
@@ -329,7 +329,7 @@ def run_launcher(plan, share, env):
     stopper.children.append(child)
     status = wait(child)
     if status != 0 and stopper.told is None:
-        report_failure(first_failure(plan["out"], plan["width"]), plan["out"], plan["width"], status)
+        report_failure(first_failure(plan["out"], plan["width"]), status)
     if stopper.told is not None:
         return 128 + stopper.told
     return exit_status(status) if status else 0

@@ -70,19 +70,24 @@ def read_pid(path, wait_s=30.0):
     return None
 
 
-def probe_all(nodes, timeout):
-    """{name: answered} for every node, probed at once."""
+def at_once(nodes, work, timeout, missing=None):
+    """{name: work(node)} for every node, all at once (``missing`` for one that took longer than ``timeout``)."""
     result = {}
 
     def one(node):
-        result[node[0]] = answers(node[1], int(node[2]), timeout)
+        result[node[0]] = work(node)
 
     threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout + 1.0)
-    return {n[0]: result.get(n[0], False) for n in nodes}
+    return {n[0]: result.get(n[0], missing) for n in nodes}
+
+
+def probe_all(nodes, timeout):
+    """{name: answered} for every node, probed at once."""
+    return at_once(nodes, lambda n: answers(n[1], int(n[2]), timeout), timeout, missing=False)
 
 
 def stop(pid, grace):
@@ -131,17 +136,7 @@ def on_node(node, leader, argv, stdin, timeout):
 
 
 def on_all(nodes, leader, argv, stdin, timeout):
-    result = {}
-
-    def one(node):
-        result[node[0]] = on_node(node, leader, argv, stdin, timeout)
-
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 1.0)
-    return {n[0]: result.get(n[0]) for n in nodes}
+    return at_once(nodes, lambda n: on_node(n, leader, argv, stdin, timeout), timeout)
 
 
 class HangWatch:
