@@ -27,7 +27,8 @@ from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Records "pid ppid pgid sid" of the rank (after exec the wrapper's pid is the rank's) in
-# ~/.clustertool/jobs/<job>/ranks/<host>.<rank> on the rank's node, gives the rank the variables
+# ~/.clustertool/jobs/<job>/ranks/<host>.<rank> on the rank's node, stops there when `kill` has
+# already marked the job on this node (a rank started after kill looked for processes), gives the rank the variables
 # torch.distributed's env:// (and most launchers' scripts) read, from Open MPI's own, then runs the
 # program.  NODE_RANK: the node whose first rank (CLUSTERTOOL_RANK_STARTS, in hostfile order, as
 # `-map-by slot` fills the nodes) is the last one at or below this rank.
@@ -35,6 +36,7 @@ RANK_WRAPPER = (
     'd="$HOME/' + JOBS_DIR + '/$' + JOB_ENV + '/ranks"; mkdir -p "$d"; '
     'read -r p _ _ pp pg sid _ < /proc/$$/stat; '
     'echo "$p $pp $pg $sid" > "$d/$(uname -n).${OMPI_COMM_WORLD_RANK:-$$}"; '
+    '[ -f "$d/../killed" ] && exit 143; '
     'if [ -n "${OMPI_COMM_WORLD_RANK:-}" ]; then '
     'export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
     'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" '

@@ -336,6 +336,8 @@ def run_launcher(plan, share, env):
 
 
 def node_agent():
+    if os.path.exists(os.path.join(job_dir(), "killed")):  # `kill` marked this node before the agent started
+        return 143
     with open(os.path.join(job_dir(), "agent.json")) as fh:
         plan = json.load(fh)
     plan["out"] = os.path.expandvars(plan["out"])

@@ -37,7 +37,9 @@ if [ "$ACTION" = list ]; then
   exit 0
 fi
 
-[ "$MARK" = 1 ] && [ -d "$d" ] && touch "$d/killed"
+# the mark comes first: a rank wrapper or node agent that starts after it sees it and does not run
+# (one that started before it is among the processes found below)
+[ "$MARK" = 1 ] && mkdir -p "$d" && touch "$d/killed"
 first=$(procs | tr '\n' ' ')
 # shellcheck disable=SC2086  # a list of pids
 [ -n "$first" ] && kill "-$SIGNAL" $first 2>/dev/null

@@ -224,3 +224,21 @@ def test_kill_reports_gpu_memory_still_held_by_a_killed_pid(tmp_path):
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_rank_that_starts_after_kill_marked_its_node_never_runs(tmp_path):
+    """The race CI hit: `kill` right after `run`, while mpirun was still reaching a member. That
+    node had no process of the job yet, so kill found none; the rank started a moment later and
+    was left running. Now kill marks the node first and the rank wrapper stops at the mark."""
+    from clustertool.jobs.mpirun import RANK_WRAPPER
+
+    job_id = new_id()
+    out = sh(scripts.kill_script(job_id, "TERM", 0), tmp_path, check=True).stdout
+    assert "signaled \n" in out and (tmp_path / ".clustertool/jobs" / job_id / "killed").exists()
+    proof = tmp_path / "ran"
+    env = {"HOME": str(tmp_path), "CLUSTERTOOL_JOB": job_id, "OMPI_COMM_WORLD_RANK": "0", "PATH": "/usr/bin:/bin"}
+    late = subprocess.run(["sh", "-c", RANK_WRAPPER, "ct-rank", "touch", str(proof)], env=env)
+    assert late.returncode == 143 and not proof.exists()
+    other = dict(env, CLUSTERTOOL_JOB=new_id())  # another job on the same node still runs
+    assert subprocess.run(["sh", "-c", RANK_WRAPPER, "ct-rank", "touch", str(proof)], env=other).returncode == 0
+    assert proof.exists()

@@ -130,3 +130,19 @@ def test_accelerate_needs_the_same_number_of_processes_on_every_node():
 def test_mpirun_jobs_keep_their_rank_wrapper():
     plan = plan_job(cluster(), cluster().workers, MpiOptions(["python", "t.py"]), "j1")
     assert plan.launcher == "mpirun" and "ct-rank" in plan.argv and "--output-filename" in plan.argv
+
+
+def test_a_node_agent_that_starts_after_kill_marked_its_node_starts_nothing(tmp_path):
+    """Like the rank wrapper: `kill` marks the job's folder on each node before it looks for
+    processes, so an agent mpirun starts late exits at once instead of starting the ranks."""
+    import shutil
+    import subprocess
+    import sys
+
+    from clustertool.nodeprogs import jobagent
+
+    shutil.copy(jobagent.__file__, tmp_path / "jobagent.py")
+    (tmp_path / "killed").touch()  # no agent.json: reading the plan would fail
+    ran = subprocess.run([sys.executable, str(tmp_path / "jobagent.py")], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "OMPI_COMM_WORLD_RANK": "1"})
+    assert ran.returncode == 143 and ran.stderr == ""
