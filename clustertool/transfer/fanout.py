@@ -91,13 +91,16 @@ def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | 
     sent = files = 0
     names: list[str] = []
     for raw in iter(stdout.readline, b""):
-        got = parse_file_line(raw.decode("utf-8", "surrogateescape"))
+        line = raw.decode("utf-8", "surrogateescape")
+        got = parse_file_line(line)
         if got is not None:
             files += 1
             sent += got[0]
             names.append(got[1])
             if on_bytes is not None:
                 on_bytes(node, sent)
+        elif line.strip():  # an rsync on a node writes its messages here too (2>&1, see from_source_node)
+            err.append(line.rstrip("\n"))
     proc.wait()
     t.join(timeout=5)
     error = None
@@ -142,7 +145,9 @@ def from_source_node(session: ClusterSession, source: Node, targets: list[Node],
     """rsync on the source node to every target at once (one ssh session per target)."""
     jobs = []
     for node in targets:
-        command = shlex.join(rsync_argv(src, src_is_dir, node.address, dest, cipher=cipher, delete=delete))
+        # rsync's messages ("Read-only file system") go to the session's stdout, read to its end
+        # before we look: on ssh's stderr stream CI once lost them when the rsync exited at once
+        command = shlex.join(rsync_argv(src, src_is_dir, node.address, dest, cipher=cipher, delete=delete)) + " 2>&1"
         if run_id is not None:
             command = tracked(command, status_dir(run_id, f"fanout-{node.name}"))
         jobs.append((node.name, session.argv(source, command)))
