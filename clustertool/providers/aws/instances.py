@@ -164,10 +164,18 @@ def console_host_keys(aws: Aws, instance_id: str) -> list[str]:
     return host_keys_from_console(output)
 
 
+def efa_interfaces(inst: dict) -> int | None:
+    """EFA interfaces attached to the instance (InterfaceType efa or efa-only), for `doctor --check efa`;
+    None when the description carries no interface types (moto's, for one)."""
+    kinds = [ni.get("InterfaceType") for ni in inst.get("NetworkInterfaces") or []]
+    return sum(k in ("efa", "efa-only") for k in kinds) if any(kinds) else None
+
+
 def to_node(inst: dict, *, index: int, leader: bool, slots: int, server: int = 0) -> Node:
     """``server`` > 0: reduction server number ``server`` (named server-<j>, no slots)."""
     private = inst.get("PrivateIpAddress") or ""
     role = SERVER if server else LEADER if leader else MEMBER
+    efa = efa_interfaces(inst)
     return Node(
         name=f"server-{server}" if server else f"node-{index}", index=index, address=private, role=role,
         slots=0 if server else slots,
@@ -175,7 +183,8 @@ def to_node(inst: dict, *, index: int, leader: bool, slots: int, server: int = 0
         instance_id=inst["InstanceId"],
         extra={"az": inst.get("Placement", {}).get("AvailabilityZone", ""),
                "instance_type": inst.get("InstanceType", ""),
-               "launch_time": str(inst.get("LaunchTime", "")), "spot": inst.get("InstanceLifecycle") == "spot"},
+               "launch_time": str(inst.get("LaunchTime", "")), "spot": inst.get("InstanceLifecycle") == "spot",
+               **({"efa_interfaces": efa} if efa is not None else {})},
     )
 
 
