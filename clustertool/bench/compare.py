@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from clustertool.bench.chart import pyplot, short_command
-from clustertool.bench.scaling import Launcher, compile_metric, job_argv, parse_throughput
+from clustertool.bench.scaling import Launcher, compile_metric, cordoned_note, job_argv, parse_throughput
 from clustertool.core.errors import UsageError
 from clustertool.core.model import Reporter, silent
 
@@ -83,10 +83,11 @@ def run_compare(cluster, names: list[str], command: Sequence[str], *, launch: La
                 per_node: int | None = None, regex: str | None = None, repeat: int = 1,
                 log_dir: Path | None = None, report: Reporter = silent) -> CompareResult:
     """Run each variant ``repeat`` times, round-robin, on the first ``nodes`` workers (default all)."""
-    workers = cluster.workers
+    workers = cluster.schedulable  # cordoned nodes run no job
     count = nodes or len(workers)
     if not 1 <= count <= len(workers):
-        raise UsageError(f"--nodes {count}: cluster {cluster.name!r} has {len(workers)} worker node(s)")
+        raise UsageError(f"--nodes {count}: cluster {cluster.name!r} has {len(workers)} worker node(s)"
+                         + cordoned_note(cluster))
     if repeat < 1:
         raise UsageError("--repeat must be at least 1")
     if regex:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from clustertool.core import nodeset
 from clustertool.core.errors import UsageError
 from clustertool.core.model import Reporter, silent
 
@@ -166,6 +167,14 @@ def add_efficiency(points: list[Point]) -> list[Point]:
     return points
 
 
+def cordoned_note(cluster) -> str:
+    """`` not cordoned (node-3 is cordoned)`` where cordoned workers are left out of a count, else ""."""
+    names = [n.name for n in cluster.workers if n.cordoned]
+    if not names:
+        return ""
+    return f" not cordoned ({nodeset.fold(names)} {'is' if len(names) == 1 else 'are'} cordoned)"
+
+
 def job_argv(command: Sequence[str]) -> list[str]:
     """One argument is split like a shell would (no shell features); several are kept."""
     if not command:
@@ -184,9 +193,10 @@ def run_scaling(cluster, sizes: list[int], per_node: int | None, command: Sequen
     With ``repeat`` > 1 the sizes run round-robin (1, 2, 4, 1, 2, 4 ...), so drifting load on a
     shared machine hits every size alike, and each size reports the median of its runs.
     """
-    ordered = cluster.workers  # servers are not ranks
+    ordered = cluster.schedulable  # servers are not ranks; cordoned nodes run no job
     if sizes[-1] > len(ordered):
-        raise UsageError(f"--nodes asks for {sizes[-1]} nodes; cluster {cluster.name!r} has {len(ordered)}")
+        raise UsageError(f"--nodes asks for {sizes[-1]} nodes; cluster {cluster.name!r} has {len(ordered)}"
+                         + cordoned_note(cluster))
     if repeat < 1:
         raise UsageError("--repeat must be at least 1")
     if regex:

@@ -54,6 +54,7 @@ app = typer.Typer(
 # Each module has register(app) adding its commands; keep this list the only wiring.
 COMMAND_MODULES = [
     "clustertool.cli.cluster",
+    "clustertool.cli.cordon",
     "clustertool.cli.exec_",
     "clustertool.cli.copy",
     "clustertool.cli.bench",

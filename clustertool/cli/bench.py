@@ -213,19 +213,25 @@ def allreduce(
                                                                           "plugin deploy")
     algos = parse_algos(algo)
     check_servers(algos, c.name, len(c.servers))
+    if "servers" in algos and c.servers and not c.schedulable_servers:  # cordoned servers get no reducer
+        from clustertool.core.errors import UsageError
+
+        names = ",".join(n.name for n in c.servers)
+        raise UsageError(f"--algo servers: every reduction server of {c.name!r} is cordoned",
+                         hint=f"`clustertool uncordon {names}`, or leave servers out of --algo")
     argv = bench_argv(f"{deployed['dest'].rstrip('/')}/{BENCH}", parse_sizes(sizes),
                            algos, dtype=dtype, op=op, iters=iters, warmup=warmup)
     extra = [f"CLUSTERTOOL_SOCKET_IFNAME={ifname}"] if ifname else []
     on_line = None if (quiet or json_output) else render.live_line
     # servers: run as `run --plugin`, which starts this job's reducers on the server nodes
     launch = launcher(c, env=extra + list(env), timeout=timeout, on_line=on_line, plugin="servers" in algos)
-    code, output, error = launch(c.workers, 1, argv)
+    code, output, error = launch(c.schedulable, 1, argv)  # every worker not cordoned
     rows = parse_rows(output)
     if json_output:
         render.print_json({"exit_code": code, "error": error, "rows": [asdict(r) for r in rows]})
     elif rows:
-        render.table(COLUMNS, table_rows(rows), title=f"allreduce on {c.name} ({len(c.workers)} ranks"
-                     + (f", {len(c.servers)} reduction servers)" if "servers" in algos else ")"))
+        render.table(COLUMNS, table_rows(rows), title=f"allreduce on {c.name} ({len(c.schedulable)} ranks"
+                     + (f", {len(c.schedulable_servers)} reduction servers)" if "servers" in algos else ")"))
         render.table(side_by_side_columns(rows), side_by_side(rows), title="busbw (GB/s) side by side")
     rate = c.options.get("link_rate")
     if rows and rate and not json_output:
@@ -234,7 +240,7 @@ def allreduce(
         render.info(link_ratios(rows, rate_bits(str(rate))))
     if tuner_csv is not None and rows:
         tuner_csv.parent.mkdir(parents=True, exist_ok=True)
-        tuner_csv.write_text(tuner_table(rows, len(c.workers)))
+        tuner_csv.write_text(tuner_table(rows, len(c.schedulable)))
         render.info(f"wrote {tuner_csv}")
     if error or code != 0 or not rows:
         raise ToolError(f"allreduce benchmark failed: {error or f'mpirun exit {code}' if code else 'no result rows'}",

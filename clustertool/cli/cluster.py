@@ -173,8 +173,9 @@ def status(
     json_output: bool = JsonOpt,
     no_check: bool = typer.Option(False, "--no-check", help="Do not test SSH reachability."),
 ) -> None:
-    """Nodes of a cluster: role, address, slots, state, SSH reachability (and cost where known)."""
+    """Nodes of a cluster: role, address, slots, state, SSH reachability, cordons (and cost where known)."""
     from clustertool.cli import render
+    from clustertool.cluster.cordon import describe
     from clustertool.cluster.status import status
 
     report = status(open_session(cluster, json_output), check_ssh=not no_check)
@@ -183,10 +184,14 @@ def status(
         render.print_json(report.to_dict())
         return
     reach = {True: "yes", False: "NO", None: "-"}
-    render.table(["node", "role", "address", "slots", "state", "reachable"],
+    cordoned = {n.name: describe(n.cordon) for n in c.cordoned}
+    columns = ["node", "role", "address", "slots", "state", "reachable"] + (["cordon"] if cordoned else [])
+    render.table(columns,
                  [(r.node, r.role, r.address, r.slots, r.state,
-                   reach[r.reachable] + (f" ({r.detail})" if r.detail else "")) for r in rows],
-                 title=f"cluster {c.name}: {c.provider}, {c.status}, {c.total_slots} slots")
+                   reach[r.reachable] + (f" ({r.detail})" if r.detail else ""))
+                  + ((cordoned.get(r.node, "-"),) if cordoned else ()) for r in rows],
+                 title=f"cluster {c.name}: {c.provider}, {c.status}, {c.total_slots} slots"
+                       + (f" ({len(cordoned)} node(s) cordoned: out of hostfiles and jobs)" if cordoned else ""))
     for key, value in extra.items():
         typer.echo(f"{key}: {value}")
     if any(r.reachable is False for r in rows):
@@ -204,14 +209,15 @@ def ls(json_output: bool = JsonOpt) -> None:
     clusters = list_all()
     if json_output:
         render.print_json([{"name": c.name, "id": c.id, "provider": c.provider, "status": c.status,
-                            "nodes": len(c.nodes),
+                            "nodes": len(c.nodes), "cordoned": [n.name for n in c.cordoned],
                             "slots": c.total_slots, "created": c.created} for c in clusters])
         return
     if not clusters:
         typer.echo("no clusters (bring one up with `clustertool up`)")
         return
     render.table(["name", "provider", "status", "nodes", "slots", "age"],
-                 [(c.name, c.provider, c.status, len(c.nodes), c.total_slots,
+                 [(c.name, c.provider, c.status,
+                   f"{len(c.nodes)} ({len(c.cordoned)} cordoned)" if c.cordoned else len(c.nodes), c.total_slots,
                    _age(time.time() - c.created)) for c in clusters])
 
 
@@ -255,13 +261,19 @@ def hostfile(
     fmt: str = typer.Option("openmpi", "--format", "-f", help="openmpi | mpich | horovod | deepspeed"),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
 ) -> None:
-    """Print (or write) the cluster's hostfile, leader first, private addresses, with slots."""
-    from clustertool.core import state
+    """Print (or write) the cluster's hostfile, leader first, private addresses, with slots (cordoned
+    nodes left out)."""
+    from clustertool.core import nodeset, state
     from clustertool.core.hostfile import FORMATS, render_cluster
 
     if fmt not in FORMATS:
         raise UsageError(f"unknown hostfile format {fmt!r}", hint=f"choose one of: {', '.join(FORMATS)}")
-    text = render_cluster(state.load(cluster_name(cluster)), fmt)
+    record = state.load(cluster_name(cluster))
+    text = render_cluster(record, fmt)
+    left_out = [n.name for n in record.workers if n.cordoned]
+    if left_out:
+        names = nodeset.fold(left_out)
+        typer.echo(f"left out cordoned {names} (`clustertool uncordon {names}` puts it back)", err=True)
     if output:
         with open(output, "w") as fh:
             fh.write(text)

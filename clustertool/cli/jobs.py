@@ -71,7 +71,10 @@ def run(
     command: Optional[List[str]] = typer.Argument(None, metavar="-- COMMAND...",
                                                   help="The program and its arguments (after --)."),
     cluster: Optional[str] = ClusterOpt,
-    nodes: Optional[str] = NodesOpt,
+    nodes: Optional[str] = typer.Option(
+        None, "--nodes", "-n", metavar="SEL",
+        help="The ranks' nodes: leader, members, workers, node-[2-5], comma lists (default: every worker not "
+             "cordoned; a group leaves cordoned nodes out, a cordoned node named by itself is refused)."),
     launcher: Optional[str] = typer.Option(
         None, "--launcher", metavar="NAME",
         help="What starts the ranks: mpirun (default), torchrun, accelerate, deepspeed, or process (one process "

@@ -402,8 +402,11 @@ def start(name: str, *, report: Reporter = silent, force_owner: bool = False) ->
         cluster = state.load(name)
         provider = get_provider(cluster.provider, report=report)
         _confirm_owner(provider, cluster, force_owner, "start")
+        cordons = {n.name: n.cordon for n in cluster.nodes}  # a provider may hand back new Node objects
         cluster.nodes = provider.start_instances(cluster)
         cluster.nodes = provider.wait_instances(cluster)
+        for node in cluster.nodes:
+            node.cordon = node.cordon or cordons.get(node.name)
         write_hostfile(cluster)
         if cluster.no_ssh:  # brought up with --no-ssh: nothing to re-wire
             cluster.status = ClusterState.PROVISIONED

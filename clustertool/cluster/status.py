@@ -23,6 +23,7 @@ class NodeStatus:
     state: str
     reachable: bool | None
     detail: str = ""
+    cordon: dict | None = None  # `clustertool cordon`: {"reason", "since", "by"}; None: not cordoned
 
 
 @dataclass
@@ -61,7 +62,7 @@ def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 
             reach[r.node] = (r.ok, r.reason)
     rows = [
         NodeStatus(n.name, n.role, n.address, n.slots, states.get(n.name, "missing"),
-                   reach.get(n.name, (None, ""))[0], reach.get(n.name, (None, ""))[1])
+                   reach.get(n.name, (None, ""))[0], reach.get(n.name, (None, ""))[1], n.cordon)
         for n in cluster.ordered_nodes()
     ]
     extra = provider.describe(cluster)

@@ -82,8 +82,9 @@ def render(entries: list[tuple[str, int]], fmt: str) -> str:
 
 
 def render_cluster(cluster: "ClusterRecord", fmt: str = "openmpi") -> str:
-    """The cluster's hostfile: leader first, private addresses, each node's slots (servers are not ranks)."""
-    return render([(n.address, n.slots) for n in cluster.workers], fmt)
+    """The cluster's hostfile: leader first, private addresses, each node's slots (servers are not ranks;
+    cordoned nodes are left out until uncordoned)."""
+    return render([(n.address, n.slots) for n in cluster.schedulable], fmt)
 
 
 def _positive(text: str, what: str, where: str) -> int:

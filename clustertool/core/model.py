@@ -55,10 +55,18 @@ class Node:
     instance_id: str | None = None
     host_keys: list[str] = field(default_factory=list)  # "ssh-ed25519 AAAA..." lines, no host part
     extra: dict[str, Any] = field(default_factory=dict)
+    # `clustertool cordon`: {"reason": str, "since": epoch seconds, "by": "user" | "doctor"}; None (and a
+    # record from before cordons): jobs may use the node
+    cordon: dict[str, Any] | None = None
 
     @property
     def is_leader(self) -> bool:
         return self.role == LEADER
+
+    @property
+    def cordoned(self) -> bool:
+        """Out of the hostfiles and of every job's default nodes until uncordoned (exec and copy still reach it)."""
+        return self.cordon is not None
 
     @property
     def is_server(self) -> bool:
@@ -145,6 +153,20 @@ class ClusterRecord:
     def servers(self) -> list[Node]:
         """The reduction servers, by index: reached by ssh, never ranks."""
         return [n for n in self.ordered_nodes() if n.is_server]
+
+    @property
+    def schedulable(self) -> list[Node]:
+        """The workers not cordoned, leader first: what the hostfiles and every job's default nodes are."""
+        return [n for n in self.workers if not n.cordoned]
+
+    @property
+    def schedulable_servers(self) -> list[Node]:
+        """The reduction servers not cordoned: those a `run --plugin` job starts its reducers on."""
+        return [n for n in self.servers if not n.cordoned]
+
+    @property
+    def cordoned(self) -> list[Node]:
+        return [n for n in self.ordered_nodes() if n.cordoned]
 
     @property
     def total_slots(self) -> int:

@@ -177,8 +177,22 @@ def fold(names: Iterable[str]) -> str:
     return ",".join(text for _, text in sorted(tokens))
 
 
-def _resolve(cluster: "ClusterRecord", token: str) -> list["Node"] | None:
-    """Nodes one expanded token names, or None when it names nothing."""
+def _resolve(cluster: "ClusterRecord", token: str, usable: bool = False) -> list["Node"] | None:
+    """Nodes one expanded token names, or None when it names nothing (``usable``: a group leaves
+    cordoned nodes out)."""
+    group = _group(cluster, token)
+    if group is not None:
+        return [n for n in group if not n.cordoned] if usable else group
+    alias = token[len(cluster.name) + 1:] if token.startswith(f"{cluster.name}-") else None
+    for node in cluster.nodes:
+        if token == node.name or (alias is not None and alias == node.name):
+            return [node]
+    matches = [n for n in cluster.nodes if token in (n.address, n.ssh_host)]
+    return matches or None
+
+
+def _group(cluster: "ClusterRecord", token: str) -> list["Node"] | None:
+    """The nodes of a group keyword (all, leader, members, workers, servers), or None for any other token."""
     if token in ("all", f"{cluster.name}-all"):
         return list(cluster.nodes)
     if token in ("leader", f"{cluster.name}-leader"):
@@ -189,21 +203,17 @@ def _resolve(cluster: "ClusterRecord", token: str) -> list["Node"] | None:
         return cluster.workers
     if token in ("servers", f"{cluster.name}-servers"):
         return cluster.servers
-    alias = token[len(cluster.name) + 1:] if token.startswith(f"{cluster.name}-") else None
-    for node in cluster.nodes:
-        if token == node.name or (alias is not None and alias == node.name):
-            return [node]
-    matches = [n for n in cluster.nodes if token in (n.address, n.ssh_host)]
-    return matches or None
+    return None
 
 
-def select(cluster: "ClusterRecord", selection: str | None) -> list["Node"]:
+def select(cluster: "ClusterRecord", selection: str | None, *, usable: bool = False) -> list["Node"]:
     """The nodes a selection names, in cluster order (leader first), without duplicates.
 
     ``None`` or ``all`` is every node; otherwise a comma list of ``leader``, ``members``,
     ``workers`` (leader and members: the nodes that run ranks), ``servers`` (reduction servers),
     node names, ranges (``node-[2-5]``), the ssh aliases ``<cluster>-leader`` and
-    ``<cluster>-node-3``, or node addresses.
+    ``<cluster>-node-3``, or node addresses.  ``usable`` (jobs): the groups leave cordoned nodes
+    out; a cordoned node named by itself (name, range, address) stays, for the caller to refuse.
     """
     ordered = cluster.ordered_nodes()
     if selection is None:
@@ -212,7 +222,7 @@ def select(cluster: "ClusterRecord", selection: str | None) -> list["Node"]:
     chosen: set[str] = set()
     unknown: list[str] = []
     for token in expand(selection):
-        nodes = _resolve(cluster, token)
+        nodes = _resolve(cluster, token, usable)
         if nodes is None:
             unknown.append(token)
         else:

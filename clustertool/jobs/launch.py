@@ -55,13 +55,24 @@ class Launch:
 
 
 def rank_nodes(cluster: ClusterRecord, selection: str | None) -> list[Node]:
-    """The nodes a job's ranks run on: the selection (default: every worker); servers are never ranks."""
-    nodes = cluster.workers if selection is None else nodeset.select(cluster, selection)
+    """The nodes a job's ranks run on: the selection (default: every worker not cordoned); servers are
+    never ranks.  A group (workers, members, all) leaves cordoned nodes out; a cordoned node named
+    by itself is refused."""
+    nodes = cluster.schedulable if selection is None else nodeset.select(cluster, selection, usable=True)
     servers = [n.name for n in nodes if n.is_server]
     if servers:
         what = "is a reduction server" if len(servers) == 1 else "are reduction servers"
         raise UsageError(f"{nodeset.fold(servers)} {what}, not rank nodes",
                          hint="leave servers out of --nodes (`run --plugin` starts the reducers on them itself)")
+    cordoned = [n for n in nodes if n.cordoned]
+    if cordoned:
+        names = nodeset.fold(n.name for n in cordoned)
+        why = str((cordoned[0].cordon or {}).get("reason") or "")
+        why = why if len(why) <= 60 else why[:57] + "..."  # the error stays one line
+        raise UsageError(f"{names} {'is' if len(cordoned) == 1 else 'are'} cordoned"
+                         + (f" ({why})" if why and len(cordoned) == 1 else "") + ": jobs do not run there",
+                         hint=f"leave it out of --nodes, or `clustertool uncordon {names}` first (to try a repaired "
+                              "node)")
     return nodes
 
 
@@ -142,7 +153,7 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
     synced_dir = _sync_target(sync, sync_to)
     cluster = session.ready()
     nodes = rank_nodes(cluster, selection)
-    servers = cluster.servers if use_plugin else []
+    servers = cluster.schedulable_servers if use_plugin else []  # a cordoned server gets no reducer
     env = plugin_env(cluster) if use_plugin else {}
     if servers:  # the real ports are known once the reducers listen (after preflight)
         env[reducers.ENV_LIST] = ",".join(f"{n.address}:PORT" for n in servers)

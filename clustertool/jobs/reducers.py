@@ -97,7 +97,7 @@ def start(session: ClusterSession, job_id: str, dest: str, *, io_timeout_ms: int
           report: Reporter = silent) -> list[Reducer]:
     """One reducer per server node, all or none: a server that fails stops the others and raises."""
     cluster = session.record
-    servers = cluster.servers
+    servers = cluster.schedulable_servers  # a cordoned server gets no reducer
     binary = f"{dest.rstrip('/')}/{REDUCER}"
     report(f"starting {len(servers)} reducer(s) for job {job_id} on {', '.join(n.name for n in servers)}")
     by_node = {n.name: n for n in servers}

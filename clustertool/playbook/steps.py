@@ -17,7 +17,7 @@ KNOWN_COMMANDS = (
     "up", "down", "status", "ls", "hostfile", "stop", "start", "repin", "exec",
     "copy", "sync-s3", "plugin build", "plugin deploy", "plugin status",
     "bench allreduce", "bench compare", "bench scaling", "run", "jobs", "logs", "kill", "doctor",
-    "reboot", "clean", "fetch", "inventory",
+    "reboot", "clean", "fetch", "inventory", "cordon", "uncordon",
 )
 GROUPS = sorted({c.split()[0] for c in KNOWN_COMMANDS if " " in c})
 

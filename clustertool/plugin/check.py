@@ -11,6 +11,7 @@
    No GPU: the collnet_bench stand-in (what `bench allreduce` runs), one rank per node.
    Reduction servers run no rank: ranks are the workers; with servers the job is a `run --plugin`
    job in both modes (its reducers start on the servers), and the stand-in runs `servers` too.
+   Cordoned nodes (`clustertool cordon`) take no part, as in every job.
 4. The report (check_report.py): NCCL version, plugin and ABI, CollNet on or why not, algorithm
    and protocol per size, busbw, #wrong, problems with fixes. doctor's `plugin-nccl` reuses it.
 """
@@ -28,7 +29,7 @@ from clustertool.cluster.facts import facts_script, gpu_count, parse_facts
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import MissingPrerequisite, RemoteError, ToolError, UsageError
-from clustertool.core.model import ClusterRecord, Reporter, silent
+from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.plugin.build import ARTEFACTS, BENCH, NET_LIB, load_record
 from clustertool.plugin.check_report import RESULT_MARK, CheckReport, nccl_report, standin_report
 from clustertool.plugin.remote import mismatched, parse_sums, status_command
@@ -118,12 +119,17 @@ def deployed_record(cluster: ClusterRecord) -> dict:
     return deployed
 
 
+def in_use(cluster: ClusterRecord) -> list[Node]:
+    """The nodes a check job uses: the workers and reduction servers not cordoned."""
+    return cluster.schedulable + cluster.schedulable_servers
+
+
 def verify_deployed(session: ClusterSession, deployed: dict) -> None:
     """Every node holds the files `plugin deploy` put there (NCCL hangs when nodes differ)."""
     cluster = session.record
     expected = deployed.get("files") or {NET_LIB: deployed["sha256"]}
     files = [a for a in ARTEFACTS if a in expected]
-    group = run_on_nodes(session, cluster.ordered_nodes(), status_command(deployed["dest"], files),
+    group = run_on_nodes(session, in_use(cluster), status_command(deployed["dest"], files),
                          timeout=60)
     down = [f"{r.node} ({r.reason})" for r in group.failed()]
     if down:
@@ -143,7 +149,7 @@ def probe_gpus(session: ClusterSession, dest: str) -> dict[str, int]:
     """{worker: GPUs} from the node facts doctor reads (reduction servers run no rank)."""
     cluster = session.record
     script = facts_script(f"{dest.rstrip('/')}/{NET_LIB}", []).encode()
-    group = run_on_nodes(session, cluster.workers, "sh -s", stdin_data=script, timeout=60)
+    group = run_on_nodes(session, cluster.schedulable, "sh -s", stdin_data=script, timeout=60)
     down = [f"{r.node} ({r.reason})" for r in group.failed()]
     if down:
         raise RemoteError(f"plugin check: {', '.join(down)}", hint="`clustertool doctor` says more")
@@ -157,7 +163,7 @@ def find_python(session: ClusterSession, python: str | None) -> str:
     worker = WORKER.read_bytes() if WORKER.is_file() else None
     if worker is None:
         raise MissingPrerequisite(f"{WORKER} is missing", hint="plugin check runs from the clustertool repository")
-    group = run_on_nodes(session, cluster.workers, python_probe([python] if python else PYTHONS),
+    group = run_on_nodes(session, cluster.schedulable, python_probe([python] if python else PYTHONS),
                          stdin_data=worker, timeout=120)
     down = [f"{r.node} ({r.reason})" for r in group.failed()]
     if down:
@@ -176,7 +182,7 @@ def find_python(session: ClusterSession, python: str | None) -> str:
 def _default_launch(cluster: ClusterRecord, timeout: float, on_line) -> Launch:
     def launch(env, argv, plugin, per_node):
         run = jobs_launcher(cluster, env=env, timeout=timeout, on_line=on_line, plugin=plugin, name="plugin-check")
-        return run(cluster.workers, per_node, argv)  # `run --plugin` starts the servers' reducers
+        return run(cluster.schedulable, per_node, argv)  # `run --plugin` starts the servers' reducers
     return launch
 
 
@@ -190,10 +196,10 @@ def check(session: ClusterSession, *, sizes: str = "1M:64M", iters: int = 5, war
         raise UsageError("--iters must be >= 1 and --warmup >= 0")
     deployed = deployed_record(cluster)
     plugin = {k: deployed.get(k) for k in ("dest", "version", "sha256")}
-    names = [n.name for n in cluster.workers]
-    servers = len(cluster.servers)
+    names = [n.name for n in cluster.schedulable]
+    servers = len(cluster.schedulable_servers)
     with_servers = f" and {servers} reduction server(s)" if servers else ""
-    report(f"comparing the plugin on {nodeset.fold([n.name for n in cluster.ordered_nodes()])} with the deploy")
+    report(f"comparing the plugin on {nodeset.fold([n.name for n in in_use(cluster)])} with the deploy")
     verify_deployed(session, deployed)
     gpus = gpus if gpus is not None else probe_gpus(session, deployed["dest"])
     launch = launch or _default_launch(cluster, timeout, None)
@@ -210,7 +216,7 @@ def check(session: ClusterSession, *, sizes: str = "1M:64M", iters: int = 5, war
     _check_slots(cluster, gpus)
     report("finding python with torch on every node")
     py = find_python(session, python)
-    ranks = cluster.total_slots
+    ranks = sum(n.slots for n in cluster.schedulable)
     note = f"NCCL allreduce on {ranks} GPU rank(s) over {len(names)} node(s){with_servers} ({py})"
     report(f"{note}, {sizes}, as job plugin-check")
     code, output, error = launch(gpu_env(cluster.leader.address, rendezvous_port()),
@@ -221,11 +227,12 @@ def check(session: ClusterSession, *, sizes: str = "1M:64M", iters: int = 5, war
 def _check_slots(cluster: ClusterRecord, gpus: dict[str, int]) -> None:
     """One rank per slot and one GPU per rank: every worker needs GPUs, at least as many as slots
     (reduction servers run no rank: they need none)."""
-    none = [n.name for n in cluster.workers if not gpus.get(n.name)]
+    none = [n.name for n in cluster.schedulable if not gpus.get(n.name)]
     if none:
         raise ToolError(f"no GPU on {nodeset.fold(none)} while the other nodes have GPUs",
                         hint="NCCL runs over every node: fix or remove the nodes without GPUs (`clustertool doctor`)")
-    over = [f"{n.name} ({n.slots} slots, {gpus[n.name]} GPUs)" for n in cluster.workers if n.slots > gpus[n.name]]
+    over = [f"{n.name} ({n.slots} slots, {gpus[n.name]} GPUs)" for n in cluster.schedulable
+            if n.slots > gpus[n.name]]
     if over:
         raise ToolError(f"more slots than GPUs on {', '.join(over)}: NCCL needs one GPU per rank",
                         hint="slots come from `clustertool up --slots N` (or the spec's `slots:`): one per GPU")
