@@ -14,7 +14,6 @@ from clustertool.plugin.check_report import CheckReport
 DISK_ERROR_PCT, DISK_ERROR_KB = 5.0, 512 * 1024
 DISK_WARN_PCT, DISK_WARN_KB = 15.0, 5 * 1024 * 1024
 SKEW_ERROR_S, SKEW_WARN_S = 1.0, 0.25
-SLOW_LINK_RATIO = 0.5
 
 SAME_KEYS = {  # key -> (label, severity when it differs)
     "nproc": ("CPU count", "warning"),
@@ -129,35 +128,6 @@ def clock_findings(offsets: dict[str, float], uncertainty: dict[str, float]) -> 
         out.append(Finding("clock", node, severity, f"clock is {skew:+.2f}s off the other nodes",
                            fix="run chrony/systemd-timesyncd on every node (AWS: the Amazon Time Sync Service)",
                            data={"skew_s": skew}))
-    return out
-
-
-def node_scores(pairs: dict[tuple[str, str], float]) -> dict[str, float]:
-    """Each node's median bandwidth over the pairs it is part of."""
-    per: dict[str, list[float]] = {}
-    for (a, b), bw in pairs.items():
-        per.setdefault(a, []).append(bw)
-        per.setdefault(b, []).append(bw)
-    return {n: statistics.median(v) for n, v in per.items()}
-
-
-def link_findings(pairs: dict[tuple[str, str], float], failed: dict[tuple[str, str], str]) -> list[Finding]:
-    """A node whose median pair bandwidth is below half the nodes' median stands out."""
-    out = [Finding("links", f"{a}", "error", f"bandwidth test {a} <-> {b} failed: {why}",
-                   fix="check that both nodes can reach each other (ports above 1024) and that iperf3 runs")
-           for (a, b), why in failed.items()]
-    scores = node_scores(pairs)
-    if len(scores) < 3:
-        return out  # two nodes: no reference to say which side is slow
-    reference = statistics.median(scores.values())
-    for node, score in sorted(scores.items()):
-        if reference > 0 and score < SLOW_LINK_RATIO * reference:
-            out.append(Finding(
-                "links", node, "error",
-                f"slow link: {score / 1e6:.0f} Mbit/s median to the other nodes, "
-                f"cluster median {reference / 1e6:.0f} Mbit/s ({score / reference:.0%})",
-                fix="check this node's NIC/instance type and any shaping (tc qdisc); replace the node if it stays slow",
-                data={"bits_per_s": score, "median_bits_per_s": reference}))
     return out
 
 

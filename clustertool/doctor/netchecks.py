@@ -1,16 +1,16 @@
-"""Checks that exercise the network: SSH mesh, `mpirun hostname`, pairwise bandwidth."""
+"""Checks that exercise the network: SSH mesh, `mpirun hostname`; iperf3's client line and report
+(the rounds of pairs that use them: netprobe.py)."""
 
 from __future__ import annotations
 
 import json
-import secrets
 import shlex
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.doctor.findings import Finding
 from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet
-from clustertool.remote.group import run_on_node, run_on_nodes
+from clustertool.remote.group import run_on_node
 
 
 def mesh_findings(cluster: ClusterRecord, sources: list[Node], outputs: dict[str, str],
@@ -70,32 +70,6 @@ def smoke_test(session: ClusterSession, timeout: float = 90.0) -> list[Finding]:
                     data={"argv": argv})]
 
 
-def _pairs(nodes: list[Node]) -> list[tuple[Node, Node]]:
-    n = len(nodes)
-    if n <= 8:
-        return [(nodes[i], nodes[j]) for i in range(n) for j in range(i + 1, n)]
-    pairs = {}
-    for i in range(n):  # a ring plus the opposite node: every node in 4 pairs
-        for j in (i + 1, i + n // 2):
-            a, b = sorted((i, j % n))
-            if a != b:
-                pairs[(a, b)] = (nodes[a], nodes[b])
-    return list(pairs.values())
-
-
-def rounds(pairs: list[tuple[Node, Node]]) -> list[list[tuple[Node, Node]]]:
-    """Group pairs into rounds in which no node appears twice (greedy)."""
-    out: list[list[tuple[Node, Node]]] = []
-    for pair in pairs:
-        for r in out:
-            if all(pair[0] not in p and pair[1] not in p for p in r):
-                r.append(pair)
-                break
-        else:
-            out.append([pair])
-    return out
-
-
 def iperf_client_line(src: Node, dst: Node, port: int, seconds: int = 1) -> str:
     return (f"iperf3 -c {shlex.quote(dst.address)} -B {shlex.quote(src.address)} -p {port} "
             f"-t {seconds} --bidir -J --connect-timeout 3000")
@@ -111,36 +85,3 @@ def parse_iperf(text: str) -> float:
     if not values:
         raise ValueError("no received totals in iperf3 output")
     return float(min(values))
-
-
-def link_check(session: ClusterSession, nodes: list[Node], parallel: bool,
-               only: set[str] | None = None) -> tuple[dict, dict]:
-    """Pairwise bandwidth with iperf3 (servers on each node for the duration of the check).
-
-    ``only``: measure just the pairs that involve one of these node names.
-    """
-    port = 41000 + secrets.randbelow(8000)
-    pidfile = f"/tmp/ct-doctor-iperf-{port}.pid"
-    start = lambda n: (f"iperf3 -s -D -B {shlex.quote(n.address)} -p {port} -I {pidfile} "  # noqa: E731
-                       f">/dev/null 2>&1; sleep 0.2")
-    stop = f"[ -f {pidfile} ] && kill $(cat {pidfile}) 2>/dev/null; rm -f {pidfile}; true"
-    pairs: dict[tuple[str, str], float] = {}
-    failed: dict[tuple[str, str], str] = {}
-    run_on_nodes(session, nodes, start, timeout=20)
-    try:
-        todo = [p for p in _pairs(nodes) if only is None or p[0].name in only or p[1].name in only]
-        plan = rounds(todo)
-        batches = plan if parallel else [[p] for r in plan for p in r]
-        for batch in batches:
-            srcs = [a for a, _ in batch]
-            peer = {a.name: b for a, b in batch}
-            result = run_on_nodes(session, srcs, lambda n: iperf_client_line(n, peer[n.name], port), timeout=30)
-            for r in result.results:
-                key = (r.node, peer[r.node].name)
-                try:
-                    pairs[key] = parse_iperf(r.stdout)
-                except (ValueError, KeyError) as exc:
-                    failed[key] = r.reason if r.error else str(exc)[:200]  # unreachable, else iperf3's word
-    finally:
-        run_on_nodes(session, nodes, stop, timeout=20)
-    return pairs, failed
