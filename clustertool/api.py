@@ -22,18 +22,23 @@ from __future__ import annotations
 import os
 from typing import Callable, Iterable, Mapping, Sequence
 
+import clustertool.cluster.cordon
 import clustertool.cluster.status
+import clustertool.doctor
 import clustertool.jobs.kill
 import clustertool.jobs.stacks
 import clustertool.transfer.copy
 from clustertool.cluster import lifecycle
 from clustertool.cluster.autostop import AutostopReport, configure
+from clustertool.cluster.cordon import CordonResult
 from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.spec import ClusterSpec, load_spec
 from clustertool.cluster.status import ClusterStatus
 from clustertool.core import nodeset, state
 from clustertool.core.errors import RemoteError, UsageError
 from clustertool.core.model import GroupResult, JobRecord, Reporter, silent
+from clustertool.doctor.bisect import DEFAULT_THRESHOLD
+from clustertool.doctor.findings import Diagnosis
 from clustertool.jobs import launch, records
 from clustertool.jobs.kill import KillResult
 from clustertool.jobs.logs import find_job, show
@@ -64,6 +69,20 @@ def _env(env: Mapping[str, object] | Iterable[str] | None) -> list[str]:
     if isinstance(env, Mapping):
         return [f"{k}={v}" for k, v in env.items()]
     return [str(item) for item in env]
+
+
+def _selection(nodes: str | Sequence[str]) -> str:
+    """A node selection from one string or a list of names / patterns."""
+    text = nodes if isinstance(nodes, str) else ",".join(str(n) for n in nodes)
+    if not text:
+        raise UsageError("no node given", hint='e.g. cluster.cordon("node-3", reason="Xid 79")')
+    return text
+
+
+def _names(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
 def _ranks(rank: int | str | Iterable[int] | None) -> str | None:
@@ -126,6 +145,34 @@ class Cluster(ClusterSession):
         result = clustertool.cluster.status.status(self, check_ssh=check_ssh)
         self.record = result.cluster
         return result
+
+    def cordon(self, nodes: str | Sequence[str], *, reason: str | None = None) -> CordonResult:
+        """Keep nodes out of the hostfiles and every job's default nodes (`cordon`); ``nodes``: "node-5",
+        "node-[3-4]" or a list of names.  The leader cannot be cordoned (UsageError)."""
+        return clustertool.cluster.cordon.cordon(self, _selection(nodes), reason=reason, report=self.report)
+
+    def uncordon(self, nodes: str | Sequence[str]) -> CordonResult:
+        """Put cordoned nodes back (`uncordon`)."""
+        return clustertool.cluster.cordon.uncordon(self, _selection(nodes), report=self.report)
+
+    def doctor(self, checks: str | Sequence[str] | None = None, *, skip: str | Sequence[str] = (), fix: bool = False,
+               threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False, deep: int = 0,
+               since: str | None = None, gpu_timeout: float = 60.0, deep_timeout: float = 600.0,
+               nccl_log: str | None = None) -> Diagnosis:
+        """`doctor`: ``checks`` ("network", "disk,clock" or a list; default all) minus ``skip``; a
+        ``Diagnosis`` (``.checks``, ``.findings``, ``.clean``; each finding's severity, node, message, fix).
+        ``threshold``, ``all_pairs``: the network check's, as `--threshold`, `--all-pairs`; ``deep`` (DCGM
+        diag level, 0 none), ``since``, ``gpu_timeout``, ``deep_timeout``: the gpu check's, as `--deep-level`,
+        `--since`, `--gpu-timeout`, `--deep-timeout`; ``nccl_log``: the efa check's, as `--nccl-log`."""
+        chosen = clustertool.doctor.choose_checks(_names(checks), _names(skip))
+        return clustertool.doctor.run(self, fix=fix, checks=chosen, threshold=threshold, all_pairs=all_pairs,
+                                      report=self.report, deep=deep, since=since, gpu_timeout=gpu_timeout,
+                                      deep_timeout=deep_timeout, nccl_log=nccl_log)
+
+    def bisect(self, *, threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False) -> Diagnosis:
+        """`doctor --bisect`: the slow node or link in about ceil(log2(n)) + 1 rounds of pairs; the
+        ``network`` check's ``data`` holds every measurement (round, pair, bits/s, round trip)."""
+        return clustertool.doctor.bisect(self, threshold=threshold, all_pairs=all_pairs, report=self.report)
 
     # ---- commands, data, jobs --------------------------------------------------------------
 

@@ -3,9 +3,12 @@
 Checks: reach (SSH from here), ssh-mesh (every node to every node, pinned keys), disk,
 sameness (CPU/GPU counts, driver/CUDA/NCCL/MPI versions, plugin checksum, instance type
 and AZ), strays (python/MPI processes outside running jobs), clock, mpi-smoke
-(`mpirun hostname` over all slots), links (pairwise iperf3 bandwidth vs the median) and
+(`mpirun hostname` over all slots), network (alias links: rounds of disjoint pairs measuring iperf3
+bandwidth and round trips, which name the slow node or link in ~log2(n)+1 rounds: doctor/bisect.py) and
 plugin-nccl (`plugin check`: does NCCL load the deployed plugin and run CollNet; only on GPU
-clusters with the plugin deployed, skipped elsewhere).
+clusters with the plugin deployed, skipped elsewhere), gpu (nvidia-smi, Xid events in the kernel log and,
+with ``deep``, DCGM's diagnostics: doctor/gpu.py) and efa (fi_info against the EFA interfaces, and the
+network NCCL used: doctor/efa.py); those two skip clusters without GPUs or EFA.
 ``fix=True`` applies the safe fixes (kill strays, clear finished jobs' logs on a full disk,
 push keys/known_hosts again) and runs the checks once more.
 """
@@ -18,7 +21,8 @@ from clustertool.cluster.facts import NodeFacts, facts_script, gpu_count, parse_
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord, Node, Reporter, silent
-from clustertool.doctor import analyze, netchecks
+from clustertool.doctor import analyze, autocordon, gpu, hwchecks, netchecks, netprobe
+from clustertool.doctor.bisect import DEFAULT_THRESHOLD
 from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
 from clustertool.doctor.fixes import apply_fixes
 from clustertool.jobs.records import running_job_ids
@@ -28,9 +32,11 @@ from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.mesh import FULL_MESH_MAX, failed_targets, mesh_peers, mesh_script
 
-ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "links", "plugin-nccl")
-ALIASES = {"mesh": "ssh-mesh", "ssh": "reach", "mpi": "mpi-smoke", "link": "links"}
-NEEDS_FACTS = ("disk", "sameness", "strays", "links", "plugin-nccl")
+ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "network", "plugin-nccl",
+              "gpu", "efa")
+ALIASES = {"mesh": "ssh-mesh", "ssh": "reach", "mpi": "mpi-smoke", "links": "network", "link": "network",
+           "gpus": "gpu"}
+NEEDS_FACTS = ("disk", "sameness", "strays", "plugin-nccl")
 
 
 def choose_checks(check: list[str], skip: list[str]) -> tuple[str, ...]:
@@ -45,6 +51,13 @@ def choose_checks(check: list[str], skip: list[str]) -> tuple[str, ...]:
 
     wanted, skipped = names(check) or list(ALL_CHECKS), set(names(skip))
     return tuple(c for c in ALL_CHECKS if c in wanted and c not in skipped)
+
+
+def check_threshold(threshold: float) -> None:
+    """The network check's threshold is a fraction of the median: between 0 and 1."""
+    if not 0 < threshold < 1:
+        raise UsageError(f"--threshold {threshold} is not between 0 and 1",
+                         hint="e.g. 0.8: a pair below 0.8 x the cluster's median bandwidth is slow")
 
 
 def plugin_path(cluster: ClusterRecord) -> str:
@@ -139,25 +152,6 @@ def _mesh_again(session: ClusterSession, reachable: list[Node], outputs: dict[st
     return {**outputs, **{r.node: r.stdout for r in again.results if r.ok}}
 
 
-def _links(session: ClusterSession, reachable: list[Node], facts: list[NodeFacts]) -> CheckResult:
-    cluster = session.record
-    missing = [f.node for f in facts if f.values.get("iperf3") != "yes"]
-    if missing:
-        return CheckResult("links", [Finding("links", n, "warning", "iperf3 is not installed: link check skipped",
-                                             fix="apt-get install iperf3 (or yum install iperf3)") for n in missing])
-    if len(reachable) < 2:
-        return CheckResult("links", skipped="fewer than two reachable nodes")
-    parallel = cluster.provider != "local"  # local nodes share this machine's CPUs: one pair at a time
-    pairs, failed = netchecks.link_check(session, reachable, parallel=parallel)
-    slow = {f.node for f in analyze.link_findings(pairs, {}) if f.node}
-    if slow:  # measure the suspects' pairs once more and keep the better figure: noise is not a finding
-        again, _ = netchecks.link_check(session, reachable, parallel=parallel, only=slow)
-        pairs = {k: max(v, again.get(k, 0.0)) for k, v in pairs.items()}
-    data = {"pairs_bits_per_s": {f"{a}<->{b}": bw for (a, b), bw in pairs.items()},
-            "node_median_bits_per_s": analyze.node_scores(pairs)}
-    return CheckResult("links", analyze.link_findings(pairs, failed), data=data)
-
-
 def _plugin_nccl(session: ClusterSession, reachable: list[Node], facts: list[NodeFacts],
                  report: Reporter) -> CheckResult:
     """`plugin check` on GPU clusters with the plugin deployed: NCCL's own word on the plugin."""
@@ -181,7 +175,12 @@ def _plugin_nccl(session: ClusterSession, reachable: list[Node], facts: list[Nod
 
 
 def diagnose(session: ClusterSession, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: str | None = None,
-             disk_paths: list[str] | None = None, report: Reporter = silent) -> Diagnosis:
+             disk_paths: list[str] | None = None, report: Reporter = silent,
+             threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False,
+             gpu_options: gpu.Options | None = None, nccl_log: str | None = None) -> Diagnosis:
+    """``threshold``, ``all_pairs``: the network check's (netprobe.network_check); ``gpu_options``: the
+    gpu check's time boxes, DCGM level and kernel-log window; ``nccl_log``: the efa check's NCCL log
+    (a file or a job; default the newest `plugin check`)."""
     cluster = session.record
     unknown = [c for c in checks if c not in ALL_CHECKS]
     if unknown:
@@ -190,6 +189,7 @@ def diagnose(session: ClusterSession, *, checks: tuple[str, ...] = ALL_CHECKS, p
     report("reach: SSH to every node")
     reach, reachable = _reach(session)
     out.checks.append(reach)
+    out.checks += autocordon.notes(cluster)  # cordoned nodes are checked like any other, and named as cordoned
     if not reachable:
         return out
     facts: list[NodeFacts] = []
@@ -206,8 +206,12 @@ def diagnose(session: ClusterSession, *, checks: tuple[str, ...] = ALL_CHECKS, p
         "clock": lambda: _clock(session, reachable),
         "mpi-smoke": lambda: (netchecks.smoke_test(session) if len(reachable) == len(cluster.nodes)
                               else CheckResult("mpi-smoke", skipped="a node is unreachable")),
-        "links": lambda: _links(session, reachable, facts),
+        "network": lambda: netprobe.network_check(session, reachable, threshold=threshold, all_pairs=all_pairs,
+                                                  report=report),
         "plugin-nccl": lambda: _plugin_nccl(session, reachable, facts, report),
+        "gpu": lambda: hwchecks.gpu_check(session, reachable, gpu_options or gpu.Options(),
+                                          running_job_ids(session) if gpu_options and gpu_options.deep else set()),
+        "efa": lambda: hwchecks.efa_check(session, reachable, nccl_log=nccl_log),
     }
     for name, fn in steps.items():
         if name in checks:
@@ -220,15 +224,32 @@ def diagnose(session: ClusterSession, *, checks: tuple[str, ...] = ALL_CHECKS, p
 
 def run(session: ClusterSession, *, fix: bool = False, checks: tuple[str, ...] = ALL_CHECKS,
         plugin: str | None = None, disk_paths: list[str] | None = None,
-        report: Reporter = silent) -> Diagnosis:
+        report: Reporter = silent, threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False,
+        deep: int = 0, since: str | None = None, gpu_timeout: float = 60.0, deep_timeout: float = 600.0,
+        nccl_log: str | None = None) -> Diagnosis:
+    """``deep``: DCGM diag level for the gpu check (1 quick, 2 medium; 0 none); ``since``: the kernel-log
+    window for Xids ("2h", "2026-11-26 10:00"; default since boot); ``gpu_timeout`` / ``deep_timeout``:
+    seconds each nvidia-smi or kernel-log step / the DCGM diag may take on a node before it is stopped
+    and reported; ``nccl_log``: a file or job whose NCCL INFO lines the efa check reads."""
+    gpu_options = hwchecks.gpu_options(deep, since, gpu_timeout, deep_timeout)
+    check_threshold(threshold)
     session.ready()
-    result = diagnose(session, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report)
+    result = diagnose(session, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report,
+                      threshold=threshold, all_pairs=all_pairs, gpu_options=gpu_options, nccl_log=nccl_log)
     if not fix or result.clean:
         return result
     done = apply_fixes(session, result.findings, report=report)
     if not done:
         return result
     report("checking again after the fixes")
-    again = diagnose(session, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report)
+    again = diagnose(session, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report,
+                     threshold=threshold, all_pairs=all_pairs, gpu_options=gpu_options, nccl_log=nccl_log)
     again.fixed = done
     return again
+
+
+def bisect(session: ClusterSession, *, threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False,
+           report: Reporter = silent) -> Diagnosis:
+    """`doctor --bisect`: reach, then the network search alone (the slow node or link, every measurement
+    in the check's data)."""
+    return run(session, checks=("network",), threshold=threshold, all_pairs=all_pairs, report=report)

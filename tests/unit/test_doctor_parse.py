@@ -62,22 +62,6 @@ def test_iperf_client_binds_to_the_source_and_targets_only_the_peer_address():
         "iperf3 -c 10.0.0.2 -B 10.0.0.1 -p 41234 -t 1 --bidir -J --connect-timeout 3000")
 
 
-def test_all_pairs_up_to_eight_nodes_then_ring_plus_opposite():
-    assert len(netchecks._pairs(nodes(4))) == 6
-    big = netchecks._pairs(nodes(16))
-    per_node = {}
-    for a, b in big:
-        per_node[a.name] = per_node.get(a.name, 0) + 1
-        per_node[b.name] = per_node.get(b.name, 0) + 1
-    assert len(big) < 16 * 15 // 2 and min(per_node.values()) >= 3
-
-
-def test_rounds_never_use_a_node_twice():
-    for r in netchecks.rounds(netchecks._pairs(nodes(6))):
-        used = [n.name for pair in r for n in pair]
-        assert len(used) == len(set(used))
-
-
 def test_mesh_findings_collapse_a_dead_target():
     cluster = ClusterRecord("c", "local", nodes=nodes(3))
     outputs = {"node-1": "fail 10.0.0.3 ssh: connect to host 10.0.0.3 port 22: Connection refused\n",
@@ -149,7 +133,8 @@ def test_a_sampled_mesh_says_no_node_can_reach_a_target_when_all_that_tried_it_f
 @pytest.mark.parametrize("check,skip,want", [
     (["reach,mesh"], [], ("reach", "ssh-mesh")),
     (["reach", "ssh-mesh"], [], ("reach", "ssh-mesh")),
-    ([], ["links,mpi-smoke"], ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "plugin-nccl")),
+    ([], ["links,mpi-smoke"], ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "plugin-nccl", "gpu",
+                               "efa")),
 ])
 def test_checks_come_repeated_or_comma_separated_with_short_names(check, skip, want):
     assert doctor.choose_checks(check, skip) == want
