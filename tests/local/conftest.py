@@ -156,3 +156,20 @@ TEARDOWN_ABORT = re.compile(r"failed: rank \d+ on node-\d+ killed by signal 6: t
 
 def torch_teardown_abort(proc) -> bool:
     return proc.returncode != 0 and bool(TEARDOWN_ABORT.search(proc.stderr))
+
+
+def stop_node_sshd(cluster_name: str, index: int) -> None:
+    """Kill the listening sshd of the cluster's ``index``-th namespace (the one its ct-init started),
+    as a crashed sshd would leave the node: up, but not reachable over SSH."""
+    from clustertool.providers.local import net, sysops
+
+    ns = net.netns_name(cluster_name, index)
+
+    def parent(pid: int) -> int:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+    listener = [p for p in sysops.pids_in_netns([ns])[ns]
+                if sysops.comm(p) == "sshd" and sysops.comm(parent(p)) == "ct-init"]
+    assert len(listener) == 1, listener
+    os.kill(listener[0], 15)

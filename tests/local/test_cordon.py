@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.providers.local import net, sysops
 from tests.conftest import run_cli
-from tests.local.conftest import module_cluster
+from tests.local.conftest import module_cluster, stop_node_sshd
 
 pytestmark = pytest.mark.local
 
@@ -82,12 +81,7 @@ def test_a_cordoned_node_leaves_the_hostfiles_and_jobs_and_comes_back_after_unco
 
 def test_doctor_cordon_cordons_the_node_whose_sshd_is_gone(cluster):
     name, env = cluster
-    ns = net.netns_name(name, 4)
-    listener = [p for p in sysops.pids_in_netns([ns])[ns]
-                if sysops.comm(p) == "sshd" and
-                sysops.comm(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])) == "ct-init"]
-    assert len(listener) == 1
-    os.kill(listener[0], 15)
+    stop_node_sshd(name, 4)
     try:
         proc = cli(cluster, "doctor", "--check", "reach,ssh-mesh", "--cordon", "--json", timeout=180)
         assert proc.returncode == 1, proc.stderr

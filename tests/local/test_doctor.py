@@ -10,7 +10,7 @@ import pytest
 
 from clustertool.providers.local import net, sysops
 from tests.conftest import run_cli
-from tests.local.conftest import module_cluster
+from tests.local.conftest import module_cluster, stop_node_sshd
 
 pytestmark = pytest.mark.local
 
@@ -144,12 +144,7 @@ def test_one_link_shaped_ten_times_slower_stands_out(cluster):
 
 def test_node_with_sshd_stopped_is_found_then_reboot_brings_it_back(cluster):
     name, env = cluster
-    ns = net.netns_name(name, 4)
-    listener = [p for p in sysops.pids_in_netns([ns])[ns]
-                if sysops.comm(p) == "sshd" and
-                sysops.comm(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])) == "ct-init"]
-    assert len(listener) == 1
-    os.kill(listener[0], 15)
+    stop_node_sshd(name, 4)
     code, report = doctor(cluster, "--skip", "links")
     assert code == 1
     assert [f["node"] for f in problems(report, "reach")] == ["node-4"]

@@ -49,6 +49,15 @@ def shape(cluster, index, rate, delay=None):
         subprocess.run(argv, input="\n".join(lines) + "\n", text=True, check=True)
 
 
+def bisect_shaped(cluster, index, rate, delay=None):
+    """`doctor --bisect` while node ``index``'s link is shaped; the link is back to RATE afterwards."""
+    shape(cluster, index, rate, delay)
+    try:
+        return bisect(cluster)
+    finally:
+        shape(cluster, index, RATE)
+
+
 def test_a_clean_cluster_is_named_nothing_three_runs_in_a_row(cluster):
     for run in range(3):
         code, report, network = bisect(cluster)
@@ -61,11 +70,7 @@ def test_a_clean_cluster_is_named_nothing_three_runs_in_a_row(cluster):
 
 
 def test_a_node_shaped_to_a_quarter_of_the_rate_is_named_alone(cluster):
-    shape(cluster, 5, "50mbit")
-    try:
-        code, report, network = bisect(cluster)
-    finally:
-        shape(cluster, 5, RATE)
+    code, report, network = bisect_shaped(cluster, 5, "50mbit")
     found = problems(report)
     assert code == 1 and [(f["node"], f["severity"]) for f in found] == [("node-5", "error")], found
     assert found[0]["message"].startswith("slow link: ") and "with every partner" in found[0]["message"]
@@ -83,11 +88,7 @@ def _netem() -> bool:
 
 @pytest.mark.skipif(not _netem(), reason="kernel lacks the netem qdisc (CONFIG_NET_SCH_NETEM)")
 def test_a_node_with_20ms_more_delay_is_named_for_latency(cluster):
-    shape(cluster, 3, RATE, "20ms")
-    try:
-        code, report, _ = bisect(cluster)
-    finally:
-        shape(cluster, 3, RATE)
+    code, report, _ = bisect_shaped(cluster, 3, RATE, "20ms")
     found = problems(report)
     assert code == 1 and [(f["node"], f["data"]["metric"]) for f in found] == [("node-3", "latency")], found
     assert "high latency" in found[0]["message"]
@@ -100,11 +101,7 @@ def test_with_the_plugin_deployed_an_allreduce_on_halves_shows_the_slow_half(clu
     for step in (("plugin", "build", "-c", name), ("plugin", "deploy", "-c", name)):
         proc = run_cli(*step, env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr
-    shape(cluster, 5, "50mbit")
-    try:
-        code, report, network = bisect(cluster)
-    finally:
-        shape(cluster, 5, RATE)
+    code, report, network = bisect_shaped(cluster, 5, "50mbit")
     found = problems(report)
     assert code == 1 and [f["node"] for f in found] == ["node-5"], found
     halves = network["data"]["allreduce_halves"]

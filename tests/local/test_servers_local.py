@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from clustertool.providers.local import net, sysops
 from tests.conftest import run_cli
-from tests.local.conftest import module_cluster
+from tests.local.conftest import module_cluster, stop_node_sshd
 
 pytestmark = pytest.mark.local
 
@@ -146,12 +145,7 @@ def test_plugin_check_runs_servers_beside_the_rest_on_the_workers_and_stops_the_
 
 def test_doctor_reports_an_unreachable_server_with_its_fix_and_reboot_brings_it_back(cluster):
     name, env = cluster
-    ns = net.netns_name(name, 4)  # server-2: the 4th namespace
-    listener = [p for p in sysops.pids_in_netns([ns])[ns]
-                if sysops.comm(p) == "sshd" and
-                sysops.comm(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])) == "ct-init"]
-    assert len(listener) == 1
-    os.kill(listener[0], 15)
+    stop_node_sshd(name, 4)  # server-2: the 4th namespace
     proc = cli(cluster, "doctor", "--check", "reach", "--json")
     report = json.loads(proc.stdout)
     findings = [f for c in report["checks"] for f in c["findings"] if f["severity"] == "error"]
