@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ from clustertool import nodeprogs
 from clustertool.cluster import ledger
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
+from clustertool.core.durations import format_duration, parse_duration  # noqa: F401 - re-exported
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, ClusterState, Node, Reporter, silent
 from clustertool.providers.base import get_provider
@@ -30,31 +30,6 @@ WAIT_FOR = ("jobs", "jobs-and-ssh")
 UP = ("ready", "provisioned")  # statuses of a cluster that is up (provisioned: brought up with --no-ssh)
 INTERVAL_ENV = "CLUSTERTOOL_AUTOSTOP_INTERVAL"  # seconds between samples (hidden knob for tests)
 DEFAULT_POWEROFF = 'if [ "$(id -u)" = 0 ]; then shutdown -h now; else sudo -n shutdown -h now; fi'
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-
-
-def parse_duration(text: str, what: str = "idle time") -> int:
-    """Seconds in ``30m``, ``1h``, ``1h30m``, ``90s`` or a bare number of minutes (``what``: for errors)."""
-    value = str(text).strip().lower()
-    if value.isdigit():
-        seconds = int(value) * 60
-    else:
-        match = _DURATION.match(value)
-        if not value or not match:
-            raise UsageError(f"invalid {what} {text!r}", hint="write it as 30m, 1h, 1h30m or 90s")
-        h, m, s = (int(g or 0) for g in match.groups())
-        seconds = h * 3600 + m * 60 + s
-    if seconds < 1:
-        raise UsageError(f"invalid {what} {text!r}: it must be at least one second")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    parts = [f"{h}h" if h else "", f"{m}m" if m else "", f"{s}s" if s or not (h or m) else ""]
-    return "".join(parts)
 
 
 @dataclass

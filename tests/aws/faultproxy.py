@@ -8,7 +8,10 @@ query protocols, ``X-Amz-Target`` of the JSON ones) and occurrence:
   process), hold the answer until that process is gone (at most ``hold`` s), then deliver it;
 - ``delay``: wait before passing the call on;
 - ``hang``: accept the call and never answer (until the proxy closes);
-- ``reset``: after the call, empty moto (``/moto-api/reset``: what a restarted server holds).
+- ``reset``: after the call, empty moto (``/moto-api/reset``: what a restarted server holds);
+- ``error``: answer with that EC2 error code instead of passing the call on (moto never runs out
+  of capacity: this is how a process under test meets InsufficientInstanceCapacity);
+  ``times``: how many calls in a row from the n-th get the effect (default 1).
 
 ``hang_all()`` makes every call hang; ``refuse()`` closes the listening socket, so connections
 are refused.  ``calls`` lists the actions seen, in order.
@@ -37,7 +40,10 @@ class Rule:
     hang: bool = False
     reset: bool = False
     hold: float = 0.3
+    error: str = ""
+    times: int = 1
     seen: int = 0
+    hits: int = 0
     fired: bool = False
 
 
@@ -117,8 +123,9 @@ class FaultProxy:
             for rule in self.rules:
                 if rule.action == action and not rule.fired:
                     rule.seen += 1
-                    if rule.seen == rule.nth:
-                        rule.fired = True
+                    if rule.seen >= rule.nth:
+                        rule.hits += 1
+                        rule.fired = rule.hits >= rule.times
                         return rule
         return None
 
@@ -131,7 +138,10 @@ class FaultProxy:
             return
         if rule and rule.delay:
             time.sleep(rule.delay)
-        status, headers, payload = self._forward(handler, body)
+        if rule and rule.error:
+            status, headers, payload = 400, [("Content-Type", "text/xml")], ec2_error(rule.error)
+        else:
+            status, headers, payload = self._forward(handler, body)
         if rule and rule.reset:
             request = urllib.request.Request(self._base() + "/moto-api/reset", method="POST")
             urllib.request.urlopen(request, timeout=10).read()
@@ -165,6 +175,13 @@ class FaultProxy:
             return response.status, kept, payload
         finally:
             conn.close()
+
+
+def ec2_error(code: str) -> bytes:
+    """An EC2 (query protocol) error response with ``code``, as botocore parses it."""
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
+            f"<Message>injected by the test's proxy: {code}</Message></Error></Errors>"
+            "<RequestID>faultproxy</RequestID></Response>").encode()
 
 
 def refusing_url() -> str:

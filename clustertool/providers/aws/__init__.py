@@ -61,6 +61,13 @@ class AwsProvider(Provider):
         "server_type": OptionSpec(str, None, "Instance type of the reduction servers (default: c6in.8xlarge)."),
         "skip_quota_check": OptionSpec(bool, False, "Do not compare the request with the account's vCPU quota "
                                                     "first (RunInstances decides)."),
+        "retry_until_up": OptionSpec(bool, False, "When no zone has capacity for the whole cluster, keep trying: "
+                                                  "every zone again after --retry-interval, until --retry-for has "
+                                                  "passed (Ctrl-C stops the wait and removes what was made)."),
+        "retry_interval": OptionSpec(str, None, "With --retry-until-up: the wait between attempts, e.g. 5m, 90s, "
+                                                "1h (default: 5m)."),
+        "retry_for": OptionSpec(str, None, "With --retry-until-up: give up after this long, e.g. 6h, 30m "
+                                           "(default: 6h)."),
     }
 
     def __init__(self, report: Reporter = silent, **_ignored: object) -> None:
@@ -137,6 +144,14 @@ class AwsProvider(Provider):
         from clustertool.providers.aws import provision
 
         provision.set_shutdown_behavior(cluster, behavior, self.report)
+
+    def replace_node(self, cluster: ClusterRecord, node: str, keep_old: bool = False) -> Node:
+        """Not built yet for AWS: refused before anything is touched, with what to do instead."""
+        from clustertool.core.errors import NotSupported
+
+        raise NotSupported(f"replace is not supported yet for AWS clusters ({node} of {cluster.name!r} is unchanged)",
+                           hint=f"`clustertool cordon {node} -c {cluster.name}` keeps it out of hostfiles and jobs; "
+                                f"for a new machine, `clustertool down -c {cluster.name}` and `up` again")
 
     def owns_cluster(self, cluster: ClusterRecord) -> bool:
         """Adopted clusters are not ours to terminate unless down --terminate-adopted said so."""

@@ -8,8 +8,16 @@ from typing import Any, Callable
 
 from clustertool.core.errors import ProviderError
 from clustertool.core.model import ClusterRecord, Reporter
-from clustertool.providers.aws import capacity, leader, network, placement, servers, tags, teardown
-from clustertool.providers.aws.client import NEXT_AZ_CODES, Aws, aws_errors, is_code
+from clustertool.providers.aws import capacity, capacity_wait, leader, network, placement, servers, tags, teardown
+from clustertool.providers.aws.client import (
+    CAPACITY_CODES,
+    NEXT_AZ_CODES,
+    QUOTA_CODES,
+    Aws,
+    aws_errors,
+    error_code,
+    is_code,
+)
 from clustertool.providers.aws.images import Image
 
 DEFAULT_IOPS = 10_000  # what the seeds provisioned for their dataset disks
@@ -103,12 +111,38 @@ def launch_in_order(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, coun
                     image: Image, azs: list[str], group_id: str, key_name: str, suffix: str,
                     record: Callable[[str, str], None], report: Reporter, public_key: str = "",
                     server_plan: servers.ServerPlan | None = None,
-                    server_image: Image | None = None) -> tuple[str, list[dict], list[dict]]:
+                    server_image: Image | None = None,
+                    waiter: capacity_wait.Waiter | None = None) -> tuple[str, list[dict], list[dict]]:
     """Try each AZ in order; return (az, instances, server instances) of the first that launches all N
-    (and all K reduction servers, by a second RunInstances in the same subnet and placement group)."""
+    (and all K reduction servers, by a second RunInstances in the same subnet and placement group).
+    With a ``waiter`` (--retry-until-up), a round in which no zone had capacity is followed, after the
+    interval, by another round over every zone, until one launches or --retry-for has passed."""
+    waiter = waiter or capacity_wait.Waiter(None, cluster.provider_state, lambda: None, report)
+    while True:
+        attempt = waiter.begin()
+        tried: list[tuple[str, str]] = []
+        codes: dict[str, str] = {}  # zone -> the error code of its attempt
+        found = _one_round(aws, cluster, stamp=stamp, count=count, info=info, image=image, azs=azs,
+                           group_id=group_id, key_name=key_name, suffix=suffix if attempt == 1 else
+                           f"{suffix}r{attempt}", token_tail="" if attempt == 1 else f"-r{attempt}",
+                           record=record, report=report, public_key=public_key, server_plan=server_plan,
+                           server_image=server_image, tried=tried, codes=codes)
+        if found is not None:
+            waiter.succeeded()
+            return found
+        short = [az for az, code in codes.items() if code in CAPACITY_CODES]  # zones without capacity
+        retryable = bool(short) and not set(codes.values()) & QUOTA_CODES
+        waiter.after_failure(capacity.launch_failure(tried, count, info.name), short, info.name, retryable)
+
+
+def _one_round(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, count: int, info: capacity.TypeInfo,
+               image: Image, azs: list[str], group_id: str, key_name: str, suffix: str, token_tail: str,
+               record: Callable[[str, str], None], report: Reporter, public_key: str,
+               server_plan: servers.ServerPlan | None, server_image: Image | None,
+               tried: list[tuple[str, str]], codes: dict[str, str]) -> tuple[str, list[dict], list[dict]] | None:
+    """One attempt in each AZ in turn; None when none launched (``tried``/``codes``: why, per zone)."""
     from botocore.exceptions import ClientError
 
-    tried: list[tuple[str, str]] = []
     for az in azs:
         try:
             subnet, _ = network.subnet_for(aws, az, cluster.options.get("subnet"))
@@ -119,7 +153,8 @@ def launch_in_order(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, coun
         params = launch_params(stamp=stamp, count=count, instance_type=info.name, image=image,
                                subnet=subnet, group_id=group_id, key_name=key_name, az=az,
                                placement_group=group, options=cluster.options,
-                               token=f"{stamp.id}-{az}", public_key=public_key, efa_interfaces=info.efa_interfaces,
+                               token=f"{stamp.id}-{az}{token_tail}", public_key=public_key,
+                               efa_interfaces=info.efa_interfaces,
                                autostop=cluster.autostop)
         report(f"{az}: launching {count} x {info.name}" + (f" in placement group {group}" if group else ""))
         server_insts: list[dict] = []
@@ -132,7 +167,7 @@ def launch_in_order(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, coun
                                         image=server_image or image, subnet=subnet, group_id=group_id,
                                         key_name=key_name, az=az, placement_group=group,
                                         options=servers.launch_options(cluster.options),
-                                        token=f"{stamp.id}-{az}-servers",
+                                        token=f"{stamp.id}-{az}-servers{token_tail}",
                                         public_key=public_key, autostop=cluster.autostop)
                 sparams["TagSpecifications"][0] = stamp.spec("instance", **{"clustertool__role": "server"})
                 report(f"{az}: launching {server_plan.count} x {server_plan.info.name} (reduction servers) "
@@ -146,13 +181,14 @@ def launch_in_order(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, coun
                     raise
             why = capacity.reason(exc)
             tried.append((az, why))
+            codes[az] = error_code(exc)
             report(f"{az}: {why}; removing this attempt's resources")
             teardown.clean_attempt(aws, cluster, az, group, report)
             if group:
                 unrecord(cluster, "placement_groups", group)
             continue
         return az, instances, server_insts
-    raise capacity.launch_failure(tried, count, info.name)
+    return None
 
 
 

@@ -7,7 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clustertool.core.errors import ToolError, UsageError
-from clustertool.providers.aws import adopt, capacity, images, leader, network, owner, pricing, quota, servers, tags
+from clustertool.providers.aws import (
+    adopt,
+    capacity,
+    capacity_wait,
+    images,
+    leader,
+    network,
+    owner,
+    pricing,
+    quota,
+    servers,
+    tags,
+)
 from clustertool.providers.aws.az_launch import launch_params, volume
 from clustertool.providers.aws.client import Aws, error_code, error_message
 from clustertool.providers.base import ProvisionRequest
@@ -33,6 +45,7 @@ class Prep:
 def validate(options: dict, count: int | None) -> None:
     """Offline checks of the options; each failure is one line naming the flag."""
     adopting = bool(options.get("adopt_tag") or options.get("adopt_ids"))
+    capacity_wait.setting(options)  # --retry-until-up and its durations
     if options.get("adopt_tag") and options.get("adopt_ids"):
         raise UsageError("--adopt-tag and --adopt-ids: give one of them, not both")
     if adopting:
@@ -167,6 +180,9 @@ def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
         *servers.plan_lines(prep.servers, options),
         f"hourly cost: {hourly_line(prep, options, count)}",
     ]
+    retry = capacity_wait.setting(options)
+    if retry is not None:
+        lines.insert(2, capacity_wait.plan_line(retry))
     lines += dry_run_checks(prep, request, image)
     lines.append("dry run: nothing was created")
     return lines

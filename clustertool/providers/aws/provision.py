@@ -10,6 +10,7 @@ from clustertool.providers.aws import (
     adopt,
     az_launch,
     capacity,
+    capacity_wait,
     images,
     instances,
     leader,
@@ -71,7 +72,8 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     az, launched, server_insts = az_launch.launch_in_order(
         aws, cluster, stamp=stamp, count=request.count, info=info, image=image, azs=prep.azs, group_id=group_id,
         key_name=key_name, suffix=suffix, record=record, report=report, public_key=request.public_key,
-        server_plan=prep.servers, server_image=server_image)
+        server_plan=prep.servers, server_image=server_image,
+        waiter=capacity_wait.Waiter(capacity_wait.setting(cluster.options), ps, request.save, report, aws.tick))
     ps["az"] = az
     request.save()
     ordered = az_launch.tag_nodes(aws, cluster.name, launched)
