@@ -121,14 +121,14 @@ def _apply(session: ClusterSession, verb: str, pick: Callable[[ClusterRecord], d
             out.changed.append(name)
         if out.changed:
             state.save(record)
-            out.hostfile = str(_write_local(record))
+            out.hostfile = str(write_local_hostfile(record))
             out.leader_hostfile = _write_leader(session, record, report)
         out.cordons = {name: record.node(name).cordon for name in wanted}
         out.cordoned = [n.name for n in record.cordoned]
         return out
 
 
-def _write_local(record: ClusterRecord) -> Path:
+def write_local_hostfile(record: ClusterRecord) -> Path:
     """This machine's hostfile, where `up` wrote it (or, never written, where `up` would)."""
     if not record.hostfile_path:
         path = write_hostfile(record)

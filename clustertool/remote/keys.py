@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import base64
+import binascii
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -125,6 +127,21 @@ def pin_host_keys(link: Link) -> None:
         write_local_known_hosts(cluster)
         write_ssh_config(cluster)
         keyscan_via_leader(link, behind)
+
+
+def fingerprint(host_keys: list[str]) -> str | None:
+    """``SHA256:...`` of the first key line ("type base64 [comment]"), as ``ssh-keygen -l`` prints it;
+    None when there is no key or it is not base64."""
+    for line in host_keys:
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        try:
+            blob = base64.b64decode(parts[1], validate=True)
+        except (ValueError, binascii.Error):
+            return None
+        return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return None
 
 
 def local_known_hosts(cluster: ClusterRecord) -> str:

@@ -18,15 +18,15 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import time
 from pathlib import Path
 from typing import ClassVar
 
+from clustertool.core import state
 from clustertool.core.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.core.model import LEADER, ClusterRecord, Node
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
-from clustertool.providers.local import firewall, net, nodes, sysops
+from clustertool.providers.local import firewall, net, nodes, swap, sysops
 from clustertool.providers.local.removal import teardown
 from clustertool.remote import access
 
@@ -172,7 +172,7 @@ class LocalProvider(Provider):
         deadline = time.monotonic() + timeout
         while pending:
             for name, node in list(pending.items()):
-                if _accepts(node.address, node.ssh_port):
+                if sysops.accepts(node.address, node.ssh_port):
                     del pending[name]
             if not pending:
                 break
@@ -232,6 +232,10 @@ class LocalProvider(Provider):
             pids[node.name] = nodes.start_node(cluster, node.index)
         return self.wait_instances(cluster, timeout=60.0)
 
+    def replace_node(self, cluster: ClusterRecord, node: str, keep_old: bool = False) -> Node:
+        """A new namespace, sshd (new host key) and disk for ``node``; the old node's are gone (swap.py)."""
+        return swap.replace_node(cluster, node, keep_old, report=self.report, save=lambda: state.save(cluster))
+
     def terminate_instances(self, cluster: ClusterRecord) -> list[str]:
         return teardown(cluster, reap=nodes.reap_launched)
 
@@ -246,11 +250,3 @@ class LocalProvider(Provider):
                                "poweroff.json").read_text())
         except (OSError, ValueError, TypeError):
             return None
-
-def _accepts(address: str, port: int) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-

@@ -61,24 +61,27 @@ def write_node_files(request: ProvisionRequest, slot: int,
     count = request.count
     hosts.write_text(net.hosts_text([(node_name(i, count), net.node_address(slot, i)) for i in indices]))
     os.chmod(hosts, 0o644)
-    keygens = {}
-    for i in indices:
-        name = node_name(i, count)
-        node_dir = nodes_dir / name
-        node_dirs(node_dir, request.public_key)
-        etc_ssh = node_dir / "ssh"
-        seed_etc_ssh(etc_ssh)
-        (etc_ssh / "sshd_config").write_text(net.sshd_config_text(
-            net.node_address(slot, i), f"{request.cluster.name} {name}"))
-        init = net.init_config(name, node_dir, hosts, shared=host_software())
-        (node_dir / "init.json").write_text(json.dumps(init, indent=1))
-        key = etc_ssh / net.HOST_KEY
-        for old in (key, key.with_suffix(".pub")):
-            old.unlink(missing_ok=True)
-        keygens[i] = subprocess.Popen(keygen_argv(key, f"{request.cluster.name}-{name}"),
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE)
-    return keygens
+    return {i: write_node_dir(request.cluster.name, slot, i, node_name(i, count), nodes_dir / node_name(i, count),
+                              request.public_key) for i in indices}
+
+
+def write_node_dir(cluster_name: str, slot: int, i: int, name: str, node_dir: Path, public_key: str,
+                   final_dir: Path | None = None) -> subprocess.Popen:
+    """One node's directory (home, /scratch, /tmp, /etc/ssh, init.json) at ``node_dir``, its host key
+    made by the returned ssh-keygen; ``final_dir``: where the directory will be when the node
+    starts (a replacement is made aside, then moved into place), default ``node_dir``."""
+    node_dirs(node_dir, public_key)
+    etc_ssh = node_dir / "ssh"
+    seed_etc_ssh(etc_ssh)
+    (etc_ssh / "sshd_config").write_text(net.sshd_config_text(net.node_address(slot, i), f"{cluster_name} {name}"))
+    final = final_dir or node_dir
+    init = net.init_config(name, final, final.parent / "hosts", shared=host_software())
+    (node_dir / "init.json").write_text(json.dumps(init, indent=1))
+    key = etc_ssh / net.HOST_KEY
+    for old in (key, key.with_suffix(".pub")):
+        old.unlink(missing_ok=True)
+    return subprocess.Popen(keygen_argv(key, f"{cluster_name}-{name}"), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 def node_dirs(node_dir: Path, public_key: str) -> None:
     ssh = node_dir / "home" / ".ssh"
@@ -92,7 +95,10 @@ def node_dirs(node_dir: Path, public_key: str) -> None:
     (node_dir / "tmp").mkdir(exist_ok=True)
     os.chmod(node_dir / "tmp", 0o1777)
 
-def make_network(cluster: ClusterRecord, slot: int, indices: list[int]) -> None:
+def make_network(cluster: ClusterRecord, slot: int, indices: list[int], peers: list[int] | None = None) -> None:
+    """Namespaces, veths, shaping and the members' firewall for nodes ``indices``; ``peers``: every
+    node index of the cluster (default ``indices``: `up` makes them all at once; a replacement one)."""
+    peers = peers or indices
     tag = net.link_tag(cluster.name, cluster.provider_state["token"])
     host_lines = [line for i in indices for line in net.host_node_lines(cluster.name, slot, i, tag)]
     sysops.run_batch(net.ip_batch_argv(), host_lines)
@@ -100,15 +106,15 @@ def make_network(cluster: ClusterRecord, slot: int, indices: list[int]) -> None:
     jobs = []
     for i in indices:
         ns = net.netns_name(cluster.name, i)
-        jobs.append((net.ip_batch_argv(ns), "\n".join(net.node_lines(slot, i, max(indices))) + "\n"))
+        jobs.append((net.ip_batch_argv(ns), "\n".join(net.node_lines(slot, i, max(peers))) + "\n"))
         node_tc = net.shaping_lines(net.NODE_IFACE, rate, delay)
         if node_tc:
             jobs.append((net.tc_batch_argv(ns), "\n".join(node_tc) + "\n"))
     host_tc = [line for i in indices for line in net.shaping_lines(net.veth_name(slot, i), rate, delay)]
     if host_tc:
         jobs.append((net.tc_batch_argv(), "\n".join(host_tc) + "\n"))
-    if behind_leader(cluster) and len(indices) > 1:
-        rules = firewall.member_ruleset([net.node_address(slot, i) for i in indices])
+    if behind_leader(cluster) and len(peers) > 1:
+        rules = firewall.member_ruleset([net.node_address(slot, i) for i in peers])
         jobs += [(firewall.nft_argv(net.netns_name(cluster.name, i)), rules) for i in indices if i != 1]
     for start in range(0, len(jobs), 16):  # bounded parallelism: the machine has few cores
         sysops.run_parallel(jobs[start:start + 16])

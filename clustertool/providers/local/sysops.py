@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -140,6 +141,15 @@ def pids_starting_nodes_of(nodes_dir: Path | str) -> list[int]:
                for a in args):
             found.append(int(entry))
     return found
+
+
+def accepts(address: str, port: int) -> bool:
+    """Whether ``address:port`` takes a TCP connection now."""
+    try:
+        with socket.create_connection((address, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 def comm(pid: int) -> str | None:

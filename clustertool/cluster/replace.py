@@ -1,0 +1,125 @@
+"""`replace NODE…`: a new machine takes a node's name, role, index, slots, address and place in
+the hostfiles; the old machine and what was on its disk are gone.
+
+Under the cluster's lock: the provider makes each new node and removes the old one
+(``Provider.replace_node``: all or nothing per node); the record then holds the new host key,
+which `wire` pins here and pushes, with the cluster key and the known_hosts of every node, to
+every node (each known_hosts is written whole, so the old key is gone from all of them) and
+writes the leader's ~/hostfile; this machine's hostfile is written again.  A cordon on a
+replaced node is lifted: the bad machine it marked is gone.  A replaced leader gets the autostop
+watcher again (it lived on the old disk).
+
+Machines clustertool did not make (static / adopted) are never replaced: `cordon` is the way
+to keep a bad one out of jobs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from clustertool.cluster import autostop
+from clustertool.cluster.cordon import write_local_hostfile
+from clustertool.cluster.lifecycle import close_masters, wire
+from clustertool.cluster.session import ClusterSession
+from clustertool.core import nodeset, state
+from clustertool.core.errors import NotSupported, ToolError, UsageError
+from clustertool.core.model import ClusterRecord, Node, Reporter, jsonable, silent
+from clustertool.remote.keys import fingerprint
+
+DISK_GONE = "what was on the old disk (home, /scratch, /tmp) is gone: copy datasets back with `clustertool copy`"
+
+
+@dataclass
+class ReplacedNode:
+    node: str
+    role: str
+    address: str
+    old_host_key: str | None  # SHA256 fingerprints
+    new_host_key: str | None
+    seconds: float
+    cordon_lifted: bool = False
+
+
+@dataclass
+class ReplaceResult:
+    """What `replace` did (``to_dict()`` is its --json)."""
+
+    cluster: str
+    replaced: list[ReplacedNode] = field(default_factory=list)
+    hostfile: str | None = None
+    seconds: float = 0.0
+    disk: str = DISK_GONE
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(self)
+
+
+def targets(record: ClusterRecord, selection: str, owns: bool) -> list[Node]:
+    """The nodes to replace, or one clear refusal (machines we did not make, a cluster not ready)."""
+    if not selection.strip():
+        raise UsageError("no node given", hint="e.g. clustertool replace node-3 --yes")
+    if not owns:
+        raise NotSupported(
+            f"cluster {record.name!r} is made of machines clustertool did not make ({record.provider}): "
+            "it cannot replace them",
+            hint=f"`clustertool cordon {selection}` keeps a bad one out of hostfiles and jobs")
+    if record.status != "ready":
+        raise UsageError(f"cluster {record.name!r} is {record.status}: replace needs a ready cluster",
+                         hint=f"`clustertool start -c {record.name}` first")
+    return nodeset.select(record, selection)
+
+
+def replace(session: ClusterSession, selection: str, *, report: Reporter = silent) -> ReplaceResult:
+    """Replace the selected nodes (each all or nothing), then pin, wire and write hostfiles once."""
+    t0 = time.monotonic()
+    with session.locked(purpose="replace") as record:
+        provider = session.provider
+        picked = targets(record, selection, provider.owns_cluster(record))
+        provider.confirm_owner(record, False, "replace")
+        close_masters(record)  # the old node's connection (and every other) is opened again by wire
+        out = ReplaceResult(record.name)
+        for node in picked:
+            out.replaced.append(_replace_one(session, record, node, report))
+        out.hostfile = str(write_local_hostfile(record))
+        report("pinning the new host key(s); pushing the cluster key, known_hosts and hostfile to every node")
+        try:
+            wire(ClusterSession(record, session.transport, report))
+        except ToolError as exc:
+            raise ToolError(f"{exc.message} (the new node(s) {nodeset.fold(n.node for n in out.replaced)} are made "
+                            "and their keys pinned here)",
+                            hint=f"once every node answers, `clustertool repin -c {record.name}` pushes keys and "
+                                 "hostfiles again") from exc
+        if any(r.role == "leader" for r in out.replaced) and autostop.setting_of(record):
+            report("installing the autostop watcher on the new leader")
+            autostop.install(ClusterSession(record, session.transport, report), autostop.setting_of(record),
+                             autostop.poweroff_command(provider))
+        state.save(record)
+    out.seconds = round(time.monotonic() - t0, 2)
+    return out
+
+
+def _replace_one(session: ClusterSession, record: ClusterRecord, node: Node, report: Reporter) -> ReplacedNode:
+    t = time.monotonic()
+    report(f"replacing {node.name} ({node.role}, {node.address})")
+    try:
+        new = session.provider.replace_node(record, node.name)
+    except NotSupported:  # refused before anything was touched
+        raise
+    except BaseException as exc:
+        why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        record.node(node.name).extra["replace_failed"] = {"at": time.time(), "why": why}
+        state.save(record)
+        raise
+    lifted = node.cordon is not None
+    new.cordon = None
+    new.extra.pop("replace_failed", None)
+    new.extra["replaced"] = {"at": time.time(), "old_host_key": fingerprint(node.host_keys)}
+    record.nodes[record.nodes.index(node)] = new
+    state.save(record)
+    if lifted:
+        report(f"{node.name}: its cordon is lifted (the machine it marked is gone)")
+    report(f"{node.name}: replaced; {DISK_GONE}")
+    return ReplacedNode(node.name, node.role, node.address, fingerprint(node.host_keys), fingerprint(new.host_keys),
+                        round(time.monotonic() - t, 2), lifted)
