@@ -127,7 +127,10 @@ def test_job_survives_the_client_being_killed(cluster):
     client = subprocess.Popen(CLI + ["run", "-c", name, "--follow", "--name", "survivor", "--np", "1", "--",
                                      "sh", "-c", "sleep 3; echo survived"],
                               env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(1.5)
+    # killed once the job has started on the leader (it says so on stderr), while it still runs
+    lines = iter(client.stderr.readline, b"")
+    started = next((ln.decode() for ln in lines if b" started on " in ln), "")
+    assert started.startswith("job "), started
     client.send_signal(signal.SIGKILL)
     client.wait()
     deadline = time.monotonic() + 30
