@@ -112,6 +112,16 @@ def run(
              "every rank's stack in the job's folder and show the job as hung? in `jobs`."),
     hang_action: str = typer.Option("keep", "--hang-action", metavar="keep|kill",
                                     help="With --hang-timeout: keep the hung job running (default) or kill it."),
+    restarts: int = typer.Option(
+        0, "--restarts", metavar="N",
+        help="When the job fails, stop what is left of it and start the same command again (same job id), up to "
+             "N times; every rank gets CLUSTERTOOL_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (0, then 1, 2 ...) "
+             "to resume from its own checkpoint. The loop runs on the leader (your laptop may close). No restart "
+             "after `kill`, nor when a node stopped answering (cordon or replace it)."),
+    restart_on_exit_codes: Optional[str] = typer.Option(
+        None, "--restart-on-exit-codes", metavar="CODES",
+        help="With --restarts: restart only on these exit codes, e.g. 1,137. The job's exit code is the first "
+             "failing rank's, or 128+signal for a rank killed by a signal (137: SIGKILL, e.g. out of memory)."),
     json_output: bool = JsonOpt,
 ) -> None:
     """Run a job on the cluster, detached on the leader (survives your connection).
@@ -126,6 +136,7 @@ def run(
     files on its node; `logs` and --follow show them as whole lines, tagged [job,rank]<stream>:.
     One quoted argument is split like a shell line. Prints the job id; `logs -f ID` follows it,
     `kill ID` stops it everywhere. `--sync [DIR]` sends your local code first (only what changed).
+    `--restarts N` starts a failed job again from the leader; `jobs` lists each attempt and its cause.
     """
     from clustertool.cli import progress, render
     from clustertool.cluster.autostop import parse_duration
@@ -144,7 +155,8 @@ def run(
                              allow_concurrent=allow_concurrent, use_plugin=plugin, sync=sync, sync_to=sync_to,
                              on_progress=bars.update, report=reporter(json_output),
                              hang_timeout=parse_duration(hang_timeout, "--hang-timeout") if hang_timeout else None,
-                             hang_action=hang_action)
+                             hang_action=hang_action, restarts=restarts,
+                             restart_on_exit_codes=launch.parse_exit_codes(restart_on_exit_codes))
     if dry_run:
         if json_output:
             render.print_json(started.to_dict())
@@ -183,16 +195,25 @@ def _state_text(job) -> str:
     gone = f", reduction server {', '.join(lost)} gone" if lost else ""
     why = text(getattr(job, "failure", None))
     if job.state == "failed":
-        return f"failed ({why or f'exit {job.exit_code}'}{gone})"
+        return f"failed ({why or f'exit {job.exit_code}'}{gone})" + _restarted(job)
     if job.state == "lost" and why:
         return f"lost ({why})"
     if job.state == "killed" and job.exit_code is not None:
-        return f"killed (exit {job.exit_code}{gone})"
+        return f"killed (exit {job.exit_code}{gone})" + _restarted(job)
     hung = getattr(job, "hung", None)
     if job.state == "running" and hung:
         quiet = max(0, int(time.time() - float(hung.get("since", time.time()))))
         return f"hung? (no output, no CPU for {quiet}s{gone})"
-    return job.state + (f" ({gone[2:]})" if gone else "")
+    return job.state + (f" ({gone[2:]})" if gone else "") + _restarted(job)
+
+
+def _restarted(job) -> str:
+    """`` (1 restart: exit code 137)`` for a job whose restart loop started it again."""
+    done = [a for a in getattr(job, "attempts", None) or [] if a.get("end") is not None and a.get("code")]
+    if not job.attempts or len(job.attempts) < 2:
+        return ""
+    n = len(job.attempts) - 1
+    return f" ({n} restart{'s' if n > 1 else ''}: {done[-1].get('cause') if done else '?'})"
 
 
 def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
@@ -214,10 +235,25 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
     render.plain_table(["id", "name", "state", "started", "duration", "ranks", "nodes", "command"],
                  [(j.id, j.name or "", _state_text(j), time.strftime("%m-%d %H:%M:%S", time.localtime(j.started)),
                    _duration(j), j.np, len(j.nodes), render.clip(shlex.join(j.command))) for j in all_jobs])
+    for j in all_jobs:  # jobs run with --restarts: each attempt, its cause, and why the loop stopped
+        if len(j.attempts) > 1 or (j.attempts and j.restart_verdict and j.state != "succeeded"):
+            typer.echo(f"\njob {j.id} attempts (--restarts {j.restarts}):")
+            for a in j.attempts:
+                typer.echo(f"  {_attempt_line(a)}")
+            if j.restart_verdict:
+                typer.echo(f"  {j.restart_verdict}")
     for job_id, groups in hung.items():   # where the hung jobs' ranks are (the stacks saved at the time)
         typer.echo(f"\njob {job_id} hung? where its ranks were (`clustertool stacks {job_id}` for now):")
         for group in groups:
             typer.echo(f"  {group.label}: {group.summary}")
+
+
+def _attempt_line(a: dict) -> str:
+    def at(t) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(float(t))) if t else "..."
+
+    how = "running" if a.get("end") is None else ("exit code 0" if a.get("code") == 0 else a.get("cause") or "?")
+    return f"attempt {a.get('attempt')}: {at(a.get('start'))}-{at(a.get('end'))} {how}"
 
 
 def logs(
@@ -232,18 +268,23 @@ def logs(
     lines: Optional[int] = typer.Option(
         None, "--tail", "-n", metavar="N",
         help="Only the last N lines of each rank's stdout and stderr (and of mpirun's own)."),
+    attempt: Optional[int] = typer.Option(
+        None, "--attempt", metavar="K",
+        help="A job run with --restarts: only attempt K's rank lines (1: the first; default: every attempt, "
+             "each after a separator line, then mpirun's and the restart loop's own lines)."),
 ) -> None:
     """Show a job's output in whole lines, [job,rank]<stream>:text, from every node it ran on.
 
     Without -f: rank by rank (stdout, then stderr), then mpirun's own lines. With -f: lines as
-    they complete, until the job ends (exit code: the job's). A line is never cut: a partial last
-    line waits for its newline or the job's end.
+    they complete, until the job ends (exit code: the job's), across restarts. A line is never cut: a partial last
+    line waits for its newline or the job's end. After a restart (run --restarts) attempt K's lines are
+    tagged [K,rank].
     """
     from clustertool.jobs.logs import show
 
     try:
         code = show(open_session(cluster), job, _echo_line, follow_log=follow, node=node, rank=rank,
-                            lines=lines, warn=_warn)
+                    lines=lines, warn=_warn, attempt=attempt)
     except KeyboardInterrupt:
         raise typer.Exit(130)
     if follow and code is not None:

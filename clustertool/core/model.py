@@ -296,6 +296,10 @@ class JobRecord:
     hang_timeout: float | None = None  # run --hang-timeout, in seconds
     hang_action: str = "keep"  # run --hang-action: keep | kill
     hung: dict[str, Any] | None = None  # the supervisor found it hung: {"since", "detected", ...}
+    restarts: int = 0  # run --restarts N: start the same command again, up to N times, when it fails
+    restart_on_exit_codes: list[int] | None = None  # only these exit codes restart (None: any non-zero)
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # {"attempt", "start", "end", "code", "cause"}
+    restart_verdict: str | None = None  # why the restart loop stopped (nodeprogs/restarts.py)
 
     @property
     def finished(self) -> bool:

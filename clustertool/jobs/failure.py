@@ -85,6 +85,15 @@ def from_mpirun_log(log: str) -> dict | None:
     return None
 
 
+ATTEMPT_MARK = " starting (CLUSTERTOOL_RESTART_COUNT="  # nodeprogs/restarts.py's line at each attempt
+
+
+def last_attempt(log: str) -> str:
+    """The part of mpirun's log from the last attempt of a job run with --restarts (all of it otherwise)."""
+    at = log.rfind(ATTEMPT_MARK)
+    return log if at < 0 else log[log.rfind("\n", 0, at) + 1:]
+
+
 def first(found: list[dict]) -> dict | None:
     """A node that stopped answering (what its peers' ranks then fail of), else the earliest rank that
     failed by itself."""
@@ -126,6 +135,8 @@ def _tail(session: ClusterSession, job: JobRecord, node_name: str, rank: int) ->
         return []
     out = shlex.quote(job.output_dir.replace("$HOME/", "")) if job.output_dir.startswith("$HOME/") else None
     base = f'"$HOME"/{out}' if out else shlex.quote(job.output_dir)
+    if len(job.attempts) > 1:  # run --restarts: the last attempt's rank files (nodeprogs/restarts.py)
+        base += f"/attempt.{len(job.attempts) - 1}"
     line = (f'for f in {base}/*/rank.*; do r=$(echo "${{f##*.}}" | sed "s/^0*//"); '
             f'if [ "${{r:-0}}" = {rank} ]; then tail -n {TAIL_LINES} "$f/stderr"; fi; done 2>/dev/null; true')
     result = run_on_node(session, node, line, timeout=20)
@@ -138,6 +149,7 @@ def explain(session: ClusterSession, job: JobRecord) -> dict:
     nodes = [n for n in cluster.nodes if n.name in job.nodes] or [cluster.leader]
     result = run_on_nodes(session, nodes, "sh -s", timeout=20, stdin_data=_gather_script(job.id).encode())
     found, where, log = parse_gathered({r.node: r.stdout for r in result.results if r.ok})
+    log = last_attempt(log)
     said = from_mpirun_log(log)
     if said is not None and said.get("kind") == "lost":  # mpirun lost a node's daemon: that node went first
         found.append({"kind": "lost", "address": said["address"], "time": 0.0})

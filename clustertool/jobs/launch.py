@@ -144,12 +144,16 @@ def _sync_target(sync: str | None, sync_to: str | None) -> tuple[str, str] | Non
 def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = None, name: str | None = None,
         dry_run: bool = False, allow_concurrent: bool = False, use_plugin: bool = False,
         sync: str | None = None, sync_to: str | None = None, on_progress: ProgressCb | None = None,
-        hang_timeout: float | None = None, hang_action: str = "keep", report: Reporter = silent) -> Launch:
+        hang_timeout: float | None = None, hang_action: str = "keep", restarts: int = 0,
+        restart_on_exit_codes: list[int] | None = None, report: Reporter = silent) -> Launch:
     """Start the job (after sending ``sync``, a local folder, to ``sync_to`` or its own path on the nodes).
 
     ``hang_timeout``: seconds without a byte of output or CPU time moved on any rank before the
-    supervisor saves every rank's stack and marks the job hung (``hang_action`` "kill" also stops it)."""
+    supervisor saves every rank's stack and marks the job hung (``hang_action`` "kill" also stops it).
+    ``restarts``: when the job fails (with ``restart_on_exit_codes``: only with one of those codes), the
+    leader starts the same command again, up to that many times (nodeprogs/restarts.py)."""
     _check_hang(hang_timeout, hang_action)
+    restart = restart_policy(restarts, restart_on_exit_codes)
     synced_dir = _sync_target(sync, sync_to)
     cluster = session.ready()
     nodes = rank_nodes(cluster, selection)
@@ -160,8 +164,8 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
     plan = plan_job(cluster, nodes, opts, records.new_id(), sync=synced_dir, plugin_env=env, servers=servers)
     if dry_run:
         commands = [(n.name, argv) for n, argv in plan.node_commands()] if plan.spec.node_launcher else None
-        return Launch(_record(cluster, plan, name, hang_timeout, hang_action), plan.argv, dry_run=True, sync=synced_dir,
-                      node_commands=commands)
+        return Launch(_record(cluster, plan, name, hang_timeout, hang_action, restart), plan.argv, dry_run=True,
+                      sync=synced_dir, node_commands=commands)
     report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
     home, port = preflight(session, list(plan.nodes), allow_concurrent)
     synced = None
@@ -175,8 +179,8 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
     try:
         if plan.spec.node_launcher:
             _install_agent(session, plan, report)
-        return _start(session, plan, _record(cluster, plan, name, hang_timeout, hang_action), started, synced,
-                      report)
+        return _start(session, plan, _record(cluster, plan, name, hang_timeout, hang_action, restart), started,
+                      synced, report)
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
@@ -191,11 +195,15 @@ def _supervisor(plan: JobPlan, job: JobRecord) -> bytes | None:
     others = list(plan.nodes[1:])
     if not others and job.hang_timeout is None:
         return None
-    nodes = [[n.name, n.address, n.ssh_port if n.ssh_host in (None, n.address) else 22] for n in others]
-    return program_text("supervise", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "nodes": nodes,
+    return program_text("supervise", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "nodes": _node_ports(others),
                                       "interval": SUPERVISE_INTERVAL_S, "misses": SUPERVISE_MISSES, "grace": 5.0,
                                       "hang_timeout": job.hang_timeout, "hang_action": job.hang_action,
                                       "all_nodes": [[n.name, n.address] for n in plan.nodes]})
+
+
+def _node_ports(nodes) -> list[list]:
+    """[name, address, ssh port as the leader reaches it] of each node (the leader asks their ssh ports)."""
+    return [[n.name, n.address, n.ssh_port if n.ssh_host in (None, n.address) else 22] for n in nodes]
 
 
 def _hang_stacks(plan: JobPlan, job: JobRecord) -> bytes | None:
@@ -227,10 +235,46 @@ def _check_hang(timeout: float | None, action: str) -> None:
                          "--hang-action kill -- CMD")
 
 
+def restart_policy(restarts: int, codes: list[int] | None) -> tuple[int, list[int] | None]:
+    """(restarts, the exit codes that restart or None for any), checked."""
+    if restarts < 0:
+        raise UsageError(f"--restarts {restarts}: give 0 or more (how many times a failed job starts again)")
+    if codes is not None:
+        if not restarts:
+            raise UsageError("--restart-on-exit-codes goes with --restarts N",
+                             hint="clustertool run --restarts 2 --restart-on-exit-codes 137 -- CMD")
+        bad = [c for c in codes if not 1 <= c <= 255]
+        if bad or not codes:
+            raise UsageError(f"--restart-on-exit-codes: {bad[0] if bad else 'nothing'} is not an exit code "
+                             "that fails (1-255)", hint="e.g. --restart-on-exit-codes 1,137 (137: killed by "
+                                                        "signal 9, 128+signal)")
+    return restarts, sorted(set(codes)) if codes is not None else None
+
+
+def parse_exit_codes(text: str | None) -> list[int] | None:
+    """``--restart-on-exit-codes``: "1,137" (None: not given)."""
+    if text is None:
+        return None
+    words = [w.strip() for w in str(text).split(",") if w.strip()]
+    if not words or not all(w.isdigit() for w in words):
+        raise UsageError(f"--restart-on-exit-codes {text!r}: give exit codes separated by commas, e.g. 1,137")
+    return [int(w) for w in words]
+
+
+def _restarter(plan: JobPlan, job: JobRecord) -> bytes | None:
+    """The restart loop that runs mpirun on the leader, once per attempt (nodeprogs/restarts.py)."""
+    if not job.restarts:
+        return None
+    return program_text("restarts", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "argv": plan.argv,
+                                     "out": plan.options.output_dir, "restarts": job.restarts,
+                                     "codes": job.restart_on_exit_codes, "nodes": _node_ports(plan.nodes[1:])})
+
+
 def _record(cluster: ClusterRecord, plan: JobPlan, name: str | None, hang_timeout: float | None = None,
-            hang_action: str = "keep") -> JobRecord:
+            hang_action: str = "keep", restart: tuple[int, list[int] | None] = (0, None)) -> JobRecord:
     return JobRecord(id=plan.job_id, launcher=plan.launcher, cluster=cluster.name,
                      hang_timeout=hang_timeout, hang_action=hang_action,
+                     restarts=restart[0], restart_on_exit_codes=restart[1],
                      command=list(plan.options.command), argv=plan.argv,
                      nodes=[n.name for n in plan.nodes], np=plan.np, name=name, leader=cluster.leader.name,
                      workdir=plan.options.workdir, started=time.time(), output_dir=plan.options.output_dir,
@@ -244,11 +288,12 @@ def plugin_env_dest(cluster: ClusterRecord) -> str:
 def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started, synced, report) -> Launch:
     cluster = session.record
     launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir,
-                                      epilogue=reducers.epilogue_lines(plan.job_id, started))
+                                      epilogue=reducers.epilogue_lines(plan.job_id, started),
+                                      restarts=bool(job.restarts))
     job.detached = "pending"
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job), supervisor=_supervisor(plan, job),
-                                              hangstacks=_hang_stacks(plan, job))
+                                              hangstacks=_hang_stacks(plan, job), restarter=_restarter(plan, job))
     report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
     if not result.ok:

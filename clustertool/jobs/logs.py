@@ -36,18 +36,27 @@ def parse_ranks(text: str | None) -> set[int] | None:
 
 def show(session: ClusterSession, ref: str, on_line: Callable[[str], None], *, follow_log: bool = False,
          node: str | None = None, rank: str | None = None, lines: int | None = None,
-         warn: Callable[[str], None] = lambda _t: None) -> int | None:
-    """Print the job's lines (or follow them); returns the exit code when following to the end."""
+         warn: Callable[[str], None] = lambda _t: None, attempt: int | None = None) -> int | None:
+    """Print the job's lines (or follow them); returns the exit code when following to the end.
+    ``attempt``: a job run with --restarts, only that attempt's rank lines (1: the first)."""
     ranks = parse_ranks(rank)
     cluster, job = find_job(session, ref)
     if node is not None:
         cluster.node(node)  # an unknown node is a clear error
-    return job_lines(session, job, on_line, follow=follow_log, ranks=ranks, node=node, tail=lines, warn=warn)
+    if attempt is not None:
+        if follow_log:
+            raise UsageError("--attempt shows one attempt as it is: leave out -f (which follows every attempt)")
+        known = len(job.attempts) or 1
+        if not 1 <= attempt <= known:
+            raise UsageError(f"job {job.id} has no attempt {attempt}",
+                             hint=f"its attempts: 1-{known}" if known > 1 else "it ran once (attempt 1)")
+    return job_lines(session, job, on_line, follow=follow_log, ranks=ranks, node=node, tail=lines, warn=warn,
+                     attempt=attempt)
 
 
 def job_lines(session: ClusterSession, job: JobRecord, on_line: Callable[[str], None], *, follow: bool = False,
               ranks: set[int] | None = None, node: str | None = None, tail: int | None = None,
-              warn: Callable[[str], None] = lambda _t: None) -> int | None:
+              warn: Callable[[str], None] = lambda _t: None, attempt: int | None = None) -> int | None:
     """The job's lines (following: until it ends, then its exit code)."""
     if job.output_dir is None:  # a job from before per-rank files: the leader's log
         wanted = ranks
@@ -59,5 +68,5 @@ def job_lines(session: ClusterSession, job: JobRecord, on_line: Callable[[str], 
     elif follow:
         output.follow_lines(session, job, on_line, ranks=ranks, node=node, tail=tail, warn=warn)
     else:
-        output.read(session, job, on_line, ranks=ranks, node=node, tail=tail, warn=warn)
+        output.read(session, job, on_line, ranks=ranks, node=node, tail=tail, warn=warn, attempt=attempt)
     return output.exit_code(session, job) if follow else None

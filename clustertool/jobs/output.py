@@ -52,11 +52,11 @@ def job_dir(job: JobRecord) -> str:
 
 def node_args(job: JobRecord, *, mode: str, ranks: Iterable[int] | None = None, with_log: bool = False,
               tail: int | None = None, final: bool = False, end: dict | None = None,
-              keys: bool = False) -> dict:
+              keys: bool = False, attempt: int | None = None) -> dict:
     """ARGS of nodeprogs/ranklog.py for one node."""
     return {"out": job.output_dir, "log": f"{job_dir(job)}/log" if with_log else None,
             "ranks": None if ranks is None else sorted(ranks), "tag": job.tag_output, "mode": mode,
-            "tail": tail, "final": final, "end": end or {}, "keys": keys}
+            "tail": tail, "final": final, "end": end or {}, "keys": keys, "attempt": attempt}
 
 
 def leader_end(job: JobRecord) -> dict:
@@ -83,19 +83,20 @@ def _warn_failed(results: Iterable[HostResult], warn: Warn) -> None:
 
 
 def read(session: ClusterSession, job: JobRecord, on_line: LineSink, *, ranks: set[int] | None = None,
-         node: str | None = None, tail: int | None = None, warn: Warn = _ignore) -> None:
-    """Every line there is now: rank by rank (stdout, then stderr), then mpirun's own lines."""
+         node: str | None = None, tail: int | None = None, warn: Warn = _ignore, attempt: int | None = None) -> None:
+    """Every line there is now: rank by rank (stdout, then stderr), then mpirun's own lines.  A job run with
+    --restarts: attempt by attempt, each after a separator line (``attempt``: only that one's rank lines)."""
     cluster = session.record
     nodes = _job_nodes(cluster, job, node)
     leader = cluster.node(job.leader)
-    with_log = ranks is None
+    with_log = ranks is None and attempt is None
     if with_log and leader not in nodes:
         nodes.append(leader)
 
     def program(n: Node) -> bytes:
         own: Iterable[int] | None = ranks if (node is None or n.name == node) else []
         args = node_args(job, mode="read", ranks=own, with_log=with_log and n.name == job.leader, tail=tail,
-                         final=job.finished, keys=True)
+                         final=job.finished, keys=True, attempt=attempt)
         return nodeprogs.program_text("ranklog", args)
 
     result = run_on_nodes(session, nodes, nodeprogs.python_command(), stdin_data=program, timeout=120)
@@ -111,8 +112,20 @@ def read(session: ClusterSession, job: JobRecord, on_line: LineSink, *, ranks: s
                 keyed.append(((int(parts[0]), int(parts[1]), int(parts[2])), parts[3]))
     if not found and all(r.ok for r in result.results):
         raise ToolError(f"no output for job {job.id}: it was removed (`clustertool clean`)")
-    for _, text in sorted(keyed, key=lambda kv: kv[0]):  # stable: each file's lines keep their order
+    shown = None
+    for key, text in sorted(keyed, key=lambda kv: kv[0]):  # stable: each file's lines keep their order
+        if len(job.attempts) > 1 and attempt is None and key[0] != shown and key[0] <= len(job.attempts):
+            shown = key[0]
+            on_line(attempt_separator(job, shown))
         on_line(text)
+
+
+def attempt_separator(job: JobRecord, number: int) -> str:
+    """The line before attempt ``number``'s lines (1: the first) of a job run with --restarts."""
+    a = job.attempts[number - 1]
+    how = "running" if a.get("end") is None else ("exit code 0" if a.get("code") == 0 else a.get("cause") or "?")
+    return (f"clustertool: ---- attempt {number} of {len(job.attempts)} (CLUSTERTOOL_RESTART_COUNT={number - 1}): "
+            f"{how} ----")
 
 
 class _Recording(Transport):

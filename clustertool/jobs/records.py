@@ -124,6 +124,16 @@ def parse_hung(output: str) -> dict[str, dict]:
     return out
 
 
+def parse_attempts(output: str) -> dict[str, dict]:
+    """Job id -> its restart loop's attempts.json (``R ID B64`` lines: jobs run with --restarts)."""
+    out = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "R" and isinstance(doc := _b64_json(parts[2]), dict):
+            out[parts[1]] = doc
+    return out
+
+
 def _b64_json(text: str) -> Any:
     """The JSON document a leader's line carries in base64 (None when it is not one)."""
     try:
@@ -146,6 +156,7 @@ def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
     now = time.time()
     lost = parse_lost(result.stdout)
     hung = parse_hung(result.stdout)
+    attempts = parse_attempts(result.stdout)
     for job_id, (code, alive, killed, launched, ended, record) in parse_status(result.stdout).items():
         job = local.get(job_id)
         if job is None:
@@ -158,6 +169,9 @@ def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
         job.state, job.exit_code = derive_state(code, alive, killed, launched, job.started, now)
         job.servers_lost = lost.get(job_id, [])
         job.hung = hung.get(job_id)
+        if job_id in attempts:
+            job.attempts = [a for a in attempts[job_id].get("attempts") or [] if isinstance(a, dict)]
+            job.restart_verdict = attempts[job_id].get("verdict")
         if job.state in ("failed", "lost") and job.failure is None:
             job.failure = failure.explain(session, job)
         if job.finished and job.ended is None:

@@ -14,6 +14,8 @@ through ``shlex.quote`` (job ids are checked to be
                 stops answering (leader)            failure   the first failed rank here (job agent)
     pane.py     shows the job in its tmux pane     out/      <job>/rank.<N>/std{out,err}: each rank's
                 (leader)                                     output, on the rank's node
+    restarts.py   the restart loop (run --restarts) attempts.json  its attempts and verdict (leader)
+    attempts/<k>/ what attempt k left (lost, hung, failure), set aside before the next one
 """
 
 from __future__ import annotations
@@ -48,19 +50,26 @@ def _write_file(path_sh: str, text: str, mode: str | None = None) -> str:
     return line + (f" && chmod {mode} {path_sh}" if mode else "")
 
 
-def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: Sequence[str] = ()) -> str:
+def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: Sequence[str] = (),
+                  restarts: bool = False) -> str:
     """launch.sh: record its ids, run mpirun into the log, then record the exit code.
 
     The exit file is written only after the log is complete, so whoever sees ``exit`` sees the
     whole log.  In tmux, ``pane.py`` (when the job has one and python exists) shows the job's
     lines on the leader -- its ranks' and mpirun's -- whole, in the pane `attach` joins;
     otherwise the pane shows mpirun's output as it comes.  ``epilogue`` (shell lines) runs after
-    mpirun and before the exit file (the job's reduction servers are stopped there).
+    mpirun and before the exit file (the job's reduction servers are stopped there).  With ``restarts``
+    (run --restarts), restarts.py runs mpirun, once per attempt, and starts the supervisor beside each.
     """
     d = job_dir_sh(job_id)
     cd = f"cd {shlex.quote(workdir)}" if workdir else 'cd "$HOME"'
     # mpirun's pid in mpirun.pid: what the supervisor (supervise.py, where the job has one) stops
     mpirun = f'{{ {shlex.join(argv)} & echo $! > "$d/mpirun.pid"; wait $!; echo $? > "$d/exit.tmp"; }}'
+    need_py: list[str] = []
+    if restarts:
+        mpirun = '{ "$rpy" "$d/restarts.py" & wait $!; echo $? > "$d/exit.tmp"; }'
+        need_py = ['rpy=$(command -v python3 || command -v python) || { echo "clustertool: --restarts needs python3 '
+                   'on the leader" >> "$d/log"; echo 1 > "$d/exit"; exit 1; }']
     return "\n".join([
         "#!/bin/sh",
         f"# clustertool job {job_id}",
@@ -68,8 +77,10 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
         'read -r p _ _ pp pg sid _ < /proc/$$/stat; echo "$p $pp $pg $sid" > "$d/launch.pid"',
         f'{cd} || {{ echo "clustertool: cannot cd to the working directory" >> "$d/log"; '
         'echo 1 > "$d/exit"; exit 1; }',
+        *need_py,
         "pane=",
-        'if [ -f "$d/supervise.py" ] && py=$(command -v python3 || command -v python); then',
+        'if [ -f "$d/supervise.py" ] && [ ! -f "$d/restarts.py" ] && py=$(command -v python3 || command -v python)'
+        '; then',
         '  "$py" "$d/supervise.py" </dev/null >/dev/null 2>&1 &',
         "fi",
         'if [ -n "${TMUX:-}" ] && [ -f "$d/pane.py" ] && py=$(command -v python3 || command -v python); then',
@@ -85,7 +96,8 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
 
 def install_and_start_script(job_id: str, launch: str, hostfile: str, record_json: str,
                              prefer_tmux: bool = True, pane: bytes | None = None,
-                             supervisor: bytes | None = None, hangstacks: bytes | None = None) -> str:
+                             supervisor: bytes | None = None, hangstacks: bytes | None = None,
+                             restarter: bytes | None = None) -> str:
     """Leader: write the job's files, then start launch.sh detached (tmux, else setsid).
 
     Prints ``detached=tmux`` or ``detached=setsid``.
@@ -106,6 +118,7 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
         *([_write_file('"$d/pane.py"', pane.decode())] if pane else []),
         *([_write_file('"$d/supervise.py"', supervisor.decode())] if supervisor else []),
         *([_write_file('"$d/hangstacks.py"', hangstacks.decode())] if hangstacks else []),
+        *([_write_file('"$d/restarts.py"', restarter.decode())] if restarter else []),
         ': > "$d/log"',
         start,
         'sed -i "s/\\"detached\\": \\"pending\\"/\\"detached\\": \\"$l\\"/" "$d/job.json"',

@@ -2,7 +2,8 @@
 # The leader's jobs, one line per job folder:
 #   J ID EXIT|- ALIVE(0/1) KILLED(0/1) LAUNCHED(0/1) ENDED_EPOCH BASE64(job.json)
 # and, for a job whose reduction servers died before it ended: S ID NAME,NAME;
-# for a job its supervisor found hung: H ID BASE64(hung)
+# for a job its supervisor found hung: H ID BASE64(hung);
+# for a job run with --restarts: R ID BASE64(attempts.json)
 # Inputs: JOBS_DIR (jobs' folder under $HOME), JOB_ENV (the variable that marks a job's processes).
 for d in "$HOME/$JOBS_DIR"/*/; do
   [ -f "$d/job.json" ] || continue
@@ -22,5 +23,6 @@ for d in "$HOME/$JOBS_DIR"/*/; do
   echo "J $j ${code:--} $alive $killed $started $ended $(base64 -w0 < "$d/job.json")"
   [ -s "$d/servers_lost" ] && echo "S $j $(sort -u "$d/servers_lost" | tr '\n' ',' | sed 's/,$//')"
   [ -s "$d/hung" ] && echo "H $j $(base64 -w0 < "$d/hung")"
+  [ -s "$d/attempts.json" ] && echo "R $j $(base64 -w0 < "$d/attempts.json")"
 done
 true

@@ -29,6 +29,7 @@ import sys
 import time
 
 PROGRAM_ENV = "CLUSTERTOOL_RANK_PROGRAM"
+RESTART_ENV = "CLUSTERTOOL_RESTART_COUNT"  # run --restarts: which attempt this is (0: the first)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 STOP_GRACE_S = 5.0
 TAIL_LINES = 5
@@ -144,6 +145,10 @@ def rank_runner():
     die_with_parent(signal.SIGTERM)  # the launcher died: stop the rank too
     rank = int(os.environ.get("RANK", "0"))
     env = dict(os.environ)
+    restart = env.get(RESTART_ENV, "")
+    if restart.isdigit():  # torchrun sets its own count (0: it restarts nothing itself); the job's comes first
+        own = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+        env["TORCHELASTIC_RESTART_COUNT"] = str(int(restart) + (int(own) if own.isdigit() else 0))
     local = env.get("LOCAL_RANK")
     if local is not None:
         env.setdefault("CLUSTERTOOL_LOCAL_RANK", local)
@@ -341,12 +346,34 @@ def node_agent():
     with open(os.path.join(job_dir(), "agent.json")) as fh:
         plan = json.load(fh)
     plan["out"] = os.path.expandvars(plan["out"])
+    restart = os.environ.get(RESTART_ENV, "")
+    if restart.isdigit() and int(restart) > 0:
+        plan["out"] = begin_attempt(plan["out"], int(restart))
     node_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     share = plan["nodes"][node_rank]
     env = child_env(plan, share, node_rank)
     if plan["launcher"] == "process":
         return run_processes(plan, share, env)
     return run_launcher(plan, share, env)
+
+
+def begin_attempt(out, k):
+    """Attempt ``k`` (>= 1) of a job run with --restarts: the last attempt's ``failure`` and rank exits here
+    are set aside (they would be taken for this one's); its ranks write to ``OUT/attempt.k``."""
+    keep = os.path.join(job_dir(), "attempts", str(k - 1))
+    os.makedirs(keep, exist_ok=True)
+    try:
+        os.replace(os.path.join(job_dir(), "failure"), os.path.join(keep, "failure"))
+    except OSError:
+        pass
+    exits = os.path.join(job_dir(), "exits")
+    for name in os.listdir(exits) if os.path.isdir(exits) else []:
+        if name.startswith(host() + "."):
+            try:
+                os.unlink(os.path.join(exits, name))
+            except OSError:
+                pass
+    return f"{out}/attempt.{k}"
 
 
 def main():

@@ -2,8 +2,11 @@
 
 Every rank's output is in its own files, written by that rank's Open MPI daemon on the rank's
 node (``mpirun --output-filename OUT:nocopy``): ``OUT/<job>/rank.<N>/stdout`` and ``stderr``
-(N zero-padded to the width of the largest rank).  mpirun's own messages are in the job's
-``log`` on the leader.  This program turns those byte streams into lines, each tagged
+(N zero-padded to the width of the largest rank).  A job run with ``--restarts`` writes attempt k
+(k >= 1) to ``OUT/attempt.<k>/<job>/rank.<N>``; its lines are tagged ``[k+1,N]`` (the attempt's
+number where the first attempt's say ``[1,N]``) and ordered after the attempt before.
+mpirun's own messages are in the job's ``log`` on the leader.  This program turns those byte streams
+into lines, each tagged
 ``[job,rank]<stream>:`` (or bare), and never cuts one: a partial last line is held until its
 newline comes or the job has ended.  A line longer than ``MAX_LINE`` is passed on in pieces.
 
@@ -21,6 +24,7 @@ newline comes or the job has ended.  A line longer than ``MAX_LINE`` is passed o
              follow elsewhere: {"stop": PATH} -- ends once PATH exists (the client makes it)
     keys     prefix every line with "<job> <rank> <stream#> " so the client can order lines; read
              also says first "found 1" (or 0: this node has no output folder nor log of the job)
+    attempt  only this attempt's rank files (1: the first), or null for every attempt
 
 In "follow" the program also ends, silently, when whoever reads it goes away (its output's other
 end closes, or its parent changes): a follower never outlives the ``clustertool logs -f`` that
@@ -47,6 +51,7 @@ class Source:
         self.path, self.key, self.tag_text = path, key, tag_text
         self.pos = 0
         self.held = b""
+        self.inode = None
 
     def take(self, data, final):
         """Complete lines out of what was held plus ``data``; keep the rest."""
@@ -63,11 +68,13 @@ class Source:
 
     def read_new(self, final=False):
         try:
-            size = os.path.getsize(self.path)
+            st = os.stat(self.path)
         except OSError:
             return self.take(b"", final)
-        if size < self.pos:  # the file was truncated (rewritten): start over
+        size = st.st_size
+        if size < self.pos or self.inode not in (None, st.st_ino):  # truncated or made anew: start over
             self.pos, self.held = 0, b""
+        self.inode = st.st_ino
         chunks = []
         if size > self.pos:
             with open(self.path, "rb") as fh:
@@ -107,18 +114,32 @@ def tail_offset(path, lines):
         return 0
 
 
-def rank_sources(out, ranks):
-    """Sources for the rank files under ``out`` (sorted by job, rank, stream)."""
+def attempt_of(out, rank_dir):
+    """The attempt (0: the first) whose output ``rank_dir`` holds: OUT/<job>/rank.N or OUT/attempt.K/<job>/rank.N."""
+    above = os.path.dirname(os.path.dirname(rank_dir))
+    if os.path.normpath(above) == os.path.normpath(out):
+        return 0
+    name = os.path.basename(above)
+    return int(name.split(".", 1)[1]) if name.startswith("attempt.") and name.split(".", 1)[1].isdigit() else None
+
+
+def rank_sources(out, ranks, attempt=None):
+    """Sources for the rank files under ``out`` (sorted by attempt, rank, stream); ``attempt``: only that one
+    (1: the first)."""
     found = []
-    for path in glob.glob(os.path.join(glob.escape(out), "*", "rank.*", "*")):
+    base = glob.escape(out)
+    paths = glob.glob(os.path.join(base, "*", "rank.*", "*")) + glob.glob(os.path.join(base, "attempt.*", "*",
+                                                                                        "rank.*", "*"))
+    for path in paths:
         rank_dir = os.path.dirname(path)
         job_text = os.path.basename(os.path.dirname(rank_dir))
         rank_text = os.path.basename(rank_dir).split(".", 1)[1]
         stream = os.path.basename(path)
-        if not (job_text.isdigit() and rank_text.isdigit() and stream in STREAMS):
+        k = attempt_of(out, rank_dir)
+        if k is None or not (job_text.isdigit() and rank_text.isdigit() and stream in STREAMS):
             continue
-        job, rank = int(job_text), int(rank_text)
-        if ranks is not None and rank not in ranks:
+        job, rank = int(job_text) + k, int(rank_text)
+        if (ranks is not None and rank not in ranks) or (attempt is not None and k + 1 != attempt):
             continue
         found.append(Source(path, (job, rank, STREAMS.index(stream)), f"[{job},{rank}]<{stream}>:".encode()))
     return sorted(found, key=lambda s: s.key)
@@ -133,7 +154,7 @@ class Reader:
         self.ranks = set(args["ranks"]) if args.get("ranks") is not None else None
 
     def discover(self, start_at_tail):
-        new = rank_sources(self.args["out"], self.ranks)
+        new = rank_sources(self.args["out"], self.ranks, self.args.get("attempt"))
         log = self.args.get("log")
         if log and os.path.exists(log):
             new.append(Source(log, LOG_KEY, b""))

@@ -32,7 +32,7 @@ import time
 # One node's progress: bytes the job's ranks wrote there, and their CPU time (clock ticks).
 PROBE = r"""
 d="$HOME/.clustertool/jobs/$1"; b=0; c=0
-for f in "$d"/out/*/rank.*/std*; do [ -f "$f" ] && b=$((b + $(stat -c %s "$f"))); done
+for f in "$d"/out/*/rank.*/std* "$d"/out/attempt.*/*/rank.*/std*; do [ -f "$f" ] && b=$((b + $(stat -c %s "$f"))); done
 for r in "$d/ranks/$(uname -n)".*; do
   [ -f "$r" ] || continue
   read -r p _ < "$r"
