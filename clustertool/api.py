@@ -23,6 +23,7 @@ import os
 from typing import Callable, Iterable, Mapping, Sequence
 
 import clustertool.cluster.cordon
+import clustertool.cluster.replace
 import clustertool.cluster.status
 import clustertool.doctor
 import clustertool.jobs.kill
@@ -31,6 +32,7 @@ import clustertool.transfer.copy
 from clustertool.cluster import lifecycle
 from clustertool.cluster.autostop import AutostopReport, configure
 from clustertool.cluster.cordon import CordonResult
+from clustertool.cluster.replace import ReplaceResult
 from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.spec import ClusterSpec, load_spec
 from clustertool.cluster.status import ClusterStatus
@@ -151,6 +153,12 @@ class Cluster(ClusterSession):
         "node-[3-4]" or a list of names.  The leader cannot be cordoned (UsageError)."""
         return clustertool.cluster.cordon.cordon(self, _selection(nodes), reason=reason, report=self.report)
 
+    def replace(self, nodes: str | Sequence[str]) -> ReplaceResult:
+        """New machines for dead or bad nodes (`replace`): same name, role, slots, address and place in
+        the hostfiles; new host keys pinned everywhere; what was on the old disks is gone.  Local
+        provider only for now (AWS: NotSupported, with what to do instead)."""
+        return clustertool.cluster.replace.replace(self, _selection(nodes), report=self.report)
+
     def uncordon(self, nodes: str | Sequence[str]) -> CordonResult:
         """Put cordoned nodes back (`uncordon`)."""
         return clustertool.cluster.cordon.uncordon(self, _selection(nodes), report=self.report)
@@ -203,11 +211,14 @@ class Cluster(ClusterSession):
             name: str | None = None, plugin: bool = False, nccl_debug: str | None = None,
             mpi_args: Sequence[str] = (), oversubscribe: bool = False, allow_concurrent: bool = False,
             tag_output: bool = True, launcher: str | None = None, hang_timeout: float | None = None,
-            hang_action: str = "keep", on_progress: ProgressCb | None = None, **horovod) -> "Job":
+            hang_action: str = "keep", restarts: int = 0, restart_on_exit_codes: Iterable[int] | None = None,
+            on_progress: ProgressCb | None = None, **horovod) -> "Job":
         """Start a job on the leader, detached (`run`).  ``launcher``: mpirun, torchrun, accelerate, deepspeed
         or process (None: mpirun, or the launcher the command starts with).  ``hang_timeout`` (seconds):
         save every rank's stack and mark the job hung when nothing moved that long (``hang_action`` "kill":
-        stop it too).  ``sync``: a local folder (``True``: the
+        stop it too).  ``restarts``: start the same command again (same job id, ``CLUSTERTOOL_RESTART_COUNT``
+        1, 2 ... in every rank) when it fails, up to that many times; ``restart_on_exit_codes``: only for these
+        codes (the first failing rank's, 128+signal for a signal).  ``sync``: a local folder (``True``: the
         current one) sent first to the same path on the job's nodes, where the job then runs.
         ``horovod``: fusion_mb, cycle_ms, timeline, autotune (run's --horovod-* flags)."""
         unknown = set(horovod) - {"fusion_mb", "cycle_ms", "timeline", "autotune"}
@@ -221,7 +232,9 @@ class Cluster(ClusterSession):
         folder = None if sync is None or sync is False else ("." if sync is True else os.fspath(sync))
         started = launch.run(self, opts, selection=nodes, name=name, allow_concurrent=allow_concurrent,
                              use_plugin=plugin, sync=folder, sync_to=sync_to, on_progress=on_progress,
-                             hang_timeout=hang_timeout, hang_action=hang_action, report=self.report)
+                             hang_timeout=hang_timeout, hang_action=hang_action, restarts=restarts,
+                             restart_on_exit_codes=None if restart_on_exit_codes is None else [
+                                 int(c) for c in restart_on_exit_codes], report=self.report)
         return Job(self, started.job, synced=started.synced)
 
     def jobs(self) -> list["Job"]:
@@ -288,6 +301,12 @@ class Job:
     def exit_code(self) -> int | None:
         return self.record.exit_code
 
+    @property
+    def attempts(self) -> list[dict]:
+        """A job run with ``restarts``: each attempt as ``{"attempt", "restart_count", "start", "end", "code",
+        "cause"}`` (as of the last refresh or wait); ``record.restart_verdict`` says why the restarts stopped."""
+        return list(self.record.attempts)
+
     def refresh(self) -> "Job":
         self.record = find_job(self.cluster, self.id)[1]
         return self
@@ -299,10 +318,11 @@ class Job:
         return self.record.exit_code
 
     def logs(self, *, rank: int | str | Iterable[int] | None = None, node: str | None = None,
-             tail: int | None = None) -> list[str]:
-        """The job's output so far in whole lines, as `logs` prints them (``[1,R]<stdout>:text``)."""
+             tail: int | None = None, attempt: int | None = None) -> list[str]:
+        """The job's output so far in whole lines, as `logs` prints them (``[1,R]<stdout>:text``); ``attempt``:
+        a job run with ``restarts``, only that attempt's rank lines (1: the first)."""
         lines: list[str] = []
-        show(self.cluster, self.id, lines.append, node=node, rank=_ranks(rank), lines=tail)
+        show(self.cluster, self.id, lines.append, node=node, rank=_ranks(rank), lines=tail, attempt=attempt)
         return lines
 
     def follow(self, on_line: LineFn = print, *, rank: int | str | Iterable[int] | None = None,

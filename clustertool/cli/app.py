@@ -55,6 +55,7 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "clustertool.cli.cluster",
     "clustertool.cli.cordon",
+    "clustertool.cli.replace",
     "clustertool.cli.exec_",
     "clustertool.cli.copy",
     "clustertool.cli.bench",

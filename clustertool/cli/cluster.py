@@ -193,7 +193,8 @@ def status(
                  title=f"cluster {c.name}: {c.provider}, {c.status}, {c.total_slots} slots"
                        + (f" ({len(cordoned)} node(s) cordoned: out of hostfiles and jobs)" if cordoned else ""))
     for key, value in extra.items():
-        typer.echo(f"{key}: {value}")
+        if key != "capacity_wait":  # data for --json; the "up" line says it in words
+            typer.echo(f"{key}: {value}")
     if any(r.reachable is False for r in rows):
         raise typer.Exit(255)
 
@@ -202,7 +203,7 @@ def ls(json_output: bool = JsonOpt) -> None:
     """Clusters this machine knows."""
     from clustertool.cli import render
     from clustertool.cluster import autostop
-    from clustertool.cluster.status import list_all
+    from clustertool.cluster.status import list_all, waiting
 
     for line in autostop.refresh(list_all(), report=reporter(json_output)):
         reporter(json_output)(line)
@@ -210,13 +211,14 @@ def ls(json_output: bool = JsonOpt) -> None:
     if json_output:
         render.print_json([{"name": c.name, "id": c.id, "provider": c.provider, "status": c.status,
                             "nodes": len(c.nodes), "cordoned": [n.name for n in c.cordoned],
-                            "slots": c.total_slots, "created": c.created} for c in clusters])
+                            "slots": c.total_slots, "created": c.created, "waiting": waiting(c, short=True)}
+                           for c in clusters])
         return
     if not clusters:
         typer.echo("no clusters (bring one up with `clustertool up`)")
         return
     render.table(["name", "provider", "status", "nodes", "slots", "age"],
-                 [(c.name, c.provider, c.status,
+                 [(c.name, c.provider, waiting(c, short=True) or c.status,
                    f"{len(c.nodes)} ({len(c.cordoned)} cordoned)" if c.cordoned else len(c.nodes), c.total_slots,
                    _age(time.time() - c.created)) for c in clusters])
 

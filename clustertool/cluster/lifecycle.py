@@ -141,6 +141,8 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
 
 def _rollback(cluster, provider, report: Reporter, exc: BaseException) -> None:
     why = exc.message if isinstance(exc, (ToolError, interrupts.Terminated)) else f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        why = "interrupted (Ctrl-C)"
     report(f"up failed ({why}); removing what was made")
     try:
         for line in provider.terminate_instances(cluster):

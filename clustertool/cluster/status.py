@@ -3,6 +3,7 @@ machine knows (split from lifecycle.py, which brings clusters up and down)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from clustertool.cluster import autostop
@@ -10,8 +11,10 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import ToolError
 from clustertool.core.model import ClusterRecord, jsonable
+from clustertool.providers.aws import capacity_wait
 from clustertool.remote import access
 from clustertool.remote.group import run_on_nodes
+from clustertool.remote.keys import fingerprint
 
 
 @dataclass
@@ -24,6 +27,7 @@ class NodeStatus:
     reachable: bool | None
     detail: str = ""
     cordon: dict | None = None  # `clustertool cordon`: {"reason", "since", "by"}; None: not cordoned
+    host_key: str | None = None  # SHA256 fingerprint of the pinned host key (None: not pinned yet)
 
 
 @dataclass
@@ -62,7 +66,8 @@ def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 
             reach[r.node] = (r.ok, r.reason)
     rows = [
         NodeStatus(n.name, n.role, n.address, n.slots, states.get(n.name, "missing"),
-                   reach.get(n.name, (None, ""))[0], reach.get(n.name, (None, ""))[1], n.cordon)
+                   reach.get(n.name, (None, ""))[0], reach.get(n.name, (None, ""))[1], n.cordon,
+                   fingerprint(n.host_keys))
         for n in cluster.ordered_nodes()
     ]
     extra = provider.describe(cluster)
@@ -70,17 +75,43 @@ def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 
     extra.update(autostop.status_extra(session, check_ssh))
     if unfinished:
         extra["up"] = _unfinished(cluster)
+        if waiting(cluster):
+            extra[capacity_wait.KEY] = cluster.provider_state[capacity_wait.KEY]  # --json; the text is in "up"
+    extra.update(replacements(cluster))
     return ClusterStatus(cluster, rows, extra)
 
 
 def _unfinished(cluster: ClusterRecord) -> str:
     held = state.holder(cluster.name)
     if held and held[1] == "up":
-        return f"in progress (pid {held[0]})"
+        return f"in progress (pid {held[0]})" + (f"; {waiting(cluster)}" if waiting(cluster) else "")
     live = [n for n in cluster.nodes if n.state not in ("terminated", "missing")]
     what = "did not finish (its process is gone)" if cluster.status == "provisioning" else "and its cleanup failed"
     return (f"{what}: {len(live)} node(s) still exist; `clustertool down -c {cluster.name} --yes` removes them "
             "and everything else it made")
+
+
+def waiting(cluster: ClusterRecord, short: bool = False) -> str | None:
+    """What an `up --retry-until-up` in flight is doing: waiting for capacity (attempt N, next try at T)."""
+    wait = cluster.provider_state.get(capacity_wait.KEY)
+    if not wait or cluster.status != "provisioning":
+        return None
+    return capacity_wait.waiting_line(wait, short=short)
+
+
+def replacements(cluster: ClusterRecord, now: float | None = None) -> dict[str, str]:
+    """A status line per node `replace` made (or failed to make), with the host key pinned now."""
+    out = {}
+    now = time.time() if now is None else now
+    for n in cluster.ordered_nodes():
+        failed, done = n.extra.get("replace_failed"), n.extra.get("replaced")
+        if failed:
+            out[f"{n.name} replace"] = (f"FAILED {now - failed['at']:.0f}s ago ({failed['why']}); the node is down: "
+                                        f"`clustertool replace {n.name}` again")
+        elif done:
+            out[f"{n.name} replaced"] = (f"{now - done['at']:.0f}s ago; host key {fingerprint(n.host_keys)} pinned "
+                                         f"(was {done.get('old_host_key')})")
+    return out
 
 
 def list_all() -> list[ClusterRecord]:
