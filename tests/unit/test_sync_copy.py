@@ -57,6 +57,10 @@ def setup(tmp_path, ct_env, monkeypatch):
         return chain.ChainRun(0, "", 0.0, done={node: {"rc": 0} for node in NODES})
 
     monkeypatch.setattr(drive.chain, "stream", stream)
+    # no stations either (ahead, in the survey, or per pass): a real one on a fake node forks a dialer
+    # that ssh-es to the next hop's address (10.0.0.x, no node of ours) and waits there for ever
+    monkeypatch.setattr(drive.stations, "ahead", lambda run: ({}, []))
+    monkeypatch.setattr(drive.stations, "prepare", lambda run, route, pass_no: route)
     return fake, src, streamed
 
 
