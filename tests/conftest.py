@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,14 @@ def ct_env(tmp_path, monkeypatch):
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return dict(os.environ)
+    yield dict(os.environ)
+    # the ssh sockets' folders live in the system temp dir (socket paths are short): a test that wrote a
+    # cluster's ssh config without `down` removing it would leave its folder there
+    from clustertool.core.state import ClusterPaths, clusters_dir
+
+    for root in clusters_dir().glob("*"):
+        if root.is_dir():  # beside them lie the records, <name>.json
+            shutil.rmtree(ClusterPaths(root.name).control_dir, ignore_errors=True)
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300, input: str | None = None):
