@@ -139,7 +139,7 @@ def run(
     `--restarts N` starts a failed job again from the leader; `jobs` lists each attempt and its cause.
     """
     from clustertool.cli import progress, render
-    from clustertool.cluster.autostop import parse_duration
+    from clustertool.core.durations import parse_duration
     from clustertool.jobs import launch
     from clustertool.jobs.mpirun import MpiOptions
 
