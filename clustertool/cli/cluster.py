@@ -31,6 +31,9 @@ def down(
     terminate_adopted: bool = typer.Option(
         False, "--terminate-adopted", help="Also terminate machines the cluster adopted (never by default)."),
     force_owner: bool = ForceOwnerOpt,
+    keep_shared_fs: bool = typer.Option(
+        False, "--keep-shared-fs", help="Keep the shared filesystems `up` made (EFS, FSx) with their data; down says "
+                                        "what stays and about what it costs a month. Attached ones always stay."),
     any_home: bool = typer.Option(
         False, "--any-home", help="With --sweep: also delete clusters your AWS identity made from another clustertool "
                                   "home (a lost or other machine's), not only this home's."),
@@ -64,7 +67,7 @@ def down(
             raise UsageError(f"refusing to tear down {name!r} without --yes (no terminal to ask on)")
         typer.confirm(f"Tear down cluster {name!r} ({len(c.nodes)} {c.provider} node(s))?", abort=True)
     lines = lifecycle.down(name, report=reporter(json_output), terminate_adopted=terminate_adopted,
-                           force_owner=force_owner)
+                           force_owner=force_owner, keep_shared_fs=keep_shared_fs)
     if json_output:
         render.print_json({"cluster": name, "removed": lines, **({"stopped_up": stopped} if stopped else {})})
     else:
@@ -177,6 +180,7 @@ def status(
     from clustertool.cli import render
     from clustertool.cluster.cordon import describe
     from clustertool.cluster.status import status
+    from clustertool.sharedfs.mount import status_lines as shared_status_lines
 
     report = status(open_session(cluster, json_output), check_ssh=not no_check)
     c, rows, extra = report.cluster, report.nodes, report.extra
@@ -193,8 +197,10 @@ def status(
                  title=f"cluster {c.name}: {c.provider}, {c.status}, {c.total_slots} slots"
                        + (f" ({len(cordoned)} node(s) cordoned: out of hostfiles and jobs)" if cordoned else ""))
     for key, value in extra.items():
-        if key != "capacity_wait":  # data for --json; the "up" line says it in words
+        if key not in ("capacity_wait", "shared_fs"):  # data for --json; the "up" line says it in words
             typer.echo(f"{key}: {value}")
+    for line in shared_status_lines(extra.get("shared_fs")):
+        typer.echo(line)
     if any(r.reachable is False for r in rows):
         raise typer.Exit(255)
 

@@ -27,7 +27,8 @@ def doctor(
                             "rounds of pairs, as --bisect), plugin-nccl (NCCL with the plugin; GPU clusters only), gpu "
                             "(nvidia-smi: GPU count, ECC, row remapping, clock slowdowns, PCIe link, persistence; Xid "
                             "events of the kernel log), efa (fi_info against the EFA interfaces; the network NCCL "
-                            "used)."),
+                            "used), shared-fs (each --shared-fs mounted, the same and writable on every node; "
+                            "write/read time)."),
     skip: List[str] = typer.Option([], "--skip", help="Skip these checks (repeat, or comma-separated), "
                                                       "e.g. --skip network."),
     plugin_path: Optional[str] = typer.Option(

@@ -51,6 +51,13 @@ def build_up_command() -> click.Command:
                      help="With --autostop: terminate the nodes instead of stopping them."),
         click.Option(["--wait-for"], type=click.Choice(["jobs", "jobs-and-ssh"]),
                      help="With --autostop: what counts as busy besides GPU use (default: jobs)."),
+        click.Option(["--shared-fs"], multiple=True, metavar="KIND[:ID][@PATH]",
+                     help="A filesystem every node mounts (repeatable): local (the leader's folder over sshfs), "
+                          "efs or fsx (new, deleted by down), efs:fs-... / fsx:fs-... (existing, kept). "
+                          "@PATH mounts it there."),
+        click.Option(["--shared-mount"], metavar="PATH",
+                     help="Where the first --shared-fs without @PATH is mounted (default /shared; the next "
+                          "ones /shared2, /shared3 ...)."),
         click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
     for key, (spec, providers) in sorted(_provider_options().items()):
@@ -65,14 +72,15 @@ def build_up_command() -> click.Command:
 
 
 def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_output, autostop, autodown, wait_for,
-        **options):
+        shared_fs, shared_mount, **options):
     from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.cluster import lifecycle, spec
     from clustertool.remote import access
 
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user,
-                 "autostop": autostop, "autodown": autodown, "wait_for": wait_for, **options}
+                 "autostop": autostop, "autodown": autodown, "wait_for": wait_for,
+                 "shared_fs": list(shared_fs) or None, "shared_mount": shared_mount, **options}
     cluster_spec = spec.load_spec(spec_file, overrides)
     report = reporter(json_output)
     result = lifecycle.up(cluster_spec, dry_run=dry_run, no_ssh=no_ssh, report=report)

@@ -28,9 +28,11 @@ from clustertool.cluster import autostop
 from clustertool.core import state, yamlfile
 from clustertool.core.errors import SpecError, UsageError
 from clustertool.providers import base
+from clustertool.sharedfs.specs import parse_shared_fs
 
 BASE_KEYS = ("name", "provider", "nodes", "slots", "user")
 AUTOSTOP_KEYS = ("autostop", "autodown", "wait_for")  # the cluster's own idle watcher (autostop.py)
+SHARED_FS_KEYS = ("shared_fs", "shared_mount")  # shared filesystems (sharedfs/specs.py)
 DEFAULT_PROVIDER = "local"
 _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _TRUE = {"true", "yes", "on", "1"}
@@ -207,12 +209,28 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
         options[key] = spec.default if value is None else value
         if key in cls.PATH_OPTIONS and isinstance(options[key], str):
             options[key] = src.absolute(key, options[key])
+    shared = _shared_fs(src)
+    if shared:
+        options["shared_fs"] = shared
     if values["nodes"] is None and not cls.count_from_options:
         where = f"{path}: nodes" if path is not None else "--nodes"
         raise SpecError(f"{where}: required for provider {provider!r}: a positive integer")
     return ClusterSpec(name=values["name"] or provider, provider=provider, nodes=values["nodes"],
                        slots=values["slots"], user=values["user"], options=options, source=path,
                        autostop=_autostop(src))
+
+
+def _shared_fs(src: _Sources) -> list[dict]:
+    """``shared_fs:`` / ``--shared-fs`` (a list) placed by ``shared_mount`` / ``--shared-mount``."""
+    where = "--shared-fs" if "shared_fs" in src.overrides else f"{src.label}: shared_fs"
+    values = src.overrides.get("shared_fs", src.data.get("shared_fs"))
+    mount = src.overrides.get("shared_mount", src.data.get("shared_mount"))
+    if mount is not None and not values:
+        raise SpecError("--shared-mount: needs --shared-fs KIND (which filesystem to mount there)")
+    try:
+        return parse_shared_fs(values, mount)
+    except UsageError as exc:
+        raise SpecError(f"{where}: {exc.message}", hint=exc.hint) from None
 
 
 def _autostop(src: _Sources) -> dict | None:
@@ -240,7 +258,7 @@ def _autostop(src: _Sources) -> dict | None:
 
 def _reject_unknown(data: dict, overrides: dict, option_specs: dict, provider: str, label: str) -> None:
     """One line: the key, the closest valid one, where the full list is."""
-    valid = set(BASE_KEYS) | set(AUTOSTOP_KEYS) | set(option_specs)
+    valid = set(BASE_KEYS) | set(AUTOSTOP_KEYS) | set(SHARED_FS_KEYS) | set(option_specs)
     for key in data:
         if key not in valid:
             guess = difflib.get_close_matches(str(key), sorted(valid), n=1, cutoff=0.6)

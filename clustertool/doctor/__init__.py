@@ -8,7 +8,8 @@ bandwidth and round trips, which name the slow node or link in ~log2(n)+1 rounds
 plugin-nccl (`plugin check`: does NCCL load the deployed plugin and run CollNet; only on GPU
 clusters with the plugin deployed, skipped elsewhere), gpu (nvidia-smi, Xid events in the kernel log and,
 with ``deep``, DCGM's diagnostics: doctor/gpu.py) and efa (fi_info against the EFA interfaces, and the
-network NCCL used: doctor/efa.py); those two skip clusters without GPUs or EFA.
+network NCCL used: doctor/efa.py); those two skip clusters without GPUs or EFA; shared-fs (each shared
+filesystem mounted, the same and writable on every node, with a write/read time: doctor/sharedfs.py).
 ``fix=True`` applies the safe fixes (kill strays, clear finished jobs' logs on a full disk,
 push keys/known_hosts again) and runs the checks once more.
 """
@@ -21,7 +22,7 @@ from clustertool.cluster.facts import NodeFacts, facts_script, gpu_count, parse_
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord, Node, Reporter, silent
-from clustertool.doctor import analyze, autocordon, gpu, hwchecks, netchecks, netprobe
+from clustertool.doctor import analyze, autocordon, gpu, hwchecks, netchecks, netprobe, sharedfs
 from clustertool.doctor.bisect import DEFAULT_THRESHOLD
 from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
 from clustertool.doctor.fixes import apply_fixes
@@ -33,9 +34,9 @@ from clustertool.remote.group import run_on_nodes
 from clustertool.remote.mesh import FULL_MESH_MAX, failed_targets, mesh_peers, mesh_script
 
 ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "network", "plugin-nccl",
-              "gpu", "efa")
+              "gpu", "efa", "shared-fs")
 ALIASES = {"mesh": "ssh-mesh", "ssh": "reach", "mpi": "mpi-smoke", "links": "network", "link": "network",
-           "gpus": "gpu"}
+           "gpus": "gpu", "shared": "shared-fs", "sharedfs": "shared-fs"}
 NEEDS_FACTS = ("disk", "sameness", "strays", "plugin-nccl")
 
 
@@ -212,6 +213,7 @@ def diagnose(session: ClusterSession, *, checks: tuple[str, ...] = ALL_CHECKS, p
         "gpu": lambda: hwchecks.gpu_check(session, reachable, gpu_options or gpu.Options(),
                                           running_job_ids(session) if gpu_options and gpu_options.deep else set()),
         "efa": lambda: hwchecks.efa_check(session, reachable, nccl_log=nccl_log),
+        "shared-fs": lambda: sharedfs.shared_fs_check(session, reachable),
     }
     for name, fn in steps.items():
         if name in checks:

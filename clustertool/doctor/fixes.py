@@ -3,7 +3,8 @@
 * strays: ``kill -9`` each stray pid, only if it still has the same command name;
 * disk: remove the logs of finished jobs on that node (never a running job's);
 * ssh-mesh with a host-key problem: push the cluster key, pinned known_hosts and ssh config
-  to every node again (what `up` did).
+  to every node again (what `up` did);
+* shared-fs missing on a node: mount it again (what `clustertool repair-mounts` does).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from clustertool.doctor.findings import Finding
 from clustertool.jobs import scripts
 from clustertool.jobs.records import running_job_ids
 from clustertool.remote.group import run_on_node
+from clustertool.sharedfs import mount
 
 
 def kill_pids_line(comms: dict[str, str]) -> str:
@@ -46,6 +48,10 @@ def apply_fixes(session: ClusterSession, findings: list[Finding], report: Report
             removed = [line for line in r.stdout.splitlines() if line.startswith("removed ")]
             if removed:
                 done.append(f"{f.node}: removed the logs of {len(removed)} finished job(s)")
+    if any(f.check == "shared-fs" and f.fixable for f in findings):
+        report("mounting the shared filesystem(s) again where missing")
+        results = mount.mount_all(session, cluster)
+        done += [f"shared-fs: {line}" for line in mount.summary(results, "mounted")]
     if any(f.check == "ssh-mesh" and f.fixable for f in findings):
         report("pushing keys and known_hosts to every node again")
         lifecycle.wire(session)

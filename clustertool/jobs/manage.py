@@ -25,6 +25,7 @@ from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import GroupResult, Node, Reporter, silent
 from clustertool.jobs import records, scripts
 from clustertool.remote.group import run_on_nodes
+from clustertool.sharedfs import mount
 
 
 def reboot_line(user: str) -> str:
@@ -76,6 +77,7 @@ def reboot(session: ClusterSession, selection: str | None, *, timeout: float = 6
         state.save(cluster)
         report("nodes answer SSH again; checking the leader's SSH mesh")
         check_leader_mesh(session)
+        mount.mount_phase(session, cluster, report)  # every node: a rebooted leader's export serves them all
         return nodes
 
 

@@ -75,6 +75,7 @@ class Provider:
     key_type: ClassVar[tuple[str, ...] | None] = None  # ssh-keygen -t/-b for the cluster key; None: P-256
     POWEROFF: ClassVar[str | None] = None  # what the autostop watcher runs to power a node off; None: shutdown -h
     REBOOT: ClassVar[Reboot] = "ssh"  # ssh: `reboot` on the node; restart: stop+start here; provider: reboot_instances
+    SHARED_FS_KINDS: ClassVar[tuple[str, ...]] = ()  # shared filesystem kinds shared_fs makes or attaches
 
     def __init__(self, report: Reporter = silent, **_ignored: object) -> None:
         self.report = report
@@ -141,8 +142,10 @@ class Provider:
         raise NotSupported(f"the {self.name} provider cannot replace a node",
                            hint="run on the other nodes (`-w` selects them), or `down` and `up` again")
 
-    def shared_fs(self, cluster: ClusterRecord, kind: str, size_gb: int | None = None) -> dict[str, Any]:
-        """Make (or find) a filesystem every node mounts; returns how to mount it."""
+    def shared_fs(self, request: ProvisionRequest) -> list[dict[str, Any]]:
+        """Make or attach each filesystem of ``request.cluster.options["shared_fs"]`` (sharedfs/specs.py),
+        right after run_instances. Append each to ``provider_state["shared_fs"]`` and save at once:
+        {kind, id, mount, made, dns, mount_name, source}; terminate_instances deletes the made ones."""
         raise NotSupported(f"the {self.name} provider has no shared filesystem",
                            hint="copy the data to every node with `clustertool copy`")
 

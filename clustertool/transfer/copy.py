@@ -19,6 +19,7 @@ from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
+from clustertool.sharedfs import mount
 from clustertool.transfer import chain, drive, manifest, plan, stations, verify
 from clustertool.transfer.results import CopyResult, CopyRun, NodeCopy, ProgressCb, relative_remote
 
@@ -173,6 +174,10 @@ def copy(session: ClusterSession, src: str, dest: str, *, source: str = "leader"
     cluster = session.ready()
     from_local = source == "local"
     src = os.path.abspath(os.path.expanduser(src)) if from_local else relative_remote(src)
+    shared = mount.mount_under(cluster, dest)
+    if shared:  # every node sees DEST: write it once, on the leader
+        selection = "leader"
+        report(mount.write_once_line(cluster, dest, shared))
     run = CopyRun(cluster, src, relative_remote(dest), from_local, _targets(cluster, selection, from_local),
                   delete, cipher, on_progress, report, transport, keep=keep, verify=verify_after)
     if not from_local and src == run.dest and any(n.is_leader for n in run.targets):

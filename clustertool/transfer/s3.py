@@ -21,6 +21,7 @@ from clustertool.core.errors import ToolError
 from clustertool.core.model import HostResult, Reporter, silent
 from clustertool.nodeprogs import program_stream, stream_command
 from clustertool.remote.dialog import run_sessions
+from clustertool.sharedfs import mount
 from clustertool.transfer import manifest
 from clustertool.transfer.results import ProgressCb, relative_remote
 from clustertool.transfer.s3bucket import Bucket, S3Object, folder_prefix, local_name, parse_url, shard_of
@@ -172,6 +173,10 @@ def sync_s3(session: ClusterSession, url: str, dest: str, *, selection: str | No
     started = time.monotonic()
     bucket_name, prefix = parse_url(url)
     cluster = session.ready()
+    shared = mount.mount_under(cluster, dest)
+    if shared and not shard:  # every node sees DEST: one node pulls it (--shard: each a disjoint part)
+        selection = "leader"
+        report(mount.write_once_line(cluster, dest, shared))
     nodes = sorted(nodeset.select(cluster, selection), key=lambda n: n.index)
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")

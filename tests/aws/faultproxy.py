@@ -2,7 +2,7 @@
 processes do, for clustertool running as its own process (tests/aws/test_fault_matrix.py).
 
 Every request passes through to moto unless a rule matches its AWS action (``Action=`` of the
-query protocols, ``X-Amz-Target`` of the JSON ones) and occurrence:
+query protocols, ``X-Amz-Target`` of the JSON ones, ``efs:<Action>`` for EFS's REST paths) and occurrence:
 
 - ``signal``: after moto answered the n-th call, send a signal to ``proxy.pid`` (the clustertool
   process), hold the answer until that process is gone (at most ``hold`` s), then deliver it;
@@ -47,10 +47,19 @@ class Rule:
     fired: bool = False
 
 
-def action_of(headers, body: bytes) -> str:
+EFS_REST = {("POST", "file-systems"): "CreateFileSystem", ("GET", "file-systems"): "DescribeFileSystems",
+            ("DELETE", "file-systems"): "DeleteFileSystem", ("POST", "mount-targets"): "CreateMountTarget",
+            ("GET", "mount-targets"): "DescribeMountTargets", ("DELETE", "mount-targets"): "DeleteMountTarget",
+            ("POST", "resource-tags"): "TagResource", ("DELETE", "resource-tags"): "UntagResource"}
+
+
+def action_of(headers, body: bytes, method: str = "POST", path: str = "/") -> str:
     target = headers.get("X-Amz-Target")
     if target:
         return target.rsplit(".", 1)[-1]
+    parts = urllib.parse.urlsplit(path).path.strip("/").split("/")
+    if parts[0] == "2015-02-01" and len(parts) > 1:  # EFS's REST API: named efs:<Action>
+        return "efs:" + EFS_REST.get((method, parts[1]), f"{method} {'/'.join(parts[1:])}")
     fields = urllib.parse.parse_qs(body.decode(errors="replace"))
     return (fields.get("Action") or ["?"])[0]
 
@@ -84,6 +93,7 @@ class FaultProxy:
                 proxy._handle(self)
 
             do_GET = do_POST  # noqa: N815
+            do_DELETE = do_POST  # noqa: N815 - EFS's REST API deletes with DELETE
 
             def log_message(self, *args):
                 pass
@@ -131,7 +141,7 @@ class FaultProxy:
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
         body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
-        action = action_of(handler.headers, body)
+        action = action_of(handler.headers, body, handler.command, handler.path)
         rule = self._match(action)
         if self._hang_all or (rule and rule.hang):
             self._release.wait(600)

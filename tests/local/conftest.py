@@ -46,7 +46,26 @@ def local_leftovers(name: str) -> list[str]:
     left += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith(f"ct-{name}-")]
     procs = subprocess.run(["pgrep", "-af", f"clusters/{name}/"], capture_output=True, text=True).stdout
     left += [f"process {line}" for line in procs.splitlines()]
+    sshfs = subprocess.run(["pgrep", "-af", f"clustertool-shared/{name}/"], capture_output=True, text=True).stdout
+    left += [f"sshfs process {line}" for line in sshfs.splitlines()]
+    left += [f"fuse.sshfs mount {m}" for m in sshfs_mounts(name)]
     return left
+
+
+def sshfs_mounts(name: str) -> list[str]:
+    """fuse.sshfs mounts of cluster `name`'s shared filesystem, in any mount namespace on this machine."""
+    found, seen = set(), set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+            if ns in seen:
+                continue
+            seen.add(ns)
+            lines = open(f"/proc/{pid}/mountinfo").read().splitlines()
+        except OSError:
+            continue
+        found |= {line for line in lines if " - fuse.sshfs " in line and f"clustertool-shared/{name}/" in line}
+    return sorted(found)
 
 
 @pytest.fixture

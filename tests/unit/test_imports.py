@@ -134,9 +134,10 @@ def test_core_modules_import_clustertool_modules_at_the_top():
 # deployed files, NCCL's log) sits below jobs; `plugin check`, which runs a job and reads a
 # bench, sits above bench.
 LAYERS = (
-    ("core", ("clustertool.core", "clustertool.nodeprogs", "clustertool.workloads")),
+    ("core", ("clustertool.core", "clustertool.nodeprogs", "clustertool.workloads",
+              "clustertool.sharedfs.specs", "clustertool.sharedfs.argv")),
     ("remote", ("clustertool.remote",)),
-    ("providers", ("clustertool.providers",)),
+    ("providers", ("clustertool.providers", "clustertool.sharedfs")),  # shared fs: made by providers, mounted over ssh
     ("cluster", ("clustertool.cluster",)),
     ("transfer", ("clustertool.transfer",)),
     ("plugin files", ("clustertool.plugin.build", "clustertool.plugin.deploy", "clustertool.plugin.remote",

@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from clustertool.providers.aws import lease, placement, pricing, tags, teardown
+from clustertool.providers.aws import filesystems_down, lease, placement, pricing, tags, teardown
 from clustertool.providers.aws.client import Aws
 from clustertool.providers.aws.instances import tagged_by
 
-KINDS = ("instance", "network-interface", "placement-group", "security-group", "key-pair", "address")
+KINDS = ("instance", "network-interface", "placement-group", "security-group", "key-pair", "address",
+         "efs-file-system", "fsx-file-system")
 
 
 @dataclass
@@ -99,6 +100,12 @@ def collect(aws: Aws, name: str | None = None, kinds: tuple[str, ...] = KINDS) -
     if "address" in kinds:
         for address in teardown.tagged_addresses(aws, flt):
             add("address", address["AllocationId"], address.get("Tags"))
+    for kind in ("efs", "fsx"):  # shared filesystems (filesystems.py); none where the identity may not list them
+        if f"{kind}-file-system" in kinds:
+            def ours(values: dict[str, str]) -> bool:
+                return tags.CLUSTER in values and (name is None or values[tags.CLUSTER] == name)
+            for fs in filesystems_down.tagged_file_systems(aws, kind, ours):
+                add(f"{kind}-file-system", fs["FileSystemId"], fs.get("Tags"))
     for cluster_key, values in leases.items():
         groups[cluster_key].lease = lease.summarize(values)
     return groups

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from clustertool.core.model import Reporter, silent
-from clustertool.providers.aws import census, lease, owner, tags, teardown
+from clustertool.providers.aws import census, filesystems_down, lease, owner, tags, teardown
 from clustertool.providers.aws.client import Aws
 
 DELETE, KEEP = "delete", "keep"
@@ -102,6 +102,9 @@ def delete(swept: list[Swept], report: Reporter = silent) -> list[Swept]:
             continue
         aws = Aws(region=item.region, profile=item.profile, report=report)
         pick = item.resources.get
+        for line in filesystems_down.remove_found(aws, pick("efs-file-system", []), pick("fsx-file-system", []),
+                                                  pick("security-group", []), silent):  # before the cluster's group
+            report(f"{item.id or item.name}: {line}")
         owned = teardown.Owned(instances=pick("instance", []), placement_groups=pick("placement-group", []),
                                security_groups=pick("security-group", []), key_pairs=pick("key-pair", []),
                                network_interfaces=pick("network-interface", []), addresses=pick("address", []))

@@ -29,6 +29,7 @@ from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
 from clustertool.providers.local import firewall, net, nodes, swap, sysops
 from clustertool.providers.local.removal import teardown
 from clustertool.remote import access
+from clustertool.sharedfs import localfs
 
 _TOOLS = (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
           ("ssh-keygen", "openssh-client"), (net.SSHD, "openssh-server"))
@@ -64,6 +65,7 @@ class LocalProvider(Provider):
     WAIT_LIMIT: ClassVar[float] = 60.0
     POWEROFF: ClassVar[str | None] = net.NODE_POWEROFF  # what the autostop watcher runs to power a node off
     REBOOT = "restart"  # a node is its sshd: stop and start it again
+    SHARED_FS_KINDS = ("local",)  # the leader's folder over sshfs (sharedfs/localfs.py)
 
     @classmethod
     def hourly_price(cls, node_type: str, nodes: int, spot: bool) -> float | None:
@@ -158,6 +160,9 @@ class LocalProvider(Provider):
         what = f" and {ps['servers']} server(s)" if ps["servers"] else ""
         request.report(f"started {request.count} local node(s){what} on bridge {net.bridge_name(slot)}")
         return cluster.nodes
+
+    def shared_fs(self, request: ProvisionRequest) -> list[dict]:
+        return localfs.make(request)
 
     # ---- waiting and querying -------------------------------------------------------
 

@@ -19,6 +19,7 @@ from clustertool.core.errors import ProviderError
 from clustertool.core.model import ClusterRecord
 from clustertool.core.nodeset import fold
 from clustertool.providers.local import net, sysops
+from clustertool.sharedfs import localfs
 
 _RECORDED = ("token", "slot", "bridge", "route", "count", "netns", "veths", "pids", "nodes_dir")
 
@@ -66,6 +67,7 @@ def _release_shared(bridge: str | None, tag: str) -> list[str]:
             scratch = sysops.release_scratch()
             if scratch:
                 removed.append(scratch)
+            removed += localfs.release_mountpoints()
     return removed
 
 
