@@ -84,7 +84,8 @@ def watcher_config(cluster: ClusterRecord, setting: Setting | None, poweroff: st
             "members": [{"name": n.name, "address": n.address} for n in cluster.ordered_nodes() if not n.is_leader],
             "idle_s": setting.idle_s if setting else None, "down": bool(setting and setting.down),
             "wait_for": setting.wait_for if setting else "jobs", "interval_s": interval(),
-            "poweroff": poweroff, "set_at": time.time() if now is None else now}
+            "poweroff": poweroff, "set_at": time.time() if now is None else now,
+            "block_end": cluster.block_end}  # jobs are warned before the machines go (cluster/blockend.py)
 
 
 def install_script(config: dict) -> str:
@@ -113,6 +114,7 @@ class WatcherView:
     config: dict = field(default_factory=dict)
     state: dict = field(default_factory=dict)
     poweroff: dict = field(default_factory=dict)
+    blockend: dict = field(default_factory=dict)  # the jobs it warned of the block's end (cluster/blockend.py)
     log: list[str] = field(default_factory=list)
 
     def idle_for(self, now: float | None = None) -> float | None:
@@ -128,7 +130,7 @@ def parse_show(text: str) -> WatcherView:
     view = WatcherView()
     for line in text.splitlines():
         key, _, rest = line.partition(" ")
-        if key in ("config", "state", "poweroff"):
+        if key in ("config", "state", "poweroff", "blockend"):
             try:
                 setattr(view, key, json.loads(rest) or {})
             except ValueError:
@@ -164,15 +166,16 @@ def status_extra(session: ClusterSession, check_ssh: bool) -> dict:
 def install_at_up(cluster: ClusterRecord, provider, no_ssh: bool, report: Reporter = silent) -> None:
     """`up`'s step after wiring SSH: the watcher on the leader (a failure fails the `up`)."""
     setting = setting_of(cluster)
-    if setting is None:
+    if setting is None and not cluster.block_end:  # the watcher also warns jobs of a block's end
         return
     if no_ssh:
         report("autostop: the watcher needs SSH to the leader: not installed (--no-ssh); the setting "
                "only chooses what an OS shutdown does")
         return
-    report("installing the autostop watcher on the leader")
+    report("installing the autostop watcher on the leader" + ("" if setting else " (it warns jobs before the "
+                                                                      "machines are taken back)"))
     how = install(ClusterSession(cluster, report=report), setting, poweroff_command(provider))
-    report(f"autostop: {setting.describe()} ({how})")
+    report(f"autostop: {setting.describe() if setting else 'off'} ({how})")
 
 
 def status_lines(cluster: ClusterRecord, view: WatcherView | None, now: float | None = None) -> dict:

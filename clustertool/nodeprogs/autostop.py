@@ -13,6 +13,13 @@ sessions (an ``sshd`` session process with a pty).  Once the cluster has been id
 
 Files (``DIR``): config.json (written by clustertool), state.json (idle since, last sample),
 autostop.log (one line per decision), poweroff.json (what was done, when and why).
+
+The same watcher warns jobs before the machines are taken back (a Capacity Block's end, or the
+end ``clustertool capacity block-end`` set): config.json's ``block_end`` is ``{"at": epoch when the
+machines go, "warning_s", "signal", "source"}``.  From ``at - warning_s`` on, every running job's
+ranks get ``signal`` on every node of the job (once per job), the job's folder gets ``blockend``
+(JSON: when, signal, ranks per node; `jobs` shows it) and the log a line; blockend.json keeps
+which jobs were signalled.  This runs whether or not autostop is set.
 """
 
 import json
@@ -219,6 +226,88 @@ def power_off(config, action, why, now):
     subprocess.call(["sh", "-c", command])
 
 
+# Every rank of the job on this node (ranks/<host>.<rank>: the rank's pid after its wrapper's exec, checked
+# against the job's marker in its environment), signaled; prints the pids.
+SIGNAL_RANKS = r"""
+d="$HOME/.clustertool/jobs/$1"
+for f in "$d/ranks/$(uname -n)".*; do
+  [ -f "$f" ] || continue
+  read -r p _ < "$f"
+  grep -q -a -z -x "CLUSTERTOOL_JOB=$1" "/proc/$p/environ" 2>/dev/null && kill "-$2" "$p" 2>/dev/null && echo "$p"
+done
+true
+"""
+
+
+def job_nodes(job, config, jobs_dir=JOBS):
+    """[(name, address or None for this node)] of the job's nodes (all the cluster's when unknown)."""
+    leader = config.get("leader", "leader")
+    members = {m["name"]: m["address"] for m in config.get("members", [])}
+    try:
+        with open(os.path.join(jobs_dir, job, "job.json")) as fh:
+            names = json.load(fh).get("nodes") or []
+    except (OSError, ValueError):
+        names = []
+    names = names or [leader] + list(members)
+    return [(n, None if n == leader else members.get(n)) for n in names if n == leader or n in members]
+
+
+def signal_job(job, sig, nodes):
+    """Send ``sig`` to the job's ranks on each node (here, or over ssh); {node: pids signalled}."""
+    procs = {}
+    for name, address in nodes:
+        argv = ["sh", "-s", job, sig] if address is None else SSH + [address, "sh -s %s %s" % (job, sig)]
+        procs[name] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    done = {}
+    for name, proc in procs.items():
+        try:
+            out, _ = proc.communicate(SIGNAL_RANKS.encode(), timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        done[name] = [int(w) for w in out.decode(errors="replace").split() if w.isdigit()]
+    return done
+
+
+def block_end_due(block, now):
+    """Whether jobs are to be warned now: from ``at - warning_s`` on."""
+    return bool(block and block.get("at")) and now >= float(block["at"]) - float(block.get("warning_s") or 0)
+
+
+def block_end_tick(config, now, jobs_dir=JOBS):
+    """Warn the running jobs once each when the block's end is near; returns the jobs signalled now."""
+    block = config.get("block_end")
+    if not block_end_due(block, now):
+        return []
+    at, sig = float(block["at"]), str(block.get("signal") or "TERM")
+    done = read_json("blockend.json", {})
+    if done.get("at") != at:  # a new end time: nothing was signalled for it yet
+        done = {"at": at, "jobs": {}}
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+    if not done.get("opened"):
+        done["opened"] = now
+        log("block end: %s; the machines go at %s: warning running jobs with SIG%s" % (
+            block.get("source") or "the end", when, sig), now)
+    acted = []
+    for job in running_jobs(jobs_dir, now):
+        if job in done["jobs"]:
+            continue
+        ranks = signal_job(job, sig, job_nodes(job, config, jobs_dir))
+        count = sum(len(p) for p in ranks.values())
+        if not count:
+            continue  # its ranks have not started yet: the next sample tries again
+        record = {"t": now, "signal": sig, "at": at, "source": block.get("source") or "", "ranks": ranks}
+        with open(os.path.join(jobs_dir, job, "blockend"), "w") as fh:
+            json.dump(record, fh, sort_keys=True)
+        done["jobs"][job] = record
+        acted.append(job)
+        log("block end: signalled %s to job %s (%d rank(s) on %s): the machines go at %s" % (
+            sig, job, count, ", ".join(sorted(n for n, p in ranks.items() if p)), when), now)
+    done["checked"] = now
+    write_json("blockend.json", done)
+    return acted
+
+
 def describe_idle(state, now):
     since = state.get("idle_since")
     return "idle %ds" % (now - since) if since is not None else "busy"
@@ -229,6 +318,10 @@ def tick(now=None):
     if not config:
         return None
     now = time.time() if now is None else now
+    try:
+        block_end_tick(config, now)
+    except Exception as exc:  # the idle decision still runs
+        log("block end check failed: %s: %s" % (type(exc).__name__, exc), now)
     if not config.get("idle_s"):
         write_json("state.json", {"checked": now, "idle_since": None, "busy": [], "cancelled": True})
         return None

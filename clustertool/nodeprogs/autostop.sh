@@ -7,7 +7,7 @@
 # (run by the local provider's node init) and an @reboot crontab line where crontab exists.
 d="$HOME/.clustertool/autostop"
 if [ "$MODE" = show ]; then
-  for f in config state poweroff; do
+  for f in config state poweroff blockend; do
     printf '%s ' "$f"
     if [ -f "$d/$f.json" ]; then tr -d '\n' < "$d/$f.json"; else printf '{}'; fi
     echo

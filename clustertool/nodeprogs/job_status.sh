@@ -3,7 +3,8 @@
 #   J ID EXIT|- ALIVE(0/1) KILLED(0/1) LAUNCHED(0/1) ENDED_EPOCH BASE64(job.json)
 # and, for a job whose reduction servers died before it ended: S ID NAME,NAME;
 # for a job its supervisor found hung: H ID BASE64(hung);
-# for a job run with --restarts: R ID BASE64(attempts.json)
+# for a job run with --restarts: R ID BASE64(attempts.json);
+# for a job the autostop watcher warned of the block's end: B ID BASE64(blockend)
 # Inputs: JOBS_DIR (jobs' folder under $HOME), JOB_ENV (the variable that marks a job's processes).
 for d in "$HOME/$JOBS_DIR"/*/; do
   [ -f "$d/job.json" ] || continue
@@ -24,5 +25,6 @@ for d in "$HOME/$JOBS_DIR"/*/; do
   [ -s "$d/servers_lost" ] && echo "S $j $(sort -u "$d/servers_lost" | tr '\n' ',' | sed 's/,$//')"
   [ -s "$d/hung" ] && echo "H $j $(base64 -w0 < "$d/hung")"
   [ -s "$d/attempts.json" ] && echo "R $j $(base64 -w0 < "$d/attempts.json")"
+  [ -s "$d/blockend" ] && echo "B $j $(base64 -w0 < "$d/blockend")"
 done
 true

@@ -136,3 +136,15 @@ def aws(moto_url, ct_env, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(client, "HOOKS", [world.recorder, world.faults, world.pgs])
     return world
+
+
+@pytest.fixture
+def ec2front(aws, moto_url, monkeypatch):
+    """The stand-in for the EC2 calls moto lacks (tests/aws/ec2front.py), in front of the moto server:
+    the tool's calls go through it (AWS_ENDPOINT_URL); ``aws.ec2`` still asks moto directly."""
+    from tests.aws.ec2front import Ec2Front
+
+    front = Ec2Front(moto_url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", front.url)
+    yield front
+    front.close()

@@ -8,7 +8,18 @@ from typing import Any, Callable
 
 from clustertool.core.errors import ProviderError
 from clustertool.core.model import ClusterRecord, Reporter
-from clustertool.providers.aws import capacity, capacity_wait, leader, network, placement, servers, tags, teardown
+from clustertool.providers.aws import (
+    capacity,
+    capacity_blocks,
+    capacity_wait,
+    leader,
+    network,
+    placement,
+    reservations,
+    servers,
+    tags,
+    teardown,
+)
 from clustertool.providers.aws.client import (
     CAPACITY_CODES,
     NEXT_AZ_CODES,
@@ -104,6 +115,8 @@ def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: I
     if options.get("spot"):
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
             "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+    params.update(capacity_blocks.launch_fields(options))  # --capacity-block: its market and reservation
+    params.update(reservations.launch_fields(options))  # --capacity-reservation(-group), --reservations
     return params
 
 
@@ -149,7 +162,11 @@ def _one_round(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, count: in
         except ProviderError as exc:
             tried.append((az, exc.message))
             continue
-        group = placement.create(aws, stamp, az, suffix, record, report)
+        # a capacity block's instances are placed together by EC2: no placement group of ours
+        # a named capacity reservation: its own placement group, if it is in one (launches must match it)
+        ours = None if capacity_blocks.uses_block(cluster.options) or reservations.named(cluster.options) else \
+            placement.create(aws, stamp, az, suffix, record, report)
+        group = ours or reservations.placement_group(cluster.provider_state)
         params = launch_params(stamp=stamp, count=count, instance_type=info.name, image=image,
                                subnet=subnet, group_id=group_id, key_name=key_name, az=az,
                                placement_group=group, options=cluster.options,
@@ -183,9 +200,9 @@ def _one_round(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, count: in
             tried.append((az, why))
             codes[az] = error_code(exc)
             report(f"{az}: {why}; removing this attempt's resources")
-            teardown.clean_attempt(aws, cluster, az, group, report)
-            if group:
-                unrecord(cluster, "placement_groups", group)
+            teardown.clean_attempt(aws, cluster, az, ours, report)
+            if ours:
+                unrecord(cluster, "placement_groups", ours)
             continue
         return az, instances, server_insts
     return None

@@ -217,6 +217,7 @@ def refresh(aws: Aws, nodes: list[Node], *, keep_keys: bool = True) -> list[Node
         fresh = to_node(inst, index=node.index, leader=node.is_leader, slots=node.slots, server=server)
         fresh.name = node.name
         fresh.host_keys = node.host_keys if keep_keys else []
+        fresh.extra.update({k: node.extra[k] for k in ("network_nodes",) if k in node.extra})  # the path `up` recorded
         out.append(fresh)
     return out
 

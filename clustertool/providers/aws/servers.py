@@ -57,8 +57,10 @@ def prepare(aws: Aws, options: dict, azs: list[str]) -> tuple[ServerPlan | None,
 
 
 def launch_options(options: dict) -> dict:
-    """The GPU nodes' options for the servers' RunInstances: no EFA (a CPU type may lack it)."""
-    return {**options, "efa": False}
+    """The GPU nodes' options for the servers' RunInstances: no EFA (a CPU type may lack it), not into
+    the GPU nodes' capacity block (it holds their type only)."""
+    return {**options, "efa": False, "capacity_block": None, "capacity_reservation": None,
+            "capacity_reservation_group": None, "reservations": None}
 
 
 def tag(aws: Aws, cluster: str, instances: list[dict], workers: int) -> list[dict]:
