@@ -15,6 +15,13 @@ def replace(
     nodes: List[str] = typer.Argument(..., metavar="NODE...",
                                       help="Nodes by name (node-3), range (node-[3-4]) or comma list."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    copy: List[str] = typer.Option([], "--copy", metavar="SRC",
+                                   help="Then copy SRC from the leader to the same path on the new node(s), through "
+                                        "the relay, verified (repeat; e.g. the dataset the old disk held)."),
+    keep_old: bool = typer.Option(False, "--keep-old",
+                                  help="AWS: stop the old instance instead of terminating it, tagged "
+                                       "clustertool:replaced-by=<new id> (its disk kept for a look; `status` lists "
+                                       "it, `down` removes it).  Not for spot instances or local nodes."),
     cluster: Optional[str] = ClusterOpt,
     json_output: bool = JsonOpt,
 ) -> None:
@@ -26,8 +33,12 @@ def replace(
     hostfiles are pushed again.  A cordon on a replaced node is lifted.  Each node is all or
     nothing: a failure removes what was made for it and marks it in `status`.
 
-    Local provider: a new namespace, sshd and disk (the leader too).  AWS: not yet (cordon, or
-    `down` and `up`).  Static / adopted machines are not ours to replace: `cordon` them."""
+    Local provider: a new namespace, sshd and disk (the leader too).  AWS: one new instance in the
+    node's zone, subnet, placement group and security groups, of its type, image, volume, EFA
+    interfaces, tags and shutdown behaviour; it must run with both status checks passed before
+    the old one is terminated (or, --keep-old, stopped); a replaced leader takes the cluster's
+    Elastic IP.  No capacity in the zone: one line, nothing made, the node unchanged.  Static /
+    adopted machines are not ours to replace: `cordon` them."""
     from clustertool.cli import render
     from clustertool.cluster.replace import replace as do_replace
 
@@ -38,15 +49,32 @@ def replace(
                              hint="everything on the old machine's disk is lost; add --yes to go ahead")
         typer.confirm(f"Replace {', '.join(nodes)} of {session.name!r}? Everything on the old disk is lost",
                       abort=True)
-    result = do_replace(session, ",".join(nodes), report=reporter(json_output))
+    if copy:
+        from clustertool.jobs.recovery import check_copy
+
+        check_copy(session, ",".join(nodes), copy)
+    result = do_replace(session, ",".join(nodes), keep_old=keep_old, report=reporter(json_output))
+    copied = []
+    if copy:
+        from clustertool.jobs.recovery import copy_back
+
+        copied = copy_back(session, [r.node for r in result.replaced], copy, reporter(json_output))
     if json_output:
-        render.print_json(result.to_dict())
+        render.print_json(dict(result.to_dict(), copied=[c.to_dict() for c in copied]))
         return
     for r in result.replaced:
-        typer.echo(f"{r.node} replaced in {r.seconds:.1f}s: host key {r.new_host_key} pinned (was {r.old_host_key})"
+        keys = (f"host key {r.new_host_key} pinned (was {r.old_host_key})" if r.new_host_key
+                else "no host key pinned yet")
+        typer.echo(f"{r.node} replaced in {r.seconds:.1f}s: {keys}"
                    + ("; its cordon is lifted" if r.cordon_lifted else ""))
-    typer.echo(result.disk)
-    typer.echo(f"hostfile {result.hostfile} and the leader's ~/hostfile written ({result.seconds:.1f}s in all)")
+        if r.old_instance:
+            typer.echo(f"  {r.new_instance} took the place of {r.old_instance}"
+                       + (", which is stopped and kept (tagged clustertool:replaced-by; `down` removes it)"
+                          if r.kept_old else ", which is terminated"))
+    typer.echo(result.disk if not copied else f"what was on the old disk is gone; {', '.join(copy)} copied back "
+               f"from {session.record.leader.name}")
+    leaders = "" if session.record.no_ssh else " and the leader's ~/hostfile"  # --no-ssh: nothing pushed to nodes
+    typer.echo(f"hostfile {result.hostfile}{leaders} written ({result.seconds:.1f}s in all)")
 
 
 def register(app: typer.Typer) -> None:

@@ -15,6 +15,7 @@ to keep a bad one out of jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,10 +24,11 @@ from clustertool.cluster import autostop
 from clustertool.cluster.cordon import write_local_hostfile
 from clustertool.cluster.lifecycle import close_masters, wire
 from clustertool.cluster.session import ClusterSession
-from clustertool.core import nodeset, state
+from clustertool.core import interrupts, nodeset, state
 from clustertool.core.errors import NotSupported, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, Node, Reporter, jsonable, silent
 from clustertool.remote.keys import fingerprint
+from clustertool.sharedfs import mount
 
 DISK_GONE = "what was on the old disk (home, /scratch, /tmp) is gone: copy datasets back with `clustertool copy`"
 
@@ -40,6 +42,9 @@ class ReplacedNode:
     new_host_key: str | None
     seconds: float
     cordon_lifted: bool = False
+    old_instance: str | None = None  # cloud providers: the old machine's id (terminated, or kept with --keep-old)
+    new_instance: str | None = None
+    kept_old: bool = False  # --keep-old: the old machine is stopped and kept, not removed
 
 
 @dataclass
@@ -65,24 +70,37 @@ def targets(record: ClusterRecord, selection: str, owns: bool) -> list[Node]:
             f"cluster {record.name!r} is made of machines clustertool did not make ({record.provider}): "
             "it cannot replace them",
             hint=f"`clustertool cordon {selection}` keeps a bad one out of hostfiles and jobs")
-    if record.status != "ready":
+    if record.status != "ready" and not (record.no_ssh and record.status == "provisioned"):
         raise UsageError(f"cluster {record.name!r} is {record.status}: replace needs a ready cluster",
                          hint=f"`clustertool start -c {record.name}` first")
     return nodeset.select(record, selection)
 
 
-def replace(session: ClusterSession, selection: str, *, report: Reporter = silent) -> ReplaceResult:
-    """Replace the selected nodes (each all or nothing), then pin, wire and write hostfiles once."""
+def replace(session: ClusterSession, selection: str, *, keep_old: bool = False,
+            report: Reporter = silent) -> ReplaceResult:
+    """Replace the selected nodes (each all or nothing), then pin, wire and write hostfiles once (a cluster
+    brought up with --no-ssh: hostfiles only).  ``keep_old``: the provider keeps the old machine stopped."""
     t0 = time.monotonic()
     with session.locked(purpose="replace") as record:
         provider = session.provider
         picked = targets(record, selection, provider.owns_cluster(record))
-        provider.confirm_owner(record, False, "replace")
-        close_masters(record)  # the old node's connection (and every other) is opened again by wire
+        try:
+            provider.confirm_owner(record, False, "replace")
+        except interrupts.Terminated as exc:
+            raise interrupts.Terminated(exc.signum, f"replace stopped by {interrupts.signal_name(exc.signum)} before "
+                                                    "it made anything") from None
+        # the replaced nodes' connections (every one, with the leader: members may ride on it) are opened again by
+        # wire; the others stay, with what runs over them (a `run --follow` that replaces a lost node keeps its stream)
+        close_masters(record if any(n.is_leader for n in picked) else dataclasses.replace(
+            record, nodes=picked, options={k: v for k, v in record.options.items() if k != "jump"}))
         out = ReplaceResult(record.name)
         for node in picked:
-            out.replaced.append(_replace_one(session, record, node, report))
+            out.replaced.append(_replace_one(session, record, node, report, keep_old))
         out.hostfile = str(write_local_hostfile(record))
+        if record.no_ssh:  # brought up with --no-ssh: nothing is wired (as `start` does)
+            state.save(record)
+            out.seconds = round(time.monotonic() - t0, 2)
+            return out
         report("pinning the new host key(s); pushing the cluster key, known_hosts and hostfile to every node")
         try:
             wire(ClusterSession(record, session.transport, report))
@@ -96,18 +114,24 @@ def replace(session: ClusterSession, selection: str, *, report: Reporter = silen
             autostop.install(ClusterSession(record, session.transport, report), autostop.setting_of(record),
                              autostop.poweroff_command(provider))
         state.save(record)
+        mount.mount_phase(ClusterSession(record, session.transport, report), record, report)  # new nodes: shared fs
     out.seconds = round(time.monotonic() - t0, 2)
     return out
 
 
-def _replace_one(session: ClusterSession, record: ClusterRecord, node: Node, report: Reporter) -> ReplacedNode:
+def _replace_one(session: ClusterSession, record: ClusterRecord, node: Node, report: Reporter,
+                 keep_old: bool = False) -> ReplacedNode:
     t = time.monotonic()
     report(f"replacing {node.name} ({node.role}, {node.address})")
     try:
-        new = session.provider.replace_node(record, node.name)
-    except NotSupported:  # refused before anything was touched
+        new = session.provider.replace_node(record, node.name, keep_old=keep_old)
+    except (NotSupported, UsageError):  # refused before anything was touched
         raise
     except BaseException as exc:
+        if record.node(node.name) is not node:  # the provider put the new node in the record, then was stopped
+            record.node(node.name).extra["replaced"] = {"at": time.time(), "old_host_key": fingerprint(node.host_keys)}
+            state.save(record)
+            raise
         why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         record.node(node.name).extra["replace_failed"] = {"at": time.time(), "why": why}
         state.save(record)
@@ -116,10 +140,11 @@ def _replace_one(session: ClusterSession, record: ClusterRecord, node: Node, rep
     new.cordon = None
     new.extra.pop("replace_failed", None)
     new.extra["replaced"] = {"at": time.time(), "old_host_key": fingerprint(node.host_keys)}
-    record.nodes[record.nodes.index(node)] = new
+    record.nodes[[n.name for n in record.nodes].index(node.name)] = new
     state.save(record)
     if lifted:
         report(f"{node.name}: its cordon is lifted (the machine it marked is gone)")
     report(f"{node.name}: replaced; {DISK_GONE}")
-    return ReplacedNode(node.name, node.role, node.address, fingerprint(node.host_keys), fingerprint(new.host_keys),
-                        round(time.monotonic() - t, 2), lifted)
+    return ReplacedNode(node.name, node.role, new.address, fingerprint(node.host_keys), fingerprint(new.host_keys),
+                        round(time.monotonic() - t, 2), lifted, node.instance_id, new.instance_id,
+                        keep_old and bool(node.instance_id))

@@ -19,7 +19,7 @@ from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, silent
-from clustertool.jobs import logs, output, records, reducers, scripts, stacks, syncdir
+from clustertool.jobs import logs, output, records, recovery, reducers, scripts, stacks, syncdir
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.mpirun import MpiOptions
 from clustertool.nodeprogs import program_text
@@ -145,15 +145,20 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
         dry_run: bool = False, allow_concurrent: bool = False, use_plugin: bool = False,
         sync: str | None = None, sync_to: str | None = None, on_progress: ProgressCb | None = None,
         hang_timeout: float | None = None, hang_action: str = "keep", restarts: int = 0,
-        restart_on_exit_codes: list[int] | None = None, report: Reporter = silent) -> Launch:
+        restart_on_exit_codes: list[int] | None = None, replace_failed: bool = False,
+        replace_wait: float | None = None, on_preempt_signal: str | None = None,
+        report: Reporter = silent) -> Launch:
     """Start the job (after sending ``sync``, a local folder, to ``sync_to`` or its own path on the nodes).
 
     ``hang_timeout``: seconds without a byte of output or CPU time moved on any rank before the
     supervisor saves every rank's stack and marks the job hung (``hang_action`` "kill" also stops it).
     ``restarts``: when the job fails (with ``restart_on_exit_codes``: only with one of those codes), the
-    leader starts the same command again, up to that many times (nodeprogs/restarts.py)."""
+    leader starts the same command again, up to that many times (nodeprogs/restarts.py).
+    ``replace_failed``: a lost node is first replaced by the recovery loop on this machine (jobs/recovery.py),
+    within ``replace_wait`` seconds.  ``on_preempt_signal``: what the ranks get on a spot notice."""
     _check_hang(hang_timeout, hang_action)
     restart = restart_policy(restarts, restart_on_exit_codes)
+    recovery_opts = recovery.options(restarts, replace_failed, replace_wait, on_preempt_signal)
     synced_dir = _sync_target(sync, sync_to)
     cluster = session.ready()
     nodes = rank_nodes(cluster, selection)
@@ -162,9 +167,11 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
     if servers:  # the real ports are known once the reducers listen (after preflight)
         env[reducers.ENV_LIST] = ",".join(f"{n.address}:PORT" for n in servers)
     plan = plan_job(cluster, nodes, opts, records.new_id(), sync=synced_dir, plugin_env=env, servers=servers)
+    recovery_opts = recovery.for_cluster(cluster, recovery_opts)
     if dry_run:
         commands = [(n.name, argv) for n, argv in plan.node_commands()] if plan.spec.node_launcher else None
-        return Launch(_record(cluster, plan, name, hang_timeout, hang_action, restart), plan.argv, dry_run=True,
+        return Launch(_record(cluster, plan, name, hang_timeout, hang_action, restart, recovery_opts), plan.argv,
+                      dry_run=True,
                       sync=synced_dir, node_commands=commands)
     report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
     home, port = preflight(session, list(plan.nodes), allow_concurrent)
@@ -179,8 +186,8 @@ def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = No
     try:
         if plan.spec.node_launcher:
             _install_agent(session, plan, report)
-        return _start(session, plan, _record(cluster, plan, name, hang_timeout, hang_action, restart), started,
-                      synced, report)
+        return _start(session, plan, _record(cluster, plan, name, hang_timeout, hang_action, restart, recovery_opts),
+                      started, synced, report)
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
@@ -267,12 +274,14 @@ def _restarter(plan: JobPlan, job: JobRecord) -> bytes | None:
         return None
     return program_text("restarts", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "argv": plan.argv,
                                      "out": plan.options.output_dir, "restarts": job.restarts,
-                                     "codes": job.restart_on_exit_codes, "nodes": _node_ports(plan.nodes[1:])})
+                                     "codes": job.restart_on_exit_codes, "nodes": _node_ports(plan.nodes[1:]),
+                                     "replace_failed": job.replace_failed, "replace_wait": job.replace_wait})
 
 
 def _record(cluster: ClusterRecord, plan: JobPlan, name: str | None, hang_timeout: float | None = None,
-            hang_action: str = "keep", restart: tuple[int, list[int] | None] = (0, None)) -> JobRecord:
-    return JobRecord(id=plan.job_id, launcher=plan.launcher, cluster=cluster.name,
+            hang_action: str = "keep", restart: tuple[int, list[int] | None] = (0, None),
+            recovery_opts: dict | None = None) -> JobRecord:
+    return JobRecord(id=plan.job_id, launcher=plan.launcher, cluster=cluster.name, **(recovery_opts or {}),
                      hang_timeout=hang_timeout, hang_action=hang_action,
                      restarts=restart[0], restart_on_exit_codes=restart[1],
                      command=list(plan.options.command), argv=plan.argv,
@@ -293,7 +302,9 @@ def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started, sync
     job.detached = "pending"
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job), supervisor=_supervisor(plan, job),
-                                              hangstacks=_hang_stacks(plan, job), restarter=_restarter(plan, job))
+                                              hangstacks=_hang_stacks(plan, job), restarter=_restarter(plan, job),
+                                              spot=recovery.spot_program(plan, job))
+    recovery.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
     report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
     if not result.ok:

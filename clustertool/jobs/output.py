@@ -24,10 +24,12 @@ import secrets
 import shlex
 import subprocess
 import threading
+import time
 from typing import Callable, Iterable
 
 from clustertool import nodeprogs
 from clustertool.cluster.session import ClusterSession
+from clustertool.core import state
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 from clustertool.core.model import ClusterRecord, HostResult, JobRecord, Node
@@ -174,10 +176,24 @@ def follow_lines(session: ClusterSession, job: JobRecord, on_line: LineSink, *, 
 
     recording = _Recording(transport)
     member_results: list[HostResult] = []
+    began, leader_done = time.time(), threading.Event()
 
-    def follow_members() -> None:
-        member_results.extend(run_on_nodes(ClusterSession(cluster, recording), members, nodeprogs.python_command(),
-                                           on_line=emit, stdin_data=program).results)
+    def follow_member(node: Node) -> None:
+        pending: list[Node] = [node]
+        record = cluster
+        while pending:
+            got = run_on_nodes(ClusterSession(record, recording), pending, nodeprogs.python_command(),
+                               on_line=emit, stdin_data=program).results
+            pending, record = _replaced_since(cluster.name, {r.node for r in got if not r.ok}, began, leader_done,
+                                              job.replace_failed)
+            member_results.extend(r for r in got if r.ok or r.node not in {n.name for n in pending})
+
+    def follow_members() -> None:  # one thread per member: a lost one is followed again once replaced
+        threads = [threading.Thread(target=follow_member, args=(n,), daemon=True) for n in members]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     thread = threading.Thread(target=follow_members, daemon=True)
     if members:
@@ -187,6 +203,7 @@ def follow_lines(session: ClusterSession, job: JobRecord, on_line: LineSink, *, 
                            stdin_data=program(leader))
         _warn_failed([lead], warn)
     finally:
+        leader_done.set()
         if members:
             run_on_nodes(session, members, _stop_line(stop), timeout=20)
             thread.join(timeout=30)
@@ -195,6 +212,21 @@ def follow_lines(session: ClusterSession, job: JobRecord, on_line: LineSink, *, 
                     stop_process(proc)
         closed.set()
     _warn_failed(member_results, warn)
+
+
+def _replaced_since(name: str, failed: set[str], began: float, done: threading.Event,
+                    replace_failed: bool) -> tuple[list[Node], ClusterRecord]:
+    """Members whose follower failed and that were replaced since the stream began (run --follow
+    --replace-failed: the recovery loop beside it replaces a lost node), once they are: their new disk
+    holds only the new attempts' lines, so following them again repeats nothing.  ([], ...) when none."""
+    record = state.load(name)
+    while failed and replace_failed and not done.wait(1.0):
+        record = state.load(name)
+        new = [n for n in record.nodes
+               if n.name in failed and float((n.extra.get("replaced") or {}).get("at") or 0) > began]
+        if new:
+            return new, record
+    return [], record
 
 
 def exit_code(session: ClusterSession, job: JobRecord) -> int | None:

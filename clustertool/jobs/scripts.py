@@ -15,6 +15,7 @@ through ``shlex.quote`` (job ids are checked to be
     pane.py     shows the job in its tmux pane     out/      <job>/rank.<N>/std{out,err}: each rank's
                 (leader)                                     output, on the rank's node
     restarts.py   the restart loop (run --restarts) attempts.json  its attempts and verdict (leader)
+    spot.py     watches spot notices (leader)       replaced  the recovery loop's "go on" (--replace-failed)
     attempts/<k>/ what attempt k left (lost, hung, failure), set aside before the next one
 """
 
@@ -83,6 +84,9 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
         '; then',
         '  "$py" "$d/supervise.py" </dev/null >/dev/null 2>&1 &',
         "fi",
+        'if [ -f "$d/spot.py" ] && [ ! -f "$d/restarts.py" ] && py=$(command -v python3 || command -v python); then',
+        '  "$py" "$d/spot.py" </dev/null >/dev/null 2>&1 &',
+        "fi",
         'if [ -n "${TMUX:-}" ] && [ -f "$d/pane.py" ] && py=$(command -v python3 || command -v python); then',
         '  "$py" "$d/pane.py" & pane=$!',
         "fi",
@@ -97,7 +101,7 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
 def install_and_start_script(job_id: str, launch: str, hostfile: str, record_json: str,
                              prefer_tmux: bool = True, pane: bytes | None = None,
                              supervisor: bytes | None = None, hangstacks: bytes | None = None,
-                             restarter: bytes | None = None) -> str:
+                             restarter: bytes | None = None, spot: bytes | None = None) -> str:
     """Leader: write the job's files, then start launch.sh detached (tmux, else setsid).
 
     Prints ``detached=tmux`` or ``detached=setsid``.
@@ -119,6 +123,7 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
         *([_write_file('"$d/supervise.py"', supervisor.decode())] if supervisor else []),
         *([_write_file('"$d/hangstacks.py"', hangstacks.decode())] if hangstacks else []),
         *([_write_file('"$d/restarts.py"', restarter.decode())] if restarter else []),
+        *([_write_file('"$d/spot.py"', spot.decode())] if spot else []),
         ': > "$d/log"',
         start,
         'sed -i "s/\\"detached\\": \\"pending\\"/\\"detached\\": \\"$l\\"/" "$d/job.json"',

@@ -1,4 +1,4 @@
-"""`replace`: the refusals (machines clustertool did not make, AWS not yet, unknown node, no --yes without a
+"""`replace`: the refusals (machines clustertool did not make, adopted AWS instances, unknown node, no --yes without a
 terminal) before anything is touched, the host key fingerprints (checked against ssh-keygen itself) and
 the status lines a replacement leaves.  The replacement itself is in tests/local/test_replace.py."""
 
@@ -13,7 +13,7 @@ from clustertool.cluster import replace
 from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.status import replacements
 from clustertool.core import state
-from clustertool.core.errors import NotSupported
+from clustertool.core.errors import NotSupported, UsageError
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.providers.aws import AwsProvider
 from clustertool.remote.keys import fingerprint
@@ -64,12 +64,17 @@ def test_a_stopped_cluster_is_refused_with_start_as_the_hint(ct_env, capsys):
                                "hint: `clustertool start -c lc` first"]
 
 
-def test_aws_says_replace_is_not_supported_yet_and_what_to_do_instead():
-    c = ClusterRecord("aw", "aws", status="ready", nodes=[Node("node-2", 2, "10.0.0.2")])
+def test_aws_refuses_adopted_instances_and_keep_old_on_spot_before_any_aws_call():
+    """No endpoint is configured here: a refusal that reached AWS would fail differently."""
+    c = ClusterRecord("aw", "aws", status="ready", nodes=[Node("node-2", 2, "10.0.0.2", instance_id="i-1")],
+                      provider_state={"adopted": ["i-1"]})
     with pytest.raises(NotSupported) as err:
         AwsProvider().replace_node(c, "node-2")
-    assert err.value.message == "replace is not supported yet for AWS clusters (node-2 of 'aw' is unchanged)"
-    assert "clustertool cordon node-2" in (err.value.hint or "") and "down" in (err.value.hint or "")
+    assert "adopted instances" in err.value.message and "clustertool cordon node-2" in (err.value.hint or "")
+    c.provider_state, c.options = {}, {"spot": True}
+    with pytest.raises(UsageError) as usage:
+        AwsProvider().replace_node(c, "node-2", keep_old=True)
+    assert usage.value.message.startswith("--keep-old: one-time spot instances cannot be stopped")
 
 
 class _Refusing:

@@ -52,6 +52,12 @@ def test_success_kill_and_a_lost_node_stop_the_loop():
     assert not again and "node-3 stopped answering" in why and "cordon node-3" in why
 
 
+def test_a_job_warned_of_its_capacity_block_end_is_not_restarted():
+    again, why = restarts.decide(failed(143), 2, None, block_end=True)
+    assert not again and why == "the capacity block ends (the job was warned): no restart"
+    assert restarts.decide(failed(0), 2, None, block_end=True) == (False, "succeeded")
+
+
 def test_each_attempt_forwards_the_restart_count_and_writes_its_own_output_folder():
     argv = ["mpirun", "-np", "2", "--output-filename", "/h/j/out:nocopy", "python", "t.py"]
     assert restarts.attempt_argv(argv, "/h/j/out", 0) == [

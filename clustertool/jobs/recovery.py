@@ -1,0 +1,388 @@
+"""Lose a node, keep the job: the recovery loop on the user's machine (run --replace-failed).
+
+Who replaces a node: the machine with the cloud credentials, never a node (nodes hold no keys).
+The job's restart loop on the leader (nodeprogs/restarts.py) finds the node lost (the supervisor,
+or a spot notice: nodeprogs/spot.py), stops what is left, and writes ``waiting`` (which nodes, until
+when) in its attempts.json.  This loop (`clustertool recover`, or beside `run --follow
+--replace-failed`) asks the leader every few seconds; when a job waits, it claims that wait (a
+folder made atomically on the leader, so two loops never replace the same node twice), calls the
+same code as `clustertool replace`, puts back what the new disk lacks (the job agent of a node
+launcher; ``copy`` paths through the relay), then writes ``replaced`` in the job's folder: the leader
+starts the next attempt with the same job id on the new node.  Nobody within --replace-wait: the
+leader stops the job and says why.
+
+A lost leader takes the restart loop with it.  This loop notices (the leader does not answer for a
+few rounds), replaces the leader, stops what is left of the job on the members, and starts the job
+again on the new leader from the files `run` sent (kept here, ``<id>.launch``) with the same job id and
+the next restart count; the job's attempts so far go with it.  A checkpoint on the old leader's disk is
+gone with it: such a job starts from its beginning (keep checkpoints on a shared filesystem to resume).
+Jobs whose ranks a node launcher starts (torchrun ...) are not started again that way: it says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from clustertool.cluster.replace import replace
+from clustertool.cluster.session import ClusterSession
+from clustertool.core import nodeset
+from clustertool.core.errors import ToolError, UsageError
+from clustertool.core.jobpaths import JOBS_DIR
+from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, jsonable, silent
+from clustertool.jobs import records, scripts
+from clustertool.nodeprogs import program_text
+from clustertool.remote.group import run_on_node, run_on_nodes
+from clustertool.transfer.copy import copy as copy_path
+from clustertool.transfer.results import CopyResult
+
+SIGNALS = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2")
+DEFAULT_WAIT_S = 600.0
+IMDS_ENV = "CLUSTERTOOL_IMDS_URL"  # only tests set it: the metadata's base URL ({node}: the node's name)
+IMDS_URL = "http://169.254.169.254"
+SPOT_POLL_S = 2.0  # how often each node asks its metadata for a notice
+SPOT_GRACE_S = 30.0  # after the signal, how long the ranks get before mpirun is stopped
+LEADER_MISSES = 3  # polls in a row without the leader's answer before it counts as lost
+RETRY_S = 30.0  # after a replacement failed (no capacity ...), the next try
+
+
+def options(restarts: int, replace_failed: bool, replace_wait: float | None,
+            on_preempt_signal: str | None) -> dict[str, Any]:
+    """run's --replace-failed, --replace-wait and --on-preempt-signal, checked (JobRecord fields)."""
+    if replace_failed and restarts < 1:
+        raise UsageError("--replace-failed goes with --restarts N (the restart after the replacement is one of them)",
+                         hint="clustertool run --restarts 2 --replace-failed --follow -- CMD")
+    if replace_wait is not None and not replace_failed:
+        raise UsageError("--replace-wait goes with --replace-failed")
+    if replace_wait is not None and replace_wait < 10:
+        raise UsageError(f"--replace-wait {replace_wait:g}s is too short: a replacement takes longer (e.g. 10m)")
+    sig = None
+    if on_preempt_signal is not None:
+        sig = on_preempt_signal.strip().upper().removeprefix("SIG")
+        if sig not in SIGNALS:
+            raise UsageError(f"--on-preempt-signal {on_preempt_signal!r}: use {', '.join(SIGNALS)}")
+    return {"replace_failed": bool(replace_failed),
+            "replace_wait": (replace_wait or DEFAULT_WAIT_S) if replace_failed else None,
+            "on_preempt_signal": sig}
+
+
+def for_cluster(cluster: ClusterRecord, opts: dict[str, Any]) -> dict[str, Any]:
+    """Spot notices are watched on spot clusters (and where a test points the metadata elsewhere)."""
+    watched = bool(cluster.options.get("spot")) or bool(os.environ.get(IMDS_ENV))
+    if opts.get("on_preempt_signal") and not watched:
+        raise UsageError(f"--on-preempt-signal: cluster {cluster.name!r} is not made of spot instances: "
+                         "no notice comes", hint="leave it out (spot clusters: `up --spot`)")
+    return dict(opts, on_preempt_signal=(opts.get("on_preempt_signal") or "TERM") if watched else None)
+
+
+def spot_program(plan, job: JobRecord) -> bytes | None:
+    """The leader's spot-notice watcher for the job (nodeprogs/spot.py), where notices are watched."""
+    if not job.on_preempt_signal:
+        return None
+    return program_text("spot", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "job": plan.job_id,
+                                 "nodes": [[n.name, n.address] for n in plan.nodes],
+                                 "url": os.environ.get(IMDS_ENV) or IMDS_URL, "interval": SPOT_POLL_S,
+                                 "signal": job.on_preempt_signal, "grace": SPOT_GRACE_S})
+
+
+@dataclass
+class Recovered:
+    job: str
+    nodes: list[str]
+    cause: str  # "node-3 lost", "node-2 spot interruption"
+    attempt: int  # the attempt that ended (the next one runs on the new nodes)
+    detected: float  # when the leader started waiting
+    replaced: float  # when the leader was told to go on
+    seconds: float  # the replacement itself
+
+
+@dataclass
+class RecoverResult:
+    """What a recovery loop did (``to_dict()``: `recover --json`)."""
+
+    cluster: str
+    watched: list[str] = field(default_factory=list)
+    recovered: list[Recovered] = field(default_factory=list)
+    states: dict[str, str] = field(default_factory=dict)  # job id -> its state when the loop ended
+    exit_code: int | None = None  # the job's, when one job was watched to its end
+    problem: str | None = None  # why the loop stopped early (the leader lost)
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(self)
+
+
+def _leader_port(node: Node) -> list:
+    """[address, ssh port] as the leader reaches the node."""
+    return [node.address, node.ssh_port if node.ssh_host in (None, node.address) else 22]
+
+
+def _watched(jobs: list[JobRecord], job_id: str | None) -> list[JobRecord]:
+    return [j for j in jobs if j.id == job_id] if job_id else [j for j in jobs if j.replace_failed and
+                                                              j.state == "running"]
+
+
+class Loop:
+    """One recovery loop over a cluster's jobs (``job_id``: that one only)."""
+
+    def __init__(self, session: ClusterSession, job_id: str | None, copy: Sequence[str], report: Reporter,
+                 relaunched: threading.Event | None = None):
+        self.session, self.job_id, self.copy, self.report = session, job_id, list(copy), report
+        self.relaunched = relaunched or threading.Event()  # set when a job was started again on a new leader
+        self.retry_at: dict[str, float] = {}  # job id -> when to try a replacement that failed again
+        self.result = RecoverResult(session.name)
+        self.misses = 0
+
+    def leader_lost(self) -> bool:
+        """The leader stopped answering: replace it and start its jobs again there (False: nothing to do)."""
+        leader = self.session.record.leader.name
+        jobs = [j for j in _watched(records.load_all(self.session.name), self.job_id)
+                if j.state == "running" and j.replace_failed]
+        if not jobs:
+            return False
+        if not all(_claim(j) for j in jobs):  # another loop on this machine replaces it: wait for it to answer
+            self.misses = 0
+            return True
+        self.report(f"the leader {leader} does not answer: replacing it (the restart loop of "
+                    f"{', '.join(j.id for j in jobs)} ran there)")
+        t0, since, address = time.monotonic(), time.time(), self.session.record.leader.address
+        replace(self.session, leader, report=self.report)
+        self.misses = 0
+        for job in jobs:
+            why = relaunch(self.session, job, f"{leader} lost (the leader)", self.report, address)
+            if why:
+                self.result.problem = why
+                return False
+            self.result.recovered.append(Recovered(job.id, [leader], f"{leader} lost (the leader)",
+                                                   len(job.attempts), since, time.time(),
+                                                   round(time.monotonic() - t0, 2)))
+        self.relaunched.set()
+        return True
+
+    def leader_answers(self) -> bool:
+        ok = run_on_node(self.session, self.session.record.leader, "true", timeout=10).ok
+        self.misses = 0 if ok else self.misses + 1
+        return ok
+
+    def round(self) -> bool:
+        """One look at the leader; False once there is nothing more to watch."""
+        self.session.reload()
+        if not self.leader_answers():
+            if self.misses >= LEADER_MISSES and self.leader_lost():
+                return True
+            if self.misses >= LEADER_MISSES:
+                leader = self.session.record.leader.name
+                self.result.problem = (f"the leader {leader} does not answer: the jobs' restart loop ran there; "
+                                       f"`clustertool replace {leader} --yes`, then run the job again (it resumes "
+                                       "from its checkpoint where that was not on the leader's disk)")
+                return False
+            return True
+        watched = _watched(records.refresh(self.session), self.job_id)
+        for job in watched:
+            self.result.states[job.id] = job.state
+            if job.id not in self.result.watched:
+                self.result.watched.append(job.id)
+            if job.state == "running" and job.waiting and self.retry_at.get(job.id, 0.0) <= time.monotonic():
+                self.handle(job)
+        return any(j.state == "running" for j in watched)
+
+    def handle(self, job: JobRecord) -> None:
+        wait = job.waiting or {}
+        nodes, number = [str(n) for n in wait.get("nodes") or []], int(wait.get("attempt") or 0)
+        d = scripts.job_dir_sh(job.id)
+        leader = self.session.record.leader
+        if not nodes or not run_on_node(self.session, leader, f"mkdir {d}/replacing.{number}", timeout=20).ok:
+            return  # another loop has it (or had it: the leader goes on once it wrote `replaced`)
+        cause = next((a.get("cause") for a in reversed(job.attempts) if a.get("cause")), None) or \
+            f"{', '.join(nodes)} lost"
+        self.report(f"job {job.id}: {cause}; replacing {nodeset.fold(nodes)} (the job waits on {leader.name})")
+        t0 = time.monotonic()
+        try:
+            replace(self.session, ",".join(nodes), report=self.report)
+        except BaseException as exc:
+            run_on_node(self.session, self.session.record.leader, f"rmdir {d}/replacing.{number}", timeout=20)
+            if not isinstance(exc, ToolError):
+                raise
+            until = time.strftime("%H:%M:%S", time.localtime(float(wait.get("until") or 0)))
+            self.report(f"job {job.id}: replacing {nodeset.fold(nodes)} failed: {exc.message}; trying again in "
+                        f"{RETRY_S:.0f}s (the leader waits until {until})")
+            self.retry_at[job.id] = time.monotonic() + RETRY_S
+            return
+        try:
+            self.after_replace(job, nodes)
+        except ToolError as exc:  # the node is new: the job goes on; what failed here can be done by hand
+            self.report(f"job {job.id}: {exc.message}")
+        record = self.session.record
+        doc = {"attempt": number, "at": time.time(), "nodes": {n: _leader_port(record.node(n)) for n in nodes}}
+        line = (f"printf %s {shlex.quote(json.dumps(doc))} > {d}/replaced.tmp && mv {d}/replaced.tmp {d}/replaced")
+        told = run_on_node(self.session, record.leader, line, timeout=20)
+        if not told.ok:
+            raise ToolError(f"replaced {nodeset.fold(nodes)} but could not tell the leader: {told.reason}")
+        self.result.recovered.append(Recovered(job.id, nodes, cause, number, float(wait.get("since") or 0),
+                                               time.time(), round(time.monotonic() - t0, 2)))
+        self.report(f"job {job.id}: {nodeset.fold(nodes)} replaced in {time.monotonic() - t0:.1f}s; "
+                    f"the leader starts attempt {number + 1}")
+
+    def after_replace(self, job: JobRecord, nodes: list[str]) -> None:
+        """What the new disks lack: the job agent (node launchers) and the ``copy`` paths."""
+        record = self.session.record
+        new = [record.node(n) for n in nodes]
+        if job.launcher != "mpirun":
+            agent = run_on_node(self.session, record.leader, f"cat {scripts.job_dir_sh(job.id)}/agent.json",
+                                timeout=20)
+            if agent.ok:
+                script = scripts.agent_install_script(job.id, agent.stdout)
+                run_on_nodes(self.session, new, "sh -s", timeout=30, stdin_data=script.encode())
+        copy_back(self.session, [n.name for n in new], self.copy, self.report)
+
+
+def _claim(job: JobRecord) -> bool:
+    """This loop, and no other on this machine, starts ``job`` again after this attempt (a file made once)."""
+    records.jobs_dir(job.cluster).mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(records.jobs_dir(job.cluster) / f"{job.id}.relaunch.{len(job.attempts)}",
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return True
+    except FileExistsError:
+        return False
+
+
+def _launch_path(job: JobRecord):
+    return records.jobs_dir(job.cluster) / f"{job.id}.launch"
+
+
+def keep_launch(job: JobRecord, script: str) -> None:
+    """What `run` sent the leader to start a job with --replace-failed (its files, then the start), kept here."""
+    if not job.replace_failed:
+        return
+    path = _launch_path(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(script)
+
+
+def relaunch(session: ClusterSession, job: JobRecord, cause: str, report: Reporter, address: str) -> str | None:
+    """Start ``job`` again on a new leader: what is left of it on the members stopped, its files sent
+    again with its attempts so far (the last one ended by ``cause``).  None, or why it could not (the
+    files name the old leader's ``address``: a new leader elsewhere needs a new `run`)."""
+    path = _launch_path(job)
+    if job.launcher != "mpirun" or not path.exists() or session.record.leader.address != address:
+        return (f"job {job.id} ({job.launcher}) cannot be started again from here after its leader was lost: "
+                "run it again (it resumes from its checkpoint where that was not on the leader's disk)")
+    attempts = [dict(a) for a in job.attempts] or [{"attempt": 1, "restart_count": 0, "start": job.started}]
+    if len(attempts) - 1 >= job.restarts:
+        return f"job {job.id}: its leader was lost and every restart is used (--restarts {job.restarts})"
+    attempts[-1].update(end=time.time(), code=None, cause=cause, kind="lost")
+    record = session.record
+    members = [record.node(n) for n in job.nodes if n != record.leader.name and n in {x.name for x in record.nodes}]
+    run_on_nodes(session, members, "sh -s", timeout=40, stdin_data=scripts.kill_script(job.id, grace=2.0,
+                                                                                      mark=False).encode())
+    d = scripts.job_dir_sh(job.id)
+    doc = {"restarts": job.restarts, "codes": job.restart_on_exit_codes, "attempts": attempts, "verdict": None}
+    prefix = f"mkdir -p {d} && printf %s {shlex.quote(json.dumps(doc))} > {d}/attempts.json\n"
+    report(f"job {job.id}: starting it again on the new {record.leader.name} (CLUSTERTOOL_RESTART_COUNT="
+           f"{len(attempts)}; a checkpoint on the old leader's disk is gone)")
+    started = run_on_node(session, record.leader, "sh -s", timeout=30, stdin_data=(prefix + path.read_text()).encode())
+    if not started.ok:
+        return f"job {job.id}: could not start it again on the new leader: {started.reason}"
+    return None
+
+
+def check_copy(session: ClusterSession, selection: str, paths: Sequence[str]) -> None:
+    """Before a `replace --copy`: the leader keeps its disk (it gives the copy) and holds every path."""
+    leader = session.record.leader
+    if leader.name in {n.name for n in nodeset.select(session.record, selection)}:
+        raise UsageError(f"--copy: the leader {leader.name} is being replaced, so no disk of the cluster keeps the "
+                         "copy to give",
+                         hint="replace it without --copy, then `clustertool copy --from local SRC DEST`")
+    missing = run_on_node(session, leader, " && ".join(f"test -e {shlex.quote(p)}" for p in paths), timeout=20)
+    if not missing.ok:
+        raise UsageError(f"--copy: {', '.join(paths)}: not (all) on the leader {leader.name}",
+                         hint="give paths as they are on the leader (relative: to its home)")
+
+
+def copy_back(session: ClusterSession, nodes: list[str], paths: Sequence[str], report: Reporter) -> list[CopyResult]:
+    """Each of ``paths`` from the leader to the same path on ``nodes`` (new disks), through the relay."""
+    leader = session.record.leader.name
+    if paths and leader in nodes:
+        raise UsageError(f"--copy: the leader {leader} is new too, so it has no copy to give",
+                         hint="copy from your machine: `clustertool copy --from local SRC DEST`")
+    done = []
+    for path in paths:
+        report(f"copying {path} from {leader} to {nodeset.fold(nodes)}")
+        result = copy_path(session, path, path, source="leader", selection=",".join(nodes), report=report)
+        if result.exit_code != 0:
+            raise ToolError(f"--copy {path}: the copy to {nodeset.fold(nodes)} did not complete "
+                            f"(exit {result.exit_code})", hint=f"`clustertool copy {path} {path} -n "
+                                                               f"{nodeset.fold(nodes)}` again")
+        done.append(result)
+    return done
+
+
+def recover(session: ClusterSession, job_id: str | None = None, *, copy: Sequence[str] = (), poll: float = 2.0,
+            stop: threading.Event | None = None, report: Reporter = silent,
+            relaunched: threading.Event | None = None) -> RecoverResult:
+    """Watch the cluster's running jobs run with --replace-failed (``job_id``: that job, until it ends),
+    replace the nodes their leader waits for, tell it to go on; return what was done."""
+    if job_id is not None:
+        job = records.resolve(records.refresh(session), job_id)
+        if not job.replace_failed:
+            raise UsageError(f"job {job.id} was not run with --replace-failed: its leader does not wait for a "
+                             "replacement", hint="run it with --restarts N --replace-failed")
+        job_id = job.id
+    loop = Loop(session, job_id, copy, report, relaunched)
+    stop = stop or threading.Event()
+    while not stop.is_set() and loop.round():
+        stop.wait(poll)
+    if job_id is not None and loop.result.states.get(job_id) not in (None, "running"):
+        job = records.resolve(records.load_all(session.name), job_id)
+        loop.result.exit_code = job.exit_code
+    return loop.result
+
+
+class Beside:
+    """A recovery loop for one job in a thread, beside the stream that follows it (run --follow)."""
+
+    def __init__(self, open_session: Callable[[], ClusterSession], job_id: str, report: Reporter,
+                 warn: Callable[[str], None]):
+        self.stop, self.relaunched = threading.Event(), threading.Event()
+        self.result = RecoverResult("")
+        self.thread = threading.Thread(target=self.work, args=(open_session, job_id, report, warn), name="recovery",
+                                       daemon=True)
+
+    def work(self, open_session: Callable[[], ClusterSession], job_id: str, report: Reporter,
+             warn: Callable[[str], None]) -> None:
+        try:
+            self.result = recover(open_session(), job_id, stop=self.stop, report=report, relaunched=self.relaunched)
+            if self.result.problem:
+                warn(self.result.problem)
+        except ToolError as exc:
+            warn(f"recovery stopped: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
+
+    def started_again(self) -> bool:
+        """After the stream ended without an exit code: wait while the loop runs; True once it started the
+        job again on a new leader (the old one was lost, with the stream), so the caller follows it again."""
+        while self.thread.is_alive() and not self.relaunched.wait(0.5):
+            pass
+        again = self.relaunched.is_set()
+        self.relaunched.clear()
+        return again
+
+
+@contextmanager
+def alongside(open_session: Callable[[], ClusterSession], job_id: str, report: Reporter,
+              warn: Callable[[str], None]) -> Iterator[Beside]:
+    """A recovery loop for ``job_id`` in a thread while the caller follows the job (run --follow)."""
+    beside = Beside(open_session, job_id, report, warn)
+    beside.thread.start()
+    try:
+        yield beside
+    finally:
+        beside.stop.set()
+        beside.thread.join(timeout=120)
