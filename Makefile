@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 APT_PACKAGES := python3 python3-venv python3-pip python3-dev build-essential make \
 	openssh-server openssh-client iproute2 procps psmisc util-linux \
-	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck nftables
+	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck nftables sshfs
 
 .PHONY: setup apt venv native demo lint test test-fast test-faults bench clean
 
@@ -75,11 +75,13 @@ test: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q
 
-# The whole AWS fault matrix (every signal after every AWS call of up and down, the default
-# 60 s budget against a hanging endpoint, racing ups): slow, so `make test` runs a subset.
+# The whole AWS fault matrix (every signal after every AWS call of up, down, replace and the
+# shared-fs and reservation calls, the default 60 s budget against a hanging endpoint, racing ups)
+# and the slow recovery cases (spot notice, lost leader): slow, so `make test` runs a subset.
 # FAULT_TABLE=path also writes the table of case -> leaked resources there.
 test-faults: venv
 	CLUSTERTOOL_FAULT_TABLE=$(FAULT_TABLE) $(VENV)/bin/pytest -q -m aws tests/aws/test_fault_matrix.py
+	$(VENV)/bin/pytest -q -m slow tests/local/test_recovery.py
 
 test-fast: venv
 	$(VENV)/bin/ruff check clustertool tests bench examples

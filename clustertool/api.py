@@ -20,6 +20,7 @@ by default the API prints nothing.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Callable, Iterable, Mapping, Sequence
 
 import clustertool.cluster.cordon
@@ -27,6 +28,7 @@ import clustertool.cluster.replace
 import clustertool.cluster.status
 import clustertool.doctor
 import clustertool.jobs.kill
+import clustertool.jobs.recovery
 import clustertool.jobs.stacks
 import clustertool.transfer.copy
 from clustertool.cluster import lifecycle
@@ -45,6 +47,7 @@ from clustertool.jobs import launch, records
 from clustertool.jobs.kill import KillResult
 from clustertool.jobs.logs import find_job, show
 from clustertool.jobs.mpirun import MpiOptions
+from clustertool.jobs.recovery import RecoverResult
 from clustertool.jobs.stacks import StacksResult
 from clustertool.remote import fabricgroup
 from clustertool.remote.execute import execute
@@ -116,7 +119,9 @@ class Cluster(ClusterSession):
     def up(cls, spec: str | os.PathLike | Mapping | ClusterSpec | None = None, *, no_ssh: bool = False,
            report: Reporter = silent, **keywords) -> "Cluster":
         """Bring a cluster up, like `clustertool up`: a spec file's path, a dict of its keys, or keywords
-        (``provider="local", nodes=4, name="demo", link_rate="200mbit"``; keywords win over the file)."""
+        (``provider="local", nodes=4, name="demo", link_rate="200mbit"``; keywords win over the file).
+        ``shared_fs=["local"]`` (or ``["efs", "fsx:fs-...@/data"]``, ``shared_mount="/shared"``): filesystems
+        every node mounts, as `up --shared-fs`."""
         result = lifecycle.up(cls._spec(spec, keywords), no_ssh=no_ssh, report=report)
         assert result.cluster is not None  # only a dry run has none
         return cls(result.cluster, report=report)
@@ -153,11 +158,12 @@ class Cluster(ClusterSession):
         "node-[3-4]" or a list of names.  The leader cannot be cordoned (UsageError)."""
         return clustertool.cluster.cordon.cordon(self, _selection(nodes), reason=reason, report=self.report)
 
-    def replace(self, nodes: str | Sequence[str]) -> ReplaceResult:
-        """New machines for dead or bad nodes (`replace`): same name, role, slots, address and place in
-        the hostfiles; new host keys pinned everywhere; what was on the old disks is gone.  Local
-        provider only for now (AWS: NotSupported, with what to do instead)."""
-        return clustertool.cluster.replace.replace(self, _selection(nodes), report=self.report)
+    def replace(self, nodes: str | Sequence[str], *, keep_old: bool = False) -> ReplaceResult:
+        """New machines for dead or bad nodes (`replace`): same name, role, slots and place in the
+        hostfiles (local: the same address too); new host keys pinned everywhere; what was on the old
+        disks is gone.  Local and AWS providers; ``keep_old`` (AWS): the old instance is stopped and
+        kept, tagged as replaced, until `down`."""
+        return clustertool.cluster.replace.replace(self, _selection(nodes), keep_old=keep_old, report=self.report)
 
     def uncordon(self, nodes: str | Sequence[str]) -> CordonResult:
         """Put cordoned nodes back (`uncordon`)."""
@@ -212,13 +218,17 @@ class Cluster(ClusterSession):
             mpi_args: Sequence[str] = (), oversubscribe: bool = False, allow_concurrent: bool = False,
             tag_output: bool = True, launcher: str | None = None, hang_timeout: float | None = None,
             hang_action: str = "keep", restarts: int = 0, restart_on_exit_codes: Iterable[int] | None = None,
+            replace_failed: bool = False, replace_wait: float | None = None, on_preempt_signal: str | None = None,
             on_progress: ProgressCb | None = None, **horovod) -> "Job":
         """Start a job on the leader, detached (`run`).  ``launcher``: mpirun, torchrun, accelerate, deepspeed
         or process (None: mpirun, or the launcher the command starts with).  ``hang_timeout`` (seconds):
         save every rank's stack and mark the job hung when nothing moved that long (``hang_action`` "kill":
         stop it too).  ``restarts``: start the same command again (same job id, ``CLUSTERTOOL_RESTART_COUNT``
         1, 2 ... in every rank) when it fails, up to that many times; ``restart_on_exit_codes``: only for these
-        codes (the first failing rank's, 128+signal for a signal).  ``sync``: a local folder (``True``: the
+        codes (the first failing rank's, 128+signal for a signal).  ``replace_failed``: a lost node is
+        replaced first (the leader waits up to ``replace_wait`` seconds for ``Cluster.recover``, which runs here,
+        where the credentials are); ``on_preempt_signal``: what ranks get on a spot notice (default TERM).
+        ``sync``: a local folder (``True``: the
         current one) sent first to the same path on the job's nodes, where the job then runs.
         ``horovod``: fusion_mb, cycle_ms, timeline, autotune (run's --horovod-* flags)."""
         unknown = set(horovod) - {"fusion_mb", "cycle_ms", "timeline", "autotune"}
@@ -234,8 +244,16 @@ class Cluster(ClusterSession):
                              use_plugin=plugin, sync=folder, sync_to=sync_to, on_progress=on_progress,
                              hang_timeout=hang_timeout, hang_action=hang_action, restarts=restarts,
                              restart_on_exit_codes=None if restart_on_exit_codes is None else [
-                                 int(c) for c in restart_on_exit_codes], report=self.report)
+                                 int(c) for c in restart_on_exit_codes], replace_failed=replace_failed,
+                             replace_wait=replace_wait, on_preempt_signal=on_preempt_signal, report=self.report)
         return Job(self, started.job, synced=started.synced)
+
+    def recover(self, job: str | None = None, *, copy: Sequence[str] = (), poll: float = 2.0,
+                stop: threading.Event | None = None) -> RecoverResult:
+        """The recovery loop (`recover`): replace the nodes that jobs run with ``replace_failed`` lost, let
+        them go on; until ``job`` (default: every such running job) ended, or ``stop`` is set.  ``copy``:
+        paths copied from the leader to each new node."""
+        return clustertool.jobs.recovery.recover(self, job, copy=copy, poll=poll, stop=stop, report=self.report)
 
     def jobs(self) -> list["Job"]:
         """The cluster's jobs, oldest first, with their state as the leader sees it now (`jobs`)."""
@@ -265,9 +283,11 @@ class Cluster(ClusterSession):
         (neither) read the setting and the leader's idle time; ``.to_dict()`` is what `--json` prints."""
         return configure(self, idle, down=down, wait_for=wait_for, cancel=cancel)
 
-    def down(self, *, terminate_adopted: bool = False) -> list[str]:
-        """Remove everything the cluster made (`down --yes`); what was removed, line by line."""
-        return lifecycle.down(self.name, report=self.report, terminate_adopted=terminate_adopted)
+    def down(self, *, terminate_adopted: bool = False, keep_shared_fs: bool = False) -> list[str]:
+        """Remove everything the cluster made (`down --yes`; ``keep_shared_fs``: `--keep-shared-fs`); what was
+        removed, line by line."""
+        return lifecycle.down(self.name, report=self.report, terminate_adopted=terminate_adopted,
+                              keep_shared_fs=keep_shared_fs)
 
     def __enter__(self) -> "Cluster":
         return self

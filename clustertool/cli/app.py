@@ -56,6 +56,8 @@ COMMAND_MODULES = [
     "clustertool.cli.cluster",
     "clustertool.cli.cordon",
     "clustertool.cli.replace",
+    "clustertool.cli.sharedfs",
+    "clustertool.cli.recover",
     "clustertool.cli.exec_",
     "clustertool.cli.copy",
     "clustertool.cli.bench",
@@ -66,6 +68,7 @@ COMMAND_MODULES = [
     "clustertool.cli.stacks",
     "clustertool.cli.doctor",
     "clustertool.cli.autostop",
+    "clustertool.cli.capacity",
 ]
 
 _DEBUG = {"on": False}

@@ -37,9 +37,16 @@ def _warn(text: str) -> None:
 
 def _follow(name: str, job) -> int:
     from clustertool.jobs.launch import follow
+    from clustertool.jobs.recovery import alongside
 
     try:
-        code = follow(open_session(name), job, _echo_line, warn=_warn)
+        if job.replace_failed:  # the recovery loop runs here, beside the stream: this machine can replace nodes
+            with alongside(lambda: open_session(name), job.id, reporter(False), _warn) as beside:
+                code = follow(open_session(name), job, _echo_line, warn=_warn)
+                while code is None and beside.started_again():  # a new leader: the stream went with the old one
+                    code = follow(open_session(name), job, _echo_line, warn=_warn)
+        else:
+            code = follow(open_session(name), job, _echo_line, warn=_warn)
     except KeyboardInterrupt:
         sys.stderr.write(f"detached; job {job.id} keeps running (`clustertool logs -f {job.id}`, "
                          f"`clustertool kill {job.id}`)\n")
@@ -48,6 +55,9 @@ def _follow(name: str, job) -> int:
         _say_why(name, job.id)
     if code is None:
         sys.stderr.write(f"job {job.id} ended without an exit code (killed or lost)\n")
+        if job.replace_failed:  # the leader was lost: the stream and its restart loop went with it
+            sys.stderr.write(f"if its leader was lost: `clustertool recover -c {name} {job.id}` replaces it and "
+                             "starts the job again there\n")
         return 1 if job.state != "killed" else 143
     return code
 
@@ -117,11 +127,24 @@ def run(
         help="When the job fails, stop what is left of it and start the same command again (same job id), up to "
              "N times; every rank gets CLUSTERTOOL_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (0, then 1, 2 ...) "
              "to resume from its own checkpoint. The loop runs on the leader (your laptop may close). No restart "
-             "after `kill`, nor when a node stopped answering (cordon or replace it)."),
+             "after `kill`, nor when a node stopped answering (cordon or replace it; --replace-failed does)."),
     restart_on_exit_codes: Optional[str] = typer.Option(
         None, "--restart-on-exit-codes", metavar="CODES",
         help="With --restarts: restart only on these exit codes, e.g. 1,137. The job's exit code is the first "
              "failing rank's, or 128+signal for a rank killed by a signal (137: SIGKILL, e.g. out of memory)."),
+    replace_failed: bool = typer.Option(
+        False, "--replace-failed",
+        help="With --restarts: when a node is lost (or gets a spot notice), the leader waits for it to be replaced, "
+             "then restarts the job on the new node (same job id). The replacement runs where your cloud "
+             "credentials are: with --follow this command does it, else leave `clustertool recover` running."),
+    replace_wait: Optional[str] = typer.Option(
+        None, "--replace-wait", metavar="TIME",
+        help="With --replace-failed: how long the leader waits for the replacement before it stops the job "
+             "(default 10m)."),
+    on_preempt_signal: Optional[str] = typer.Option(
+        None, "--on-preempt-signal", metavar="SIG",
+        help="Spot clusters: the signal every rank gets when a node's spot interruption notice comes (default "
+             "TERM; e.g. USR1 for a script that checkpoints on it); that node then counts as lost."),
     json_output: bool = JsonOpt,
 ) -> None:
     """Run a job on the cluster, detached on the leader (survives your connection).
@@ -156,7 +179,9 @@ def run(
                              on_progress=bars.update, report=reporter(json_output),
                              hang_timeout=parse_duration(hang_timeout, "--hang-timeout") if hang_timeout else None,
                              hang_action=hang_action, restarts=restarts,
-                             restart_on_exit_codes=launch.parse_exit_codes(restart_on_exit_codes))
+                             restart_on_exit_codes=launch.parse_exit_codes(restart_on_exit_codes),
+                             replace_failed=replace_failed, on_preempt_signal=on_preempt_signal,
+                             replace_wait=parse_duration(replace_wait, "--replace-wait") if replace_wait else None)
     if dry_run:
         if json_output:
             render.print_json(started.to_dict())
@@ -209,7 +234,7 @@ def _state_text(job) -> str:
 
 def _restarted(job) -> str:
     """`` (1 restart: exit code 137)`` for a job whose restart loop started it again."""
-    done = [a for a in getattr(job, "attempts", None) or [] if a.get("end") is not None and a.get("code")]
+    done = [a for a in getattr(job, "attempts", None) or [] if a.get("end") is not None and a.get("cause")]
     if not job.attempts or len(job.attempts) < 2:
         return ""
     n = len(job.attempts) - 1
@@ -219,6 +244,7 @@ def _restarted(job) -> str:
 def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
     """Jobs of the cluster with their state and duration."""
     from clustertool.cli import render
+    from clustertool.cluster import blockend
     from clustertool.jobs import records
     from clustertool.jobs.stacks import saved
 
@@ -236,16 +262,26 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
                  [(j.id, j.name or "", _state_text(j), time.strftime("%m-%d %H:%M:%S", time.localtime(j.started)),
                    _duration(j), j.np, len(j.nodes), render.clip(shlex.join(j.command))) for j in all_jobs])
     for j in all_jobs:  # jobs run with --restarts: each attempt, its cause, and why the loop stopped
-        if len(j.attempts) > 1 or (j.attempts and j.restart_verdict and j.state != "succeeded"):
+        if len(j.attempts) > 1 or (j.attempts and j.restart_verdict and j.state != "succeeded") or j.waiting:
             typer.echo(f"\njob {j.id} attempts (--restarts {j.restarts}):")
             for a in j.attempts:
                 typer.echo(f"  {_attempt_line(a)}")
             if j.restart_verdict:
                 typer.echo(f"  {j.restart_verdict}")
+            elif j.waiting and j.state == "running":
+                typer.echo(f"  {_waiting_line(j.waiting)}")
+    for line in blockend.jobs_lines(all_jobs):  # jobs the leader warned before the machines went
+        typer.echo(f"\n{line}")
     for job_id, groups in hung.items():   # where the hung jobs' ranks are (the stacks saved at the time)
         typer.echo(f"\njob {job_id} hung? where its ranks were (`clustertool stacks {job_id}` for now):")
         for group in groups:
             typer.echo(f"  {group.label}: {group.summary}")
+
+
+def _waiting_line(w: dict) -> str:
+    left = max(0, int(float(w.get("until") or 0) - time.time()))
+    return (f"waiting for the replacement of {', '.join(w.get('nodes') or [])} ({left}s left; `clustertool recover` "
+            "replaces it)")
 
 
 def _attempt_line(a: dict) -> str:

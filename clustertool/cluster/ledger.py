@@ -22,7 +22,8 @@ from clustertool.providers.base import REGISTRY, provider_class
 RUNNING_FROM = ("up", "start")
 STOPPED_FROM = ("stop", "autostop")
 GONE_AT = ("down", "autodown")
-EVENTS = RUNNING_FROM + STOPPED_FROM + GONE_AT
+PURCHASE = "purchase"  # money spent upfront (a Capacity Block): {"usd", "what"}, counted once, never hourly
+EVENTS = RUNNING_FROM + STOPPED_FROM + GONE_AT + (PURCHASE,)
 
 
 def path():
@@ -37,15 +38,25 @@ def node_type(cluster: ClusterRecord) -> str:
 def event_of(event: str, cluster: ClusterRecord, t: float | None = None, **extra) -> dict:
     if event not in EVENTS:
         raise ValueError(f"unknown ledger event {event!r}")
+    prepaid = cluster.provider_state.get("prepaid")  # e.g. "capacity block cr-…": its hours cost nothing more
+    storage = cluster.provider_state.get("shared_fs_hourly")  # file systems `up` made (AWS: FSx, EFS throughput)
     return {"t": time.time() if t is None else t, "event": event, "id": cluster.id or cluster.name,
             "name": cluster.name, "provider": cluster.provider, "type": node_type(cluster),
-            "nodes": len(cluster.nodes), "spot": bool(cluster.options.get("spot")), **extra}
+            "nodes": len(cluster.nodes), "spot": bool(cluster.options.get("spot")),
+            **({"prepaid": prepaid} if prepaid else {}), **({"storage_hourly": storage} if storage else {}), **extra}
 
 
 def record(event: str, cluster: ClusterRecord, t: float | None = None, **extra) -> dict:
     """Append one event (never fails the command that records it: a ledger that cannot be written
     costs the figures, not the cluster)."""
     return _append(event_of(event, cluster, t, **extra))
+
+
+def record_purchase(purchase_id: str, what: str, usd: float, provider: str, node_type: str, nodes: int,
+                    t: float | None = None) -> dict:
+    """Money spent upfront (`capacity buy`): one line, counted as spent once (the ``cost`` report)."""
+    return _append({"t": time.time() if t is None else t, "event": PURCHASE, "id": purchase_id, "name": what,
+                    "provider": provider, "type": node_type, "nodes": nodes, "usd": float(usd)})
 
 
 def record_gone(name: str, cluster_id: str) -> dict:
@@ -97,10 +108,14 @@ class ClusterCost:
     hourly: float | None = None  # USD per hour for all nodes; None when unknown
     spot: bool = False
     notes: list[str] = field(default_factory=list)
+    spent: float = 0.0  # USD paid upfront (a purchase); its hours cost nothing more
+    prepaid: str | None = None  # the cluster ran on capacity paid upfront (e.g. "capacity block cr-…")
+    storage_hourly: float = 0.0  # USD per hour of shared filesystems it made: billed while up and while stopped
 
     @property
     def cost(self) -> float | None:
-        return None if self.hourly is None else self.hours_up * self.hourly
+        storage = (self.hours_up + self.hours_stopped) * self.storage_hourly
+        return None if self.hourly is None else self.spent + self.hours_up * self.hourly + storage
 
     @property
     def saved(self) -> float | None:
@@ -142,11 +157,16 @@ def summarize(events: list[dict], now: float | None = None, since: float = 0.0) 
         c = out.get(cid)
         if c is None and kind in GONE_AT:
             continue  # removed, but never seen alive (made before the ledger): nothing to count
+        if kind == PURCHASE:
+            out[cid] = _purchase(e, cid, t)
+            continue
         if c is None:
             c = out[cid] = ClusterCost(cid, e.get("name", cid), e.get("provider", "?"), e.get("type", "?"),
                                        int(e.get("nodes") or 0), "running", t, spot=bool(e.get("spot")))
         if e.get("nodes"):
             c.nodes = int(e["nodes"])
+        c.prepaid = e.get("prepaid") or c.prepaid
+        c.storage_hourly = float(e.get("storage_hourly") or c.storage_hourly)
         _close(c, mode.get(cid), t, since)
         if cid in saving and kind in ("start", "down", "stop"):
             c.hours_saved += _span(saving.pop(cid), t, since)
@@ -159,18 +179,35 @@ def summarize(events: list[dict], now: float | None = None, since: float = 0.0) 
         if kind in ("autostop", "autodown"):
             saving[cid] = t
     for cid, c in out.items():
+        if c.state == PURCHASE:
+            continue
         _close(c, mode.get(cid), now, since)
         if cid in saving:
             c.hours_saved += _span(saving[cid], now, since)
-        c.hourly = hourly_price(c.provider, c.type, c.nodes, c.spot)
+        c.hourly = 0.0 if c.prepaid else hourly_price(c.provider, c.type, c.nodes, c.spot)
+        if c.prepaid:
+            c.notes.append(f"prepaid: {c.prepaid} " + ("(its fee is counted once, as a purchase)"
+                                                       if c.prepaid.startswith("capacity block") else
+                                                       "(the reservation bills by itself, used or not)"))
         if c.hourly is None:
             c.notes.append("spot price not recorded" if c.spot else f"no price known for {c.type}")
-    live_since = [c for c in out.values() if c.state not in ("down", "autodowned") or _ended_after(c, mode, since)]
+        if c.storage_hourly:
+            c.notes.append(f"includes shared filesystems at ${c.storage_hourly:,.4f}/h, up or stopped")
+    live_since = [c for c in out.values() if c.state not in ("down", "autodowned", PURCHASE)
+                  or _ended_after(c, mode, since)]
     return sorted(live_since, key=lambda c: c.created)
 
 
 def _ended_after(c: ClusterCost, mode: dict, since: float) -> bool:
+    if c.state == PURCHASE:
+        return c.created >= since
     return mode[c.id][1] >= since
+
+
+def _purchase(e: dict, cid: str, t: float) -> ClusterCost:
+    """A purchase as a row of its own: state "purchase", its fee spent at ``t``, no hours."""
+    return ClusterCost(cid, e.get("name", cid), e.get("provider", "?"), e.get("type", "?"), int(e.get("nodes") or 0),
+                       PURCHASE, t, hourly=0.0, spent=float(e.get("usd") or 0.0))
 
 
 def _close(c: ClusterCost, current: tuple[str, float] | None, t: float, since: float) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clustertool import nodeprogs
-from clustertool.cluster import autostop, ledger
+from clustertool.cluster import autostop, ledger, topology_order
 from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.status import list_all
 from clustertool.core import interrupts, state
@@ -29,6 +29,7 @@ from clustertool.providers.base import Provider, ProvisionRequest, get_provider
 from clustertool.remote import access, keys, mesh, mux, reach
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import control_exit_argv, forget_warm, master_socket, write_ssh_config
+from clustertool.sharedfs import mount
 
 
 @dataclass
@@ -84,9 +85,10 @@ def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = 
     setting = autostop.setting_of(cluster)
     if setting:
         autostop.check_allowed(cluster, provider, setting)
+    mount.check_kinds(provider, cluster)
     if dry_run:
         provider.check(request)
-        plan = provider.plan(request)
+        plan = provider.plan(request) + mount.plan_lines(cluster)
         return UpResult(None, plan=plan + ([autostop.plan_line(setting, cluster.provider)] if setting else []))
     with state.locked(cluster.name, purpose="up"):
         if state.exists(cluster.name):  # under the lock: a second `up` of the name makes nothing
@@ -111,9 +113,11 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
         report(f"provisioning {request.count or ''} node(s) with the {cluster.provider} provider (id {cluster.id})")
         cluster.nodes = provider.run_instances(request)
         state.save(cluster)
+        mount.provide(provider, request)
         timings["provision"] = time.monotonic() - t0
         report("waiting for nodes to answer SSH" if not no_ssh else "waiting for instances")
         cluster.nodes = provider.wait_instances(cluster)
+        topology_order.arrange(cluster, provider, report)  # adjacent ranks under one network node, where known
         state.save(cluster)
         timings["wait"] = time.monotonic() - t0 - timings["provision"]
         path = write_hostfile(cluster)
@@ -123,6 +127,7 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
             report("pinning host keys and wiring cluster SSH")
             wire(ClusterSession(cluster, report=report))
             timings["wire"] = time.monotonic() - t1
+            mount.mount_phase(ClusterSession(cluster, report=report), cluster, report)
         autostop.install_at_up(cluster, provider, no_ssh, report)
         provider.finish(cluster)
         cluster.status = ClusterState.READY if not no_ssh else ClusterState.PROVISIONED
@@ -306,7 +311,7 @@ def stop_up(name: str, pid: int, *, report: Reporter = silent, wait_s: float = U
 
 
 def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = False,
-         force_owner: bool = False) -> list[str]:
+         force_owner: bool = False, keep_shared_fs: bool = False) -> list[str]:
     """Remove everything the cluster made (by its id); forget machines it adopted. Idempotent.
 
     A SIGTERM/SIGHUP lets the delete in progress finish, then stops with the state kept, so a
@@ -317,11 +322,14 @@ def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = Fals
         lines: list[str] = []
         if terminate_adopted:
             cluster.terminate_adopted = True
+        cluster.keep_shared_fs = keep_shared_fs  # the file systems `up` made stay (the provider says what stays)
         try:
             with interrupts.deferred():
                 _confirm_owner(provider, cluster, force_owner, "down")
                 if autostop.setting_of(cluster) and cluster.status in autostop.UP:
                     lines += autostop.reconcile(cluster, provider, provider.query_instances(cluster))
+                if cluster.status == "ready":  # before the nodes go: no mount or sshfs left behind
+                    lines += mount.unmount_phase(ClusterSession(cluster, report=report), cluster, report)
                 if not _owns(provider, cluster) and cluster.nodes and cluster.status == "ready":
                     lines += unwire(ClusterSession(cluster, report=report))
                 close_masters(cluster)
@@ -387,6 +395,8 @@ def stop(name: str, *, report: Reporter = silent, force_owner: bool = False) -> 
         cluster = state.load(name)
         provider = get_provider(cluster.provider, report=report)
         _confirm_owner(provider, cluster, force_owner, "stop")
+        if cluster.status == "ready":
+            mount.unmount_phase(ClusterSession(cluster, report=report), cluster, report)
         close_masters(cluster)
         provider.stop_instances(cluster)
         was = cluster.status
@@ -416,10 +426,12 @@ def start(name: str, *, report: Reporter = silent, force_owner: bool = False) ->
             wire(ClusterSession(cluster, report=report))
             cluster.status = ClusterState.READY
             setting = autostop.setting_of(cluster)
-            if setting:  # addresses may have changed; the idle count starts again
+            if setting or cluster.block_end:  # addresses may have changed; the idle count starts again
                 autostop.install(ClusterSession(cluster, report=report), setting, autostop.poweroff_command(provider))
         state.save(cluster)
         ledger.record("start", cluster)
+        if cluster.status == ClusterState.READY:
+            mount.mount_phase(ClusterSession(cluster, report=report), cluster, report)
         return cluster
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from clustertool.cluster import autostop
+from clustertool.cluster import autostop, blockend, topology_order
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import ToolError
@@ -15,6 +15,7 @@ from clustertool.providers.aws import capacity_wait
 from clustertool.remote import access
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.keys import fingerprint
+from clustertool.sharedfs import mount
 
 
 @dataclass
@@ -44,7 +45,7 @@ class ClusterStatus:
         """What `status --json` prints."""
         c = self.cluster
         return {"cluster": c.name, "provider": c.provider, "status": c.status, "hostfile": c.hostfile_path,
-                "nodes": jsonable(self.nodes), **jsonable(self.extra)}
+                "nodes": jsonable(self.nodes), **jsonable(self.extra), "topology_groups": topology_order.groups(c)}
 
 
 def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 10.0) -> ClusterStatus:
@@ -73,11 +74,14 @@ def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 
     extra = provider.describe(cluster)
     extra["access"] = access.describe(cluster)
     extra.update(autostop.status_extra(session, check_ssh))
+    extra.update(mount.status_extra(session, cluster, check_ssh))
+    extra.update(blockend.status_extra(session, check_ssh))  # when the machines go; jobs warned of it
     if unfinished:
         extra["up"] = _unfinished(cluster)
         if waiting(cluster):
             extra[capacity_wait.KEY] = cluster.provider_state[capacity_wait.KEY]  # --json; the text is in "up"
     extra.update(replacements(cluster))
+    extra.update(topology_order.status_extra(cluster))  # nodes by network node, where `up` learned them
     return ClusterStatus(cluster, rows, extra)
 
 

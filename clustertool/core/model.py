@@ -124,7 +124,9 @@ class ClusterRecord:
     status: ClusterState = ClusterState.PROVISIONING
     no_ssh: bool = False  # up --no-ssh: providers wait for "running", not for SSH; nothing is wired
     terminate_adopted: bool = False  # down --terminate-adopted: adopted machines are terminated too
+    keep_shared_fs: bool = False  # down --keep-shared-fs: the shared filesystems `up` made stay
     autostop: dict[str, Any] | None = None  # the autostop setting (cluster.autostop.Setting.to_dict())
+    block_end: dict[str, Any] | None = None  # when the machines go; the leader warns jobs (cluster/blockend.py)
     created: float = 0.0
     ssh_key: str | None = None  # path of the initial identity when not the cluster key (static)
     hostfile_path: str | None = None
@@ -300,6 +302,11 @@ class JobRecord:
     restart_on_exit_codes: list[int] | None = None  # only these exit codes restart (None: any non-zero)
     attempts: list[dict[str, Any]] = field(default_factory=list)  # {"attempt", "start", "end", "code", "cause"}
     restart_verdict: str | None = None  # why the restart loop stopped (nodeprogs/restarts.py)
+    replace_failed: bool = False  # run --replace-failed: a lost node is replaced, then the job restarts
+    replace_wait: float | None = None  # run --replace-wait, seconds: how long the leader waits for that
+    on_preempt_signal: str | None = None  # the signal ranks get on a spot notice (None: nothing watches)
+    block_end_signal: dict[str, Any] | None = None  # the leader signalled it before its capacity block ended
+    waiting: dict[str, Any] | None = None  # the leader waits for these nodes' replacement: {"nodes", "until", ...}
 
     @property
     def finished(self) -> bool:

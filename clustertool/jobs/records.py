@@ -134,6 +134,16 @@ def parse_attempts(output: str) -> dict[str, dict]:
     return out
 
 
+def parse_block_end(output: str) -> dict[str, dict]:
+    """Job id -> what the leader's watcher sent it before the block's end (``B ID B64`` lines)."""
+    out = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "B" and isinstance(doc := _b64_json(parts[2]), dict):
+            out[parts[1]] = doc
+    return out
+
+
 def _b64_json(text: str) -> Any:
     """The JSON document a leader's line carries in base64 (None when it is not one)."""
     try:
@@ -157,6 +167,7 @@ def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
     lost = parse_lost(result.stdout)
     hung = parse_hung(result.stdout)
     attempts = parse_attempts(result.stdout)
+    warned = parse_block_end(result.stdout)
     for job_id, (code, alive, killed, launched, ended, record) in parse_status(result.stdout).items():
         job = local.get(job_id)
         if job is None:
@@ -169,9 +180,11 @@ def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
         job.state, job.exit_code = derive_state(code, alive, killed, launched, job.started, now)
         job.servers_lost = lost.get(job_id, [])
         job.hung = hung.get(job_id)
+        job.block_end_signal = warned.get(job_id, job.block_end_signal)
         if job_id in attempts:
             job.attempts = [a for a in attempts[job_id].get("attempts") or [] if isinstance(a, dict)]
             job.restart_verdict = attempts[job_id].get("verdict")
+            job.waiting = attempts[job_id].get("waiting")  # for a replacement (run --replace-failed)
         if job.state in ("failed", "lost") and job.failure is None:
             job.failure = failure.explain(session, job)
         if job.finished and job.ended is None:

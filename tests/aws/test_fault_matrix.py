@@ -9,7 +9,8 @@ placement groups, volumes, network interfaces, Elastic IPs.  And that the error,
 process lived to say one, is one line.
 
 The default run takes a representative case of each kind; ``-m slow`` (``make test-faults``)
-runs the whole matrix: every signal after every AWS call of `up` and of `down`.  With
+runs the whole matrix: every signal after every AWS call of `up` and of `down` (SIGKILL and SIGTERM after
+every AWS call of `replace`).  With
 CLUSTERTOOL_FAULT_TABLE=path, each case appends a row (case -> leaked count) to that file.
 """
 
@@ -186,6 +187,51 @@ def test_every_signal_after_every_aws_call_of_up_leaves_nothing_after_recovery(f
     assert _all_clustertool_resources(fx.aws) == 0
 
 
+# ---- signals while `up` makes shared filesystems (EFS, FSx for Lustre) ------------------------
+
+
+def _file_systems(aws) -> int:
+    """Every EFS and FSx file system moto holds (the tests make no others)."""
+    import boto3
+
+    efs = boto3.client("efs", endpoint_url=aws.url, region_name="us-east-1")
+    fsx = boto3.client("fsx", endpoint_url=aws.url, region_name="us-east-1")
+    return len(efs.describe_file_systems()["FileSystems"]) + len(fsx.describe_file_systems()["FileSystems"])
+
+
+def signal_in_shared_fs_up(fx: Harness, sig_name: str, action: str, shared: str) -> int:
+    """``up --shared-fs SHARED`` signalled after ``action``; leaked resources (file systems too) after recovery.
+    The signal comes right after a create, before the file system is ever waited on (moto's FSx answers
+    carry no Lifecycle, so a subprocess could not see one become available)."""
+    name = unique("sfs")
+    fx.proxy.rules.clear()
+    fx.proxy.signalled.clear()
+    fx.proxy.on(action, signal=SIGNALS[sig_name])
+    result = fx.run(*UP, "--name", name, "--shared-fs", shared)
+    assert fx.proxy.signalled == [(action, SIGNALS[sig_name])], (action, fx.proxy.calls)
+    if sig_name == "SIGKILL":
+        assert result.code == -signal.SIGKILL
+    else:
+        assert result.code == 128 + SIGNALS[sig_name] and "Traceback" not in result.err, result.err
+        assert result.errors == [f"error: up stopped by {sig_name}; everything it had made was removed"], result.err
+    recovery = fx.recover(name)
+    leaked = fx.leaked(name) + _file_systems(fx.aws)
+    record(f"{sig_name} in up --shared-fs {shared} after {action}", result.code, recovery, leaked)
+    return leaked
+
+
+@pytest.mark.parametrize("sig_name, action, shared", [
+    ("SIGKILL", "efs:CreateFileSystem", "efs"),
+    pytest.param("SIGTERM", "efs:CreateFileSystem", "efs", marks=pytest.mark.slow),
+    pytest.param("SIGKILL", "efs:CreateMountTarget", "efs", marks=pytest.mark.slow),
+    pytest.param("SIGTERM", "efs:CreateMountTarget", "efs", marks=pytest.mark.slow),
+    pytest.param("SIGKILL", "CreateFileSystem", "fsx", marks=pytest.mark.slow),  # FSx (JSON protocol)
+    pytest.param("SIGTERM", "CreateFileSystem", "fsx", marks=pytest.mark.slow),
+])
+def test_a_signal_while_up_makes_a_shared_fs_leaves_nothing_after_recovery(fx, sig_name, action, shared):
+    assert signal_in_shared_fs_up(fx, sig_name, action, shared) == 0
+
+
 # ---- signals in `down` --------------------------------------------------------------------
 
 
@@ -230,6 +276,123 @@ def test_every_signal_after_every_aws_call_of_down_leaves_nothing_after_a_second
              for action, nth in fx.steps(calls) for sig in SIGNALS]
     assert [row for row in table if row[3]] == []
     assert _all_clustertool_resources(fx.aws) == 0
+
+
+# ---- signals in `replace` (tests/aws/test_replace_aws.py has the rest of replace) --------------------
+
+
+def signal_in_replace(fx: Harness, sig_name: str, action: str, nth: int = 1, args: tuple = ("node-2",)) -> int:
+    """`replace ARGS` with the signal after the nth call of ``action``.  After SIGTERM/SIGHUP it has put
+    things right by itself: the instances that run are exactly the nodes' (the old node with nothing
+    new, or the new node with the old one gone or, --keep-old, kept).  Then `down`; returns the leaked count."""
+    from clustertool.core import state
+
+    name = unique("sr")
+    assert fx.aws.ct(*UP, "--name", name)[0] == 0
+    fx.proxy.rules.clear()
+    fx.proxy.signalled.clear()
+    fx.proxy.on(action, nth, signal=SIGNALS[sig_name])
+    result = fx.run("replace", *args, "--yes", "-c", name)
+    assert fx.proxy.signalled == [(action, SIGNALS[sig_name])], (action, nth, fx.proxy.calls)
+    if sig_name == "SIGKILL":
+        assert result.code == -signal.SIGKILL
+    else:
+        assert result.code == 128 + SIGNALS[sig_name], result.err
+        assert len(result.errors) == 1 and result.errors[0].startswith(f"error: replace stopped by {sig_name}"), \
+            result.err
+        assert "Traceback" not in result.err
+        now = state.load(name)
+        kept = {k["instance"] for k in now.provider_state.get("replaced_kept", [])}
+        live = {i["InstanceId"] for i in fx.aws.instances(name)}
+        assert live - kept == {n.instance_id for n in now.nodes}, (action, nth, result.err)
+    recovery = fx.recover(name)
+    leaked = fx.leaked(name)
+    record(f"{sig_name} in replace {' '.join(args)} after {action} #{nth}", result.code, recovery, leaked)
+    return leaked
+
+
+def test_sigterm_in_replace_after_run_instances_removes_the_unseen_new_instance_and_down_leaves_nothing(fx):
+    """The signal comes before the process sees RunInstances' answer: the new instance is found by its
+    client token and removed (Ctrl-C while waiting: tests/aws/test_replace_aws.py)."""
+    assert signal_in_replace(fx, "SIGTERM", "RunInstances") == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, own_calls", [(("node-2",), {"TerminateInstances"}),
+                                             (("leader",), {"AssociateAddress", "TerminateInstances"}),
+                                             (("node-2", "--keep-old"), {"CreateTags", "StopInstances"})])
+def test_sigkill_and_sigterm_after_every_aws_call_of_replace_leave_nothing_after_down(fx, args, own_calls):
+    name = unique("rrec")
+    assert fx.aws.ct(*UP, "--name", name)[0] == 0
+    fx.proxy.calls.clear()
+    replaced = fx.run("replace", *args, "--yes", "-c", name)
+    assert replaced.code == 0, replaced.err
+    calls = list(fx.proxy.calls)
+    assert {"RunInstances", "DescribeInstanceStatus"} | own_calls <= set(calls)
+    assert fx.recover(name) == "down"
+    table = [(sig, action, nth, signal_in_replace(fx, sig, action, nth, args))
+             for action, nth in fx.steps(calls) for sig in ("SIGKILL", "SIGTERM")]
+    assert [row for row in table if row[3]] == []
+    assert _all_clustertool_resources(fx.aws) == 0
+
+
+# ---- signals in `up --capacity-reservation` (the EC2 stand-in between the proxy and moto) -------------
+
+RESERVED_UP = ("up", "-p", "aws", "-N", "2", "--instance-type", "p5.48xlarge", "--no-ssh")
+
+
+@pytest.fixture
+def fxr(fx, ec2front):
+    """The matrix with tests/aws/ec2front.py between the proxy and moto: it answers the reservation and
+    topology calls moto lacks; a 4-instance reservation for the cases to launch into."""
+    proxy = FaultProxy(ec2front.url)
+    rid = ec2front.add_reservation("p5.48xlarge", "us-east-1b", 4)["CapacityReservationId"]
+    yield Harness(fx.aws, proxy, fx.tmp), ec2front, rid
+    proxy.close()
+
+
+def signal_in_reserved_up(fxr, sig_name: str, action: str, nth: int = 1) -> int:
+    """`up --capacity-reservation` with the signal after the nth ``action``; the leaked count after recovery
+    counts the reservation's instances not given back too."""
+    from clustertool.core import state
+
+    h, front, rid = fxr
+    name = unique("sv")
+    front.topology_by_launch([["nn-s", "nn-a", f"nn-{k % 2}"] for k in range(2)])
+    h.proxy.rules.clear()
+    h.proxy.signalled.clear()
+    h.proxy.on(action, nth, signal=SIGNALS[sig_name])
+    result = h.run(*RESERVED_UP, "--capacity-reservation", rid, "--name", name)
+    assert h.proxy.signalled == [(action, SIGNALS[sig_name])], (action, nth, result.err)
+    if sig_name != "SIGKILL":
+        assert result.code == 128 + SIGNALS[sig_name], result.err
+        assert len(result.errors) == 1 and result.errors[0].startswith(f"error: up stopped by {sig_name}"), result.err
+        assert not state.exists(name) and h.leaked(name) == 0 and "Traceback" not in result.err
+    recovery = h.recover(name)
+    leaked = h.leaked(name) + 4 - front.reservation(rid)["AvailableInstanceCount"]
+    record(f"{sig_name} in up --capacity-reservation after {action} #{nth}", result.code, recovery, leaked)
+    return leaked
+
+
+def test_sigterm_in_up_after_describe_instance_topology_gives_the_reservation_back(fxr):
+    assert signal_in_reserved_up(fxr, "SIGTERM", "DescribeInstanceTopology") == 0
+    assert "DescribeCapacityReservations" in fxr[0].proxy.calls
+
+
+@pytest.mark.slow
+def test_every_signal_after_every_aws_call_of_up_into_a_reservation_leaves_nothing_after_recovery(fxr):
+    h, front, rid = fxr
+    front.topology_by_launch([["nn-s", "nn-a", "nn-0"], ["nn-s", "nn-a", "nn-1"]])
+    name = unique("rrv")
+    h.proxy.calls.clear()
+    assert h.run(*RESERVED_UP, "--capacity-reservation", rid, "--name", name).code == 0
+    calls = list(h.proxy.calls)
+    assert {"DescribeCapacityReservations", "DescribeInstanceTopology", "RunInstances"} <= set(calls)
+    assert h.recover(name) == "down"
+    table = [(sig, action, nth, signal_in_reserved_up(fxr, sig, action, nth))
+             for action, nth in h.steps(calls) for sig in SIGNALS]
+    assert [row for row in table if row[3]] == []
+    assert _all_clustertool_resources(h.aws) == 0
 
 
 # ---- two `up`s of one name; `down` and `--sweep` during `up` ------------------------------------

@@ -7,7 +7,9 @@ capacity (types, AZ order), quota (vCPU quotas before creation), images, network
 security group, key pair, SSH source), placement, launch (incl. EFA interfaces), instances
 (waits, nodes), tags (identity tags), owner (who a cluster belongs to), lease (an up in
 flight), census (tagged resources by cluster), teardown, adopt, pricing, prepare (checks +
-dry-run plan), provision (the verbs' bodies), sweep (clusters no state of this home knows).
+dry-run plan), provision (the verbs' bodies), sweep (clusters no state of this home knows),
+filesystems / filesystems_down with efs and fsx (shared filesystems made or attached at up, removed
+or kept at down), relaunch (`replace`: a new instance for a node, the old one terminated or kept).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class AwsProvider(Provider):
     owns_machines: ClassVar[bool] = True
     key_type: ClassVar[tuple[str, ...]] = ("-t", "ed25519")  # EC2 imports only RSA and ED25519 key pairs
     count_from_options: ClassVar[bool] = True  # adoption counts what it finds; launch checks --nodes itself
+    SHARED_FS_KINDS: ClassVar[tuple[str, ...]] = ("efs", "fsx")
     PATH_OPTIONS: ClassVar[tuple[str, ...]] = ("key",)
     OPTIONS: ClassVar[dict[str, OptionSpec]] = {
         "instance_type": OptionSpec(str, None, "EC2 instance type, e.g. p4d.24xlarge (required unless adopting)."),
@@ -68,6 +71,38 @@ class AwsProvider(Provider):
                                                 "1h (default: 5m)."),
         "retry_for": OptionSpec(str, None, "With --retry-until-up: give up after this long, e.g. 6h, 30m "
                                            "(default: 6h)."),
+        "capacity_block": OptionSpec(str, None, "Launch into this EC2 Capacity Block (cr-…, see `clustertool capacity "
+                                                "ls`/`buy`), in its zone, with MarketType capacity-block. Before its "
+                                                "start `up` exits saying when it starts (or waits: --wait)."),
+        "wait": OptionSpec(bool, False, "With --capacity-block: before the block's start, wait for it (a line now "
+                                        "and then; Ctrl-C stops the wait, nothing made), then launch."),
+        "block_end_warning": OptionSpec(str, None, "With --capacity-block: how long before EC2 takes the instances "
+                                                   "back (30 minutes before the block's end) the leader signals "
+                                                   "running jobs, e.g. 30m, 1h (default: 30m)."),
+        "block_end_signal": OptionSpec(str, None, "With --capacity-block: the signal every rank of a running job gets "
+                                                  "then (default: TERM).", ("TERM", "INT", "HUP", "USR1", "USR2",
+                                                                            "QUIT")),
+        "capacity_reservation": OptionSpec(str, None, "Launch into this On-Demand Capacity Reservation (cr-…): "
+                                                      "checked first (active, type, free count, end), in its zone "
+                                                      "only; its instances are already paid for."),
+        "capacity_reservation_group": OptionSpec(str, None, "Launch into the capacity reservations of this resource "
+                                                            "group (ARN); EC2 picks one with room."),
+        "reservations": OptionSpec(str, None, "Without a named reservation: 'open' (EC2's default: use matching "
+                                              "open reservations first), 'only' (launch only into open "
+                                              "reservations) or 'none'.", ("open", "only", "none")),
+        "no_topology_order": OptionSpec(bool, False, "Keep launch order in the hostfile and ranks (default: where "
+                                                     "EC2 describes the instance topology, nodes under the same "
+                                                     "network node get adjacent ranks)."),
+        "efs_throughput": OptionSpec(str, None, "With --shared-fs efs: the new EFS's throughput: elastic (default; "
+                                                "billed per GB read and written), bursting, or provisioned:MIBPS "
+                                                "(billed per MiB/s-month)."),
+        "fsx_capacity": OptionSpec(int, None, "With --shared-fs fsx: the new Lustre file system's size in GiB: "
+                                              "1200, 2400 or a multiple of 2400 (default: 1200)."),
+        "fsx_deployment": OptionSpec(str, None, "With --shared-fs fsx: SCRATCH_2 (default; temporary, cheapest) or "
+                                                "PERSISTENT_2 (replicated, 125 MB/s/TiB).",
+                                     ("SCRATCH_2", "PERSISTENT_2")),
+        "fsx_import": OptionSpec(str, None, "With --shared-fs fsx: s3://BUCKET/PREFIX imported into the new Lustre "
+                                            "file system (metadata now, contents loaded on first read)."),
     }
 
     def __init__(self, report: Reporter = silent, **_ignored: object) -> None:
@@ -146,12 +181,21 @@ class AwsProvider(Provider):
         provision.set_shutdown_behavior(cluster, behavior, self.report)
 
     def replace_node(self, cluster: ClusterRecord, node: str, keep_old: bool = False) -> Node:
-        """Not built yet for AWS: refused before anything is touched, with what to do instead."""
-        from clustertool.core.errors import NotSupported
+        """One new instance like the node's (zone, subnet, placement group, groups, type, image, tags); the
+        old one terminated, or (keep_old) stopped and tagged as replaced.  See providers/aws/relaunch.py."""
+        from clustertool.core import state
+        from clustertool.providers.aws import relaunch
 
-        raise NotSupported(f"replace is not supported yet for AWS clusters ({node} of {cluster.name!r} is unchanged)",
-                           hint=f"`clustertool cordon {node} -c {cluster.name}` keeps it out of hostfiles and jobs; "
-                                f"for a new machine, `clustertool down -c {cluster.name}` and `up` again")
+        def save() -> None:
+            state.save(cluster)
+        return relaunch.replace_node(cluster, node, keep_old, report=self.report, save=save)
+
+    def shared_fs(self, request: ProvisionRequest) -> list[dict]:
+        """EFS / FSx for Lustre made or attached in the cluster's subnet, waited until mountable
+        (providers/aws/filesystems.py); down removes the made ones (filesystems_down.py)."""
+        from clustertool.providers.aws import provision
+
+        return provision.shared_fs(request, self._prepared(request))
 
     def owns_cluster(self, cluster: ClusterRecord) -> bool:
         """Adopted clusters are not ours to terminate unless down --terminate-adopted said so."""
@@ -159,10 +203,19 @@ class AwsProvider(Provider):
             return cluster.terminate_adopted
         return True
 
-    def describe(self, cluster: ClusterRecord) -> dict:
-        from clustertool.providers.aws import provision
+    def topology(self, cluster: ClusterRecord) -> dict[str, list[str]]:
+        """DescribeInstanceTopology's network nodes per node (not for adopted machines: their tags and
+        order are the user's); {} where EC2 does not say."""
+        from clustertool.providers.aws import topology
 
-        return provision.describe(cluster)
+        if cluster.provider_state.get("adopted"):
+            return {}
+        return topology.paths(self._session(cluster), cluster)
+
+    def describe(self, cluster: ClusterRecord) -> dict:
+        from clustertool.providers.aws import provision, relaunch
+
+        return {**provision.describe(cluster), **relaunch.kept_lines(cluster)}
 
     @classmethod
     def hourly_price(cls, node_type: str, nodes: int, spot: bool) -> float | None:

@@ -10,13 +10,16 @@ from clustertool.core.errors import ToolError, UsageError
 from clustertool.providers.aws import (
     adopt,
     capacity,
+    capacity_blocks,
     capacity_wait,
+    filesystems,
     images,
     leader,
     network,
     owner,
     pricing,
     quota,
+    reservations,
     servers,
     tags,
 )
@@ -40,14 +43,22 @@ class Prep:
     stamp: tags.Stamp | None = None
     limits: quota.Quota | None = None
     servers: servers.ServerPlan | None = None  # --reduction-servers K: their type and quota
+    block: capacity_blocks.Reservation | None = None  # --capacity-block: the reservation, checked
+    reservation: reservations.Target | None = None  # --capacity-reservation: the ODCR, checked
 
 
 def validate(options: dict, count: int | None) -> None:
     """Offline checks of the options; each failure is one line naming the flag."""
     adopting = bool(options.get("adopt_tag") or options.get("adopt_ids"))
     capacity_wait.setting(options)  # --retry-until-up and its durations
+    capacity_blocks.validate(options)  # --capacity-block, --wait, --block-end-warning/-signal
+    reservations.validate(options)  # --capacity-reservation(-group), --reservations
     if options.get("adopt_tag") and options.get("adopt_ids"):
         raise UsageError("--adopt-tag and --adopt-ids: give one of them, not both")
+    filesystems.validate(options)  # --shared-fs kinds, --efs-throughput, --fsx-*
+    if adopting and filesystems.wanted(options):
+        raise UsageError("--shared-fs goes with launched clusters, not adopted machines",
+                         hint="mount the file system on the adopted machines yourself, or launch with --instance-type")
     if adopting:
         if options.get("adopt_tag"):
             adopt.parse_tag(options["adopt_tag"])
@@ -56,9 +67,10 @@ def validate(options: dict, count: int | None) -> None:
         if options.get("instance_type"):
             raise UsageError("--instance-type does not apply when adopting existing instances")
         return
-    if not options.get("instance_type"):
+    if not options.get("instance_type") and not options.get("capacity_block"):  # a block knows its type
         raise UsageError("--instance-type is required for provider 'aws'", hint="e.g. --instance-type p4d.24xlarge")
-    capacity.check_type_name(options["instance_type"])
+    if options.get("instance_type"):
+        capacity.check_type_name(options["instance_type"])
     if not count:
         raise UsageError("--nodes is required for provider 'aws' (unless adopting)", hint="e.g. --nodes 4")
     size = int(options.get("volume_size") or 200)
@@ -89,6 +101,7 @@ def prepare(request: ProvisionRequest) -> Prep:
                              hint="adopt the GPU nodes, or launch the cluster with --instance-type")
         adopt.to_nodes(found, options.get("leader"), 1)  # --leader must name one of them
         return Prep(aws=aws, adopting=True, adopted=found)
+    block = capacity_blocks.prepare(aws, options, request.count) if options.get("capacity_block") else None
     info = capacity.type_info(aws, options["instance_type"])
     if options.get("efa"):
         capacity.check_efa(info)
@@ -98,17 +111,30 @@ def prepare(request: ProvisionRequest) -> Prep:
         if az and az != subnet_zone:
             raise UsageError(f"--subnet {options['subnet']} is in {subnet_zone}, not --az {az}")
         az = subnet_zone
+    if block is not None:
+        az = capacity_blocks.zone(block, az)
+    target = reservations.prepare(aws, options, request.count, info.name)  # checked before anything is made
+    if target is not None:
+        az = reservations.zone(target, az)
     azs = capacity.az_order(aws, info.name, az)
     server_plan, azs = servers.prepare(aws, options, azs)
     # behind a --jump bastion the SSH source is the VPC's own range (found at launch) unless given
     cidr = None if options.get("jump") and not options.get("ssh_cidr") else network.ssh_cidr(options.get("ssh_cidr"))
     if options.get("key_name"):
         network.check_key_name(aws, options["key_name"])
+    for note in filesystems.check(aws, options):  # attached file systems exist; before anything is made
+        request.report(note)
+    if not request.dry_run and filesystems.wanted(options):
+        lustre = filesystems.lustre_line(options, images.resolve(aws, options.get("ami"), info.arch).name)
+        if lustre:
+            request.report(lustre)
     me = owner.caller(aws)
     owner.check_name_free(aws, request.cluster.name, me, request.report)
     held = None if options.get("skip_quota_check") else quota.check(aws, info, request.count, bool(options.get("spot")))
+    if block is not None and not request.dry_run:  # last: every other check came before a long wait
+        block = capacity_blocks.started(aws, block, options, request.count, request.report)
     return Prep(aws=aws, info=info, azs=azs, cidr=cidr, me=me, stamp=owner.stamp_for(request.cluster, me),
-                limits=held, servers=server_plan)
+                limits=held, servers=server_plan, block=block, reservation=target)
 
 
 def network_line(info: capacity.TypeInfo, options: dict) -> str:
@@ -180,6 +206,17 @@ def plan_lines(prep: Prep, request: ProvisionRequest) -> list[str]:
         *servers.plan_lines(prep.servers, options),
         f"hourly cost: {hourly_line(prep, options, count)}",
     ]
+    lines[-1:-1] = filesystems.plan_lines(options, name, image.name)  # --shared-fs: what is made, its $/month
+    if prep.block is not None:  # the block's lines, and its zone instead of the zone order
+        lines[1:2] = capacity_blocks.plan_lines(prep.block, options)
+        lines[-1] = f"hourly cost: {capacity_blocks.prepaid_line(prep.block)}"
+    elif prep.reservation is not None:  # the reservation's lines instead of the zone order and our placement group
+        lines[1:3] = reservations.plan_lines(prep.reservation, options)
+    else:
+        lines[2:2] = reservations.plan_lines(None, options)
+    if reservations.prepaid(options):
+        prepaid = {"prepaid": reservations.prepaid(options)}
+        lines[-1] = f"hourly cost: {reservations.hourly_text(prepaid, hourly_line(prep, options, count))}"
     retry = capacity_wait.setting(options)
     if retry is not None:
         lines.insert(2, capacity_wait.plan_line(retry))

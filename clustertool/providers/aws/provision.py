@@ -10,7 +10,10 @@ from clustertool.providers.aws import (
     adopt,
     az_launch,
     capacity,
+    capacity_blocks,
     capacity_wait,
+    filesystems,
+    filesystems_down,
     images,
     instances,
     leader,
@@ -18,9 +21,11 @@ from clustertool.providers.aws import (
     network,
     owner,
     pricing,
+    reservations,
     servers,
     tags,
     teardown,
+    topology,
 )
 from clustertool.providers.aws.client import Aws, aws_errors
 from clustertool.providers.aws.prepare import Prep
@@ -46,6 +51,9 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
     suffix = ps.setdefault("suffix", stamp.id.rsplit("-", 1)[-1] if stamp.id else az_launch.new_suffix())
     ps["instance_type"] = info.name
     ps["slots"] = request.slots or info.gpus or 1  # before launch: a killed up's status still knows
+    if prep.block is not None:  # --capacity-block: shown by status, its end watched by the leader
+        capacity_blocks.record(cluster, prep.block)
+    reservations.record(ps, prep.reservation, cluster.options)  # --capacity-reservation: status, $0 more
     if prep.servers is not None:
         ps["server_type"], ps["servers"] = prep.servers.info.name, prep.servers.count
     ps["owner"] = {"arn": me.arn, "home": me.home}
@@ -90,6 +98,22 @@ def run(request: ProvisionRequest, prep: Prep) -> list[Node]:
         report(f"{info.efa_interfaces} EFA interfaces per node: AWS gives such nodes no public IP, so they are "
                "reached by private address (from inside the VPC)")
     return instances.nodes_from_tags(ordered, ps["slots"])
+
+
+def shared_fs(request: ProvisionRequest, prep: Prep) -> list[dict]:
+    """The hook's body: in the zone and subnet the instances got, file systems made or attached and
+    waited until mountable (filesystems.py); each saved the moment it exists."""
+    cluster = request.cluster
+    if not filesystems.wanted(cluster.options) or prep.adopting or prep.stamp is None:
+        return cluster.provider_state.get("shared_fs", [])
+    ps, aws = cluster.provider_state, prep.aws
+    subnet, vpc = network.subnet_for(aws, ps["az"], cluster.options.get("subnet"))
+    record = az_launch.recorder(cluster, request.save)
+    maker = filesystems.Maker(aws, cluster, prep.stamp, record, request.save, request.report)
+    maker.start(vpc, subnet, ps["az"], ps["security_groups"][0])  # the cluster's own group is made first
+    entries = filesystems.ready(aws, cluster, request.report)
+    request.save()
+    return entries
 
 
 def _adopt(request: ProvisionRequest, prep: Prep) -> list[Node]:
@@ -147,6 +171,7 @@ def finish(cluster: ClusterRecord, aws: Aws) -> None:
     """`up` succeeded: the lease becomes 'done' (this fails if a sweep removed the cluster meanwhile)."""
     if cluster.provider_state.get("adopted"):
         return
+    topology.retag(aws, cluster)  # nodes `up` put in topology order: their Name and index tags follow
     groups = cluster.provider_state.get("security_groups", [])  # the cluster's and (--access leader) the leader's
     lease.Lease(aws).done(groups + instances.ids_of(cluster.nodes))
 
@@ -209,14 +234,16 @@ def terminate(cluster: ClusterRecord, report: Reporter = silent) -> list[str]:
     if owned.instances and cluster.provider_state.get("instance_type"):
         workers = len(owned.instances) - (sum(1 for n in cluster.nodes if n.is_server)
                                           or int(cluster.provider_state.get("servers") or 0))
-        lines.append(f"stopping the bill of {_hourly(aws, cluster, max(workers, 0))}")
+        lines.append(reservations.stop_line(cluster.provider_state, max(workers, 0))
+                     or f"stopping the bill of {_hourly(aws, cluster, max(workers, 0))}")
+    shared, owned = filesystems_down.before_groups(aws, cluster, owned, report)  # instances, then file systems
     removed = teardown.remove(aws, owned, report)
-    lines += removed
+    lines += shared + removed
     adopted = cluster.provider_state.get("adopted", [])
     if adopted and not cluster.terminate_adopted:
         lines.append(f"left {len(adopted)} adopted instance(s) running: {', '.join(adopted)} "
                      "(down --terminate-adopted terminates them)")
-    if not removed:
+    if not removed and not shared:
         lines.append("nothing of this cluster was left in AWS")
     return lines
 
@@ -230,7 +257,7 @@ def _hourly(aws: Aws | None, cluster: ClusterRecord, count: int) -> str:
              if is_spot and aws is not None and ps.get("server_type") else None)
     total, basis = servers.combine(pricing.hourly(itype, count, spot_price=spot, is_spot=is_spot),
                                    servers.hourly(cluster, is_spot, sspot))
-    return f"${total:,.2f}/h ({basis})" if total is not None else basis
+    return reservations.hourly_text(ps, f"${total:,.2f}/h ({basis})" if total is not None else basis)
 
 
 def describe(cluster: ClusterRecord) -> dict:
@@ -254,6 +281,9 @@ def describe(cluster: ClusterRecord) -> dict:
     if cluster.status == "stopped":
         hourly = f"compute not billed while stopped (running: {hourly}); the EBS volumes still are"
     out = {"hourly price": hourly, "cost so far": pricing.cost_so_far(total, since)}
+    out.update(reservations.status_lines(ps, out))  # --capacity-reservation: it, and $0 more
+    out.update(capacity_blocks.status_lines(cluster))  # --capacity-block: prepaid, and its end
+    out.update(filesystems.status_lines(cluster))  # --shared-fs: what each costs a month
     if cluster.provider_state.get("adopted"):
         out["note"] = "adopted instances: billed to you whether or not the cluster exists"
     return out
