@@ -6,6 +6,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A run started under `nohup` (or any parent that ignores SIGHUP) hands every process it starts an
+# ignored SIGHUP, and clustertool rightly keeps a signal its caller chose to ignore: the tests of what
+# SIGHUP does (a closed terminal) would then see it ignored. They test a terminal user's process, so
+# this run, and every clustertool it starts, gets SIGHUP's default disposition back.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 CLI = [sys.executable, "-m", "clustertool"]
 
 # This pytest run's mark: every cluster it makes is named PREFIX-<SESSION><4 hex>, so the leak

@@ -110,11 +110,7 @@ def remove_found(aws: Aws, efs_ids: list[str], fsx_ids: list[str], group_ids: li
     are shared-filesystem groups (others are left to the caller)."""
     lines = []
     for fs_id in efs_ids:
-        targets = [t["MountTargetId"] for t in efs.mount_targets(aws, fs_id)]
-        for target in targets:
-            efs.delete_target(aws, target)
-        if targets:
-            efs.wait_targets_gone(aws, fs_id, targets, report)
+        targets = _drop_targets(aws, fs_id, report)
         if efs.delete(aws, fs_id, report):
             lines.append(f"deleted EFS {fs_id}" + (f" and its {len(targets)} mount target(s)" if targets else ""))
     for fs_id in fsx_ids:
@@ -126,6 +122,16 @@ def remove_found(aws: Aws, efs_ids: list[str], fsx_ids: list[str], group_ids: li
         if delete_resource(aws, "security_group", gid, deadline, GroupId=gid):
             lines.append(f"deleted security group {gid} (shared fs)")
     return lines
+
+
+def _drop_targets(aws: Aws, fs_id: str, report: Reporter) -> list[str]:
+    """Delete every mount target of EFS ``fs_id`` and wait until they are gone; their ids."""
+    targets = [t["MountTargetId"] for t in efs.mount_targets(aws, fs_id)]
+    for target in targets:
+        efs.delete_target(aws, target)
+    if targets:
+        efs.wait_targets_gone(aws, fs_id, targets, report)
+    return targets
 
 
 def _deadline() -> float:
@@ -150,11 +156,7 @@ def _keep(aws: Aws, cluster: ClusterRecord, efs_ids: list[str], fsx_ids: list[st
     lines = []
     kept_groups = []
     for fs_id in efs_ids:
-        targets = [t["MountTargetId"] for t in efs.mount_targets(aws, fs_id)]
-        for target in targets:
-            efs.delete_target(aws, target)
-        if targets:
-            efs.wait_targets_gone(aws, fs_id, targets, report)
+        _drop_targets(aws, fs_id, report)
         efs.untag(aws, fs_id, drop, retag)
         lines.append(_kept_line("efs", fs_id, entries.get(fs_id)))
     for fs_id in fsx_ids:
