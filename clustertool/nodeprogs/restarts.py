@@ -64,10 +64,11 @@ def decide(attempts, restarts, codes, killed=False, lost=None, replace_failed=Fa
 
     Stops: on success (a job whose node was lost, e.g. after a spot notice, has not succeeded whatever
     its code); after `kill`; once the autostop watcher warned the job that its capacity block ends
-    (``block_end``: the machines are about to go, a restart would only be cut off); when a node was lost and ``replace_failed`` is off (the job's nodes are fixed,
-    so a restart would fail the same way: the user cordons or replaces the node); on an exit code not in
-    ``codes``; when the N restarts are used up.  A lost node with ``replace_failed`` restarts once the node is
-    replaced (whatever its code); a hang stopped by --hang-action kill restarts whatever ``codes`` says."""
+    (``block_end``: the machines are about to go, a restart would only be cut off); when a node was
+    lost and ``replace_failed`` is off (the job's nodes are fixed, so a restart would fail the same way:
+    the user cordons or replaces the node); on an exit code not in ``codes``; when the N restarts are
+    used up.  A lost node with ``replace_failed`` restarts once the node is replaced (whatever its
+    code); a hang stopped by --hang-action kill restarts whatever ``codes`` says."""
     last = attempts[-1]
     code = last.get("code")
     if code == 0 and not lost:
