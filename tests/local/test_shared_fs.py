@@ -80,6 +80,20 @@ def test_copy_to_the_shared_mount_writes_once_from_the_leader(shared, tmp_path):
     assert len(set(sums.values())) == 1 and len(sums) == 4
 
 
+def test_run_syncs_code_to_the_shared_mount_once_and_every_rank_works_in_it(shared, tmp_path):
+    name, env = shared
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "input.txt").write_text("from-the-laptop\n")
+    proc = run_cli("run", "-c", name, "--per-node", "1", "--follow", "--sync", str(tmp_path / "code"),
+                   "--sync-to", "/shared/code", "--workdir", "/shared/code", "--",
+                   "sh", "-c", 'cp input.txt "out.$RANK"', env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "/shared/code is on the shared filesystem /shared: written once, from the leader (node-1)" in proc.stderr
+    # each rank wrote into the one shared working directory: the leader sees all four files
+    listing = on(env, name, "node-1", "cd /shared/code && cat out.0 out.1 out.2 out.3")
+    assert listing == {"node-1": "from-the-laptop\n" * 4}
+
+
 def test_doctor_names_a_node_that_lost_the_mount_and_repair_mounts_fixes_it(shared):
     name, env = shared
     ok = ct(env, "doctor", "-c", name, "--check", "shared-fs")
