@@ -133,7 +133,8 @@ def _replace_one(session: ClusterSession, record: ClusterRecord, node: Node, rep
             state.save(record)
             raise
         why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-        record.node(node.name).extra["replace_failed"] = {"at": time.time(), "why": why}
+        record.node(node.name).extra["replace_failed"] = {"at": time.time(), "why": why,
+                                                          "down": not session.provider.REPLACE_KEEPS_OLD}
         state.save(record)
         raise
     lifted = node.cordon is not None

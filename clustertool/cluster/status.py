@@ -110,7 +110,8 @@ def replacements(cluster: ClusterRecord, now: float | None = None) -> dict[str, 
     for n in cluster.ordered_nodes():
         failed, done = n.extra.get("replace_failed"), n.extra.get("replaced")
         if failed:
-            out[f"{n.name} replace"] = (f"FAILED {now - failed['at']:.0f}s ago ({failed['why']}); the node is down: "
+            left = "the node is down" if failed.get("down", True) else "the node is unchanged (its old machine runs)"
+            out[f"{n.name} replace"] = (f"FAILED {now - failed['at']:.0f}s ago ({failed['why']}); {left}: "
                                         f"`clustertool replace {n.name}` again")
         elif done:
             out[f"{n.name} replaced"] = (f"{now - done['at']:.0f}s ago; host key {fingerprint(n.host_keys)} pinned "

@@ -76,6 +76,9 @@ class Provider:
     POWEROFF: ClassVar[str | None] = None  # what the autostop watcher runs to power a node off; None: shutdown -h
     REBOOT: ClassVar[Reboot] = "ssh"  # ssh: `reboot` on the node; restart: stop+start here; provider: reboot_instances
     SHARED_FS_KINDS: ClassVar[tuple[str, ...]] = ()  # shared filesystem kinds shared_fs makes or attaches
+    # replace_node makes the new machine before it removes the old one, so a failed replace leaves the
+    # node as it was (AWS); False: the old machine goes first and a failure leaves the node down (local)
+    REPLACE_KEEPS_OLD: ClassVar[bool] = False
 
     def __init__(self, report: Reporter = silent, **_ignored: object) -> None:
         self.report = report

@@ -78,6 +78,8 @@ def test_aws_refuses_adopted_instances_and_keep_old_on_spot_before_any_aws_call(
 
 
 class _Refusing:
+    REPLACE_KEEPS_OLD = False  # like the local provider: the old machine goes first
+
     def owns_cluster(self, record):
         return True
 
@@ -112,6 +114,22 @@ def test_a_failed_replacement_marks_the_node_and_status_says_to_run_it_again(ct_
     lines = replacements(record, now=record.node("node-2").extra["replace_failed"]["at"] + 5)
     assert lines == {"node-2 replace": "FAILED 5s ago (RuntimeError: bridge gone); the node is down: "
                                        "`clustertool replace node-2` again"}
+
+
+class _FailingAfterKeepingOld(_Failing):
+    REPLACE_KEEPS_OLD = True  # like AWS: the new machine is made first, so a failure leaves the old one
+
+
+def test_a_failed_replacement_that_kept_the_old_machine_says_the_node_is_unchanged(ct_env, monkeypatch):
+    saved_cluster("lc", 2, provider="local")
+    session = ClusterSession(state.load("lc"))
+    monkeypatch.setattr(ClusterSession, "provider", property(lambda self: _FailingAfterKeepingOld()))
+    with pytest.raises(RuntimeError):
+        replace.replace(session, "node-2")
+    record = state.load("lc")
+    lines = replacements(record, now=record.node("node-2").extra["replace_failed"]["at"] + 5)
+    assert lines == {"node-2 replace": "FAILED 5s ago (RuntimeError: bridge gone); the node is unchanged (its old "
+                                       "machine runs): `clustertool replace node-2` again"}
 
 
 def test_fingerprint_is_what_ssh_keygen_prints(tmp_path):

@@ -27,6 +27,7 @@ class AwsProvider(Provider):
     name: ClassVar[str] = "aws"
     default_user: ClassVar[str] = "ubuntu"  # the Ubuntu Deep Learning AMI's user
     owns_machines: ClassVar[bool] = True
+    REPLACE_KEEPS_OLD: ClassVar[bool] = True  # relaunch.py: the old instance goes only once the new one is in place
     key_type: ClassVar[tuple[str, ...]] = ("-t", "ed25519")  # EC2 imports only RSA and ED25519 key pairs
     count_from_options: ClassVar[bool] = True  # adoption counts what it finds; launch checks --nodes itself
     SHARED_FS_KINDS: ClassVar[tuple[str, ...]] = ("efs", "fsx")
