@@ -33,6 +33,9 @@ import time
 import urllib.error
 import urllib.request
 
+if "read_pid" not in globals():  # imported (tests); on a node the part comes first
+    from clustertool.nodeprogs.procs import alive, read_pid
+
 TOKEN_TTL_S = 21600
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=5"]
 # Every rank of the job on this node (ranks/<host>.<rank>: "pid ..." after the wrapper's exec), signaled.
@@ -94,25 +97,6 @@ def poll(args):
             pass  # the metadata does not answer now: ask again next round
         if stdin_closed(interval):
             return
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def read_pid(path, wait_s=30.0):
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            with open(path) as fh:
-                return int(fh.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            time.sleep(0.1)
-    return None
 
 
 def say(d, line):

@@ -29,6 +29,9 @@ import subprocess
 import threading
 import time
 
+if "read_pid" not in globals():  # imported (tests); on a node the part comes first
+    from clustertool.nodeprogs.procs import alive, read_pid
+
 # One node's progress: bytes the job's ranks wrote there, and their CPU time (clock ticks).
 PROBE = r"""
 d="$HOME/.clustertool/jobs/$1"; b=0; c=0
@@ -49,25 +52,6 @@ def answers(address, port, timeout):
             return True
     except OSError:
         return False
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def read_pid(path, wait_s=30.0):
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            with open(path) as fh:
-                return int(fh.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            time.sleep(0.1)
-    return None
 
 
 def at_once(nodes, work, timeout, missing=None):
