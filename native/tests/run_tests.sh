@@ -34,6 +34,7 @@ for v in 11 10 9; do   # OFI plugins exporting only an older net ABI are forward
 done
 run test_abi_versions "$B/test_abi_versions" "$B"
 run test_reducer "$B/test_reducer" "$B"
+run test_pace "$B/test_pace"   # CLUSTERTOOL_LINK_RATE's token buckets
 for np in $NPS; do
   run "test_coll_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_coll_mpi" "$B"
 done
