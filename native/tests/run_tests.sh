@@ -25,6 +25,7 @@ run test_reduce "$B/test_reduce"
 run test_tuner "$B/test_tuner" "$B"
 run test_net "$B/test_net" "$B"
 run test_net_forward "$B/test_net" "$B" "$B/fake/libnccl-net-ofi.so"
+run test_net_paced "$B/test_net" "$B" paced   # every byte through CLUSTERTOOL_LINK_RATE's pacer, test() never waits
 run test_net_nonblocking "$B/test_net_nonblocking" "$B"
 run test_collnet_pairing "$B/test_collnet_pairing" "$B"
 run test_collnet_pairing_forward "$B/test_collnet_pairing" "$B" "$B/fake/libnccl-net-ofi.so"
