@@ -140,8 +140,8 @@ int main(int argc, char** argv) {
       case 'd': dirs = optarg; break;
       case 's': g_piece = parse_bytes(optarg); break;
       default:
-        fprintf(stderr, "usage: %s -r RATE -c CONNS [-t SECONDS] [-w WARMUP] [-m take|wait] [-d tx|rx|both] [-s PIECE]\n",
-                argv[0]);
+        fprintf(stderr, "usage: %s -r RATE -c CONNS [-t SECONDS] [-w WARMUP] [-m take|wait] [-d tx|rx|both] "
+                        "[-s PIECE]\n", argv[0]);
         return 2;
     }
   }

@@ -61,7 +61,7 @@ static ncclResult_t tn_chunk(void* ctx, ncclFunc_t coll, size_t nBytes, int algo
   if (r && r->chunk == 0) return ncclSuccess;   /* "nccl": NCCL's own */
   if (r && r->chunk != CT_CHUNK_AUTO) want = r->chunk;
   else if (r || (algo == NCCL_ALGO_COLLNET_CHAIN && proto == NCCL_PROTO_SIMPLE))
-    want = ct_tune_default_chunk(nBytes, nChannels, *chunkSize);
+    want = ct_tune_default_chunk(nBytes, nChannels, c->nodes ? (int)(c->ranks / c->nodes) : 1, *chunkSize);
   else return ncclSuccess;
   if (want != *chunkSize && !c->said_chunk++)
     CT_INFO("tuner: chunk %zu instead of NCCL's %zu for %zu bytes on %d channels (algorithm %d%s)", want, *chunkSize,

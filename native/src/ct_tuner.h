@@ -45,9 +45,10 @@ int ct_tune_sure_channels(void);
 int ct_tune_limit_channels(ct_tune_table_t* t, int sure, const char* name);
 /* The chunk for a COLLNET_CHAIN step when no row says otherwise: requests (NCCL folds up to 8
  * channels' chunks into one) of up to 2 MiB, while each channel keeps at least 8 steps (NCCL's
- * window of requests in flight); never below NCCL's own chunk. NCCL clamps the answer to its
- * buffer (NCCL_BUFFSIZE / 8). */
-size_t ct_tune_default_chunk(size_t nBytes, int nChannels, size_t ncclChunk);
+ * window of requests in flight) per rank of its node's chain (depth = ranks per node, as NCCL's
+ * own chunking counts it); never below NCCL's own chunk, a multiple of 4 KiB. NCCL clamps the
+ * answer to its buffer (NCCL_BUFFSIZE / 8). */
+size_t ct_tune_default_chunk(size_t nBytes, int nChannels, int depth, size_t ncclChunk);
 /* Applies a rule to NCCL's cost table; returns 1 if applied. */
 int ct_tune_apply(const ct_tune_rule_t* r, float** table, int numAlgo, int numProto, int* nChannels);
 #endif

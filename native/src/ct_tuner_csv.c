@@ -182,11 +182,12 @@ int ct_tune_limit_channels(ct_tune_table_t* t, int sure, const char* name) {
   return changed;
 }
 
-size_t ct_tune_default_chunk(size_t nBytes, int nChannels, size_t ncclChunk) {
+size_t ct_tune_default_chunk(size_t nBytes, int nChannels, int depth, size_t ncclChunk) {
   if (nChannels < 1) return ncclChunk;
   size_t folded = (size_t)(nChannels < 8 ? nChannels : 8);   /* COLLNET_GROUP_NSUBS: channels per request */
+  size_t steps = 8 * (size_t)(depth > 1 ? depth : 1);
   size_t c = ((size_t)2 << 20) / folded;
-  while (c > ncclChunk && nBytes / ((size_t)nChannels * c) < 8) c /= 2;
+  while (c > ncclChunk && nBytes / ((size_t)nChannels * c) < steps) c /= 2;
   c &= ~(size_t)4095;   /* a whole number of NCCL's grains (512 B for SIMPLE) */
   return c > ncclChunk ? c : ncclChunk;
 }

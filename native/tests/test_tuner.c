@@ -212,22 +212,31 @@ static void test_collnet_channels(const char* dir, const char* file) {
 /* The default chunk for COLLNET_CHAIN: requests (up to 8 channels folded) of at most 2 MiB, at
  * least 8 steps per channel, never below NCCL's chunk. */
 static void test_default_chunk(void) {
-  CHECK(ct_tune_default_chunk(16 << 20, 2, 128 << 10) == 1 << 20, "16 MiB on 2 channels: 1 MiB chunks (2 MiB requests)");
-  CHECK(ct_tune_default_chunk(64 << 20, 2, 256 << 10) == 1 << 20, "64 MiB on 2 channels: 1 MiB chunks");
-  CHECK(ct_tune_default_chunk(4 << 20, 2, 128 << 10) == 256 << 10, "4 MiB on 2 channels: 256 KiB (8 steps each)");
-  CHECK(ct_tune_default_chunk(2 << 20, 2, 128 << 10) == 128 << 10, "2 MiB on 2 channels: NCCL's 128 KiB");
-  CHECK(ct_tune_default_chunk(64 << 20, 8, 128 << 10) == 256 << 10, "64 MiB on 8 channels: 256 KiB (2 MiB requests)");
-  CHECK(ct_tune_default_chunk(64 << 20, 16, 128 << 10) == 256 << 10, "16 channels fold 8 per request: 256 KiB");
-  CHECK(ct_tune_default_chunk(1 << 20, 2, 64 << 10) == 64 << 10, "small: never below NCCL's chunk");
-  CHECK(ct_tune_default_chunk(1 << 30, 0, 128 << 10) == 128 << 10, "no channels: NCCL's chunk");
+  CHECK(ct_tune_default_chunk(16 << 20, 2, 1, 128 << 10) == 1 << 20,
+        "16 MiB on 2 channels: 1 MiB chunks (2 MiB requests)");
+  CHECK(ct_tune_default_chunk(64 << 20, 2, 1, 256 << 10) == 1 << 20, "64 MiB on 2 channels: 1 MiB chunks");
+  CHECK(ct_tune_default_chunk(4 << 20, 2, 1, 128 << 10) == 256 << 10, "4 MiB on 2 channels: 256 KiB (8 steps each)");
+  CHECK(ct_tune_default_chunk(2 << 20, 2, 1, 128 << 10) == 128 << 10, "2 MiB on 2 channels: NCCL's 128 KiB");
+  CHECK(ct_tune_default_chunk(64 << 20, 8, 1, 128 << 10) == 256 << 10,
+        "64 MiB on 8 channels: 256 KiB (2 MiB requests)");
+  CHECK(ct_tune_default_chunk(64 << 20, 16, 1, 128 << 10) == 256 << 10, "16 channels fold 8 per request: 256 KiB");
+  CHECK(ct_tune_default_chunk(1 << 20, 2, 1, 64 << 10) == 64 << 10, "small: never below NCCL's chunk");
+  CHECK(ct_tune_default_chunk(1 << 30, 0, 1, 128 << 10) == 128 << 10, "no channels: NCCL's chunk");
+  CHECK(ct_tune_default_chunk(32 << 20, 2, 4, 128 << 10) == 512 << 10,
+        "4 ranks per node: 32 steps per channel (512 KiB at 32 MiB)");
+  CHECK(ct_tune_default_chunk(16 << 20, 2, 8, 128 << 10) == 128 << 10, "8 ranks per node at 16 MiB: NCCL's chunk");
   int ok = 1;
   for (size_t n = 64 << 10; n <= (size_t)4 << 30; n *= 2)
     for (int c = 1; c <= 32; c++)
       for (size_t nccl = 32 << 10; nccl <= 256 << 10; nccl *= 2) {
-        size_t k = ct_tune_default_chunk(n, c, nccl), folded = (size_t)(c < 8 ? c : 8);
-        ok &= k >= nccl && (k == nccl || (folded * k <= (2u << 20) && n / ((size_t)c * k) >= 8 && k % 4096 == 0));
+        for (int d = 1; d <= 8; d *= 2) {
+          size_t k = ct_tune_default_chunk(n, c, d, nccl), folded = (size_t)(c < 8 ? c : 8);
+          ok &= k >= nccl &&
+                (k == nccl || (folded * k <= (2u << 20) && n / ((size_t)c * k) >= 8u * d && k % 4096 == 0));
+        }
       }
-  CHECK(ok, "every size x channels x NCCL chunk: >= NCCL's, else requests <= 2 MiB, >= 8 steps, 4 KiB-aligned");
+  CHECK(ok, "every size x channels x depth x NCCL chunk: >= NCCL's, else requests <= 2 MiB, >= 8 steps per chain rank, "
+        "4 KiB-aligned");
 }
 
 static const char* CHUNK_TABLE =
