@@ -80,9 +80,11 @@ static void init_once(void) {
   if (g_burst < 4 * g_grain) g_burst = 4 * g_grain;
   g_quantum = g_burst / 4 > g_grain ? g_burst / 4 : g_grain;
   /* A taker that wanted more than it got and then runs late (its sleep overshot, the box was
-   * busy) finds up to 4 bursts: a NIC drains its queue while the host's threads are elsewhere, a
-   * user-space pacer only when its thread runs. An idle bucket still holds only a burst. */
-  g_catchup = 4 * g_burst;
+   * busy) finds up to 20 ms at the rate (at least 4 bursts): a NIC drains its queue while the
+   * host's threads are elsewhere, a user-space pacer only when its thread runs. An idle bucket
+   * still holds only a burst. */
+  g_catchup = 20000 * per_us;
+  if (g_catchup < 4 * g_burst) g_catchup = 4 * g_burst;
   long long t = now_ns();
   for (int d = 0; d < 2; d++) { g_b[d].tokens = g_burst; g_b[d].last_ns = t; }
   CT_INFO("pacing every socket of this process at %.6g Mbit/s per direction (CLUSTERTOOL_LINK_RATE=%s)",
@@ -154,6 +156,7 @@ void ct_pace_wait(int dir, size_t len) {
   refill(b);
   b->tokens -= (double)len;
   double debt = -b->tokens;
+  b->short_ = debt > 0;   /* a caller sleeping on the bucket is one waiting for it */
   pthread_mutex_unlock(&b->mu);
   if (debt <= 0) return;
   double ns = ceil(debt / g_bytes_per_ns);

@@ -7,7 +7,10 @@
  * never more than the bucket holds, never more than a quarter of the burst (so one taker cannot
  * sweep the bucket while others wait) and, unless want is smaller, never less than a grain of
  * 4-64 KiB (250 us at the rate): a caller polling in a tight loop moves whole grains, not the
- * few bytes that refilled since its last call.
+ * few bytes that refilled since its last call. A taker left short (it wanted more than it got, or
+ * sleeps in ct_pace_wait) that comes back late finds up to 20 ms at the rate, not just a burst: a
+ * NIC keeps draining its queue while the host's threads are elsewhere, so a busy box's late
+ * wake-ups do not lower the rate.
  *
  * Non-blocking use (an epoll loop, NCCL's proxy thread): n = ct_pace_take(dir, want, &wait_us);
  * move at most n bytes; ct_pace_refund(dir, n - moved) for what the socket did not take; when

@@ -113,6 +113,35 @@ static void case_grants(void) {
   CHECK(total <= 4 * burst + slack, "a refund of 10 MiB leaves at most the catch-up of 4 bursts (%zu)", total);
 }
 
+/* CLUSTERTOOL_LINK_RATE=80mbit (10 MB/s; burst 64 KiB; catch-up 256 KiB): a taker left short
+ * that comes back late finds more than a burst, at most the catch-up; an idle bucket a burst. */
+static size_t drain(int dir, double* slack) {
+  double t0 = now_s();
+  size_t total = 0, g;
+  for (int calls = 0; (g = ct_pace_take(dir, 1 << 20, NULL)) > 0 && calls < 100000; calls++) total += g;
+  *slack = (now_s() - t0) * 10e6 + 1;
+  return total;
+}
+
+static void nap_ms(long ms) {
+  struct timespec ts = {0, ms * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {}
+}
+
+static void case_catchup(void) {
+  size_t burst = ct_pace_burst();
+  double slack;
+  drain(CT_PACE_TX, &slack);   /* the last take fell short: a sender waits on the bucket */
+  nap_ms(60);                  /* 600 KB at the rate: more than the catch-up holds */
+  size_t got = drain(CT_PACE_TX, &slack);
+  CHECK(got > burst && got <= 4 * burst + slack, "short and late: more than a burst, at most the catch-up (%zu)", got);
+  drain(CT_PACE_RX, &slack);
+  while (ct_pace_take(CT_PACE_RX, 1, NULL) == 0) {}   /* a take satisfied in full: nobody waits now */
+  nap_ms(60);
+  got = drain(CT_PACE_RX, &slack);
+  CHECK(got <= burst + slack, "idle: a burst at most (%zu)", got);
+}
+
 /* CLUSTERTOOL_LINK_RATE=8bit: 1 byte/s, so the bucket holds its burst for the whole case. */
 enum { NTHREADS = 8, ROUNDS = 20000 };
 static atomic_llong g_net;   /* granted minus refunded, all threads */
@@ -201,6 +230,7 @@ int main(void) {
   in_child("12 furlongs", case_malformed, "malformed rate");
   in_child("80kbit", case_grants, "grants");
   in_child("8bit", case_threads, "threads");
+  in_child("80mbit", case_catchup, "catch-up");
   in_child("80mbit", case_wait, "wait");
   return CT_SUMMARY();
 }
