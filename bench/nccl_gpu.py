@@ -71,6 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plan", choices=sorted(plan.PLANS), default="basic",
                    help="argument set: basic (4 variants, 1M:256M, budget 480) or full (issue 31: unpaced and "
                         "paced passes, reduction servers, DDP; budget 420); other flags override it")
+    p.add_argument("--prebuilt", action="store_true",
+                   help="use native/build as it is (built elsewhere), even where make and a C compiler exist")
     p.add_argument("--ranks", type=int, default=4, help="processes, each a different host to NCCL (2-8; default 4)")
     p.add_argument("--sizes", default=None, help="A:B doubling, or a list A,B,C (basic: 1M:256M; full: 4M:64M)")
     p.add_argument("--paced-sizes", default=None, help="sizes for paced variants (default: --sizes; full: 64M)")
@@ -322,7 +324,7 @@ def _prepare(args, ctx: dict, work: Path, notes: list[str]) -> dict:
         ctx["mps"] = procs.Mps(note=f"off (a CUDA client failed under MPS: {pre['problem'][:200]})")
         pre = preflight(args.python, {}, mps=False)
     if not pre.get("problem"):
-        notes.append(build_plugin(plan.NATIVE / "build"))
+        notes.append(build_plugin(plan.NATIVE / "build", prebuilt=args.prebuilt))
         ctx["mode"], ctx["note"], ctx["shaped"] = setup_network(args, ctx["mode"], ctx["note"], ctx["tag"])
     return pre
 

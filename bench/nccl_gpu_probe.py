@@ -22,11 +22,16 @@ def compiler() -> str | None:
     return None
 
 
-def build_plugin(build: Path) -> str:
-    """make the libraries and the reducer when make and a compiler exist; else use the ones built
-    elsewhere. Returns a note for the report; RuntimeError when there is no library to use."""
+def build_plugin(build: Path, prebuilt: bool = False) -> str:
+    """make the libraries and the reducer when make and a compiler exist (unless `prebuilt`); else use
+    the ones built elsewhere. Returns a note for the report; RuntimeError when there is no library to use."""
     libs = [build / plan.NET_LIB, build / plan.TUNER_LIB]
     have = all(p.is_file() for p in libs)
+    if prebuilt:
+        if not have:
+            missing = ", ".join(str(p) for p in libs if not p.is_file())
+            raise RuntimeError(f"--prebuilt: no plugin at {missing}: `make -C native plugins`, copy native/build")
+        return "prebuilt plugin libraries (--prebuilt: not rebuilt here)"
     if shutil.which("make") and compiler():
         proc = subprocess.run(["make", "-C", str(plan.NATIVE), "plugins"], capture_output=True, text=True)
         if proc.returncode == 0:

@@ -52,7 +52,7 @@ def standin(monkeypatch, tmp_path):
     monkeypatch.setattr(plan, "DDP_WORKER", STANDIN)
     monkeypatch.setattr(plan, "NATIVE", native)
     monkeypatch.setattr(nccl_gpu, "preflight", lambda python, env=None, mps=False: dict(PREFLIGHT))
-    monkeypatch.setattr(nccl_gpu, "build_plugin", lambda build: "prebuilt (test)")   # make: tests/native
+    monkeypatch.setattr(nccl_gpu, "build_plugin", lambda build, prebuilt=False: "prebuilt (test)")  # tests/native
     for knob in ("STANDIN_FAIL_RANK", "STANDIN_DLOPEN_ERROR", "STANDIN_COLLNET_FAIL", "STANDIN_SECONDS_PER_MB",
                  "STANDIN_HANG", "STANDIN_NCCL", "STANDIN_NO_STATS", "STANDIN_DDP_DIVERGE", "STANDIN_MPS_FAIL",
                  "STANDIN_MPS_IGNORE_QUIT", "STANDIN_FAIL_UNDER_MPS", "CUDA_MPS_PIPE_DIRECTORY",
@@ -242,6 +242,21 @@ def test_a_prebuilt_plugin_is_used_where_there_is_no_compiler(monkeypatch, tmp_p
     (build / plan.NET_LIB).unlink()
     with pytest.raises(RuntimeError, match="no make/C compiler to build it: run `make -C native plugins`"):
         nccl_gpu.build_plugin(build)
+
+
+def test_prebuilt_uses_the_copied_libraries_even_where_make_exists(monkeypatch, tmp_path):
+    build = tmp_path / "build"
+    build.mkdir()
+    for lib in (plan.NET_LIB, plan.TUNER_LIB):
+        (build / lib).write_bytes(b"")
+    ran = []
+    monkeypatch.setattr(nccl_gpu.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(nccl_gpu.subprocess, "run", lambda *a, **k: ran.append(a) or None)
+    assert nccl_gpu.build_plugin(build, prebuilt=True) == "prebuilt plugin libraries (--prebuilt: not rebuilt here)"
+    assert ran == []
+    (build / plan.TUNER_LIB).unlink()
+    with pytest.raises(RuntimeError, match="--prebuilt: no plugin at .*libnccl-tuner"):
+        nccl_gpu.build_plugin(build, prebuilt=True)
 
 
 # ---------------- issue 31: reduction servers, pacing, MPS, stats, the training step ----------------
