@@ -155,7 +155,7 @@ typedef struct ct_coll {
   /* the progress thread */
   pthread_t thread;
   int thread_started, epfd, evfd;
-  _Atomic int shutdown, error, sleeping, freeze;
+  _Atomic int shutdown, error, sleeping, freeze, frozen;   /* freeze/frozen: a test hook */
   ct_sock_t* socks;            /* [nranks * nsocks] (own rank's unused) */
   ct_sock_t* ssocks;           /* [nserv] */
   uint64_t activated;          /* ops seq < activated are ACTIVE or done */

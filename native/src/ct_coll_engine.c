@@ -429,7 +429,11 @@ static void* progress_main(void* arg) {
   int busy = 1;
   long last_check = ct_now_ms();
   while (!atomic_load(&c->shutdown)) {
-    while (atomic_load(&c->freeze) && !atomic_load(&c->shutdown)) usleep(1000);   /* test hook */
+    if (atomic_load(&c->freeze)) {   /* test hook: held between passes, as by a long reduction */
+      atomic_store(&c->frozen, 1);
+      while (atomic_load(&c->freeze) && !atomic_load(&c->shutdown)) usleep(1000);
+      atomic_store(&c->frozen, 0);
+    }
     int n = 0;
     if (atomic_load(&c->error)) {
       /* failed: only posts to refuse until close */

@@ -87,7 +87,12 @@ __attribute__((visibility("default"))) int ct_collnet_comm_servers(void* cc) { r
  * progress thread busy for a long time would be; bytes this comm moved through ct_pace. */
 __attribute__((visibility("default"))) int ct_collnet_comm_window(void* cc) { return cc ? ((ct_coll_t*)cc)->W : 0; }
 __attribute__((visibility("default"))) void ct_collnet_debug_freeze(void* cc, int on) {
-  if (cc) atomic_store(&((ct_coll_t*)cc)->freeze, on);
+  ct_coll_t* c = cc;
+  if (!c || !c->thread_started) return;
+  atomic_store(&c->freeze, on);
+  if (!on) return;
+  ct_engine_wake(c);
+  for (int i = 0; i < 10000 && !atomic_load(&c->frozen); i++) usleep(1000);   /* held at the top of a pass */
 }
 __attribute__((visibility("default"))) void ct_collnet_comm_paced(void* cc, uint64_t* tx, uint64_t* rx) {
   ct_coll_t* c = cc;

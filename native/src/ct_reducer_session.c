@@ -7,7 +7,11 @@
  * Flow control is the window: a receiver reads chunk g only once reduction g-W is done
  * (TCP holds the rest back at the worker); a reduction writes its output slot only once
  * every sender has sent reduction g-W. While a sender has nothing to send it sends a
- * heartbeat every hb_ms, so a worker tells a waiting server from a dead one. */
+ * heartbeat every hb_ms, so a worker tells a waiting server from a dead one.
+ * Workers stream the chunks of many collectives back to back (the plugin's window); each
+ * connection is one ordered stream, so the contract above holds whatever their size.
+ * Every byte in and out goes through the process's pacer (CLUSTERTOOL_LINK_RATE,
+ * ct_pace.h): the server's NIC is one link whatever the number of workers. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,6 +24,7 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#include "ct_pace.h"
 #include "ct_reduce.h"
 #include "ct_reducer.h"
 
@@ -132,6 +137,7 @@ static void* recv_main(void* arg) {
     if (stop) break;
     size_t slot = g % (uint64_t)s->W;
     ct_rmsg_t* h = &s->ihdr[(size_t)w * (size_t)s->W + slot];
+    ct_pace_wait(CT_PACE_RX, sizeof *h);
     int r = recv_full(c->fd, h, sizeof *h, tmo, 1);
     const char* bad = NULL;
     if (r == 0) {
@@ -147,7 +153,8 @@ static void* recv_main(void* arg) {
     else if (h->len > s->chunk || !ct_reduce_supported((ncclDataType_t)h->dtype, (ncclRedOp_t)h->redop) ||
              h->len % ct_dtype_size((ncclDataType_t)h->dtype))
       bad = "bad chunk length, type or op";
-    else if (h->len && recv_full(c->fd, s->in + ((size_t)w * (size_t)s->W + slot) * s->chunk, h->len, tmo, 0) <= 0) {
+    else if (h->len && (ct_pace_wait(CT_PACE_RX, h->len),
+                        recv_full(c->fd, s->in + ((size_t)w * (size_t)s->W + slot) * s->chunk, h->len, tmo, 0) <= 0)) {
       gone = errno == ECONNRESET || errno == EPIPE;
       bad = why();
     }
@@ -266,12 +273,14 @@ static void* send_main(void* arg) {
     if (!ready) {
       /* heartbeat: only when the worker's socket has room; a worker not reading is not waiting on us */
       ct_rmsg_t hb = {CT_RMSG_MAGIC, CT_RMSG_HEARTBEAT, 0, 0, 0, 0, 0, 0, 0};
+      ct_pace_wait(CT_PACE_TX, sizeof hb);
       ssize_t k = send(c->fd, &hb, sizeof hb, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (k == (ssize_t)sizeof hb || (k < 0 && (errno == EAGAIN || errno == EINTR))) rc = 0;
       else rc = k < 0 ? -1 : send_full(c->fd, (char*)&hb + k, sizeof hb - (size_t)k, NULL, 0, s->cfg->io_timeout_ms);
       what = "heartbeat";
     } else {
       size_t slot = g % (uint64_t)s->W;
+      ct_pace_wait(CT_PACE_TX, sizeof(ct_rmsg_t) + s->ohdr[slot].len);
       rc = send_full(c->fd, &s->ohdr[slot], sizeof(ct_rmsg_t), s->out + slot * s->chunk, s->ohdr[slot].len,
                      s->cfg->io_timeout_ms);
     }

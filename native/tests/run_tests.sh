@@ -42,6 +42,12 @@ done
 for np in $NPS; do   # K = 1, 2, n, n+1 reduction servers (real clustertool-reducers), fallback, a server dying
   run "test_servers_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_servers_mpi" "$B"
 done
+for np in $NPS; do   # the pipelined engine: requests out of order, the window full, credits, stats
+  run "test_pipeline_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_pipeline_mpi" "$B"
+done
+# the engine paced by CLUSTERTOOL_LINK_RATE (80 Mbit/s = 10^7 bytes/s)
+run "test_pipeline_mpi paced" env ASAN_OPTIONS=detect_leaks=0 CLUSTERTOOL_LINK_RATE=80mbit CT_TEST_RATE_BYTES=10000000 \
+  timeout 600 $MPIRUN -x ASAN_OPTIONS -x CLUSTERTOOL_LINK_RATE -x CT_TEST_RATE_BYTES -np 2 "$B/test_pipeline_mpi" "$B" paced
 for np in 2 3; do
   run "test_coll_versions_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np \
     "$B/test_coll_versions_mpi" "$B"

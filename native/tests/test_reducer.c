@@ -4,7 +4,8 @@
  * reduction in rank order, flow control over many chunks, heartbeats while it waits,
  * refusals (bad hello, duplicate rank), errors (chunks that disagree, a worker stalled
  * mid-message, a rank leaving before the session starts) with their log lines and the
- * ABORT reason the ranks get, SIGTERM (exit 0, port file removed) and the command line. */
+ * ABORT reason the ranks get, SIGTERM (exit 0, port file removed), the command line, and
+ * CLUSTERTOOL_LINK_RATE pacing its traffic. */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <math.h>
@@ -289,6 +290,28 @@ static void test_port_file(const reducer_t* r) {
   CHECK(tmp == 0, "no temporary port file left (written by rename)");
 }
 
+/* CLUSTERTOOL_LINK_RATE paces the reducer: a session's bytes take at least their time at
+ * the rate (a lower bound only, less a burst and the pacer's 20 ms catch-up: load makes it
+ * slower, never faster), and the results are still right. */
+static void test_paced(void) {
+  setenv("CLUSTERTOOL_LINK_RATE", "8mbit", 1);   /* 10^6 bytes/s */
+  reducer_t r;
+  int up = reducer_start(&r, BUILD, DIR_, "paced", NULL) == 0;
+  unsetenv("CLUSTERTOOL_LINK_RATE");
+  CHECK(up, "a reducer paced at 8 Mbit/s starts");
+  if (!up) return;
+  pthread_t th[2];
+  fake_t fs[2];
+  long t0 = ru_now_ms();
+  run_session(&r, 0x7777, 2, 8, 16384, th, fs);
+  int ok = finish_session(2, th, fs);
+  double took = (double)(ru_now_ms() - t0) / 1000.0;
+  double in_bytes = 2.0 * 8 * (65536 + sizeof(ct_rmsg_t)), least = (in_bytes - 65536 - 0.02e6) / 1e6;
+  CHECK(ok, "paced: both ranks get the chunks reduced in rank order");
+  CHECK(took >= least, "paced: %.0f bytes in took %.2f s, at least %.2f s at 8 Mbit/s", in_bytes, took, least);
+  reducer_stop(&r, SIGTERM, 5000);
+}
+
 static int run_cli(const char* args) {
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "%s/clustertool-reducer %s >/dev/null 2>&1", BUILD, args);
@@ -319,6 +342,7 @@ int main(int argc, char** argv) {
     CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "SIGINT: exit status 0");
   }
   test_sigterm();
+  test_paced();
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf %s", DIR_);
   if (system(cmd)) { /* best effort */ }
