@@ -44,9 +44,21 @@ def test_parse_algos_names_the_unknown_one():
 def test_bench_argv_carries_every_flag():
     argv = allreduce.bench_argv("/opt/x/collnet_bench", (1024, 4096), ["sharded", "mpi"], dtype="bfloat16", iters=3)
     assert argv == ["/opt/x/collnet_bench", "-b", "1024", "-e", "4096", "-f", "2", "-n", "3", "-w", "1",
-                    "-c", "1", "-d", "bfloat16", "-o", "sum", "-a", "sharded,mpi"]
+                    "-c", "1", "-d", "bfloat16", "-o", "sum", "-a", "sharded,mpi", "-r", "262144", "-q", "8"]
     with pytest.raises(UsageError):
         allreduce.bench_argv("b", (1, 2), ["ring"], dtype="complex")
+
+
+def test_bench_argv_streams_requests_like_nccl_unless_one_request():
+    """The default is NCCL's CollNet shape (256 KiB requests, 8 outstanding); the old form,
+    one request per allreduce, stays available."""
+    stream = allreduce.bench_argv("b", (1, 2), ["ring"], request=64 << 10, depth=16)
+    assert stream[-4:] == ["-r", "65536", "-q", "16"]
+    one = allreduce.bench_argv("b", (1, 2), ["ring"], one_request=True)
+    assert "-r" not in one and "-q" not in one and one[-2:] == ["-a", "ring"]
+    for bad in ({"request": 0}, {"depth": 0}, {"depth": 2000}):
+        with pytest.raises(UsageError, match="--request"):
+            allreduce.bench_argv("b", (1, 2), ["ring"], **bad)
 
 
 def test_parse_rows_reads_tagged_and_plain_lines():
