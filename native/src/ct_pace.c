@@ -143,6 +143,7 @@ void ct_pace_refund(int dir, size_t unused) {
   refill(b);   /* so the cap below applies to the tokens of now, not of the last call */
   b->tokens += (double)unused;
   if (b->tokens > g_catchup) b->tokens = g_catchup;   /* only a refund of more than was taken gets here */
+  b->short_ = 0;   /* the socket, not the bucket, held the taker back: no catch-up while it is full */
   pthread_mutex_unlock(&b->mu);
 }
 
