@@ -26,10 +26,9 @@ from clustertool.core import state
 from clustertool.core.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.core.model import LEADER, ClusterRecord, Node
 from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
-from clustertool.providers.local import firewall, net, nodes, swap, sysops
+from clustertool.providers.local import firewall, localfs, net, nodes, swap, sysops
 from clustertool.providers.local.removal import teardown
 from clustertool.remote import access
-from clustertool.sharedfs import localfs
 
 _TOOLS = (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
           ("ssh-keygen", "openssh-client"), (net.SSHD, "openssh-server"))
@@ -65,7 +64,7 @@ class LocalProvider(Provider):
     WAIT_LIMIT: ClassVar[float] = 60.0
     POWEROFF: ClassVar[str | None] = net.NODE_POWEROFF  # what the autostop watcher runs to power a node off
     REBOOT = "restart"  # a node is its sshd: stop and start it again
-    SHARED_FS_KINDS = ("local",)  # the leader's folder over sshfs (sharedfs/localfs.py)
+    SHARED_FS_KINDS = ("local",)  # the leader's folder over sshfs (providers/local/localfs.py)
 
     @classmethod
     def hourly_price(cls, node_type: str, nodes: int, spot: bool) -> float | None:
