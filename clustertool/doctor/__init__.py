@@ -26,9 +26,9 @@ from clustertool.doctor import analyze, autocordon, gpu, hwchecks, netchecks, ne
 from clustertool.doctor.bisect import DEFAULT_THRESHOLD
 from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
 from clustertool.doctor.fixes import apply_fixes
+from clustertool.doctor.plugin_check import check
 from clustertool.jobs.records import running_job_ids
 from clustertool.plugin.build import NET_LIB, load_record
-from clustertool.plugin.check import check
 from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.mesh import FULL_MESH_MAX, failed_targets, mesh_peers, mesh_script

@@ -11,7 +11,7 @@ import pytest
 
 from clustertool import doctor
 from clustertool.cluster.session import ClusterSession
-from clustertool.plugin import check
+from clustertool.doctor import plugin_check
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Reply, ScriptedTransport
 from tests.unit.test_nccl_log import LOG_2_26, info
@@ -40,7 +40,7 @@ def fake(tmp_path, ct_env):
 def recorded(monkeypatch, logs: list[str]):
     """What NCCL would have printed: the launch returns this output instead of starting mpirun."""
     out = job_output(logs, [[(MB, 300.0, 0)]] * len(logs))
-    monkeypatch.setattr(check, "_default_launch", lambda cluster, timeout, on_line: (
+    monkeypatch.setattr(plugin_check, "_default_launch", lambda cluster, timeout, on_line: (
         lambda env, argv, plugin, per_node: (0, out, None)))
 
 
@@ -91,6 +91,6 @@ def test_a_running_job_skips_the_check_instead_of_competing_for_its_gpus(fake, m
     deployed("dn")
     fake.on("nproc=", facts("1"))
     monkeypatch.setattr(doctor, "running_job_ids", lambda session: {"j0712-abcdef"})
-    monkeypatch.setattr(check, "_default_launch", lambda *a: pytest.fail("the check must not start a job"))
+    monkeypatch.setattr(plugin_check, "_default_launch", lambda *a: pytest.fail("the check must not start a job"))
     c = plugin_nccl(doctor.run(ClusterSession.load("dn", transport=fake), checks=("plugin-nccl",)))
     assert c.skipped == "job j0712-abcdef is running"
