@@ -162,9 +162,9 @@ class Provider:
 
 
 REGISTRY: dict[str, str] = {
-    "local": "clustertool.providers.local:LocalProvider",
+    "local": "clustertool.providers.local.local_provider:LocalProvider",
     "static": "clustertool.providers.static:StaticProvider",
-    "aws": "clustertool.providers.aws:AwsProvider",
+    "aws": "clustertool.providers.aws.aws_provider:AwsProvider",
 }
 
 
