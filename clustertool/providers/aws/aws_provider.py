@@ -8,6 +8,8 @@ security group, key pair, SSH source), placement, launch (incl. EFA interfaces),
 (waits, nodes), tags (identity tags), owner (who a cluster belongs to), lease (an up in
 flight), census (tagged resources by cluster), teardown, adopt, pricing, prepare (checks +
 dry-run plan), provision (the verbs' bodies), sweep (clusters no state of this home knows),
+capacity_blocks / capacity_offers / capacity_wait (Capacity Blocks, `up --retry-until-up`) with
+capacity_verbs (what `clustertool capacity` shows and buys),
 filesystems / filesystems_down with efs and fsx (shared filesystems made or attached at up, removed
 or kept at down), relaunch (`replace`: a new instance for a node, the old one terminated or kept).
 """
@@ -17,7 +19,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from clustertool.core.model import ClusterRecord, Node, Reporter, silent
-from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
+from clustertool.providers.base import (
+    CapacityQuery,
+    Offer,
+    OptionSpec,
+    Provider,
+    ProvisionRequest,
+    Purchase,
+    Sweep,
+    SweepRemoved,
+    SweepRequest,
+    Table,
+    UpWaiting,
+)
 
 if TYPE_CHECKING:
     from clustertool.providers.aws.prepare import Prep
@@ -217,6 +231,46 @@ class AwsProvider(Provider):
         from clustertool.providers.aws import provision, relaunch
 
         return {**provision.describe(cluster), **relaunch.kept_lines(cluster)}
+
+    def up_waiting(self, cluster: ClusterRecord) -> UpWaiting | None:
+        """`up --retry-until-up` between attempts (capacity_wait.py): attempt N, next try at T."""
+        from clustertool.providers.aws import capacity_wait
+
+        wait = cluster.provider_state.get(capacity_wait.KEY)
+        if not wait:
+            return None
+        return UpWaiting(capacity_wait.waiting_line(wait), capacity_wait.waiting_line(wait, short=True), wait)
+
+    def sweep(self, request: SweepRequest) -> Sweep:
+        """Tagged resources of clusters this home does not know, with owner, age and price (sweep.py)."""
+        from clustertool.providers.aws import sweep
+
+        return sweep.sweep(request)
+
+    def remove_swept(self, swept: Sweep, report: Reporter = silent) -> SweepRemoved:
+        from clustertool.providers.aws import sweep
+
+        return sweep.remove(swept, report)
+
+    def capacity_offerings(self, query: CapacityQuery, region: str | None, profile: str | None) -> Table:
+        from clustertool.providers.aws import capacity_verbs
+
+        return capacity_verbs.offerings(query, region, profile)
+
+    def capacity_offer(self, offer_id: str, region: str | None, profile: str | None) -> Offer:
+        from clustertool.providers.aws import capacity_verbs
+
+        return capacity_verbs.offer(offer_id, region, profile)
+
+    def buy_capacity(self, offer: Offer) -> Purchase:
+        from clustertool.providers.aws import capacity_verbs
+
+        return capacity_verbs.buy(offer)
+
+    def reservations(self, region: str | None, profile: str | None) -> Table:
+        from clustertool.providers.aws import capacity_verbs
+
+        return capacity_verbs.reservations_table(region, profile)
 
     @classmethod
     def hourly_price(cls, node_type: str, nodes: int, spot: bool) -> float | None:

@@ -24,9 +24,9 @@ from typing import ClassVar
 
 from clustertool.core import state
 from clustertool.core.errors import MissingPrerequisite, ProviderError, UsageError
-from clustertool.core.model import LEADER, ClusterRecord, Node
-from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest
-from clustertool.providers.local import firewall, localfs, net, nodes, swap, sysops
+from clustertool.core.model import LEADER, ClusterRecord, Node, Reporter, silent
+from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest, Sweep, SweepRemoved, SweepRequest
+from clustertool.providers.local import firewall, localfs, net, nodes, strays, swap, sysops
 from clustertool.providers.local.removal import teardown
 from clustertool.remote import access
 
@@ -69,6 +69,21 @@ class LocalProvider(Provider):
     @classmethod
     def hourly_price(cls, node_type: str, nodes: int, spot: bool) -> float | None:
         return 0.0  # namespaces on this machine
+
+    def link_rate(self, cluster: ClusterRecord) -> int | None:
+        """``--link-rate``: every node's link is shaped to it at both ends (tc tbf)."""
+        rate = cluster.options.get("link_rate")
+        try:
+            return net.rate_bits(str(rate)) if rate else None
+        except ValueError:
+            return None
+
+    def sweep(self, request: SweepRequest) -> Sweep:
+        """Bridges (with their namespaces and sshd) whose state is gone (strays.py)."""
+        return strays.sweep(request)
+
+    def remove_swept(self, swept: Sweep, report: Reporter = silent) -> SweepRemoved:
+        return strays.remove(swept, report)
 
     # ---- checks and plan ------------------------------------------------------------
 
