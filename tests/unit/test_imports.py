@@ -188,6 +188,65 @@ def test_imports_run_down_the_layers():
     assert upward == [], "imports that point up:\n" + "\n".join(upward)
 
 
+def test_provider_code_reaches_the_rest_only_through_the_declared_hooks():
+    """Outside providers/, a provider is its interface (providers/base.py: every hook with its
+    default); its own modules are loaded by name through the registry."""
+    reach = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if package_of(m) != "providers"
+                   for t in targets if t.startswith("clustertool.providers.")
+                   and t not in ("clustertool.providers", "clustertool.providers.base"))
+    assert reach == []
+
+
+def test_the_cli_imports_no_provider():
+    """cli/ parses, calls the core and renders: what a provider knows reaches it through the core.
+    (Its other half, "and no state loading" outside cli/common.py's one helper, comes with the
+    typed requests: see test_cli_loads_no_state when it lands.)"""
+    found = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if package_of(m) == "cli"
+                   for t in targets if t == "clustertool.providers" or t.startswith("clustertool.providers."))
+    assert found == []
+
+
+def _aliased(module: str) -> list[str]:
+    """`import clustertool.x as y`, `from clustertool.x import y as z` (also relative) in ``module``."""
+    out = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text(), str(MODULES[module]))):
+        internal = (isinstance(node, ast.ImportFrom) and (node.level > 0 or _known(node.module or "")))
+        for alias in getattr(node, "names", []) if isinstance(node, (ast.Import, ast.ImportFrom)) else []:
+            if alias.asname and (internal or (isinstance(node, ast.Import) and _known(alias.name))):
+                out.append(f"{module}:{node.lineno}: {alias.name} as {alias.asname}")
+    return out
+
+
+def test_the_alias_finder_finds_aliases():
+    assert _aliased("clustertool.core.model") == []
+    source = ("import os as o\nimport clustertool.core.state as st\nfrom clustertool.core import nodeset as ns\n"
+              "from clustertool.core.model import Node as N\nfrom . import errors as e\nfrom json import dumps as d\n")
+    MODULES["clustertool.core.fake"] = _Source(source)
+    try:
+        assert [a.split(": ")[1] for a in _aliased("clustertool.core.fake")] == [
+            "clustertool.core.state as st", "nodeset as ns", "Node as N", "errors as e"]
+    finally:
+        del MODULES["clustertool.core.fake"]
+
+
+def test_internal_imports_have_no_alias():
+    """Every internal name reads the same wherever it is imported (module names are unique for that)."""
+    assert [a for m in sorted(MODULES) for a in _aliased(m)] == []
+
+
+class _Source:
+    """A stand-in for a file's Path in the alias finder's own test."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.name = text, "fake.py"
+
+    def read_text(self) -> str:
+        return self.text
+
+    def __str__(self) -> str:
+        return self.name
+
+
 def test_module_names_are_unique():
     """So every internal import reads the same everywhere, without an alias. The CLI's modules are
     named after the commands users type and nothing imports them; nodeprogs/ are programs run on
