@@ -200,7 +200,7 @@ def test_provider_code_reaches_the_rest_only_through_the_declared_hooks():
 def test_the_cli_imports_no_provider():
     """cli/ parses, calls the core and renders: what a provider knows reaches it through the core.
     (Its other half, "and no state loading" outside cli/common.py's one helper, comes with the
-    typed requests: see test_cli_loads_no_state when it lands.)"""
+    typed requests, which move the loading out of cli/: its test belongs there.)"""
     found = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if package_of(m) == "cli"
                    for t in targets if t == "clustertool.providers" or t.startswith("clustertool.providers."))
     assert found == []
