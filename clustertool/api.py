@@ -26,7 +26,6 @@ from typing import Callable, Iterable, Mapping, Sequence
 import clustertool.cluster.cordon
 import clustertool.cluster.replace
 import clustertool.cluster.status
-import clustertool.doctor
 import clustertool.jobs.kill
 import clustertool.jobs.recovery
 import clustertool.jobs.stacks
@@ -41,6 +40,7 @@ from clustertool.cluster.status import ClusterStatus
 from clustertool.core import nodeset, state
 from clustertool.core.errors import RemoteError, UsageError
 from clustertool.core.model import GroupResult, JobRecord, Reporter, silent
+from clustertool.doctor import checkup
 from clustertool.doctor.bisect import DEFAULT_THRESHOLD
 from clustertool.doctor.findings import Diagnosis
 from clustertool.jobs import launch, records
@@ -178,15 +178,15 @@ class Cluster(ClusterSession):
         ``threshold``, ``all_pairs``: the network check's, as `--threshold`, `--all-pairs`; ``deep`` (DCGM
         diag level, 0 none), ``since``, ``gpu_timeout``, ``deep_timeout``: the gpu check's, as `--deep-level`,
         `--since`, `--gpu-timeout`, `--deep-timeout`; ``nccl_log``: the efa check's, as `--nccl-log`."""
-        chosen = clustertool.doctor.choose_checks(_names(checks), _names(skip))
-        return clustertool.doctor.run(self, fix=fix, checks=chosen, threshold=threshold, all_pairs=all_pairs,
+        chosen = checkup.choose_checks(_names(checks), _names(skip))
+        return checkup.run(self, fix=fix, checks=chosen, threshold=threshold, all_pairs=all_pairs,
                                       report=self.report, deep=deep, since=since, gpu_timeout=gpu_timeout,
                                       deep_timeout=deep_timeout, nccl_log=nccl_log)
 
     def bisect(self, *, threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False) -> Diagnosis:
         """`doctor --bisect`: the slow node or link in about ceil(log2(n)) + 1 rounds of pairs; the
         ``network`` check's ``data`` holds every measurement (round, pair, bits/s, round trip)."""
-        return clustertool.doctor.bisect(self, threshold=threshold, all_pairs=all_pairs, report=self.report)
+        return checkup.bisect(self, threshold=threshold, all_pairs=all_pairs, report=self.report)
 
     # ---- commands, data, jobs --------------------------------------------------------------
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
+from clustertool.bench.allreduce import Row, link_ratios
 from clustertool.bench.scaling import Launcher
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError
+from clustertool.core.model import ClusterRecord
 from clustertool.jobs import kill, launch
 from clustertool.jobs.mpirun import MpiOptions
+from clustertool.providers.base import get_provider
 
 
 def launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = None, on_line=None,
@@ -68,3 +71,9 @@ def jobs_launcher(cluster, *, env: Sequence[str] = (), timeout: float | None = N
         return code, output, None
 
     return start
+
+
+def link_line(cluster: ClusterRecord, rows: Sequence[Row]) -> str | None:
+    """`bench allreduce`'s busbw / B line, where the cluster's links are shaped to a rate B."""
+    rate = get_provider(cluster.provider).link_rate(cluster)
+    return link_ratios(rows, rate) if rows and rate else None

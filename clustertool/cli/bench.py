@@ -191,7 +191,6 @@ def allreduce(
         COLUMNS,
         bench_argv,
         check_servers,
-        link_ratios,
         parse_algos,
         parse_rows,
         parse_sizes,
@@ -200,7 +199,7 @@ def allreduce(
         table_rows,
         tuner_table,
     )
-    from clustertool.bench.benchjobs import launcher
+    from clustertool.bench.benchjobs import launcher, link_line
     from clustertool.cli import render
     from clustertool.core import state
     from clustertool.core.errors import ToolError
@@ -233,11 +232,9 @@ def allreduce(
         render.table(COLUMNS, table_rows(rows), title=f"allreduce on {c.name} ({len(c.schedulable)} ranks"
                      + (f", {len(c.schedulable_servers)} reduction servers)" if "servers" in algos else ")"))
         render.table(side_by_side_columns(rows), side_by_side(rows), title="busbw (GB/s) side by side")
-    rate = c.options.get("link_rate")
-    if rows and rate and not json_output:
-        from clustertool.providers.local.net import rate_bits
-
-        render.info(link_ratios(rows, rate_bits(str(rate))))
+    ratios = None if json_output else link_line(c, rows)
+    if ratios:
+        render.info(ratios)
     if tuner_csv is not None and rows:
         tuner_csv.parent.mkdir(parents=True, exist_ok=True)
         tuner_csv.write_text(tuner_table(rows, len(c.schedulable)))

@@ -27,9 +27,9 @@ def cordon(
     reduction server gets no reducer in `run --plugin` jobs.  The node itself is not contacted, so a
     node that is down can be cordoned; this machine's hostfile and the leader's ~/hostfile are
     written again."""
-    from clustertool.cluster.cordon import cordon as do_cordon
+    from clustertool.cluster import cordon
 
-    result = do_cordon(open_session(cluster, json_output), ",".join(nodes), reason=reason,
+    result = cordon.cordon(open_session(cluster, json_output), ",".join(nodes), reason=reason,
                        report=reporter(json_output))
     _show(result, json_output)
 
@@ -40,9 +40,9 @@ def uncordon(
     json_output: bool = JsonOpt,
 ) -> None:
     """Put cordoned nodes back into the hostfiles and jobs' default nodes."""
-    from clustertool.cluster.cordon import uncordon as do_uncordon
+    from clustertool.cluster import cordon
 
-    result = do_uncordon(open_session(cluster, json_output), ",".join(nodes), report=reporter(json_output))
+    result = cordon.uncordon(open_session(cluster, json_output), ",".join(nodes), report=reporter(json_output))
     _show(result, json_output)
 
 

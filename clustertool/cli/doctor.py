@@ -73,7 +73,7 @@ def doctor(
     latency in rounds of pairs; --bisect alone), on GPU clusters with the plugin deployed whether NCCL
     uses it (`plugin check`), GPU health (nvidia-smi, Xid events; DCGM with --deep) and EFA."""
     from clustertool.cli import render
-    from clustertool.doctor import check_threshold, choose_checks, run
+    from clustertool.doctor.checkup import check_threshold, choose_checks, run
 
     check_threshold(threshold)
     if bisect and (check or skip):

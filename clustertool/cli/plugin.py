@@ -126,10 +126,10 @@ def check_cmd(
     """
     from clustertool.cli import render
     from clustertool.cli.common import reporter
-    from clustertool.plugin import check
+    from clustertool.doctor import plugin_check
 
-    result = check.run(open_session(cluster, json_output), sizes=sizes, iters=iters, warmup=warmup, python=python,
-                       timeout=timeout, report=reporter(json_output))
+    result = plugin_check.run(open_session(cluster, json_output), sizes=sizes, iters=iters, warmup=warmup,
+                              python=python, timeout=timeout, report=reporter(json_output))
     if json_output:
         render.print_json({**render.to_jsonable(result), "wrong": result.wrong, "ok": result.ok})
     else:

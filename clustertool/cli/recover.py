@@ -31,14 +31,14 @@ def recover(
     credentials: the replacing happens here. `run --follow --replace-failed` runs this loop for its
     own job. Exit code: the job's (with JOB), else 0; 1 when the leader itself is lost."""
     from clustertool.cli import render
-    from clustertool.jobs.recovery import recover as do_recover
+    from clustertool.jobs import recovery
 
     session = open_session(cluster, json_output)
     say = reporter(json_output)
     say(f"recovery loop on {session.name}: watching {job or 'every running job run with --replace-failed'} "
         "(Ctrl-C stops watching; the jobs keep running)")
     try:
-        result = do_recover(session, job, copy=copy, poll=poll, report=say)
+        result = recovery.recover(session, job, copy=copy, poll=poll, report=say)
     except KeyboardInterrupt:
         raise typer.Exit(130)
     if json_output:

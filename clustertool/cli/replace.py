@@ -40,7 +40,7 @@ def replace(
     Elastic IP.  No capacity in the zone: one line, nothing made, the node unchanged.  Static /
     adopted machines are not ours to replace: `cordon` them."""
     from clustertool.cli import render
-    from clustertool.cluster.replace import replace as do_replace
+    from clustertool.cluster import replace
 
     session = open_session(cluster, json_output)
     if not yes:
@@ -53,7 +53,7 @@ def replace(
         from clustertool.jobs.recovery import check_copy
 
         check_copy(session, ",".join(nodes), copy)
-    result = do_replace(session, ",".join(nodes), keep_old=keep_old, report=reporter(json_output))
+    result = replace.replace(session, ",".join(nodes), keep_old=keep_old, report=reporter(json_output))
     copied = []
     if copy:
         from clustertool.jobs.recovery import copy_back

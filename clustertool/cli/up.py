@@ -4,21 +4,9 @@ from __future__ import annotations
 
 import click
 
-from clustertool.providers.base import REGISTRY, OptionSpec, provider_class
+from clustertool.cluster.spec import PROVIDERS, OptionSpec, every_provider_option
 
 _TYPES = {int: click.INT, float: click.FLOAT, str: click.STRING}
-
-
-def _provider_options() -> dict[str, tuple[OptionSpec, list[str]]]:
-    merged: dict[str, tuple[OptionSpec, list[str]]] = {}
-    for name in REGISTRY:
-        try:
-            options = provider_class(name).OPTIONS
-        except (ImportError, AttributeError):  # a provider module not importable here
-            continue
-        for key, spec in options.items():
-            merged.setdefault(key, (spec, []))[1].append(name)
-    return merged
 
 
 def _click_option(key: str, spec: OptionSpec, providers: list[str]) -> click.Option:
@@ -34,7 +22,7 @@ def build_up_command() -> click.Command:
     params: list[click.Parameter] = [
         click.Argument(["spec_file"], required=False, metavar="[SPEC.yaml]"),
         click.Option(["--name"], help="Cluster name (lowercase letters, digits, '-')."),
-        click.Option(["--provider", "-p"], type=click.Choice(sorted(REGISTRY)),
+        click.Option(["--provider", "-p"], type=click.Choice(list(PROVIDERS)),
                      help="Where the nodes come from (default: local)."),
         click.Option(["--nodes", "-N", "nodes"], type=int, help="Number of nodes."),
         click.Option(["--slots"], type=int, help="Slots (GPUs / ranks) per node; default: the provider's GPU count, "
@@ -60,7 +48,7 @@ def build_up_command() -> click.Command:
                           "ones /shared2, /shared3 ...)."),
         click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
-    for key, (spec, providers) in sorted(_provider_options().items()):
+    for key, (spec, providers) in sorted(every_provider_option().items()):
         params.append(_click_option(key, spec, providers))
     return click.Command(
         "up", params=params, callback=_up,

@@ -13,6 +13,9 @@ LEADER = "leader"
 MEMBER = "member"
 SERVER = "server"  # a reduction server: reached by ssh like any node, but never a rank
 REASON_MAX = 200  # characters of a command's last stderr line kept in a node's failure reason
+# ClusterRecord.block_end: how long before the machines go running jobs are signalled, and with what
+BLOCK_END_WARNING = "30m"  # --block-end-warning's default
+BLOCK_END_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2", "QUIT")  # --block-end-signal's choices
 
 Reporter = Callable[[str], None]  # progress lines for the user; the CLI prints them, --json drops them
 

@@ -29,7 +29,6 @@ from clustertool.doctor.netchecks import iperf_client_line, parse_iperf
 from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.plugin.build import BENCH, load_record
-from clustertool.providers.local.net import rate_bits
 from clustertool.remote.group import run_on_nodes
 
 RTT_COUNT = 20
@@ -103,13 +102,8 @@ def expected_bits(session: ClusterSession) -> float | None:
     """The rate every link should reach, where the cluster declares one (the local provider's
     ``link_rate``).  EC2's rated bandwidth is not used: one TCP flow there is capped well below it
     (5 Gbit/s, 10 inside a cluster placement group), so it is no floor for iperf3's figure."""
-    rate = session.record.options.get("link_rate")
-    if not rate:
-        return None
-    try:
-        return float(rate_bits(str(rate)))
-    except ValueError:
-        return None
+    rate = session.provider.link_rate(session.record)
+    return None if rate is None else float(rate)
 
 
 def _halves(workers: list[str], named: list[str]) -> tuple[list[str], list[str]] | None:

@@ -39,7 +39,7 @@ from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, jso
 from clustertool.jobs import records, scripts
 from clustertool.nodeprogs import program_text
 from clustertool.remote.group import run_on_node, run_on_nodes
-from clustertool.transfer.copy import copy as copy_path
+from clustertool.transfer import copy
 from clustertool.transfer.results import CopyResult
 
 SIGNALS = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2")
@@ -316,7 +316,7 @@ def copy_back(session: ClusterSession, nodes: list[str], paths: Sequence[str], r
     done = []
     for path in paths:
         report(f"copying {path} from {leader} to {nodeset.fold(nodes)}")
-        result = copy_path(session, path, path, source="leader", selection=",".join(nodes), report=report)
+        result = copy.copy(session, path, path, source="leader", selection=",".join(nodes), report=report)
         if result.exit_code != 0:
             raise ToolError(f"--copy {path}: the copy to {nodeset.fold(nodes)} did not complete "
                             f"(exit {result.exit_code})", hint=f"`clustertool copy {path} {path} -n "

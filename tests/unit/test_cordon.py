@@ -18,8 +18,8 @@ from clustertool.core.errors import UsageError
 from clustertool.core.model import SERVER, ClusterRecord, Node
 from clustertool.doctor import autocordon
 from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
+from clustertool.doctor.plugin_check import in_use
 from clustertool.jobs import launch
-from clustertool.plugin.check import in_use
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Reply, ScriptedTransport
 

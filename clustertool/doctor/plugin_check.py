@@ -12,7 +12,7 @@
    Reduction servers run no rank: ranks are the workers; with servers the job is a `run --plugin`
    job in both modes (its reducers start on the servers), and the stand-in runs `servers` too.
    Cordoned nodes (`clustertool cordon`) take no part, as in every job.
-4. The report (check_report.py): NCCL version, plugin and ABI, CollNet on or why not, algorithm
+4. The report (plugin_check_report.py): NCCL version, plugin and ABI, CollNet on or why not, algorithm
    and protocol per size, busbw, #wrong, problems with fixes. doctor's `plugin-nccl` reuses it.
 """
 
@@ -30,8 +30,8 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import MissingPrerequisite, RemoteError, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, Node, Reporter, silent
+from clustertool.doctor.plugin_check_report import RESULT_MARK, CheckReport, nccl_report, standin_report
 from clustertool.plugin.build import ARTEFACTS, BENCH, NET_LIB, load_record
-from clustertool.plugin.check_report import RESULT_MARK, CheckReport, nccl_report, standin_report
 from clustertool.plugin.remote import mismatched, parse_sums, status_command
 from clustertool.remote.group import run_on_nodes
 
