@@ -15,8 +15,8 @@
  * Messages carry (seq, step, chunk) and are routed by them; phase-2 traffic is written
  * before phase 1. Every data message for collective s goes to a peer only once that peer
  * has posted s (each header carries the sender's posted count), so whatever arrives has a
- * place; phase-1 chunks land in a staging ring per connection of T slots (credits in
- * every header), reduced straight into the output. Op slots, staging and message
+ * place; except sharded phase 1, whose chunks land in a staging ring per connection of T
+ * slots (credits in every header), sent in order, reduced in order straight into the output. Op slots, staging and message
  * descriptors are allocated at connect. */
 #ifndef CT_COLL_H
 #define CT_COLL_H
@@ -79,6 +79,7 @@ typedef struct ct_op {
   size_t maxch;                /* chunks of the longest shard */
   long* need;                  /* [peer or server] messages still to receive from it (allocated at connect) */
   long pending;                /* messages to write and receive, chunks to reduce */
+  int gated;                   /* 1 ring, 2 allgather: its data waits for the peer's post */
   ct_req_t* req;
   long long t_post_ns;
   void* owned[2];              /* temporaries freed with the op (multi-part SGE, ring reduce-scatter) */
@@ -102,11 +103,12 @@ typedef struct { ct_out_t *head, *tail; } ct_outq_t;
 typedef struct ct_sock {
   int fd, peer, sidx, server;
   ct_outq_t hi, lo, park;      /* hi: control, phase 2, ring; lo: phase 1, server data; park: peer not posted yet */
-  ct_out_t* cur;               /* being written */
-  int blocked, epout;          /* EAGAIN seen / EPOLLOUT registered */
-  int readable, dead;          /* dead: the peer closed at a message boundary owing nothing */
+  ct_outq_t cur;               /* started (header fields filled), written in order, several per sendmsg */
+  int ncur;
+  int blocked;                 /* EAGAIN seen; cleared by EPOLLOUT (edge-triggered) */
+  int readable, dead;          /* readable: until recv says EAGAIN; dead: the peer closed owing nothing */
   /* input side */
-  union { ct_msg_t m; ct_rmsg_t r; } ih;
+  union { ct_msg_t m; ct_rmsg_t r; } ih, inext;   /* inext: the next header, read with a payload */
   size_t ih_got;
   char* idst;                  /* payload destination, NULL while reading a header */
   size_t ilen, igot;
@@ -162,6 +164,7 @@ typedef struct ct_coll {
   uint64_t* peer_posted;       /* [nranks] */
   uint64_t* posted_told_any;   /* [nranks] our posted count last written to that peer */
   int posted_changed;
+  int gated_ring, gated_all;   /* active ops whose data waits for the peer's post: ring (prev must know), allgather (all) */
   ct_gen_t p1gen[CT_MAX_SOCKS], sgen;
   int depth;                   /* phase-1 / server-data messages written at once per generator */
   uint64_t red_seq;            /* sharded: next chunk of my shard to reduce */

@@ -84,7 +84,10 @@ void ct_algo_activate(ct_coll_t* c, ct_op_t* op) {
   else sharded_activate(c, op);
 }
 
-/* Phase-1 generators, one per socket index: in order of collective, chunk, peer. */
+/* Phase-1 generators, one per socket index: in order of collective, chunk, peer. Phase 1
+ * does not wait for the peer's post: its staging takes it (credits), and since every
+ * connection carries phase-1 chunks in the order the owner reduces them, the earliest
+ * chunk not yet reduced anywhere always has its inputs on their way. */
 int ct_algo_generate(ct_coll_t* c) {
   int n = c->nranks, me = c->rank, ns = c->nsocks, any = 0;
   for (int sidx = 0; sidx < ns; sidx++) {
@@ -101,7 +104,6 @@ int ct_algo_generate(ct_coll_t* c) {
       int p = (me + g->j) % n;
       if (g->c < ct_nch(op, op->len[p])) {
         ct_sock_t* s = &c->socks[p * ns + sidx];
-        if (c->peer_posted[p] <= op->seq) break;                             /* not posted there yet */
         if ((uint32_t)(s->tx_p1 - s->peer_used) >= (uint32_t)c->stage_slots) break;   /* no credit */
         ct_out_t* o = ct_msg_out(c, op, CT_M_P1, 1, g->c, op->p1_src + op->off[p] + g->c * op->chunk,
                                  ct_clen(op, op->len[p], g->c));
@@ -157,7 +159,7 @@ int ct_algo_reduce(ct_coll_t* c) {
       ct_sock_t* s = sock_of(c, p, k);
       if (s->s_recvd == s->s_used) return any;   /* not here yet */
       const ct_msg_t* h = &s->shdr[s->s_used % T];
-      if (h->seq != (uint32_t)op->seq || h->chunk != (uint32_t)k) {
+      if (h->seq != (uint32_t)op->seq || h->chunk != (uint32_t)k || h->len != l) {
         ct_fail(c, "rank %d: receive from peer %d failed (protocol error: phase-1 chunk %u of collective %u, "
                 "expected %zu of %u)", me, p, h->chunk, h->seq, k, (uint32_t)op->seq);
         return 1;
@@ -166,7 +168,7 @@ int ct_algo_reduce(ct_coll_t* c) {
     }
     reduce_chunk(c, op, op->p1_out + b, l);
     for (int p = 0; p < n; p++)
-      if (p != me) sock_of(c, p, k)->s_used++;
+      if (p != me) { sock_of(c, p, k)->s_used++; op->need[p]--; }
     if (op->has_p2)
       for (int j = 1; j < n; j++) {
         int p = (me + j) % n;
@@ -189,25 +191,25 @@ static int proto(ct_coll_t* c, ct_sock_t* s, const char* what) {
 int ct_algo_header(ct_coll_t* c, ct_sock_t* s) {
   const ct_msg_t* h = &s->ih.m;
   int n = c->nranks, me = c->rank;
+  size_t k = h->chunk;
+  if (k % (size_t)c->nsocks != (size_t)s->sidx) return proto(c, s, "chunk on the wrong socket");
+  if (h->type == CT_M_P1) {   /* maybe for a collective not posted here yet: checked when reduced */
+    if (h->step != 1 || h->len == 0 || h->len > c->chunk_cfg) return proto(c, s, "bad phase-1 chunk");
+    if (s->s_in - s->s_used >= (uint32_t)c->stage_slots) return proto(c, s, "phase-1 chunk without credit");
+    uint32_t slot = s->s_in++ % (uint32_t)c->stage_slots;
+    s->shdr[slot] = *h;
+    s->idst = s->stage + (size_t)slot * c->chunk_cfg;
+    s->ilen = h->len;
+    return 0;
+  }
   ct_op_t* op = ct_op_at(c, ct_seq_extend(c->activated, h->seq));
   if (!op) return proto(c, s, "a collective this rank has not posted");
   s->iop = op;
-  size_t k = h->chunk;
-  if (k % (size_t)c->nsocks != (size_t)s->sidx) return proto(c, s, "chunk on the wrong socket");
-  if (h->type == CT_M_P1 || h->type == CT_M_P2) {
-    int p1 = h->type == CT_M_P1;
-    size_t len = p1 ? op->len[me] : op->len[s->peer];
-    if (op->algo != CT_ALGO_SHARDED || (p1 ? !op->has_p1 : !op->has_p2) || k >= ct_nch(op, len) ||
-        h->len != ct_clen(op, len, k))
+  if (h->type == CT_M_P2) {
+    size_t len = op->len[s->peer];
+    if (op->algo != CT_ALGO_SHARDED || !op->has_p2 || k >= ct_nch(op, len) || h->len != ct_clen(op, len, k))
       return proto(c, s, "unexpected sharded chunk");
-    if (p1) {
-      if (s->s_in - s->s_used >= (uint32_t)c->stage_slots) return proto(c, s, "phase-1 chunk without credit");
-      uint32_t slot = s->s_in++ % (uint32_t)c->stage_slots;
-      s->shdr[slot] = *h;
-      s->idst = s->stage + (size_t)slot * c->chunk_cfg;
-    } else {
-      s->idst = op->p2_dst + op->off[s->peer] + k * op->chunk;
-    }
+    s->idst = op->p2_dst + op->off[s->peer] + k * op->chunk;
     s->ilen = h->len;
     return 0;
   }
@@ -230,11 +232,12 @@ int ct_algo_payload(ct_coll_t* c, ct_sock_t* s) {
   ct_op_t* op = s->iop;
   int n = c->nranks, me = c->rank;
   size_t k = h->chunk;
+  if (h->type == CT_M_P1) {
+    s->s_recvd++;   /* the reduction runs later in this pass */
+    return 0;
+  }
   op->need[s->peer]--;
   switch (h->type) {
-    case CT_M_P1:
-      s->s_recvd++;   /* the reduction runs later in this pass */
-      return 0;
     case CT_M_P2:
       ct_op_step(c, op);
       return 0;

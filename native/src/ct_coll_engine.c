@@ -40,6 +40,9 @@ ct_op_t* ct_op_at(ct_coll_t* c, uint64_t seq) {
 
 static void op_release(ct_coll_t* c, ct_op_t* op, int state) {
   ct_req_t* r = op->req;
+  if (op->gated == 1) c->gated_ring--;
+  if (op->gated == 2) c->gated_all--;
+  op->gated = 0;
   if (state == CT_REQ_DONE) {
     ct_hist_add(&c->stats.post_to_done, (uint64_t)(ct_now_ns() - op->t_post_ns));
     const char* from = op->p2_dst;
@@ -117,7 +120,7 @@ void ct_emit(ct_coll_t* c, ct_sock_t* s, ct_out_t* o, int lo) {
     out_free(c, o);
     return;
   }
-  if (!s->server && o->op && c->peer_posted[s->peer] <= o->op->seq) q_push(&s->park, o);
+  if (!lo && !s->server && o->op && c->peer_posted[s->peer] <= o->op->seq) q_push(&s->park, o);
   else q_push(lo ? &s->lo : &s->hi, o);
 }
 
@@ -185,19 +188,13 @@ static void sock_dead(ct_coll_t* c, ct_sock_t* s) {
   epoll_ctl(c->epfd, EPOLL_CTL_DEL, s->fd, NULL);
   s->readable = 0;
   s->dead = 1;
-  for (ct_outq_t* q = &s->hi; q; q = q == &s->hi ? &s->lo : NULL)
-    for (ct_out_t* o; (o = q_pop(q));) out_free(c, o);
-  if (s->cur) { out_free(c, s->cur); s->cur = NULL; }
+  ct_outq_t* qs[3] = {&s->hi, &s->lo, &s->cur};
+  for (int i = 0; i < 3; i++)
+    for (ct_out_t* o; (o = q_pop(qs[i]));) out_free(c, o);
+  s->ncur = 0;
 }
 
 /* ---------------- writing ---------------- */
-static void arm_out(ct_coll_t* c, ct_sock_t* s, int on) {
-  if (s->epout == on) return;
-  struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = s};
-  epoll_ctl(c->epfd, EPOLL_CTL_MOD, s->fd, &ev);
-  s->epout = on;
-}
-
 static void out_done(ct_coll_t* c, ct_sock_t* s, ct_out_t* o) {
   if (o->gen) (s->server ? &c->sgen : &c->p1gen[s->sidx])->inflight--;
   ct_op_t* op = o->op;
@@ -205,37 +202,51 @@ static void out_done(ct_coll_t* c, ct_sock_t* s, ct_out_t* o) {
   if (op) ct_op_step(c, op);
 }
 
+enum { MAX_BATCH = 8 };
+
+/* Start up to MAX_BATCH messages (hi before lo): their headers get the current credit
+ * and posted count; they are then written in this order. */
+static void start_more(ct_coll_t* c, ct_sock_t* s) {
+  while (s->ncur < MAX_BATCH) {
+    ct_out_t* o = q_pop(&s->hi);
+    if (!o) o = q_pop(&s->lo);
+    if (!o) return;
+    if (!s->server) {
+      o->h.m.credit = s->s_used;
+      o->h.m.posted = (uint32_t)c->activated;
+      s->credit_told = s->s_used;
+      if (s->sidx == 0) c->posted_told_any[s->peer] = c->activated;
+    }
+    q_push(&s->cur, o);
+    s->ncur++;
+  }
+}
+
 /* 1 progress, 0 nothing (empty or blocked), -1 failed, -2 paced out. */
 static int sock_write(ct_coll_t* c, ct_sock_t* s) {
   int progress = 0;
   while (!s->blocked) {
-    if (!s->cur) {
-      ct_out_t* o = q_pop(&s->hi);
-      if (!o) o = q_pop(&s->lo);
-      if (!o) break;
-      if (!s->server) {
-        o->h.m.credit = s->s_used;
-        o->h.m.posted = (uint32_t)c->activated;
-        s->credit_told = s->s_used;
-      }
-      s->cur = o;
-    }
-    ct_out_t* o = s->cur;
-    size_t left = o->hlen + o->plen - o->done;
+    start_more(c, s);
+    if (!s->cur.head) break;
+    size_t want = 0;
+    for (ct_out_t* o = s->cur.head; o; o = o->next) want += o->hlen + o->plen - o->done;
     long wait = 0;
-    size_t grant = ct_pace_take(CT_PACE_TX, left, &wait);
+    size_t grant = ct_pace_take(CT_PACE_TX, want, &wait);
     if (!grant) { c->pace_wait_us = wait > 0 ? wait : 1; return progress ? 1 : -2; }
-    struct iovec iov[2];
+    struct iovec iov[2 * MAX_BATCH];
     int n = 0;
     size_t g = grant;
-    if (o->done < o->hlen) {
-      size_t l = o->hlen - o->done < g ? o->hlen - o->done : g;
-      iov[n++] = (struct iovec){(char*)&o->h + o->done, l};
-      g -= l;
-    }
-    if (g && o->plen) {
-      size_t po = o->done > o->hlen ? o->done - o->hlen : 0;
-      iov[n++] = (struct iovec){(char*)o->payload + po, g};
+    for (ct_out_t* o = s->cur.head; o && g; o = o->next) {
+      if (o->done < o->hlen) {
+        size_t l = o->hlen - o->done < g ? o->hlen - o->done : g;
+        iov[n++] = (struct iovec){(char*)&o->h + o->done, l};
+        g -= l;
+      }
+      if (g && o->plen) {
+        size_t po = o->done > o->hlen ? o->done - o->hlen : 0, l = o->plen - po < g ? o->plen - po : g;
+        iov[n++] = (struct iovec){(char*)o->payload + po, l};
+        g -= l;
+      }
     }
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t r = sendmsg(s->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -243,9 +254,11 @@ static int sock_write(ct_coll_t* c, ct_sock_t* s) {
       int err = errno;
       ct_pace_refund(CT_PACE_TX, grant);
       if (err == EINTR) continue;
-      if (err == EAGAIN || err == EWOULDBLOCK) { s->blocked = 1; arm_out(c, s, 1); break; }
-      if ((err == EPIPE || err == ECONNRESET) && !o->op && !still_needed(c, s)) {
-        sock_dead(c, s);   /* a control message to a peer that finished and closed */
+      if (err == EAGAIN || err == EWOULDBLOCK) { s->blocked = 1; break; }
+      int control_only = 1;
+      for (ct_out_t* o = s->cur.head; o; o = o->next) control_only &= !o->op;
+      if ((err == EPIPE || err == ECONNRESET) && control_only && !still_needed(c, s)) {
+        sock_dead(c, s);   /* control messages to a peer that finished and closed */
         return progress;
       }
       io_fail(c, s, "send", err);
@@ -253,14 +266,21 @@ static int sock_write(ct_coll_t* c, ct_sock_t* s) {
     }
     if ((size_t)r < grant) ct_pace_refund(CT_PACE_TX, grant - (size_t)r);
     atomic_fetch_add_explicit(&c->paced_tx, (uint64_t)r, memory_order_relaxed);
-    o->done += (size_t)r;
     s->last_tx_ms = ct_now_ms();
     progress = 1;
-    if (o->done == o->hlen + o->plen) {
-      s->cur = NULL;
+    size_t left = (size_t)r;
+    while (left && s->cur.head) {
+      ct_out_t* o = s->cur.head;
+      size_t rest = o->hlen + o->plen - o->done, take = rest < left ? rest : left;
+      o->done += take;
+      left -= take;
+      if (o->done < o->hlen + o->plen) break;
+      q_pop(&s->cur);
+      s->ncur--;
       out_done(c, s, o);
       if (atomic_load_explicit(&c->error, memory_order_relaxed)) return -1;
     }
+    if ((size_t)r < grant) break;   /* the socket took less: its buffer is full */
   }
   return progress;
 }
@@ -269,7 +289,7 @@ static int write_all(ct_coll_t* c) {
   int progress = 0, nm = c->nranks * c->nsocks;
   for (int i = 0; i < nm + c->nserv; i++) {
     ct_sock_t* s = i < nm ? &c->socks[i] : &c->ssocks[i - nm];
-    if (s->fd < 0 || s->dead || s->blocked || (!s->cur && !s->hi.head && !s->lo.head)) continue;
+    if (s->fd < 0 || s->dead || s->blocked || (!s->cur.head && !s->hi.head && !s->lo.head)) continue;
     int r = sock_write(c, s);
     if (r == -1) return 1;
     if (r == -2) return progress;
@@ -296,23 +316,46 @@ static int mesh_header(ct_coll_t* c, ct_sock_t* s) {
 }
 
 
+static int on_header(ct_coll_t* c, ct_sock_t* s) {
+  s->ih_got = 0;
+  s->ilen = s->igot = 0;
+  s->idst = NULL;
+  if ((s->server ? ct_servers_header(c, s) : mesh_header(c, s))) return -1;
+  if (s->idst && s->ilen == 0) {   /* an empty payload is complete at once */
+    s->idst = NULL;
+    if ((s->server ? ct_servers_payload(c, s) : ct_algo_payload(c, s))) return -1;
+  }
+  return 0;
+}
+
+/* Reads until EAGAIN (then clears readable), the budget or the pacer stops it. A payload
+ * is read together with the header after it (one recvmsg per message while data flows). */
 static int sock_read(ct_coll_t* c, ct_sock_t* s) {
   int progress = 0;
-  size_t budget = READ_BUDGET;
+  size_t budget = READ_BUDGET, hlen = s->server ? sizeof(ct_rmsg_t) : sizeof(ct_msg_t);
   while (budget) {
-    size_t hlen = s->server ? sizeof(ct_rmsg_t) : sizeof(ct_msg_t);
-    char* dst = s->idst ? s->idst + s->igot : (char*)&s->ih + s->ih_got;
-    size_t want = s->idst ? s->ilen - s->igot : hlen - s->ih_got;
+    struct iovec iov[2];
+    int n = 0;
+    if (s->idst) {
+      iov[n++] = (struct iovec){s->idst + s->igot, s->ilen - s->igot};
+      iov[n++] = (struct iovec){&s->inext, hlen};
+    } else {
+      iov[n++] = (struct iovec){(char*)&s->ih + s->ih_got, hlen - s->ih_got};
+    }
+    size_t want = iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
     if (want > budget) want = budget;
     long wait = 0;
     size_t grant = ct_pace_take(CT_PACE_RX, want, &wait);
     if (!grant) { c->pace_wait_us = wait > 0 ? wait : 1; break; }
-    ssize_t r = recv(s->fd, dst, grant, MSG_DONTWAIT);
+    if (iov[0].iov_len >= grant) { iov[0].iov_len = grant; n = 1; }
+    else if (n > 1) iov[1].iov_len = grant - iov[0].iov_len;
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t r = recvmsg(s->fd, &m, MSG_DONTWAIT);
     if (r <= 0) {
       int err = r == 0 ? ECONNRESET : errno;
       ct_pace_refund(CT_PACE_RX, grant);
       if (r < 0 && err == EINTR) continue;
-      if (r < 0 && (err == EAGAIN || err == EWOULDBLOCK)) break;
+      if (r < 0 && (err == EAGAIN || err == EWOULDBLOCK)) { s->readable = 0; break; }
       if ((r == 0 || err == ECONNRESET) && !s->idst && !s->ih_got && !still_needed(c, s)) {
         /* the peer closed at a message boundary and owes nothing: it finished; quiet
          * (ECONNRESET: it closed with our control messages unread) */
@@ -327,22 +370,21 @@ static int sock_read(ct_coll_t* c, ct_sock_t* s) {
     budget -= (size_t)r;
     progress = 1;
     s->last_rx_ms = ct_now_ms();
-    if (s->idst) {
-      s->igot += (size_t)r;
-      if (s->igot < s->ilen) continue;
-      s->idst = NULL;
-      if ((s->server ? ct_servers_payload(c, s) : ct_algo_payload(c, s))) return -1;
-    } else {
+    if (!s->idst) {
       s->ih_got += (size_t)r;
-      if (s->ih_got < hlen) continue;
-      s->ih_got = 0;
-      s->ilen = s->igot = 0;
-      if ((s->server ? ct_servers_header(c, s) : mesh_header(c, s))) return -1;
-      if (s->idst && s->ilen == 0) {   /* an empty payload is complete at once */
-        s->idst = NULL;
-        if ((s->server ? ct_servers_payload(c, s) : ct_algo_payload(c, s))) return -1;
-      }
+      if (s->ih_got == hlen && on_header(c, s)) return -1;
+      continue;
     }
+    size_t in_payload = s->ilen - s->igot < (size_t)r ? s->ilen - s->igot : (size_t)r;
+    s->igot += in_payload;
+    if (s->igot < s->ilen) continue;
+    size_t extra = (size_t)r - in_payload;   /* bytes of the next header */
+    s->idst = NULL;
+    if ((s->server ? ct_servers_payload(c, s) : ct_algo_payload(c, s))) return -1;
+    if (!extra) continue;
+    memcpy(&s->ih, &s->inext, extra);
+    s->ih_got = extra;
+    if (extra == hlen && on_header(c, s)) return -1;
   }
   return progress;
 }
@@ -358,6 +400,9 @@ static int activate_posted(ct_coll_t* c) {
     any = 1;
     if (atomic_load(&c->error)) { op_release(c, op, CT_REQ_ERROR); continue; }
     op->pending = 0;
+    op->gated = op->algo == CT_ALGO_RING ? 1 : op->algo == CT_ALGO_SHARDED && !op->has_p1 ? 2 : 0;
+    if (op->gated == 1) c->gated_ring++;
+    if (op->gated == 2) c->gated_all++;
     if (op->algo == CT_ALGO_SERVERS) ct_servers_activate(c, op);
     else ct_algo_activate(c, op);
     if (atomic_load(&c->error)) continue;
@@ -385,9 +430,10 @@ static int hb_ms(const ct_coll_t* c) {
 static void control(ct_coll_t* c, long now) {
   for (int i = 0; i < c->nranks * c->nsocks; i++) {
     ct_sock_t* s = &c->socks[i];
-    if (s->fd < 0 || s->dead || s->hi.head || s->lo.head) continue;
+    if (s->fd < 0 || s->dead || s->hi.head || s->lo.head || s->ncur >= MAX_BATCH) continue;
+    int gated = c->gated_all || (c->gated_ring && s->peer == (c->rank + c->nranks - 1) % c->nranks);
     int need = s->s_used != s->credit_told || now - s->last_tx_ms >= hb_ms(c) ||
-               (s->sidx == 0 && c->posted_told_any[s->peer] != c->activated);
+               (s->sidx == 0 && gated && c->posted_told_any[s->peer] != c->activated);
     if (!need) continue;
     ct_out_t* o = ct_out_new(c);
     if (!o) { ct_fail(c, "rank %d: out of memory for a control message", c->rank); return; }
@@ -466,14 +512,13 @@ static void* progress_main(void* arg) {
       ct_sock_t* s = evs[i].data.ptr;
       if (!s) { uint64_t v; if (read(c->evfd, &v, sizeof v) < 0) { /* drained */ } continue; }
       if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) s->readable = 1;
-      if (evs[i].events & EPOLLOUT) { s->blocked = 0; arm_out(c, s, 0); }
+      if (evs[i].events & EPOLLOUT) s->blocked = 0;
     }
     progress |= activate_posted(c);
     int nm = c->nranks * c->nsocks;
     for (int i = 0; i < nm + c->nserv && !atomic_load(&c->error); i++) {
       ct_sock_t* s = i < nm ? &c->socks[i] : &c->ssocks[i - nm];
       if (!s->readable || s->fd < 0 || s->dead) continue;
-      s->readable = 0;
       int r = sock_read(c, s);
       if (r > 0) progress = 1;
     }
@@ -528,7 +573,8 @@ static int sock_init(ct_coll_t* c, ct_sock_t* s, int fd, int peer, int sidx, int
     if (!s->stage || !s->shdr) return -1;
   }
   if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)) return -1;
-  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = s};
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET, .data.ptr = s};   /* edges only: no re-arming */
+  s->readable = 1;
   return epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev);
 }
 
