@@ -16,7 +16,7 @@ make -s -C "$HERE" BUILD="$B" "$B/pace_bench" >/dev/null
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores; ${SECS} s per run, median of $RUNS; paced: $DIR"
 # what the box moves now with the same code path and no real limit: a set rate near it cannot be held
 cap=$("$B/pace_bench" -r 1000gbit -c 4 -t 1 -m take -d "$DIR" | sed 's/.*measured=//; s/Mbit.*//')
-echo "# loopback capacity now (4 connections, take, no real limit): ${cap} Mbit/s"
+echo "# take's 2 threads move ${cap} Mbit/s now with no real limit (4 connections): rates near it measure the box"
 printf '%-8s %-5s %-6s %-10s %s\n' rate mode conns ratio "runs"
 for rate in $RATES; do
   for mode in $MODES; do
