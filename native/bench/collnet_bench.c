@@ -30,6 +30,7 @@ typedef struct {
   int iters, warmup, check;
   size_t request;      /* -r: bytes per request, 0 = one request per allreduce */
   int depth;           /* -q: requests outstanding at most */
+  int idle_us;         /* -i: sleep this long when a pass moved nothing, 0 = sched_yield() (NCCL's proxy) */
   ncclDataType_t dt;
   ncclRedOp_t op;
   char algos[128];
@@ -69,7 +70,9 @@ static void usage(void) {
     fprintf(stderr, "usage: collnet_bench [-b minbytes] [-e maxbytes] [-f factor] [-n iters] [-w warmup]\n"
                     "  [-c 0|1 check] [-d float|half|bfloat16|double|int32|uint32|int64|uint64|int8|uint8]\n"
                     "  [-o sum|prod|min|max] [-a servers,sharded,ring,mpi] [-p plugin.so] [-r request_bytes] [-q depth]\n"
+                    "  [-i idle_us]\n"
                     "  -r/-q: requests of that size, at most depth outstanding, tested oldest first (NCCL's proxy)\n"
+                    "  -i: sleep that long when a pass moved nothing (default 0: sched_yield, as NCCL's proxy)\n"
                     "  -a servers needs CLUSTERTOOL_REDUCERS=addr:port,... (running clustertool-reducers)\n");
   MPI_Finalize();
   exit(2);
@@ -86,7 +89,7 @@ static void parse(int argc, char** argv, opts_t* o) {
   const char* env = getenv("CLUSTERTOOL_PLUGIN");
   if (env) snprintf(o->plugin, sizeof o->plugin, "%s", env);
   int c;
-  while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:a:p:r:q:h")) != -1) {
+  while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:a:p:r:q:i:h")) != -1) {
     switch (c) {
       case 'b': o->minb = parse_bytes(optarg); break;
       case 'e': o->maxb = parse_bytes(optarg); break;
@@ -100,10 +103,13 @@ static void parse(int argc, char** argv, opts_t* o) {
       case 'p': snprintf(o->plugin, sizeof o->plugin, "%s", optarg); break;
       case 'r': o->request = parse_bytes(optarg); break;
       case 'q': o->depth = atoi(optarg); break;
+      case 'i': o->idle_us = atoi(optarg); break;
       default: usage();
     }
   }
-  if (o->factor <= 1 || o->iters < 1 || o->minb > o->maxb || o->depth < 1 || o->depth > 1024) usage();
+  if (o->factor <= 1 || o->iters < 1 || o->minb > o->maxb || o->depth < 1 || o->depth > 1024 || o->idle_us < 0 ||
+      o->idle_us > 100000)
+    usage();
 }
 
 /* Small integers: every dtype sums them exactly for up to 8 ranks. */
@@ -207,14 +213,26 @@ static int coll_open(coll_t* c, const char* algo) {
   return rc;
 }
 
+/* A pass that moved nothing: give the CPU away, as NCCL's proxy does (sched_yield), or with
+ * -i sleep that long (on a box with fewer cores than threads, a thread that keeps yielding
+ * takes turns from the plugin's progress threads; NCCL's proxy has a core of its own). */
+static void idle(const opts_t* o) {
+  if (o->idle_us) usleep((useconds_t)o->idle_us);
+  else sched_yield();
+}
+
 static int run_plugin_once(coll_t* c, const opts_t* o, void* sb, void* rb, size_t count, void* smh, void* rmh) {
   void* req = NULL;
-  while (!req)
+  while (!req) {
     if (c->cn->iallreduce(c->comm, sb, rb, count, o->dt, o->op, smh, rmh, &req) != ncclSuccess) return -1;
+    if (!req) idle(o);
+  }
   int done = 0, size = 0;
-  while (!done)
+  for (;;) {
     if (c->cn->test(req, &done, &size) != ncclSuccess) return -1;
-  return 0;
+    if (done) return 0;
+    idle(o);
+  }
 }
 
 /* NCCL's proxy loop for one allreduce cut into requests of o->request bytes. */
@@ -238,7 +256,7 @@ static int run_plugin_stream(coll_t* c, const opts_t* o, char* sb, char* rb, siz
       if (c->cn->test(fifo[done_n % 1024], &done, &size) != ncclSuccess) return -1;
       if (done) { done_n++; moved = 1; }
     }
-    if (!moved) sched_yield();   /* no request progressed: let others run (NCCL does the same) */
+    if (!moved) idle(o);   /* no request progressed: let others run */
   }
   return 0;
 }
@@ -344,9 +362,10 @@ int main(int argc, char** argv) {
     const char* red = getenv("CLUSTERTOOL_REDUCERS");
     if (red && *red && strstr(o.algos, "servers")) printf("# reduction servers: %s\n", red);
     if (need_plugin && o.request)
-      printf("# requests of %zu bytes, at most %d outstanding, oldest tested first (NCCL's proxy)\n", o.request, o.depth);
+      printf("# requests of %zu bytes, at most %d outstanding, oldest tested first (NCCL's proxy)", o.request, o.depth);
     else if (need_plugin)
-      printf("# one request per allreduce\n");
+      printf("# one request per allreduce");
+    if (need_plugin) printf(o.idle_us ? "; idle passes sleep %d us\n" : "; idle passes sched_yield()%.0d\n", o.idle_us);
     if (need_plugin) {
       ncclNetProperties_v12_t p;
       if (c.cn->getProperties(0, &p) == ncclSuccess) printf("# device %s speed %d Mbps\n", p.name, p.speed);

@@ -492,10 +492,13 @@ static void* progress_main(void* arg) {
       activate_posted(c);
       continue;
     }
-    if (!busy && c->pace_wait_us > 0) {
+    if (!busy && c->pace_wait_us > 0) {   /* paced out: sleep what the pacer said (a post wakes us) */
       struct pollfd pf = {c->evfd, POLLIN, 0};
       struct timespec ts = {c->pace_wait_us / 1000000, (c->pace_wait_us % 1000000) * 1000};
-      ppoll(&pf, 1, &ts, NULL);
+      atomic_store(&c->sleeping, 1);
+      ct_op_t* next = &c->ops[c->activated & (uint64_t)(c->W - 1)];
+      if (atomic_load(&next->state) != CT_OP_POSTED) ppoll(&pf, 1, &ts, NULL);
+      atomic_store(&c->sleeping, 0);
       n = epoll_wait(c->epfd, evs, 64, 0);
     } else if (!busy) {
       atomic_store(&c->sleeping, 1);

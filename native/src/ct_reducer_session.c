@@ -79,7 +79,10 @@ void ct_rsession_abort(ct_rsession_t* s, const char* why) {
 }
 
 /* Full transfers with a bound on each wait: -1 and errno ETIMEDOUT after timeout_ms
- * without progress; 0 for a connection closed before the first byte (recv only). */
+ * without progress; 0 for a connection closed before the first byte (recv only).
+ * Received bytes are paid for after they arrived (ct_pace_wait sleeps off the debt): a
+ * thread that took tokens first and then waited for its worker's data would hold the
+ * other ranks' receivers back for nothing. Sends take their tokens first. */
 static int recv_full(int fd, void* buf, size_t len, int timeout_ms, int first_blocks) {
   char* p = buf;
   size_t got = 0;
@@ -95,6 +98,7 @@ static int recv_full(int fd, void* buf, size_t len, int timeout_ms, int first_bl
     if (k == 0) { if (got == 0) return 0; errno = ECONNRESET; return -1; }
     if (k < 0) return -1;
     got += (size_t)k;
+    ct_pace_wait(CT_PACE_RX, (size_t)k);
   }
   return 1;
 }
@@ -137,7 +141,6 @@ static void* recv_main(void* arg) {
     if (stop) break;
     size_t slot = g % (uint64_t)s->W;
     ct_rmsg_t* h = &s->ihdr[(size_t)w * (size_t)s->W + slot];
-    ct_pace_wait(CT_PACE_RX, sizeof *h);
     int r = recv_full(c->fd, h, sizeof *h, tmo, 1);
     const char* bad = NULL;
     if (r == 0) {
@@ -153,8 +156,7 @@ static void* recv_main(void* arg) {
     else if (h->len > s->chunk || !ct_reduce_supported((ncclDataType_t)h->dtype, (ncclRedOp_t)h->redop) ||
              h->len % ct_dtype_size((ncclDataType_t)h->dtype))
       bad = "bad chunk length, type or op";
-    else if (h->len && (ct_pace_wait(CT_PACE_RX, h->len),
-                        recv_full(c->fd, s->in + ((size_t)w * (size_t)s->W + slot) * s->chunk, h->len, tmo, 0) <= 0)) {
+    else if (h->len && recv_full(c->fd, s->in + ((size_t)w * (size_t)s->W + slot) * s->chunk, h->len, tmo, 0) <= 0) {
       gone = errno == ECONNRESET || errno == EPIPE;
       bad = why();
     }
