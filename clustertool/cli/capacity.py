@@ -4,12 +4,15 @@ cluster's machines that the leader warns jobs of."""
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from clustertool.cli.common import ClusterOpt, JsonOpt, open_session
 from clustertool.core.errors import UsageError
+
+if TYPE_CHECKING:  # a fast --help
+    from clustertool.cluster.bookings import Table
 
 capacity_app = typer.Typer(
     name="capacity", no_args_is_help=True, add_completion=False,
@@ -85,7 +88,7 @@ def ls_cmd(
     _show(bookings.reservations(region=region, profile=profile), json_output)
 
 
-def _show(table, json_output: bool) -> None:
+def _show(table: Table, json_output: bool) -> None:
     """A provider's table (providers.base.Table): --json's data, the line for none, or the rows and notes."""
     from clustertool.cli import render
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, open_session, reporter
 from clustertool.core.errors import UsageError
+
+if TYPE_CHECKING:  # a fast --help
+    import click
+
 
 ForceOwnerOpt = typer.Option(False, "--force-owner",
                              help="Act even on a cluster whose tags say another owner (AWS identity + "
@@ -43,8 +47,9 @@ def down(
     With --sweep --yes the exit code is 1 when a finished cluster that costs money was kept (another
     home's or another owner's): the last line says which, at what hourly rate, and the flag that deletes it."""
     from clustertool.cli import render
+    from clustertool.cli.common import cluster_exists
     from clustertool.cluster import lifecycle
-    from clustertool.core import state
+    from clustertool.cluster.clusterrequests import DownRequest
 
     if sweep:
         raise typer.Exit(_sweep(sweep_provider, region, profile, yes, json_output, force_owner, any_home))
@@ -54,19 +59,20 @@ def down(
     stopped = _stop_up_in_flight(name, yes, json_output)
     if stopped is not None:
         yes = True  # asked once, for both
-        if not state.exists(name):  # it rolled back everything it had made
+        if not cluster_exists(name):  # it rolled back everything it had made
             if json_output:
                 render.print_json({"cluster": name, "stopped_up": stopped, "removed": []})
             else:
                 typer.echo(f"{stopped}; nothing of cluster {name} is left")
             return
-    c = state.load(name)
+    request = DownRequest(terminate_adopted=terminate_adopted, force_owner=force_owner, keep_shared_fs=keep_shared_fs)
+    session = open_session(name, json_output)
+    c = session.record
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError(f"refusing to tear down {name!r} without --yes (no terminal to ask on)")
         typer.confirm(f"Tear down cluster {name!r} ({len(c.nodes)} {c.provider} node(s))?", abort=True)
-    lines = lifecycle.down(name, report=reporter(json_output), terminate_adopted=terminate_adopted,
-                           force_owner=force_owner, keep_shared_fs=keep_shared_fs)
+    lines = lifecycle.down(session, request)
     if json_output:
         render.print_json({"cluster": name, "removed": lines, **({"stopped_up": stopped} if stopped else {})})
     else:
@@ -195,10 +201,10 @@ def ssh(
     """Open a shell on a node (or run one command), with the cluster's pinned keys."""
     import shlex
 
-    from clustertool.core import nodeset, state
+    from clustertool.core import nodeset
     from clustertool.remote import transport
 
-    c = state.load(cluster_name(cluster))
+    c = open_session(cluster).record
     picked = nodeset.select(c, node or "leader")
     if len(picked) != 1:
         raise UsageError("ssh takes exactly one node", hint="use `clustertool exec` for several")
@@ -222,12 +228,12 @@ def hostfile(
 ) -> None:
     """Print (or write) the cluster's hostfile, leader first, private addresses, with slots (cordoned
     nodes left out)."""
-    from clustertool.core import nodeset, state
+    from clustertool.core import nodeset
     from clustertool.core.hostfile import FORMATS, render_cluster
 
     if fmt not in FORMATS:
         raise UsageError(f"unknown hostfile format {fmt!r}", hint=f"choose one of: {', '.join(FORMATS)}")
-    record = state.load(cluster_name(cluster))
+    record = open_session(cluster).record
     text = render_cluster(record, fmt)
     left_out = [n.name for n in record.workers if n.cordoned]
     if left_out:
@@ -243,31 +249,30 @@ def hostfile(
 
 def stop(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt) -> None:
     """Stop the nodes, keeping their disks (the prepared dataset survives)."""
-    from clustertool.cli import render
     from clustertool.cluster import lifecycle
 
-    name = cluster_name(cluster)
-    lifecycle.stop(name, report=render.info, force_owner=force_owner)
+    session = open_session(cluster)
+    lifecycle.stop(session, force_owner=force_owner)
+    name = session.name
     typer.echo(f"cluster {name} stopped (disks kept; `clustertool start -c {name}` resumes)")
 
 
 def start(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt) -> None:
     """Start stopped nodes; refreshes hostfiles and known_hosts, as addresses may change."""
-    from clustertool.cli import render
     from clustertool.cluster import lifecycle
 
-    c = lifecycle.start(cluster_name(cluster), report=render.info, force_owner=force_owner)
+    c = lifecycle.start(open_session(cluster), force_owner=force_owner)
     typer.echo(f"cluster {c.name} started; hostfile {c.hostfile_path}")
 
 
 def repin(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt) -> None:
     """Re-collect host keys of nodes that were legitimately rebuilt, then re-wire."""
     from clustertool.cluster import lifecycle
-    from clustertool.core import nodeset, state
+    from clustertool.core import nodeset
 
-    name = cluster_name(cluster)
-    picked = [n.name for n in nodeset.select(state.load(name), nodes)]
-    changed = lifecycle.repin(name, picked)
+    session = open_session(cluster)
+    picked = [n.name for n in nodeset.select(session.record, nodes)]
+    changed = lifecycle.repin(session, picked)
     typer.echo(f"re-pinned host keys of {nodeset.fold(changed)}")
 
 
@@ -277,7 +282,7 @@ def register(app: typer.Typer) -> None:
     app.command(context_settings={"allow_interspersed_args": False})(ssh)
 
 
-def click_commands():
+def click_commands() -> list[click.Command]:
     from clustertool.cli.up import build_up_command
 
     return [build_up_command()]

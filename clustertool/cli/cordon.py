@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, open_session, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, open_session
+
+if TYPE_CHECKING:  # a fast --help
+    from clustertool.cluster.cordon import CordonResult
 
 NodesArg = typer.Argument(..., metavar="NODE...",
                           help="Nodes by name (node-5), range (node-[3-5]), comma list or group (members, servers).")
@@ -29,8 +32,7 @@ def cordon(
     written again."""
     from clustertool.cluster import cordon
 
-    result = cordon.cordon(open_session(cluster, json_output), ",".join(nodes), reason=reason,
-                       report=reporter(json_output))
+    result = cordon.cordon(open_session(cluster, json_output), ",".join(nodes), reason=reason)
     _show(result, json_output)
 
 
@@ -42,11 +44,11 @@ def uncordon(
     """Put cordoned nodes back into the hostfiles and jobs' default nodes."""
     from clustertool.cluster import cordon
 
-    result = cordon.uncordon(open_session(cluster, json_output), ",".join(nodes), report=reporter(json_output))
+    result = cordon.uncordon(open_session(cluster, json_output), ",".join(nodes))
     _show(result, json_output)
 
 
-def _show(result, json_output: bool) -> None:
+def _show(result: CordonResult, json_output: bool) -> None:
     from clustertool.cli import render
     from clustertool.cluster.cordon import describe
     from clustertool.core import nodeset

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from clustertool.cluster.spec import PROVIDERS, OptionSpec, every_provider_option
@@ -59,19 +61,21 @@ def build_up_command() -> click.Command:
     )
 
 
-def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_output, autostop, autodown, wait_for,
-        shared_fs, shared_mount, **options):
+def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: int | None, slots: int | None,
+        user: str | None, dry_run: bool, no_ssh: bool, json_output: bool, autostop: str | None,
+        autodown: bool | None, wait_for: str | None, shared_fs: tuple[str, ...], shared_mount: str | None,
+        **options: Any) -> int:
     from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.cluster import lifecycle, spec
+    from clustertool.cluster.clusterrequests import UpRequest
     from clustertool.remote import access
 
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user,
                  "autostop": autostop, "autodown": autodown, "wait_for": wait_for,
                  "shared_fs": list(shared_fs) or None, "shared_mount": shared_mount, **options}
-    cluster_spec = spec.load_spec(spec_file, overrides)
-    report = reporter(json_output)
-    result = lifecycle.up(cluster_spec, dry_run=dry_run, no_ssh=no_ssh, report=report)
+    request = UpRequest(spec.load_spec(spec_file, overrides), dry_run=dry_run, no_ssh=no_ssh)
+    result = lifecycle.up(request, report=reporter(json_output))
     if dry_run:
         if json_output:
             render.print_json(result.to_dict())
@@ -80,6 +84,7 @@ def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_out
                 click.echo(line)
         return 0
     cluster = result.cluster
+    assert cluster is not None  # only a dry run has none
     if json_output:
         render.print_json(result.to_dict())
         return 0

@@ -85,9 +85,6 @@ class Node:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Node":
         known = {f.name for f in dataclasses.fields(cls)}
-        data = dict(data)
-        if data.get("launcher") in ("tmux", "setsid", "pending") and "detached" not in data:
-            data["detached"] = data.pop("launcher")  # a record from before launchers: its detacher
         return cls(**{k: v for k, v in data.items() if k in known})
 
 

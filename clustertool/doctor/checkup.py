@@ -17,13 +17,14 @@ push keys/known_hosts again) and runs the checks once more.
 from __future__ import annotations
 
 import time
+from typing import Callable, Iterable, cast
 
 from clustertool.cluster.facts import NodeFacts, facts_script, gpu_count, parse_facts
 from clustertool.cluster.session import ClusterSession
-from clustertool.core.errors import ToolError, UsageError
-from clustertool.core.model import ClusterRecord, Node, Reporter, silent
-from clustertool.doctor import analyze, autocordon, gpu, hwchecks, netchecks, netprobe, sharedfs
-from clustertool.doctor.bisect import DEFAULT_THRESHOLD
+from clustertool.core.errors import ToolError
+from clustertool.core.model import ClusterRecord, Node
+from clustertool.doctor import analyze, autocordon, hwchecks, netchecks, netprobe, sharedfs
+from clustertool.doctor.doctorrequests import DoctorRequest
 from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
 from clustertool.doctor.fixes import apply_fixes
 from clustertool.doctor.plugin_check import check
@@ -33,32 +34,7 @@ from clustertool.plugin.deploy import default_dest
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.mesh import FULL_MESH_MAX, failed_targets, mesh_peers, mesh_script
 
-ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "network", "plugin-nccl",
-              "gpu", "efa", "shared-fs")
-ALIASES = {"mesh": "ssh-mesh", "ssh": "reach", "mpi": "mpi-smoke", "links": "network", "link": "network",
-           "gpus": "gpu", "shared": "shared-fs", "sharedfs": "shared-fs"}
 NEEDS_FACTS = ("disk", "sameness", "strays", "plugin-nccl")
-
-
-def choose_checks(check: list[str], skip: list[str]) -> tuple[str, ...]:
-    """The checks to run from --check/--skip values (repeated or comma-separated; short aliases
-    like ``mesh``); an unknown name is a usage error."""
-    def names(values: list[str]) -> list[str]:
-        out = [ALIASES.get(v.strip(), v.strip()) for value in values for v in value.split(",") if v.strip()]
-        unknown = [c for c in out if c not in ALL_CHECKS]
-        if unknown:
-            raise UsageError(f"unknown check {unknown[0]!r}", hint=f"checks: {', '.join(ALL_CHECKS)}")
-        return out
-
-    wanted, skipped = names(check) or list(ALL_CHECKS), set(names(skip))
-    return tuple(c for c in ALL_CHECKS if c in wanted and c not in skipped)
-
-
-def check_threshold(threshold: float) -> None:
-    """The network check's threshold is a fraction of the median: between 0 and 1."""
-    if not 0 < threshold < 1:
-        raise UsageError(f"--threshold {threshold} is not between 0 and 1",
-                         hint="e.g. 0.8: a pair below 0.8 x the cluster's median bandwidth is slow")
 
 
 def plugin_path(cluster: ClusterRecord) -> str:
@@ -67,11 +43,11 @@ def plugin_path(cluster: ClusterRecord) -> str:
     return f"{str(dest).rstrip('/')}/{NET_LIB}"
 
 
-def _timed(name: str, fn) -> CheckResult:
+def _timed(name: str, fn: Callable[[], object]) -> CheckResult:
     t0 = time.monotonic()
     result = fn()
     if not isinstance(result, CheckResult):
-        result = CheckResult(name, findings=list(result))
+        result = CheckResult(name, findings=list(cast(Iterable[Finding], result)))
     result.seconds = time.monotonic() - t0
     return result
 
@@ -153,8 +129,7 @@ def _mesh_again(session: ClusterSession, reachable: list[Node], outputs: dict[st
     return {**outputs, **{r.node: r.stdout for r in again.results if r.ok}}
 
 
-def _plugin_nccl(session: ClusterSession, reachable: list[Node], facts: list[NodeFacts],
-                 report: Reporter) -> CheckResult:
+def _plugin_nccl(session: ClusterSession, reachable: list[Node], facts: list[NodeFacts]) -> CheckResult:
     """`plugin check` on GPU clusters with the plugin deployed: NCCL's own word on the plugin."""
     cluster = session.record
     gpus = {f.node: gpu_count(f) for f in facts}
@@ -168,24 +143,16 @@ def _plugin_nccl(session: ClusterSession, reachable: list[Node], facts: list[Nod
     if running:   # the GPUs are busy: not the moment to start NCCL on them
         return CheckResult("plugin-nccl", skipped=f"job {sorted(running)[0]} is running")
     try:
-        result = check(session, gpus=gpus, report=report)
+        result = check(session, gpus=gpus)
     except ToolError as exc:   # e.g. files that differ from the deploy (sameness names those too)
         return CheckResult("plugin-nccl", [Finding("plugin-nccl", None, "warning", f"plugin check could not run: "
                                                    f"{exc.message}", fix=exc.hint or "")])
     return CheckResult("plugin-nccl", analyze.nccl_findings(result))
 
 
-def diagnose(session: ClusterSession, *, checks: tuple[str, ...] = ALL_CHECKS, plugin: str | None = None,
-             disk_paths: list[str] | None = None, report: Reporter = silent,
-             threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False,
-             gpu_options: gpu.Options | None = None, nccl_log: str | None = None) -> Diagnosis:
-    """``threshold``, ``all_pairs``: the network check's (netprobe.network_check); ``gpu_options``: the
-    gpu check's time boxes, DCGM level and kernel-log window; ``nccl_log``: the efa check's NCCL log
-    (a file or a job; default the newest `plugin check`)."""
-    cluster = session.record
-    unknown = [c for c in checks if c not in ALL_CHECKS]
-    if unknown:
-        raise UsageError(f"unknown check {unknown[0]!r}", hint=f"checks: {', '.join(ALL_CHECKS)}")
+def diagnose(session: ClusterSession, request: DoctorRequest) -> Diagnosis:
+    """Every check the request names, once (progress lines: the session's reporter)."""
+    cluster, report, checks = session.record, session.report, request.checks
     out = Diagnosis(cluster.name)
     report("reach: SSH to every node")
     reach, reachable = _reach(session)
@@ -195,8 +162,10 @@ def diagnose(session: ClusterSession, *, checks: tuple[str, ...] = ALL_CHECKS, p
         return out
     facts: list[NodeFacts] = []
     if any(c in checks for c in NEEDS_FACTS):  # one round on every node, only when a check reads it
-        facts = _facts(session, reachable, plugin or plugin_path(cluster), disk_paths or ["/scratch"])
+        facts = _facts(session, reachable, request.plugin_path or plugin_path(cluster),
+                       list(request.disk_paths) or ["/scratch"])
     slots = {n.name: n.slots for n in cluster.nodes}
+    gpu_options = request.gpu_options()
     servers = {n.name for n in cluster.servers}
     steps = {
         "ssh-mesh": lambda: _mesh(session, reachable),
@@ -207,12 +176,12 @@ def diagnose(session: ClusterSession, *, checks: tuple[str, ...] = ALL_CHECKS, p
         "clock": lambda: _clock(session, reachable),
         "mpi-smoke": lambda: (netchecks.smoke_test(session) if len(reachable) == len(cluster.nodes)
                               else CheckResult("mpi-smoke", skipped="a node is unreachable")),
-        "network": lambda: netprobe.network_check(session, reachable, threshold=threshold, all_pairs=all_pairs,
-                                                  report=report),
-        "plugin-nccl": lambda: _plugin_nccl(session, reachable, facts, report),
-        "gpu": lambda: hwchecks.gpu_check(session, reachable, gpu_options or gpu.Options(),
-                                          running_job_ids(session) if gpu_options and gpu_options.deep else set()),
-        "efa": lambda: hwchecks.efa_check(session, reachable, nccl_log=nccl_log),
+        "network": lambda: netprobe.network_check(session, reachable, threshold=request.threshold,
+                                                  all_pairs=request.all_pairs),
+        "plugin-nccl": lambda: _plugin_nccl(session, reachable, facts),
+        "gpu": lambda: hwchecks.gpu_check(session, reachable, gpu_options,
+                                          running_job_ids(session) if gpu_options.deep else set()),
+        "efa": lambda: hwchecks.efa_check(session, reachable, nccl_log=request.nccl_log),
         "shared-fs": lambda: sharedfs.shared_fs_check(session, reachable),
     }
     for name, fn in steps.items():
@@ -224,34 +193,17 @@ def diagnose(session: ClusterSession, *, checks: tuple[str, ...] = ALL_CHECKS, p
     return out
 
 
-def run(session: ClusterSession, *, fix: bool = False, checks: tuple[str, ...] = ALL_CHECKS,
-        plugin: str | None = None, disk_paths: list[str] | None = None,
-        report: Reporter = silent, threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False,
-        deep: int = 0, since: str | None = None, gpu_timeout: float = 60.0, deep_timeout: float = 600.0,
-        nccl_log: str | None = None) -> Diagnosis:
-    """``deep``: DCGM diag level for the gpu check (1 quick, 2 medium; 0 none); ``since``: the kernel-log
-    window for Xids ("2h", "2026-11-26 10:00"; default since boot); ``gpu_timeout`` / ``deep_timeout``:
-    seconds each nvidia-smi or kernel-log step / the DCGM diag may take on a node before it is stopped
-    and reported; ``nccl_log``: a file or job whose NCCL INFO lines the efa check reads."""
-    gpu_options = hwchecks.gpu_options(deep, since, gpu_timeout, deep_timeout)
-    check_threshold(threshold)
+def run(session: ClusterSession, request: DoctorRequest) -> Diagnosis:
+    """`clustertool doctor`: the request's checks; with ``fix``, the safe fixes and the checks once more;
+    with ``cordon``, every node found at error severity cordoned (``Diagnosis.cordoned`` says what)."""
     session.ready()
-    result = diagnose(session, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report,
-                      threshold=threshold, all_pairs=all_pairs, gpu_options=gpu_options, nccl_log=nccl_log)
-    if not fix or result.clean:
-        return result
-    done = apply_fixes(session, result.findings, report=report)
-    if not done:
-        return result
-    report("checking again after the fixes")
-    again = diagnose(session, checks=checks, plugin=plugin, disk_paths=disk_paths, report=report,
-                     threshold=threshold, all_pairs=all_pairs, gpu_options=gpu_options, nccl_log=nccl_log)
-    again.fixed = done
-    return again
-
-
-def bisect(session: ClusterSession, *, threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False,
-           report: Reporter = silent) -> Diagnosis:
-    """`doctor --bisect`: reach, then the network search alone (the slow node or link, every measurement
-    in the check's data)."""
-    return run(session, checks=("network",), threshold=threshold, all_pairs=all_pairs, report=report)
+    result = diagnose(session, request)
+    if request.fix and not result.clean:
+        done = apply_fixes(session, result.findings)
+        if done:
+            session.report("checking again after the fixes")
+            result = diagnose(session, request)
+            result.fixed = done
+    if request.cordon:
+        result.cordoned = autocordon.cordon_errors(session, result)
+    return result

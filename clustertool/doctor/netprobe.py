@@ -21,7 +21,7 @@ import shlex
 
 from clustertool.bench.allreduce import bench_argv, parse_rows
 from clustertool.cluster.session import ClusterSession
-from clustertool.core.model import Node, Reporter, silent
+from clustertool.core.model import Node
 from clustertool.doctor import bisect_report
 from clustertool.doctor.bisect import DEFAULT_THRESHOLD, Measurement, Pair, SearchResult, search
 from clustertool.doctor.findings import CheckResult, Finding
@@ -161,8 +161,9 @@ def _with_allreduce(found: list[Finding], halves: dict) -> None:
 
 
 def network_check(session: ClusterSession, nodes: list[Node], *, threshold: float = DEFAULT_THRESHOLD,
-                  all_pairs: bool = False, report: Reporter = silent) -> CheckResult:
+                  all_pairs: bool = False) -> CheckResult:
     """The search (or every pair) over ``nodes``, as doctor's ``network`` check."""
+    report = session.report
     if len(nodes) < 2:
         return CheckResult("network", skipped="fewer than two reachable nodes")
     # Local nodes without link_rate share this machine's CPUs and their links have no rate of their own:

@@ -15,6 +15,7 @@ from clustertool.cli.app import run
 from clustertool.cli.common import fill_bare_values
 from clustertool.cluster import lifecycle, status
 from clustertool.core.model import ClusterRecord, GroupResult, HostResult, JobRecord, Node
+from clustertool.jobs.jobrequests import SyncPolicy
 from clustertool.jobs.launch import Launch
 from clustertool.transfer.results import CopyResult, NodeCopy
 from tests.conftest import REPO, run_cli
@@ -70,15 +71,15 @@ def test_run_json_is_the_launchs_to_dict_with_what_sync_sent(monkeypatch, capsys
     synced = CopyResult("/p", "/p", "local", "chain", [NodeCopy("node-1", files_sent=2)], bytes_sent=9)
     seen = {}
 
-    def fake_run(session, opts, **kwargs):
-        seen.update(kwargs, command=opts.command)
+    def fake_run(session, request, **kwargs):
+        seen.update(request=request)
         return Launch(job, ["mpirun"], sync=("/p", "/p"), synced=synced)
 
     monkeypatch.setattr("clustertool.jobs.launch.run", fake_run)
     code, data = printed(capsys, "run", "-c", "x", "--sync", "--json", "--", "python", "t.py")
     assert code == 0 and data == Launch(job, ["mpirun"], synced=synced).to_dict()
     assert data["sync"]["bytes_sent"] == 9 and data["id"] == "j1"
-    assert (seen["sync"], seen["sync_to"], seen["command"]) == (".", None, ["python", "t.py"])
+    assert seen["request"].sync == SyncPolicy(".", None) and seen["request"].command == ("python", "t.py")
 
 
 def test_kill_json_is_the_kill_results_to_dict(monkeypatch, capsys, x_cluster):

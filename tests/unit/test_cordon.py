@@ -206,8 +206,8 @@ def test_a_cordon_survives_start_even_when_the_provider_hands_back_new_nodes(ct_
         def wait_instances(self, cluster):
             return cluster.nodes
 
-    monkeypatch.setattr(lifecycle, "get_provider", lambda *a, **k: Fresh())
+    monkeypatch.setattr("clustertool.cluster.session.get_provider", lambda *a, **k: Fresh())
     monkeypatch.setattr(lifecycle, "wire", lambda session: None)
-    started = lifecycle.start("cc")
+    started = lifecycle.start(ClusterSession.load("cc"))
     assert [n.name for n in started.cordoned] == ["node-2"] and started.node("node-2").cordon["reason"] == "PCIe x8"
     assert "10.0.0.2 " not in (tmp_path / "hostfiles" / "cc").read_text()

@@ -206,6 +206,15 @@ def test_the_cli_imports_no_provider():
     assert found == []
 
 
+def test_cli_loads_no_state():
+    """A command opens its session through cli/common.py's one helper (open_session); no other cli/
+    module reads the state files or makes a session itself."""
+    found = sorted(f"{m} imports {t}" for m, targets in GRAPH.items()
+                   if package_of(m) == "cli" and m != "clustertool.cli.common"
+                   for t in targets if t in ("clustertool.core.state", "clustertool.cluster.session"))
+    assert found == []
+
+
 def _aliased(module: str) -> list[str]:
     """`import clustertool.x as y`, `from clustertool.x import y as z` (also relative) in ``module``."""
     out = []

@@ -91,8 +91,8 @@ def test_gpu_run_is_one_rank_per_slot_with_the_plugin_env_and_nccls_info_log(gpu
     """The real path down to mpirun's argv: check -> jobs_launcher -> `run --plugin` (dry run)."""
     real_run, seen = launch.run, {}
 
-    def dry(session, opts, **kw):
-        seen["launch"] = real_run(session, opts, dry_run=True, **kw)
+    def dry(session, request, **kw):
+        seen["launch"] = real_run(session, request, dry_run=True, **kw)
         raise ToolError("dry run: nothing started")
 
     monkeypatch.setattr(launch, "run", dry)
@@ -348,8 +348,8 @@ def test_with_servers_the_standin_runs_servers_too_on_the_workers_only(served, f
     fake.on("nproc=", facts("none"))
     real_run, seen = launch.run, {}
 
-    def dry(session, opts, **kw):
-        seen["launch"], seen["kw"] = real_run(session, opts, dry_run=True, **kw), kw
+    def dry(session, request, **kw):
+        seen["launch"], seen["request"] = real_run(session, request, dry_run=True, **kw), request
         raise ToolError("dry run: nothing started")
 
     monkeypatch = pytest.MonkeyPatch()
@@ -359,7 +359,7 @@ def test_with_servers_the_standin_runs_servers_too_on_the_workers_only(served, f
     finally:
         monkeypatch.undo()
     argv = seen["launch"].argv
-    assert seen["kw"]["selection"] == "node-1,node-2" and seen["kw"]["use_plugin"]
+    assert seen["request"].nodes == "node-1,node-2" and seen["request"].plugin
     assert argv[argv.index("-np") + 1] == "2" and argv[argv.index("-a") + 1] == "servers,sharded,ring,mpi"
     xs = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
     assert "CLUSTERTOOL_REDUCERS=10.0.0.11:PORT,10.0.0.12:PORT" in xs, xs
