@@ -134,7 +134,7 @@ typedef struct {
   ct_hist_t post_to_done, test;
 } ct_stats_t;
 
-typedef struct { uint64_t seq; size_t c; int j, inflight; } ct_gen_t;
+typedef struct { uint64_t seq; size_t c; int j; size_t inflight; } ct_gen_t;   /* inflight: payload bytes */
 #define CT_SCRATCH_BYTES (64 * 1024)
 
 typedef struct ct_coll {
@@ -166,7 +166,7 @@ typedef struct ct_coll {
   int posted_changed;
   int gated_ring, gated_all;   /* active ops whose data waits for the peer's post: ring (prev must know), allgather (all) */
   ct_gen_t p1gen[CT_MAX_SOCKS], sgen;
-  int depth;                   /* phase-1 / server-data messages written at once per generator */
+  size_t depth;                /* phase-1 / server-data bytes being written at once per generator: DEPTH chunks */
   uint64_t red_seq;            /* sharded: next chunk of my shard to reduce */
   size_t red_c;
   char* scratch;               /* in-place reductions */

@@ -92,7 +92,7 @@ int ct_algo_generate(ct_coll_t* c) {
   int n = c->nranks, me = c->rank, ns = c->nsocks, any = 0;
   for (int sidx = 0; sidx < ns; sidx++) {
     ct_gen_t* g = &c->p1gen[sidx];
-    while (g->inflight < c->depth) {
+    while (g->inflight < c->depth) {   /* bytes: one 256K chunk, or several small ones (a sendmsg each batch) */
       if (g->seq >= c->activated) break;
       ct_op_t* op = ct_op_at(c, g->seq);
       if (!op || op->algo != CT_ALGO_SHARDED || !op->has_p1 || g->c >= op->maxch) {
@@ -110,7 +110,7 @@ int ct_algo_generate(ct_coll_t* c) {
         if (!o) return 1;
         o->gen = 1;
         s->tx_p1++;
-        g->inflight++;
+        g->inflight += o->plen;
         ct_emit(c, s, o, 1);
         any = 1;
       }

@@ -196,7 +196,7 @@ static void sock_dead(ct_coll_t* c, ct_sock_t* s) {
 
 /* ---------------- writing ---------------- */
 static void out_done(ct_coll_t* c, ct_sock_t* s, ct_out_t* o) {
-  if (o->gen) (s->server ? &c->sgen : &c->p1gen[s->sidx])->inflight--;
+  if (o->gen) (s->server ? &c->sgen : &c->p1gen[s->sidx])->inflight -= o->plen;
   ct_op_t* op = o->op;
   out_free(c, o);
   if (op) ct_op_step(c, op);
@@ -595,7 +595,9 @@ int ct_engine_start(ct_coll_t* c) {
   if (c->nranks == 1) return 0;   /* ops complete when posted */
   int n = c->nranks, ns = c->nsocks;
   long dflt_depth = c->lockstep ? 1 : 2L * (n - 1);
-  c->depth = (int)ct_env_long("CLUSTERTOOL_COLLNET_DEPTH", dflt_depth, 1, 1024);
+  /* in chunks of the configured size: lock-step writes one 256K chunk at a time, but batches
+   * the small chunks of small requests */
+  c->depth = (size_t)ct_env_long("CLUSTERTOOL_COLLNET_DEPTH", dflt_depth, 1, 1024) * c->chunk_cfg;
   c->peer_posted = calloc((size_t)n, sizeof(uint64_t));
   c->posted_told_any = calloc((size_t)n, sizeof(uint64_t));
   c->srcs = calloc((size_t)n, sizeof(char*));

@@ -147,7 +147,7 @@ int ct_servers_generate(ct_coll_t* c) {
       o->plen = l;
       o->op = op;
       o->gen = 1;
-      g->inflight++;
+      g->inflight += l;
       ct_emit(c, &c->ssocks[s], o, 1);
       any = 1;
     }
