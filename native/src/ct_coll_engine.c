@@ -40,6 +40,7 @@ ct_op_t* ct_op_at(ct_coll_t* c, uint64_t seq) {
 
 static void op_release(ct_coll_t* c, ct_op_t* op, int state) {
   ct_req_t* r = op->req;
+  if (!r) return;   /* released already (the communicator failed meanwhile) */
   if (op->gated == 1) c->gated_ring--;
   if (op->gated == 2) c->gated_all--;
   op->gated = 0;
@@ -63,6 +64,7 @@ static void op_release(ct_coll_t* c, ct_op_t* op, int state) {
 }
 
 void ct_op_step(ct_coll_t* c, ct_op_t* op) {
+  if (!op->req) return;   /* failed and released */
   if (--op->pending == 0) op_release(c, op, CT_REQ_DONE);
 }
 
