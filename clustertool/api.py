@@ -213,7 +213,8 @@ class Cluster(ClusterSession):
         """`bench allreduce`: collnet_bench on every worker, one rank per node (the plugin deployed first,
         `plugin deploy`).  Keywords (AllreduceBenchRequest.of, as the flags): ``sizes`` ("1M:256M"), ``algo``
         ("servers,sharded,ring,mpi" or a list), ``dtype``, ``op``, ``iters``, ``warmup``, ``ifname``, ``env``,
-        ``timeout``, ``tuner_csv`` (a tuner table written from the rows); or a whole request.  The result's
+        ``timeout``, ``tuner_csv`` (a tuner table written from the rows), ``request_size`` ("256K") and
+        ``depth`` (8): NCCL's request stream, or ``one_request=True``; or a whole request.  The result's
         ``rows`` (all_reduce_perf's columns), ``ok``, ``failure`` (why a run failed), ``wrong`` (a row that
         differs from MPI_Allreduce), ``link_line``; ``to_dict()`` is its --json.  ``on_line(node, "stdout",
         line)`` sees collnet_bench's output as it comes."""

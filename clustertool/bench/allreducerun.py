@@ -70,7 +70,8 @@ def run_allreduce(session: ClusterSession, request: AllreduceBenchRequest, *,
         raise UsageError(f"--algo servers: every reduction server of {cluster.name!r} is cordoned",
                          hint=f"`clustertool uncordon {names}`, or leave servers out of --algo")
     argv = bench_argv(f"{deployed['dest'].rstrip('/')}/{BENCH}", request.size_range(), request.algos,
-                      dtype=request.dtype, op=request.op, iters=request.iters, warmup=request.warmup)
+                      dtype=request.dtype, op=request.op, iters=request.iters, warmup=request.warmup,
+                      request=request.request_bytes, depth=request.depth, one_request=request.one_request)
     extra = [f"CLUSTERTOOL_SOCKET_IFNAME={request.ifname}"] if request.ifname else []
     # servers: run as `run --plugin`, which starts this job's reducers on the server nodes
     launch = launcher(session, env=extra + list(request.env), timeout=request.timeout, on_line=on_line,

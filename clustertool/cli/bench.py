@@ -179,6 +179,12 @@ def allreduce(
     tuner_csv: Optional[Path] = typer.Option(None, "--tuner-csv", help="Write a tuner table from the results here "
                                              "(CollNet where the plugin won); deploy it with `plugin deploy "
                                              "--tuner-table`."),
+    request_size: str = typer.Option("256K", "--request", help="Each allreduce goes to the plugin as NCCL's CollNet "
+                                     "proxy sends it: requests of this many bytes (K/M/G) ..."),
+    depth: int = typer.Option(8, "--depth", help="... at most this many outstanding (NCCL_STEPS), the oldest "
+                              "tested first."),
+    one_request: bool = typer.Option(False, "--one-request", help="Post each allreduce as one request instead "
+                                     "(the plugin's own best case, not what NCCL sends)."),
     json_output: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not stream collnet_bench's output."),
     cluster: Optional[str] = ClusterOpt,
@@ -196,7 +202,8 @@ def allreduce(
     from clustertool.core.errors import ToolError
 
     request = AllreduceBenchRequest.of(sizes=sizes, algo=algo, dtype=dtype, op=op, iters=iters, warmup=warmup,
-                                       ifname=ifname, env=env, timeout=timeout, tuner_csv=tuner_csv)
+                                       ifname=ifname, env=env, timeout=timeout, tuner_csv=tuner_csv,
+                                       request_size=request_size, depth=depth, one_request=one_request)
     result = run_allreduce(open_session(cluster), request,
                            on_line=None if (quiet or json_output) else render.live_line)
     rows = result.rows

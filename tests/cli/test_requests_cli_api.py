@@ -122,7 +122,15 @@ def test_exec_replace_and_bench_allreduce(seen, tmp_path):
     cli_request, api_request = both(got, argv, lambda c: c.bench_allreduce(
         sizes="1M:4M", algo=["ring", "mpi"], dtype="half", op="max", iters=3, warmup=0, ifname="eth1",
         env=["A=1"], timeout=60, tuner_csv=table))
-    assert cli_request == api_request
+    assert cli_request == api_request and (cli_request.request_bytes, cli_request.depth) == (256 << 10, 8)
+    got.clear()
+    cli_request, api_request = both(got, ["bench", "allreduce", "-c", "x", "--request", "1M", "--depth", "4"],
+                                    lambda c: c.bench_allreduce(request_size="1M", depth=4))
+    assert cli_request == api_request and (cli_request.request_bytes, cli_request.depth) == (1 << 20, 4)
+    got.clear()
+    cli_request, api_request = both(got, ["bench", "allreduce", "-c", "x", "--one-request"],
+                                    lambda c: c.bench_allreduce(one_request=True))
+    assert cli_request == api_request and cli_request.one_request
 
 
 def test_kill_stacks_and_recover(seen):

@@ -73,6 +73,8 @@ BAD: list[tuple[str, Callable[[], object], str]] = [
     ("bench --dtype", lambda: AllreduceBenchRequest.of(dtype="fp8"), "--dtype 'fp8' unknown"),
     ("bench --op", lambda: AllreduceBenchRequest.of(op="avg"), "--op 'avg' unknown"),
     ("bench --iters", lambda: AllreduceBenchRequest.of(iters=0), "--iters must be >= 1"),
+    ("bench --request", lambda: AllreduceBenchRequest.of(request_size="big"), "--request 'big': not a size"),
+    ("bench --depth", lambda: AllreduceBenchRequest.of(depth=0), "--request must be >= 1 byte and --depth 1..1024"),
     ("replace nodes", lambda: ReplaceRequest(" "), "no node given"),
     ("replace --copy", lambda: ReplaceRequest("node-3", copy=("",)), "--copy: an empty path"),
     ("exec no command", lambda: ExecRequest(("--",)), "no command given"),
