@@ -131,14 +131,10 @@ int ct_coll_test(ct_req_t* r, size_t* bytes) {
   long long t0 = ct_now_ns();
   ct_coll_t* c = r->c;
   int st = atomic_load_explicit(&r->state, memory_order_acquire);
-  if (st == CT_REQ_PENDING) {
-    /* a caller polling in a tight loop (NCCL's proxy yields when idle; many callers don't)
-     * gives the CPU away now and then, so the progress thread runs where cores are few */
-    if ((atomic_fetch_add_explicit(&c->idle_tests, 1, memory_order_relaxed) & 7) == 7) sched_yield();
+  if (st == CT_REQ_PENDING) {   /* no yield, no lock: NCCL's proxy yields by itself when a pass is idle */
     ct_hist_add(&c->stats.test, (uint64_t)(ct_now_ns() - t0));
     return 0;
   }
-  atomic_store_explicit(&c->idle_tests, 0, memory_order_relaxed);
   if (bytes) *bytes = r->bytes;
   req_release(r);
   ct_hist_add(&c->stats.test, (uint64_t)(ct_now_ns() - t0));

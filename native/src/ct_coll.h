@@ -179,7 +179,6 @@ typedef struct ct_coll {
   /* API side */
   pthread_mutex_t req_mu;      /* request free list: taken by API threads only, never by the progress thread */
   ct_req_t* req_free;
-  _Atomic unsigned idle_tests;  /* test() calls in a row that found their request pending */
   void** req_blocks;
   int nreq_blocks;
   ct_stats_t stats;

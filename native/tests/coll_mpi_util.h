@@ -5,6 +5,7 @@
 #define COLL_MPI_UTIL_H
 #include <dlfcn.h>
 #include <math.h>
+#include <sched.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,10 +80,14 @@ static void close_comm(comm_t* c) {
   cn->closeListen(c->listen);
 }
 
+/* test() never waits, so a polling caller gives the CPU away between calls (as NCCL's
+ * proxy does when a pass is idle): the plugin's progress thread needs it where cores are few. */
 static int wait_req(void* req) {
   int done = 0, size = 0;
-  while (!done)
+  while (!done) {
     if (cn->test(req, &done, &size) != ncclSuccess) return -1;
+    if (!done) sched_yield();
+  }
   return 0;
 }
 
@@ -106,6 +111,7 @@ __attribute__((unused)) static int run_stream(void* comm, const float* sb, float
     int done = 0, size = 0;
     if (cn->test(fifo[done_n % MAXQ], &done, &size) != ncclSuccess) return -1;
     if (done) done_n++;
+    else sched_yield();
   }
   return 0;
 }
