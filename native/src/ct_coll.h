@@ -221,6 +221,16 @@ ct_out_t* ct_msg_out(ct_coll_t* c, ct_op_t* op, int type, int step, size_t chunk
 void ct_fail(ct_coll_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 uint64_t ct_seq_extend(uint64_t near, uint32_t v);
 
+/* I/O (ct_coll_io.c), progress thread only. */
+#define CT_MAX_BATCH 8                                   /* messages started (and written) per sendmsg */
+int ct_io_read(ct_coll_t* c, ct_sock_t* s);             /* 1 progress, 0 none, -1 failed */
+int ct_io_write_all(ct_coll_t* c);                       /* 1 when anything was written */
+int ct_io_unpark(ct_coll_t* c);                          /* parked messages whose peer posted: queued */
+int ct_io_control(ct_coll_t* c, ct_sock_t* s);           /* queue a control message first */
+void ct_sock_dead(ct_coll_t* c, ct_sock_t* s);
+const char* ct_peer_name(ct_coll_t* c, ct_sock_t* s, char* buf, size_t len);
+int ct_still_needed(ct_coll_t* c, ct_sock_t* s);         /* a collective in progress waits for data from it */
+
 /* Algorithms (ct_coll_algos.c, ct_coll_servers.c): activation, generators, input. */
 void ct_algo_activate(ct_coll_t* c, ct_op_t* op);
 int ct_algo_generate(ct_coll_t* c);                /* 1 when something was queued */
