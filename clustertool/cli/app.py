@@ -69,6 +69,7 @@ COMMAND_MODULES = [
     "clustertool.cli.doctor",
     "clustertool.cli.autostop",
     "clustertool.cli.capacity",
+    "clustertool.cli.top",
 ]
 
 _DEBUG = {"on": False}

@@ -146,6 +146,7 @@ LAYERS = (
     ("bench", ("clustertool.bench",)),
     ("plugin check", ("clustertool.plugin.check", "clustertool.plugin.check_report")),
     ("doctor", ("clustertool.doctor",)),
+    ("watch", ("clustertool.watch",)),  # top, monitoring, metrics, report: reads jobs, draws with bench's chart
     ("playbook", ("clustertool.playbook",)),
     ("api", ("clustertool.api", "clustertool")),
     ("cli", ("clustertool.cli", "clustertool.__main__")),
