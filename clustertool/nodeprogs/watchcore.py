@@ -117,7 +117,8 @@ def job_view(job, samples, streaks):
     for r in ranks:
         st = r.get("step_time")
         r["ratio"] = round(st / m, 2) if st and m else None
-        r["stalled"] = bool(r.get("age") is not None and r["age"] > max(STALL_MIN_S, 5 * (st or 0)))
+        r["stalled"] = bool(not r.get("ended") and r.get("age") is not None
+                            and r["age"] > max(STALL_MIN_S, 5 * (st or 0)))
         r["outlier"] = streaks.update(("rank", job["id"], r["rank"]), r["rank"] in off or r["stalled"])
     known = [r for r in ranks if r.get("step_time") is not None]
     slowest = sorted(known, key=lambda r: -r["step_time"])[:SLOWEST] if len(known) > 1 else []
@@ -192,13 +193,13 @@ def metrics_text(view, cost=None):
             e.add("clustertool_node_network_outlier", "1 while the node's rate is off the nodes' median",
                   int(d in r.get("net_outlier", [])), dict(n, direction=d))
     for j in view["jobs"]:
-        jl = {"job": j["id"], "name": j.get("name") or ""}
+        jl = {"job_id": j["id"], "job_name": j.get("name") or ""}
         e.add("clustertool_job_running", "1 for each running job", 1, jl)
         e.add("clustertool_job_ranks", "ranks whose output the nodes show", len(j["ranks"]), jl)
         e.add("clustertool_job_steps_per_second", "the ranks' median step rate", j.get("median_rate"), jl)
         e.add("clustertool_job_step_seconds", "the ranks' median step time", j.get("median_step_time"), jl)
         for r in j["ranks"]:
-            rl = {"job": j["id"], "rank": str(r["rank"]), "node": r["node"]}
+            rl = {"job_id": j["id"], "rank": str(r["rank"]), "node": r["node"]}
             e.add("clustertool_rank_step", "the last step the rank's output named", r.get("step"), rl)
             e.add("clustertool_rank_steps_per_second", "the rank's step rate", r.get("rate"), rl)
             e.add("clustertool_rank_step_seconds", "the rank's step time", r.get("step_time"), rl)

@@ -281,8 +281,14 @@ class Job:
                 for line in tail.lines():
                     steps.feed(line, seen_at, self.patterns)
             last = max(t.mtime for t in self.tails[rank])
-            out[str(rank)] = dict(steps.summary(now), age=round(max(0.0, time.time() - last), 1) if last else None)
+            out[str(rank)] = dict(steps.summary(now), age=round(max(0.0, time.time() - last), 1) if last else None,
+                                  ended=self.ended(rank))
         return out
+
+    def ended(self, rank):
+        """The rank's wrapper recorded how it ended (exits/<host>.<rank> in the job's folder; not under plain
+        mpirun, whose ranks have no wrapper)."""
+        return os.path.exists(os.path.join(os.path.dirname(self.out), "exits", "%s.%d" % (os.uname().nodename, rank)))
 
 
 # ---- the sampler -----------------------------------------------------------------------------
@@ -345,7 +351,18 @@ class Sampler:
         return out
 
 
+def name_process():
+    """``ct-watchnode`` in ps and top, not python."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, b"ct-watchnode", 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def main(args):
+    name_process()
     sampler = Sampler(args)
     try:
         for raw in sys.stdin.buffer:

@@ -100,7 +100,9 @@ class RankSteps:
             self.times = (self.times + [got["time"]])[-KEEP_TIMES:]
         if got["rate"] is not None:
             self.rate = got["rate"]
-        if now is not None and (not self.seen or self.seen[-1][1] != step):
+        if now is not None and self.seen and self.seen[-1][0] == now:
+            self.seen[-1] = (now, step)  # lines read in the same reading: the step it had reached by then
+        elif now is not None and (not self.seen or self.seen[-1][1] != step):
             self.seen = (self.seen + [(now, step)])[-KEEP_SEEN:]
 
     def live_rate(self):

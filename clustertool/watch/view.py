@@ -95,7 +95,7 @@ def node_row(row: dict[str, Any]) -> list[Cell]:
 
 def rank_row(rank: dict[str, Any]) -> list[Cell]:
     flag = "outlier" if rank.get("outlier") else ""
-    note = "stalled" if rank.get("stalled") else ("slow" if rank.get("outlier") else "")
+    note = "stalled" if rank.get("stalled") else "slow" if rank.get("outlier") else "ended" if rank.get("ended") else ""
     step = "-" if rank.get("step") is None else str(rank["step"]) + (f"/{rank['total']}" if rank.get("total") else "")
     rate = rank.get("rate")
     ratio = rank.get("ratio")

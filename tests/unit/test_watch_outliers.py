@@ -81,12 +81,14 @@ def test_a_silent_rank_is_stalled():
     st = state()
     ok = {"step": 40, "rate": 5.0, "step_time": 0.2, "age": 0.1}
     silent = {"step": 12, "rate": 5.0, "step_time": 0.2, "age": 95.0}
+    done = dict(silent, ended=True)   # its wrapper recorded how it ended: finished, not stalled
     samples = {"node-1": sample(ranks={"0": ok}), "node-2": sample(ranks={"1": ok}),
-               "node-3": sample(ranks={"2": silent})}
+               "node-3": sample(ranks={"2": silent, "3": done})}
     for i in range(3):
         view = reading(st, samples, [{"id": "j1"}], t=i)
     assert view["jobs"][0]["outliers"] == [2]
     assert next(r for r in view["jobs"][0]["ranks"] if r["rank"] == 2)["stalled"]
+    assert v.rank_row(next(r for r in view["jobs"][0]["ranks"] if r["rank"] == 3))[-1] == ("ended", "")
 
 
 def test_cordons_unreachable_and_stale_nodes_show():
@@ -119,8 +121,8 @@ def test_the_metrics_are_prometheus_text_format():
     view = reading(st, samples, [{"id": "j1", "name": 'a "quoted"\nname'}])
     text = watchcore.metrics_text(view, {"hourly": 12.5, "so_far": 3.0})
     assert 'clustertool_node_cordoned{node="node-4",role="member"} 1.0' in text
-    assert 'clustertool_rank_step{job="j1",rank="0",node="node-1"} 3.0' in text
-    assert 'name="a \\"quoted\\"\\nname"' in text
+    assert 'clustertool_rank_step{job_id="j1",rank="0",node="node-1"} 3.0' in text
+    assert 'job_name="a \\"quoted\\"\\nname"' in text
     assert text.count("# TYPE clustertool_rank_step gauge") == 1
     promtool = shutil.which("promtool")
     if promtool:  # the real linter from Debian's prometheus package

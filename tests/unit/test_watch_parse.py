@@ -151,3 +151,12 @@ def test_a_real_h200_recording_parses_idle_and_at_its_power_cap():
     assert idle[0]["mem_total"] == 143771 * 2**20 and idle[0]["power_limit"] == 700.0
     assert busy[-1]["util"] == 100 and busy[-1]["reasons"] == ["sw_power_cap"] and busy[-1]["power"] > 600
     assert all(g["reasons"] == ["sw_power_cap"] and g["util"] >= 99 for g in old)
+
+
+def test_lines_read_together_count_as_one_point_of_the_rate():
+    """Four steps found in one reading (a 2 s reading of a 0.5 s/step rank) are not four points at one time."""
+    steps = watchsteps.RankSteps()
+    for reading, t in enumerate((0.0, 2.0, 4.0)):
+        for k in range(4):
+            steps.feed(f"step {4 * reading + k}", t, PATTERNS)
+    assert steps.live_rate() == pytest.approx(2.0)
