@@ -70,6 +70,8 @@ COMMAND_MODULES = [
     "clustertool.cli.autostop",
     "clustertool.cli.capacity",
     "clustertool.cli.top",
+    "clustertool.cli.monitoring",
+    "clustertool.cli.report",
 ]
 
 _DEBUG = {"on": False}

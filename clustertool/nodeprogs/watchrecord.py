@@ -93,7 +93,8 @@ class Metrics(http.server.BaseHTTPRequestHandler):
 def cost_now(cost):
     if not cost or cost.get("hourly") is None:
         return None
-    return {"hourly": cost["hourly"], "so_far": cost["hourly"] * max(0.0, time.time() - cost["since"]) / 3600.0}
+    hours = max(0.0, time.time() - cost["since"]) / 3600.0
+    return {"hourly": cost["hourly"], "so_far": cost.get("spent", 0.0) + cost["hourly"] * hours}
 
 
 def serve(hub, args):
