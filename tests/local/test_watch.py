@@ -179,3 +179,159 @@ def test_top_live_redraws_and_leaves_nothing_on_the_nodes(cluster):
     while watch_processes(name) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert watch_processes(name) == []
+
+
+# ---- monitoring, metrics, report (in this order: enable, a job recorded and drawn, forward, disable) ----
+
+def query(cluster, expr: str) -> list[dict]:
+    name, env = cluster
+    proc = run_cli("metrics", "query", expr, "-c", name, "--json", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["result"]
+
+
+def wait_query(cluster, expr: str, ready, seconds: float = 90) -> list[dict]:
+    deadline = time.monotonic() + seconds
+    while True:
+        result = query(cluster, expr)
+        if ready(result):
+            return result
+        assert time.monotonic() < deadline, f"{expr}: {result}"
+        time.sleep(1)
+
+
+def test_monitoring_enable_prometheus_answers_up_for_every_nodes_exporter(cluster):
+    name, env = cluster
+    proc = run_cli("monitoring", "enable", "-c", name, "--scrape-interval", "2s", "--json", env=env, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    nodes = json.loads(proc.stdout)["nodes"]
+    assert all(nodes[f"node-{i}"]["node-exporter"].startswith("running") for i in range(1, 5))
+    assert nodes["node-1"]["prometheus"].startswith("running") and nodes["node-1"]["hub"].startswith("running")
+    assert nodes["node-2"]["gputext"] == "skipped no nvidia-smi"
+    up = wait_query(cluster, 'up{job="node"}', lambda r: len(r) == 4 and all(s["value"][1] == "1" for s in r))
+    assert sorted(s["metric"]["node"] for s in up) == ["node-1", "node-2", "node-3", "node-4"]
+    ours = wait_query(cluster, 'up{job="clustertool"}', lambda r: r and r[0]["value"][1] == "1")
+    assert ours[0]["metric"]["cluster"] == name
+    listening = subprocess.run(["ip", "netns", "exec", net.netns_name(name, 1), "ss", "-Htln"], capture_output=True,
+                               text=True).stdout
+    assert "127.0.0.1:9090" in listening and "127.0.0.1:9105" in listening   # Prometheus and ours: loopback only
+
+
+def test_job_metrics_move_and_the_record_draws_a_report_a_browser_shows(cluster, folder, tmp_path):
+    name, env = cluster
+    started = run_cli("run", "-c", name, "--launcher", "process", "--", "python3", str(folder / "steps.py"), "70",
+                      env=env, timeout=120)
+    assert started.returncode == 0, started.stderr
+    job_id = started.stdout.strip()
+    sel = f'clustertool_rank_step{{job_id="{job_id}"}}'
+    first = wait_query(cluster, sel, lambda r: len(r) == 4 and all(float(s["value"][1]) >= 2 for s in r))
+    slow_rank = next(s["metric"]["rank"] for s in first if s["metric"]["node"] == "node-3")
+    assert run_cli("cordon", "-c", name, "node-4", "--reason", "watch test", env=env).returncode == 0
+    before = {s["metric"]["rank"]: float(s["value"][1]) for s in first}
+
+    def moved(result: list[dict]) -> bool:   # every rank's step went on, as Prometheus saw it
+        now = {s["metric"]["rank"]: float(s["value"][1]) for s in result}
+        return sorted(now) == sorted(before) and all(now[k] >= before[k] + 3 for k in before)
+
+    wait_query(cluster, sel, moved)
+    straggler = f'clustertool_rank_straggler{{job_id="{job_id}",rank="{slow_rank}"}} == 1'
+    wait_query(cluster, straggler, lambda r: len(r) == 1)
+    wait_query(cluster, 'clustertool_node_cordoned{node="node-4"} == 1', lambda r: len(r) == 1)
+    assert run_cli("uncordon", "-c", name, "node-4", env=env).returncode == 0
+    deadline = time.monotonic() + 180
+    while job_state(name, env, job_id) == "running":
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(2)
+    drawn = run_cli("report", "-c", name, job_id, "-o", str(tmp_path / "run"), "--json", env=env, timeout=120)
+    assert drawn.returncode == 0, drawn.stderr
+    doc = json.loads(drawn.stdout)
+    assert doc["files"]["png"] == str(tmp_path / "run.png") and (tmp_path / "run.png").stat().st_size > 10_000
+    kinds = {(e["kind"], e["node"]) for e in doc["run"]["events"]}
+    assert ("straggler", "node-3") in kinds and ("cordon", "node-4") in kinds
+    assert doc["run"]["utilisation"] == "CPU" and doc["run"]["nodes"] == ["node-1", "node-2", "node-3", "node-4"]
+    look_at_the_page(tmp_path / "run.html", tmp_path)
+
+
+def job_state(name: str, env: dict, job_id: str) -> str:
+    proc = run_cli("jobs", "-c", name, "--json", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return next(j["state"] for j in json.loads(proc.stdout)["jobs"] if j["id"] == job_id)
+
+
+def near(pixel, rgb, tolerance=40) -> bool:
+    return all(abs(a - b) <= tolerance for a, b in zip(pixel[:3], rgb))
+
+
+def look_at_the_page(page: Path, tmp_path: Path) -> None:
+    """A real browser (headless Chromium) opens the page: its DOM has the three panels, and its picture shows
+    in each panel the nodes' lines, the cordon's purple mark, and in the step-rate panel the straggler's band."""
+    from PIL import Image
+
+    from clustertool.watch import report_html as r
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail("chromium is not installed: `make apt` installs it (Debian package chromium)")
+    base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'chromium'}", "--force-device-scale-factor=1"]
+    height = r.panel_top(len(r.PANELS)) + 40
+    dom = subprocess.run(base + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    for key, _ in r.PANELS:
+        assert f'id="panel-{key}"' in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run(base + [f"--window-size={r.WIDTH},{height}", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    img = Image.open(shot).convert("RGB")
+    palette = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in r.PALETTE[:4]]
+    purple, band = (0x94, 0x67, 0xBD), (255, 223, 195)   # the band: orange at 25% over white
+    for i, (key, _) in enumerate(r.PANELS):
+        top = r.panel_top(i)
+        box = [img.getpixel((x, y)) for x in range(r.LEFT + 1, r.WIDTH - r.RIGHT - 1, 2)
+               for y in range(top + r.TOP + 1, top + r.PANEL_H - r.BOTTOM - 1, 2)]
+        lines = sum(1 for p in box if any(near(p, c) for c in palette))
+        assert lines > 100, f"panel {key}: no node line drawn ({lines} pixels)"
+        assert sum(1 for p in box if near(p, purple, 30)) > 20, f"panel {key}: no cordon mark"
+        banded = sum(1 for p in box if near(p, band, 12))
+        assert (banded > 500) == (key == "steps"), f"panel {key}: {banded} pixels of a straggler band"
+
+
+def test_metrics_forwards_prometheus_over_ssh_and_closes(cluster):
+    import urllib.request
+
+    name, env = cluster
+    proc = subprocess.Popen(CLI + ["metrics", "-c", name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else url
+        with urllib.request.urlopen(f"{url}/api/v1/query?query=count(up%7Bjob%3D%22node%22%7D)", timeout=30) as resp:
+            answer = json.loads(resp.read())
+        assert answer["data"]["result"][0]["value"][1] == "4"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    port = int(url.rsplit(":", 1)[1])
+    assert f":{port} " not in subprocess.run(["ss", "-Htln"], capture_output=True, text=True).stdout
+
+
+def test_monitoring_disable_leaves_no_exporter_or_prometheus(cluster):
+    from tests.local.conftest import monitoring_processes
+
+    name, env = cluster
+    proc = run_cli("monitoring", "disable", "-c", name, "--json", env=env, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert monitoring_processes(name) == []
+    deadline = time.monotonic() + 20
+    while watch_processes(name) and time.monotonic() < deadline:   # the exporter's samplers end with it
+        time.sleep(0.5)
+    assert watch_processes(name) == []
+
+
+def test_down_leaves_no_monitoring_process(local_cluster, ct_env):
+    from tests.local.conftest import local_leftovers, monitoring_processes
+
+    name = local_cluster(2)
+    assert run_cli("monitoring", "enable", "-c", name, env=ct_env, timeout=180).returncode == 0
+    assert len(monitoring_processes(name)) >= 4   # two node exporters, the exporter, Prometheus
+    assert run_cli("down", "-c", name, "--yes", env=ct_env, timeout=180).returncode == 0
+    assert local_leftovers(name) == []
