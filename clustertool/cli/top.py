@@ -18,7 +18,8 @@ def top(
         None, "--job", "-j", metavar="JOB", help="Only this job (id, prefix or name; repeat); default: all running."),
     once: bool = typer.Option(
         False, "--once", help="One reading (after a few samples, for rates and outliers), then exit."),
-    interval: float = typer.Option(1.0, "--interval", metavar="SECONDS", help="Seconds between readings."),
+    interval: Optional[float] = typer.Option(
+        None, "--interval", metavar="SECONDS", help="Seconds between readings (default 1; --once: 0.3)."),
     metric_regex: Optional[List[str]] = typer.Option(
         None, "--metric-regex", metavar="REGEX",
         help="How to read a step from your log lines (repeat): a Python regex with a named group step, and "
@@ -38,7 +39,7 @@ def top(
     from clustertool.watch.hub import WatchRequest, snapshot, stream
 
     request = WatchRequest(jobs=tuple(job or ()), regex=tuple(metric_regex or ()),
-                           interval=min(interval, 0.5) if (once or json_output) else interval)
+                           interval=interval or (0.3 if (once or json_output) else 1.0))
     session = open_session(cluster, json_output)
     if once or json_output:
         view = snapshot(session, request)

@@ -10,7 +10,8 @@ shows its last reading, then stale), and makes a view (watchcore.build_view).
 Modes (``ARGS["mode"]``):
 
 * ``stream``: a view per reading on stdout, one JSON line each, until stdin closes (top has quit).
-* ``once``: a first reading for the rates, then ``samples`` readings; prints the last view; exits.
+* ``once``: a first reading once every sampler answered (not counted: its rates span each sampler's start),
+  then ``samples`` readings ``interval`` apart; prints the last view, exits.
 * ``serve``: a daemon: the latest metrics in Prometheus's text format at ``http://127.0.0.1:PORT/metrics``
   (the leader's own loopback: Prometheus beside it scrapes it; nothing listens beyond the node), and
   a record of every running job (below).  Ends on SIGTERM.
@@ -191,6 +192,7 @@ class Hub:
                       "link_bps": args.get("link_bps"), "interval": self.interval, "streaks": Streaks()}
 
     def start(self):
+        self.started, self.connected_s = time.monotonic(), None
         for m in self.members:
             m.start()
 
@@ -198,9 +200,10 @@ class Hub:
         """Ask every sampler; wait until all answered or ``wait_s``; the view."""
         self.seq += 1
         request = {"seq": self.seq, "jobs": [{"id": j["id"], "out": j["out"]} for j in jobs]}
+        asked = time.monotonic()
         for m in self.members:
             m.ask(request)
-        deadline = time.monotonic() + wait_s
+        deadline = asked + wait_s
         while time.monotonic() < deadline:
             if all(m.last_seq == self.seq or m.state == "unreachable" for m in self.members):
                 break
@@ -213,6 +216,11 @@ class Hub:
         self.state["cordoned"] = cordoned(self.args)
         view = build_view(self.state, samples, jobs, time.time(), time.monotonic())
         view["hub_cpu_s"] = round(sum(os.times()[:4]), 3)
+        view["reading_s"] = round(time.monotonic() - asked, 3)  # asking every node to having the view
+        view["answered"] = sum(1 for m in self.members if m.last_seq == self.seq)
+        if self.connected_s is None and view["answered"] == len(self.members):
+            self.connected_s = round(time.monotonic() - self.started, 3)
+        view["connected_s"] = self.connected_s  # from the hub's start to every sampler's first answer
         return view
 
     def close(self):
@@ -241,9 +249,10 @@ def stdin_watch(stop):
 
 
 def run_once(hub, args):
+    """A first reading once every sampler answered (not counted: its rates span each sampler's start), then
+    ``samples`` readings ``interval`` apart; prints the last."""
     wanted = args.get("jobs")
-    hub.reading(running_jobs(wanted), wait_s=float(args.get("connect_s", 10.0)))  # the rates' first reading
-    view = None
+    view = hub.reading(running_jobs(wanted), wait_s=float(args.get("connect_s", 10.0)))
     for _ in range(int(args.get("samples", 3))):
         time.sleep(hub.interval)
         view = hub.reading(running_jobs(wanted), wait_s=hub.interval)
@@ -254,7 +263,7 @@ def run_stream(hub, args):
     stop = threading.Event()
     stdin_watch(stop)
     wanted = args.get("jobs")
-    hub.reading(running_jobs(wanted), wait_s=min(hub.interval, 2.0))
+    emit(hub.reading(running_jobs(wanted), wait_s=min(hub.interval, 2.0)))
     due = time.monotonic() + hub.interval
     while not stop.wait(max(0.0, due - time.monotonic())):
         due += hub.interval

@@ -299,7 +299,8 @@ class Sampler:
         self.patterns = compile_patterns(args.get("regex") or [])
         self.local_node = read("/proc/1/comm").strip() == "ct-init"
         self.gpus = Gpus(args.get("gpu_ms", 1000)) if args.get("gpu", True) else None
-        self.jobs, self.prev = {}, None
+        self.jobs = {}
+        self.prev = self.counters()  # the first answer has rates already (over the time since the start)
 
     def counters(self):
         ifaces = net_bytes(read("/proc/net/dev"))

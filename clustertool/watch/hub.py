@@ -32,7 +32,7 @@ class WatchRequest:
     jobs: tuple[str, ...] = ()
     regex: tuple[str, ...] = ()
     interval: float = 1.0
-    samples: int = 3  # --once: readings after the first (an outlier needs 3 in a row)
+    samples: int = 3  # --once: readings after the first answer of every node (an outlier needs 3 in a row)
     gpu: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
