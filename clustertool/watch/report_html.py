@@ -65,8 +65,8 @@ def _axes(x, y, top: float, t_end: float, key: str) -> list[str]:
         out.append(f'<text x="{LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(v, key)}</text>')
     for k in range(6):
         t = t_end * k / 5
-        out.append(f'<text x="{x(t):.1f}" y="{PANEL_H - 10}" text-anchor="middle" font-size="11">'
-                   f'{t / 60:.1f} min</text>')
+        label = f"{t:.0f} s" if t_end < 180 else f"{t / 60:.1f} min" if t_end < 36000 else f"{t / 3600:.1f} h"
+        out.append(f'<text x="{x(t):.1f}" y="{PANEL_H - 10}" text-anchor="middle" font-size="11">{label}</text>')
     return out
 
 

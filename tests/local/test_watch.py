@@ -250,7 +250,8 @@ def test_job_metrics_move_and_the_record_draws_a_report_a_browser_shows(cluster,
     kinds = {(e["kind"], e["node"]) for e in doc["run"]["events"]}
     assert ("straggler", "node-3") in kinds and ("cordon", "node-4") in kinds
     assert doc["run"]["utilisation"] == "CPU" and doc["run"]["nodes"] == ["node-1", "node-2", "node-3", "node-4"]
-    look_at_the_page(tmp_path / "run.html", tmp_path)
+    cordon_at = next(e["t"] for e in doc["run"]["events"] if e["kind"] == "cordon") / doc["run"]["t"][-1]
+    look_at_the_page(tmp_path / "run.html", tmp_path, cordon_at)
 
 
 def job_state(name: str, env: dict, job_id: str) -> str:
@@ -263,9 +264,10 @@ def near(pixel, rgb, tolerance=40) -> bool:
     return all(abs(a - b) <= tolerance for a, b in zip(pixel[:3], rgb))
 
 
-def look_at_the_page(page: Path, tmp_path: Path) -> None:
+def look_at_the_page(page: Path, tmp_path: Path, cordon_at: float) -> None:
     """A real browser (headless Chromium) opens the page: its DOM has the three panels, and its picture shows
-    in each panel the nodes' lines, the cordon's purple mark, and in the step-rate panel the straggler's band."""
+    in each panel the nodes' lines and the cordon's purple mark where the cordon happened (``cordon_at``: the
+    share of the run before it), and in the step-rate panel only the straggler's band."""
     from PIL import Image
 
     from clustertool.watch import report_html as r
@@ -285,13 +287,15 @@ def look_at_the_page(page: Path, tmp_path: Path) -> None:
     img = Image.open(shot).convert("RGB")
     palette = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in r.PALETTE[:4]]
     purple, band = (0x94, 0x67, 0xBD), (255, 223, 195)   # the band: orange at 25% over white
+    mark_x = round(r.LEFT + (r.WIDTH - r.LEFT - r.RIGHT) * cordon_at)
     for i, (key, _) in enumerate(r.PANELS):
-        top = r.panel_top(i)
-        box = [img.getpixel((x, y)) for x in range(r.LEFT + 1, r.WIDTH - r.RIGHT - 1, 2)
-               for y in range(top + r.TOP + 1, top + r.PANEL_H - r.BOTTOM - 1, 2)]
+        top, bottom = r.panel_top(i) + r.TOP + 1, r.panel_top(i) + r.PANEL_H - r.BOTTOM - 1
+        box = [img.getpixel((x, y)) for x in range(r.LEFT + 1, r.WIDTH - r.RIGHT - 1, 2) for y in range(top, bottom, 2)]
         lines = sum(1 for p in box if any(near(p, c) for c in palette))
         assert lines > 100, f"panel {key}: no node line drawn ({lines} pixels)"
-        assert sum(1 for p in box if near(p, purple, 30)) > 20, f"panel {key}: no cordon mark"
+        marked = [y for y in range(top, bottom) if any(near(img.getpixel((x, y)), purple, 50)
+                                                         for x in range(mark_x - 2, mark_x + 3))]
+        assert len(marked) > (bottom - top) / 3, f"panel {key}: no cordon mark at x={mark_x} ({len(marked)} rows)"
         banded = sum(1 for p in box if near(p, band, 12))
         assert (banded > 500) == (key == "steps"), f"panel {key}: {banded} pixels of a straggler band"
 
