@@ -308,6 +308,7 @@ def test_metrics_forwards_prometheus_over_ssh_and_closes(cluster):
                             text=True, start_new_session=True)
     try:
         url = proc.stdout.readline().strip()
+        assert processes_with(f"127.0.0.1:{url.rsplit(':', 1)[1]}:127.0.0.1:"), "no ssh holds the tunnel"
         assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else url
         with urllib.request.urlopen(f"{url}/api/v1/query?query=count(up%7Bjob%3D%22node%22%7D)", timeout=30) as resp:
             answer = json.loads(resp.read())
@@ -316,7 +317,21 @@ def test_metrics_forwards_prometheus_over_ssh_and_closes(cluster):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     port = int(url.rsplit(":", 1)[1])
-    assert f":{port} " not in subprocess.run(["ss", "-Htln"], capture_output=True, text=True).stdout
+    assert processes_with(f"127.0.0.1:{port}:127.0.0.1:") == []   # the ssh holding the tunnel is gone (the port
+    # itself may be anyone's again on a busy machine)
+
+
+def processes_with(text: str) -> list[str]:
+    """Processes on this machine whose command line holds ``text``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in args:
+            found.append(f"{pid} {args}")
+    return found
 
 
 def test_monitoring_disable_leaves_no_exporter_or_prometheus(cluster):
