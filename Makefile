@@ -6,7 +6,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 APT_PACKAGES := python3 python3-venv python3-pip python3-dev build-essential make \
 	openssh-server openssh-client iproute2 procps psmisc util-linux \
-	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck nftables sshfs
+	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck nftables sshfs \
+	prometheus prometheus-node-exporter chromium
+# Debian starts these as system services when they are installed: clustertool starts its own, on the
+# cluster's nodes only (`monitoring enable`), so the machine's are stopped and disabled at once.
+NO_DAEMONS := prometheus prometheus-node-exporter
 
 .PHONY: setup apt venv native demo lint test test-fast test-faults bench clean
 
@@ -19,6 +23,12 @@ apt:
 	  if [ "$$(id -u)" != 0 ]; then echo "missing packages: $$missing (run as root, or apt-get install them)"; exit 1; fi; \
 	  echo "installing: $$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  for d in $(NO_DAEMONS); do \
+	    case " $$missing " in *" $$d "*) ;; *) continue ;; esac; \
+	    if [ -d /run/systemd/system ]; then systemctl disable --now "$$d" >/dev/null 2>&1; \
+	    elif [ -x "/etc/init.d/$$d" ]; then "/etc/init.d/$$d" stop >/dev/null 2>&1; update-rc.d "$$d" disable >/dev/null 2>&1; fi; \
+	    echo "stopped and disabled the system's $$d service (clustertool starts its own on cluster nodes)"; \
+	  done; \
 	fi
 
 $(VENV)/.installed: pyproject.toml

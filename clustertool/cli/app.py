@@ -69,6 +69,9 @@ COMMAND_MODULES = [
     "clustertool.cli.doctor",
     "clustertool.cli.autostop",
     "clustertool.cli.capacity",
+    "clustertool.cli.top",
+    "clustertool.cli.monitoring",
+    "clustertool.cli.report",
 ]
 
 _DEBUG = {"on": False}

@@ -23,7 +23,9 @@ _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 # Programs made of several files (each importable here on its own), sent as one, in this order.
 PARTS = {"relay": ("stream", "extract", "link", "relay"), "manifest": ("stream", "manifest"),
-         "survey": ("stream", "link", "manifest"), "supervise": ("procs", "supervise"), "spot": ("procs", "spot")}
+         "survey": ("stream", "link", "manifest"), "supervise": ("procs", "supervise"), "spot": ("procs", "spot"),
+         "watchhub": ("watchcore", "watchhub", "watchrecord"), "watchnode": ("watchsteps", "watchnode"),
+         "gputext": ("watchsteps", "watchnode", "watchcore", "gputext")}
 
 
 def program_text(name: str, args: dict, lib: Sequence[str] = ()) -> bytes:
@@ -31,9 +33,14 @@ def program_text(name: str, args: dict, lib: Sequence[str] = ()) -> bytes:
 
     ``lib``: helper programs whose source goes first, in the same namespace (a node imports nothing);
     programs in ``PARTS`` bring their own parts."""
-    source = "\n".join((DIR / f"{part}.py").read_text() for part in (*lib, *PARTS.get(name, (name,))))
+    source = program_source(name, lib)
     prefix = f"import json\nARGS = json.loads({json.dumps(json.dumps(args))})\n"
     return (prefix + source).encode()
+
+
+def program_source(name: str, lib: Sequence[str] = ()) -> str:
+    """The source of the node program ``name`` (its parts, ``lib`` first) without arguments."""
+    return "\n".join((DIR / f"{part}.py").read_text() for part in (*lib, *PARTS.get(name, (name,))))
 
 
 def python_command() -> str:

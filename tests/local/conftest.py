@@ -49,7 +49,21 @@ def local_leftovers(name: str) -> list[str]:
     sshfs = subprocess.run(["pgrep", "-af", f"clustertool-shared/{name}/"], capture_output=True, text=True).stdout
     left += [f"sshfs process {line}" for line in sshfs.splitlines()]
     left += [f"fuse.sshfs mount {m}" for m in sshfs_mounts(name)]
+    left += [f"monitoring process {p}" for p in monitoring_processes(name)]
     return left
+
+
+def monitoring_processes(name: str) -> list[str]:
+    """Processes `monitoring enable` started for cluster `name` (node exporter, Prometheus, clustertool's
+    exporter, the GPU textfile writer): each carries CLUSTERTOOL_MONITORING=<name>, in any namespace."""
+    mark, found = f"CLUSTERTOOL_MONITORING={name}".encode(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if mark in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
+                found.append(f"{pid} {open(f'/proc/{pid}/comm').read().strip()}")
+        except OSError:
+            continue
+    return found
 
 
 def sshfs_mounts(name: str) -> list[str]:

@@ -206,7 +206,7 @@ def resolve(group: Any, words: list[str]) -> tuple[Any, list[str], list[str]]:
     command, path = group, []
     while hasattr(command, "commands"):
         if not words or words[0] in HELP:
-            if path and not words:
+            if path and not words and not getattr(command, "invoke_without_command", False):
                 raise DocCommandError(f"'clustertool {' '.join(path)}' needs a sub-command")
             return command, path, words
         name, words = words[0], words[1:]

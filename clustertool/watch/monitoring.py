@@ -1,0 +1,206 @@
+"""`monitoring enable|disable|status`: Prometheus and its exporters on a running cluster.
+
+Every node: Prometheus's node exporter on its private address (the cluster's network only), with its
+textfile collector fed by ``nodeprogs/gputext.py`` where nvidia-smi answers.  The leader also: the
+watch hub as clustertool's own exporter (jobs, ranks' steps and step rates, stragglers, cordons, the
+cost so far; on its loopback) and a Prometheus server (on its loopback) scraping them all, with a
+bounded retention.  Nothing listens beyond the cluster: `metrics` reaches Prometheus through ssh.
+The node side is ``nodeprogs/monitoring.sh``; every process it starts carries the mark
+``CLUSTERTOOL_MONITORING=<cluster>``, which is how `disable` (and the tests' leftover check) finds them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clustertool import nodeprogs
+from clustertool.cluster import ledger
+from clustertool.cluster.session import ClusterSession
+from clustertool.core import state
+from clustertool.core.durations import parse_duration
+from clustertool.core.errors import UsageError
+from clustertool.core.model import ClusterRecord, Node, jsonable
+from clustertool.remote.group import run_on_nodes
+from clustertool.watch.hub import WatchRequest, hub_args
+
+MARK_ENV = "CLUSTERTOOL_MONITORING"
+PROCESSES = ("node-exporter", "gputext", "hub", "prometheus")
+SETTING_FILE = "monitoring.json"  # in the cluster's folder on this machine: what `metrics` reaches
+
+
+@dataclass(frozen=True)
+class MonitoringRequest:
+    """How the stack is set up (``enable``'s options)."""
+
+    scrape_interval: str = "15s"
+    retention_time: str = "15d"
+    retention_size: str = "2GB"
+    node_port: int = 9100
+    exporter_port: int = 9105
+    prometheus_port: int = 9090
+
+    def __post_init__(self) -> None:
+        self.interval_s  # noqa: B018  (validates)
+        if not re.match(r"^[0-9]+(ms|s|m|h|d|w|y)$", self.retention_time):
+            raise UsageError(f"--retention-time {self.retention_time!r}: Prometheus's form, e.g. 15d, 12h, 4w")
+        if not self.retention_size[:-2].isdigit() or self.retention_size[-2:] not in ("MB", "GB", "TB"):
+            raise UsageError(f"--retention-size {self.retention_size!r}: e.g. 500MB, 2GB")
+        for port in (self.node_port, self.exporter_port, self.prometheus_port):
+            if not 1 <= port <= 65535:
+                raise UsageError(f"port {port}: expected 1-65535")
+
+    @property
+    def interval_s(self) -> int:
+        return parse_duration(self.scrape_interval, "--scrape-interval")
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(self)
+
+
+@dataclass
+class MonitoringResult:
+    """Each node's processes after the command (``to_dict()`` is the --json)."""
+
+    cluster: str
+    verb: str
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> process -> "running PID" ...
+    problems: list[str] = field(default_factory=list)
+    prometheus: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.problems else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(jsonable(self), exit_code=self.exit_code)
+
+
+def prometheus_config(record: ClusterRecord, request: MonitoringRequest) -> dict[str, Any]:
+    """Prometheus's configuration (JSON is YAML): every node's exporter, clustertool's, Prometheus itself."""
+    every, cluster = f"{request.interval_s}s", {"cluster": record.name}
+    nodes = [{"targets": [f"{n.address}:{request.node_port}"], "labels": dict(cluster, node=n.name, role=n.role)}
+             for n in record.ordered_nodes()]
+    return {"global": {"scrape_interval": every, "evaluation_interval": every},
+            "scrape_configs": [
+                {"job_name": "node", "static_configs": nodes},
+                {"job_name": "clustertool", "honor_labels": True,  # its node label names the node it speaks of
+                 "static_configs": [{"targets": [f"127.0.0.1:{request.exporter_port}"], "labels": cluster}]},
+                {"job_name": "prometheus", "static_configs": [
+                    {"targets": [f"127.0.0.1:{request.prometheus_port}"],
+                     "labels": dict(cluster, node=record.leader.name)}]}]}
+
+
+DASHBOARD = Path(__file__).resolve().parent / "grafana-dashboard.json"
+
+
+def dashboard() -> dict[str, Any]:
+    """The Grafana dashboard that ships with the package (import it with your Prometheus as its source)."""
+    return dict(json.loads(DASHBOARD.read_text()))
+
+
+def cost_args(record: ClusterRecord, now: float | None = None) -> dict[str, Any] | None:
+    """What the exporter counts the cost from: the ledger's hourly price and cost until now."""
+    now = time.time() if now is None else now
+    mine = [c for c in ledger.summarize(ledger.read(), now=now) if c.id == record.id]
+    if not mine or mine[-1].hourly is None:
+        return None
+    return {"hourly": mine[-1].hourly, "spent": mine[-1].cost or 0.0, "since": now}
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def node_inputs(session: ClusterSession, node: Node, request: MonitoringRequest, mode: str) -> dict[str, Any]:
+    """monitoring.sh's inputs for one node (the leader's carry Prometheus's config and the exporter)."""
+    record = session.record
+    inputs: dict[str, Any] = {"MODE": mode, "MARK": f"{MARK_ENV}={record.name}", "ADDR": node.address,
+                              "NODE_PORT": request.node_port, "ROLE": "leader" if node.is_leader else node.role,
+                              "PROM_PORT": request.prometheus_port, "RETENTION_TIME": request.retention_time,
+                              "RETENTION_SIZE": request.retention_size, "PROM_CONFIG_B64": "", "HUB_B64": "",
+                              "GPU_B64": ""}
+    if mode != "enable":
+        return inputs
+    gpu = {"dir": "~/.clustertool/monitoring/textfile", "interval": request.interval_s}
+    inputs["GPU_B64"] = _b64(nodeprogs.program_text("gputext", gpu))
+    if node.is_leader:
+        args = hub_args(session, "serve", WatchRequest(interval=float(request.interval_s)), None)
+        args.update(port=request.exporter_port, cost=cost_args(record))
+        inputs["HUB_B64"] = _b64(nodeprogs.program_text("watchhub", args))
+        inputs["PROM_CONFIG_B64"] = _b64(json.dumps(prometheus_config(record, request), indent=1).encode())
+    return inputs
+
+
+def parse_lines(text: str) -> tuple[dict[str, str], list[str]]:
+    """monitoring.sh's lines: (process -> state, problems)."""
+    procs: dict[str, str] = {}
+    problems = []
+    for line in text.splitlines():
+        word, _, rest = line.partition(" ")
+        name, _, detail = rest.partition(" ")
+        if word in ("running", "stopped", "skipped") and not procs.get(name, "").startswith("skipped"):
+            procs[name] = f"{word} {detail}".strip()
+        elif word in ("missing", "failed"):
+            procs[name] = word
+            problems.append(f"{name} {word}: {detail}".strip())
+    return procs, problems
+
+
+def _run(session: ClusterSession, verb: str, request: MonitoringRequest) -> MonitoringResult:
+    record = session.ready()
+    nodes = record.ordered_nodes()
+    script = {n.name: nodeprogs.shell_script("monitoring", **node_inputs(session, n, request, verb)) for n in nodes}
+    group = run_on_nodes(session, nodes, "sh -s", timeout=120, stdin_data=lambda n: script[n.name].encode())
+    result = MonitoringResult(record.name, verb)
+    for r in group.results:
+        procs, problems = parse_lines(r.stdout)
+        result.nodes[r.node] = procs
+        result.problems += [f"{r.node}: {p}" for p in problems]
+        if not r.ok:
+            result.problems.append(f"{r.node}: {r.reason}")
+    if verb == "enable":
+        result.prometheus = f"127.0.0.1:{request.prometheus_port} on {record.leader.name} (the leader)"
+    return result
+
+
+def enable(session: ClusterSession, request: MonitoringRequest) -> MonitoringResult:
+    """Start (or restart, with these settings) the stack on every node."""
+    result = _run(session, "enable", request)
+    save_setting(session.name, request if not result.problems else None)
+    return result
+
+
+def disable(session: ClusterSession) -> MonitoringResult:
+    """Stop every process of the stack on every node (Prometheus's data stays on the leader)."""
+    result = _run(session, "disable", load_setting(session.name) or MonitoringRequest())
+    save_setting(session.name, None)
+    result.problems += [f"{node}: {p} still running" for node, procs in result.nodes.items()
+                        for p, st in procs.items() if st.startswith("running")]
+    return result
+
+
+def status(session: ClusterSession) -> MonitoringResult:
+    return _run(session, "status", load_setting(session.name) or MonitoringRequest())
+
+
+def save_setting(name: str, request: MonitoringRequest | None) -> None:
+    path = state.cluster_dir(name) / SETTING_FILE
+    if request is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(request.to_dict(), indent=1) + "\n")
+
+
+def load_setting(name: str) -> MonitoringRequest | None:
+    """The setting `enable` recorded on this machine (None: not enabled from here)."""
+    try:
+        return MonitoringRequest(**json.loads((state.cluster_dir(name) / SETTING_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
