@@ -23,7 +23,7 @@ from clustertool.core import state
 from clustertool.core.durations import format_duration, parse_duration  # noqa: F401 - re-exported
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, ClusterState, Node, Reporter, silent
-from clustertool.providers.base import get_provider
+from clustertool.providers.base import Provider, get_provider
 from clustertool.remote.group import run_on_node
 
 WAIT_FOR = ("jobs", "jobs-and-ssh")
@@ -38,7 +38,7 @@ class Setting:
     down: bool = False
     wait_for: str = "jobs"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.wait_for not in WAIT_FOR:
             raise UsageError(f"invalid --wait-for {self.wait_for!r}", hint=f"choose {' or '.join(WAIT_FOR)}")
 
@@ -163,7 +163,7 @@ def status_extra(session: ClusterSession, check_ssh: bool) -> dict:
     return out
 
 
-def install_at_up(cluster: ClusterRecord, provider, no_ssh: bool, report: Reporter = silent) -> None:
+def install_at_up(cluster: ClusterRecord, provider: Provider, no_ssh: bool, report: Reporter = silent) -> None:
     """`up`'s step after wiring SSH: the watcher on the leader (a failure fails the `up`)."""
     setting = setting_of(cluster)
     if setting is None and not cluster.block_end:  # the watcher also warns jobs of a block's end
@@ -214,7 +214,7 @@ def powered_off(cluster: ClusterRecord, queried: list[Node]) -> str | None:
     return None
 
 
-def reconcile_locked(cluster: ClusterRecord, provider, queried: list[Node]) -> list[str]:
+def reconcile_locked(cluster: ClusterRecord, provider: Provider, queried: list[Node]) -> list[str]:
     """``reconcile`` under the cluster's lock, taken only when there is something to mark."""
     if not powered_off(cluster, queried):
         return []
@@ -240,7 +240,7 @@ def refresh(clusters: list[ClusterRecord], report: Reporter = silent) -> list[st
     return lines
 
 
-def reconcile(cluster: ClusterRecord, provider, queried: list[Node]) -> list[str]:
+def reconcile(cluster: ClusterRecord, provider: Provider, queried: list[Node]) -> list[str]:
     """A cluster the watcher powered off: mark it, write the ledger, and after an autodown remove
     what is left (it costs nothing, but it is clutter and counts against quotas).  Caller holds
     the cluster's lock; returns what was done."""
@@ -268,11 +268,11 @@ def reconcile(cluster: ClusterRecord, provider, queried: list[Node]) -> list[str
 
 # ---- the verbs ----------------------------------------------------------------------------
 
-def poweroff_command(provider) -> str:
+def poweroff_command(provider: Provider) -> str:
     return provider.POWEROFF or DEFAULT_POWEROFF
 
 
-def check_allowed(cluster: ClusterRecord, provider, setting: Setting | None) -> None:
+def check_allowed(cluster: ClusterRecord, provider: Provider, setting: Setting | None) -> None:
     """Autostop powers machines off: only machines clustertool made, and (to stop) not one-time spot."""
     if not provider.owns_cluster(cluster) or cluster.provider_state.get("adopted"):
         raise UsageError(f"autostop is for machines clustertool made; {cluster.name!r} adopted existing ones",
@@ -282,7 +282,7 @@ def check_allowed(cluster: ClusterRecord, provider, setting: Setting | None) -> 
                          hint="use --autodown (or --down) with --spot")
 
 
-def apply(session: ClusterSession, provider, setting: Setting | None) -> str:
+def apply(session: ClusterSession, provider: Provider, setting: Setting | None) -> str:
     """Give a ready cluster the setting (None: cancel): the provider's shutdown behaviour, then the
     leader's watcher.  Returns how the watcher runs."""
     cluster = session.record
