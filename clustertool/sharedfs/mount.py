@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from clustertool.core.errors import RemoteError, UsageError
 from clustertool.core.model import ClusterRecord, Node, Reporter, silent
@@ -165,7 +165,8 @@ def parse(node: str, output: str) -> list[NodeMount]:
 
 # ---- running them --------------------------------------------------------------------------
 
-def _run(link: Link, cluster: ClusterRecord, nodes: list[Node], script_for, timeout: float) -> list[NodeMount]:
+def _run(link: Link, cluster: ClusterRecord, nodes: list[Node], script_for: Callable[[Node], str],
+         timeout: float) -> list[NodeMount]:
     entries = filesystems(cluster)
     if not entries or not nodes:
         return []
