@@ -105,3 +105,9 @@ def test_settings_resolve_as_mypy_resolves_them():
     assert setting("a.b.c", "x", overrides) is True
     assert setting("ab", "x", overrides) is False   # the global value (unset)
 
+def test_the_layers_named_strict_are_strict():
+    named = [m for m in MODULES if any(m == s or m.startswith(s + ".") for s in STRICT)]
+    assert "clustertool.core.model" in named and "clustertool.providers.base" in named
+    loose = [f"{m}: {option} is off" for m in named for option in ("disallow_untyped_defs", "check_untyped_defs")
+             if setting(m, option) is not True]
+    assert loose == []
