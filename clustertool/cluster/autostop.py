@@ -27,7 +27,8 @@ from clustertool.providers.base import Provider, get_provider
 from clustertool.remote.group import run_on_node
 
 WAIT_FOR = ("jobs", "jobs-and-ssh")
-UP = ("ready", "provisioned")  # statuses of a cluster that is up (provisioned: brought up with --no-ssh)
+# statuses of a cluster that is up (provisioned: brought up with --no-ssh)
+UP = (ClusterState.READY, ClusterState.PROVISIONED)
 INTERVAL_ENV = "CLUSTERTOOL_AUTOSTOP_INTERVAL"  # seconds between samples (hidden knob for tests)
 DEFAULT_POWEROFF = 'if [ "$(id -u)" = 0 ]; then shutdown -h now; else sudo -n shutdown -h now; fi'
 
@@ -153,10 +154,10 @@ def status_extra(session: ClusterSession, check_ssh: bool) -> dict:
     the watcher powered the cluster off."""
     cluster = session.record
     out: dict = {}
-    if setting_of(cluster) or cluster.status == "ready":
-        ask = check_ssh and cluster.status == "ready" and setting_of(cluster) is not None
+    if setting_of(cluster) or cluster.status == ClusterState.READY:
+        ask = check_ssh and cluster.status == ClusterState.READY and setting_of(cluster) is not None
         out.update(status_lines(cluster, read_watcher(session) if ask else None))
-    if cluster.status in ("autostopped", "autodowned"):
+    if cluster.status in (ClusterState.AUTOSTOPPED, ClusterState.AUTODOWNED):
         done = cluster.provider_state.get("autostopped") or {}
         out[cluster.status] = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(done.get("t", 0)))
                                + (f": {done['why']}" if done.get("why") else ""))
@@ -182,11 +183,11 @@ def status_lines(cluster: ClusterRecord, view: WatcherView | None, now: float | 
     """What `status` adds: the setting and the idle time so far."""
     setting = setting_of(cluster)
     if setting is None:
-        return {"autostop": "off"} if cluster.status == "ready" else {}
+        return {"autostop": "off"} if cluster.status == ClusterState.READY else {}
     out = {"autostop": setting.describe()}
-    if cluster.status in ("autostopped", "autodowned"):
+    if cluster.status in (ClusterState.AUTOSTOPPED, ClusterState.AUTODOWNED):
         return out
-    if cluster.status == "provisioned":
+    if cluster.status == ClusterState.PROVISIONED:
         out["idle"] = "not watched: brought up with --no-ssh, so no watcher runs on the leader"
     elif view is None:
         out["idle"] = "unknown (the leader did not answer)"
@@ -331,7 +332,7 @@ def configure(session: ClusterSession, idle: str | None = None, *, down: bool = 
     setting = check_request(idle, down=down, wait_for=wait_for, cancel=cancel)
     if idle is None and not cancel:
         cluster = session.reload()
-        view = read_watcher(session) if cluster.status == "ready" else None
+        view = read_watcher(session) if cluster.status == ClusterState.READY else None
         return AutostopReport(cluster, setting_of(cluster), view=view)
     with session.locked(purpose="autostop") as cluster:
         session.ready()

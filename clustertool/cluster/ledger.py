@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from clustertool.core import state
-from clustertool.core.model import ClusterRecord
+from clustertool.core.model import ClusterRecord, ClusterState
 from clustertool.providers.base import REGISTRY, provider_class
 
 RUNNING_FROM = ("up", "start")
@@ -251,9 +251,10 @@ def report(since: float | None = None, now: float | None = None, known: Sequence
     events = read()
     seen = {e.get("id") for e in events}
     for cluster in known:
-        if (cluster.id or cluster.name) in seen or not cluster.created or cluster.status in ("provisioning", "failed"):
+        unfinished = cluster.status in (ClusterState.PROVISIONING, ClusterState.FAILED)
+        if (cluster.id or cluster.name) in seen or not cluster.created or unfinished:
             continue
         events.append(event_of("up", cluster, t=cluster.created))
-        if cluster.status in ("stopped", "autostopped"):
+        if cluster.status in (ClusterState.STOPPED, ClusterState.AUTOSTOPPED):
             events.append(event_of("stop", cluster, t=now if now is not None else time.time()))
     return CostReport(summarize(events, now=now, since=since or 0.0), since)

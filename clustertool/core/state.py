@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from clustertool.core.errors import StateError, UsageError
-from clustertool.core.model import ClusterRecord
+from clustertool.core.model import ClusterRecord, ClusterState
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
@@ -296,7 +296,7 @@ def read_marker(name: str) -> dict:
 
 def require_ready(cluster: ClusterRecord) -> ClusterRecord:
     """The cluster, which must be up and wired for SSH (every command that runs on nodes)."""
-    if cluster.status != "ready":
+    if cluster.status != ClusterState.READY:
         raise UsageError(f"cluster {cluster.name!r} is {cluster.status}, not ready for SSH",
                          hint="bring it up without --no-ssh, or `clustertool start` it")
     return cluster
