@@ -65,9 +65,9 @@ def node_bin(program: str) -> str:
 
 
 def node_python() -> list[str]:
-    from clustertool.workloads import node_python as python
+    from clustertool import workloads
 
-    return python()
+    return workloads.node_python()
 
 
 def command(launcher: str, script: str) -> list[str]:

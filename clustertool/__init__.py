@@ -17,6 +17,8 @@ The Python API (``clustertool.api``): ``from clustertool import Cluster`` — ``
 ``import clustertool`` (and ``clustertool --help``) stays cheap.
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -28,8 +30,9 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    """``clustertool.Cluster`` and friends, imported when first asked for."""
+def __getattr__(name: str) -> Any:
+    """``clustertool.Cluster`` and friends, imported when first asked for (Any to a type checker: a
+    ``TYPE_CHECKING`` import of them would put the API under the package face, which imports nothing)."""
     if name not in _EXPORTS:
         raise AttributeError(f"module 'clustertool' has no attribute {name!r}")
     import importlib

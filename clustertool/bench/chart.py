@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from types import ModuleType
 
 from clustertool.bench.scaling import ScalingResult
 from clustertool.core.errors import MissingPrerequisite
 
 
-def pyplot():
+def pyplot() -> ModuleType:
     """matplotlib's pyplot on the Agg backend (no display), or a one-line error saying how to get it."""
     try:
         import matplotlib

@@ -24,7 +24,7 @@ from typing import Sequence
 from clustertool.bench.chart import pyplot, short_command
 from clustertool.bench.scaling import Launcher, compile_metric, cordoned_note, job_argv, parse_throughput
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Reporter, silent
+from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 
 PLACEHOLDER = "{}"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
@@ -79,8 +79,8 @@ def variant_argv(command: Sequence[str], name: str) -> list[str]:
     return [word.replace(PLACEHOLDER, name) for word in argv]
 
 
-def run_compare(cluster, names: list[str], command: Sequence[str], *, launch: Launcher, nodes: int | None = None,
-                per_node: int | None = None, regex: str | None = None, repeat: int = 1,
+def run_compare(cluster: ClusterRecord, names: list[str], command: Sequence[str], *, launch: Launcher,
+                nodes: int | None = None, per_node: int | None = None, regex: str | None = None, repeat: int = 1,
                 log_dir: Path | None = None, report: Reporter = silent) -> CompareResult:
     """Run each variant ``repeat`` times, round-robin, on the first ``nodes`` workers (default all)."""
     workers = cluster.schedulable  # cordoned nodes run no job
@@ -111,7 +111,8 @@ def run_compare(cluster, names: list[str], command: Sequence[str], *, launch: La
     return out
 
 
-def _run_once(v: Variant, nodes, per_node: int, launch: Launcher, regex, ranks: int, log_dir, round_) -> None:
+def _run_once(v: Variant, nodes: list[Node], per_node: int, launch: Launcher, regex: str | None, ranks: int,
+              log_dir: Path | None, round_: int | None) -> None:
     t0 = time.monotonic()
     code, output, error = launch(nodes, per_node, v.argv)
     v.seconds += time.monotonic() - t0

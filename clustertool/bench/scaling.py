@@ -17,11 +17,11 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from clustertool.core import nodeset
 from clustertool.core.errors import UsageError
-from clustertool.core.model import Reporter, silent
+from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 
 NUM = r"[0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 UNIT = r"(?:images|imgs?|samples|sequences|seqs|tokens|examples)"
@@ -53,7 +53,7 @@ def _rank_of(line: str) -> int | None:
     return int(next(g for g in m.groups() if g is not None))
 
 
-def _matches(line: str, regex: re.Pattern | None):
+def _matches(line: str, regex: re.Pattern | None) -> Iterator[tuple[float, str | None]]:
     """(value, per) for each metric on the line."""
     if regex is not None:
         for m in regex.finditer(line):
@@ -167,7 +167,7 @@ def add_efficiency(points: list[Point]) -> list[Point]:
     return points
 
 
-def cordoned_note(cluster) -> str:
+def cordoned_note(cluster: ClusterRecord) -> str:
     """`` not cordoned (node-3 is cordoned)`` where cordoned workers are left out of a count, else ""."""
     names = [n.name for n in cluster.workers if n.cordoned]
     if not names:
@@ -182,10 +182,11 @@ def job_argv(command: Sequence[str]) -> list[str]:
     return shlex.split(command[0]) if len(command) == 1 else list(command)
 
 
-Launcher = Callable[[list, int, list], tuple[int | None, str, str | None]]
+# (nodes, ranks per node (None: their slots), argv) -> (exit code, output, error)
+Launcher = Callable[[list[Node], int | None, list[str]], tuple[int | None, str, str | None]]
 
 
-def run_scaling(cluster, sizes: list[int], per_node: int | None, command: Sequence[str], *,
+def run_scaling(cluster: ClusterRecord, sizes: list[int], per_node: int | None, command: Sequence[str], *,
                 launch: Launcher, regex: str | None = None, log_dir: Path | None = None,
                 repeat: int = 1, report: Reporter = silent) -> ScalingResult:
     """Run the job at each size through ``launch(nodes, per_node, argv) -> (code, output, error)``.
@@ -221,7 +222,8 @@ def run_scaling(cluster, sizes: list[int], per_node: int | None, command: Sequen
     return out
 
 
-def _run_once(point: Point, nodes, argv, launch, regex, log_dir, round_: int | None) -> None:
+def _run_once(point: Point, nodes: list[Node], argv: list[str], launch: Launcher, regex: str | None,
+              log_dir: Path | None, round_: int | None) -> None:
     t0 = time.monotonic()
     code, output, error = launch(nodes, point.ranks // len(nodes), argv)
     point.seconds += time.monotonic() - t0
@@ -246,7 +248,7 @@ COLUMNS = ["nodes", "ranks", "throughput", "speedup", "efficiency", "seconds", "
 
 
 def rows(report_: ScalingResult) -> list[list[str]]:
-    def fmt(v, spec):
+    def fmt(v: float | None, spec: str) -> str:
         return "" if v is None else format(v, spec)
 
     return [[str(p.nodes), str(p.ranks), fmt(p.throughput, ".1f"), fmt(p.speedup, ".2f"),
@@ -258,7 +260,7 @@ def to_csv(report_: ScalingResult) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["nodes", "ranks", "throughput", "speedup", "efficiency", "seconds", "exit_code", "error"])
-    def num(v, digits):
+    def num(v: float | None, digits: int) -> float | str:
         return "" if v is None else round(v, digits)
 
     for p in report_.points:

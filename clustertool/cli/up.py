@@ -69,6 +69,7 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
     from clustertool.cli.common import reporter
     from clustertool.cluster import lifecycle, spec
     from clustertool.cluster.clusterrequests import UpRequest
+    from clustertool.core.model import ClusterState
     from clustertool.remote import access
 
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user,
@@ -93,6 +94,6 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
                  title=f"cluster {cluster.name} ({cluster.provider}) is up in {result.timings.get('total', 0):.1f}s")
     click.echo(f"hostfile: {result.hostfile}")
     click.echo(f"access:   {access.describe(cluster)}")
-    if cluster.status == "ready":
+    if cluster.status == ClusterState.READY:
         click.echo(f"ssh:      ssh {cluster.name}-leader   |   clustertool exec -c {cluster.name} -- hostname")
     return 0

@@ -23,11 +23,12 @@ from clustertool.core import state
 from clustertool.core.durations import format_duration, parse_duration  # noqa: F401 - re-exported
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, ClusterState, Node, Reporter, silent
-from clustertool.providers.base import get_provider
+from clustertool.providers.base import Provider, get_provider
 from clustertool.remote.group import run_on_node
 
 WAIT_FOR = ("jobs", "jobs-and-ssh")
-UP = ("ready", "provisioned")  # statuses of a cluster that is up (provisioned: brought up with --no-ssh)
+# statuses of a cluster that is up (provisioned: brought up with --no-ssh)
+UP = (ClusterState.READY, ClusterState.PROVISIONED)
 INTERVAL_ENV = "CLUSTERTOOL_AUTOSTOP_INTERVAL"  # seconds between samples (hidden knob for tests)
 DEFAULT_POWEROFF = 'if [ "$(id -u)" = 0 ]; then shutdown -h now; else sudo -n shutdown -h now; fi'
 
@@ -38,7 +39,7 @@ class Setting:
     down: bool = False
     wait_for: str = "jobs"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.wait_for not in WAIT_FOR:
             raise UsageError(f"invalid --wait-for {self.wait_for!r}", hint=f"choose {' or '.join(WAIT_FOR)}")
 
@@ -153,17 +154,17 @@ def status_extra(session: ClusterSession, check_ssh: bool) -> dict:
     the watcher powered the cluster off."""
     cluster = session.record
     out: dict = {}
-    if setting_of(cluster) or cluster.status == "ready":
-        ask = check_ssh and cluster.status == "ready" and setting_of(cluster) is not None
+    if setting_of(cluster) or cluster.status == ClusterState.READY:
+        ask = check_ssh and cluster.status == ClusterState.READY and setting_of(cluster) is not None
         out.update(status_lines(cluster, read_watcher(session) if ask else None))
-    if cluster.status in ("autostopped", "autodowned"):
+    if cluster.status in (ClusterState.AUTOSTOPPED, ClusterState.AUTODOWNED):
         done = cluster.provider_state.get("autostopped") or {}
         out[cluster.status] = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(done.get("t", 0)))
                                + (f": {done['why']}" if done.get("why") else ""))
     return out
 
 
-def install_at_up(cluster: ClusterRecord, provider, no_ssh: bool, report: Reporter = silent) -> None:
+def install_at_up(cluster: ClusterRecord, provider: Provider, no_ssh: bool, report: Reporter = silent) -> None:
     """`up`'s step after wiring SSH: the watcher on the leader (a failure fails the `up`)."""
     setting = setting_of(cluster)
     if setting is None and not cluster.block_end:  # the watcher also warns jobs of a block's end
@@ -182,11 +183,11 @@ def status_lines(cluster: ClusterRecord, view: WatcherView | None, now: float | 
     """What `status` adds: the setting and the idle time so far."""
     setting = setting_of(cluster)
     if setting is None:
-        return {"autostop": "off"} if cluster.status == "ready" else {}
+        return {"autostop": "off"} if cluster.status == ClusterState.READY else {}
     out = {"autostop": setting.describe()}
-    if cluster.status in ("autostopped", "autodowned"):
+    if cluster.status in (ClusterState.AUTOSTOPPED, ClusterState.AUTODOWNED):
         return out
-    if cluster.status == "provisioned":
+    if cluster.status == ClusterState.PROVISIONED:
         out["idle"] = "not watched: brought up with --no-ssh, so no watcher runs on the leader"
     elif view is None:
         out["idle"] = "unknown (the leader did not answer)"
@@ -214,7 +215,7 @@ def powered_off(cluster: ClusterRecord, queried: list[Node]) -> str | None:
     return None
 
 
-def reconcile_locked(cluster: ClusterRecord, provider, queried: list[Node]) -> list[str]:
+def reconcile_locked(cluster: ClusterRecord, provider: Provider, queried: list[Node]) -> list[str]:
     """``reconcile`` under the cluster's lock, taken only when there is something to mark."""
     if not powered_off(cluster, queried):
         return []
@@ -240,7 +241,7 @@ def refresh(clusters: list[ClusterRecord], report: Reporter = silent) -> list[st
     return lines
 
 
-def reconcile(cluster: ClusterRecord, provider, queried: list[Node]) -> list[str]:
+def reconcile(cluster: ClusterRecord, provider: Provider, queried: list[Node]) -> list[str]:
     """A cluster the watcher powered off: mark it, write the ledger, and after an autodown remove
     what is left (it costs nothing, but it is clutter and counts against quotas).  Caller holds
     the cluster's lock; returns what was done."""
@@ -268,11 +269,11 @@ def reconcile(cluster: ClusterRecord, provider, queried: list[Node]) -> list[str
 
 # ---- the verbs ----------------------------------------------------------------------------
 
-def poweroff_command(provider) -> str:
+def poweroff_command(provider: Provider) -> str:
     return provider.POWEROFF or DEFAULT_POWEROFF
 
 
-def check_allowed(cluster: ClusterRecord, provider, setting: Setting | None) -> None:
+def check_allowed(cluster: ClusterRecord, provider: Provider, setting: Setting | None) -> None:
     """Autostop powers machines off: only machines clustertool made, and (to stop) not one-time spot."""
     if not provider.owns_cluster(cluster) or cluster.provider_state.get("adopted"):
         raise UsageError(f"autostop is for machines clustertool made; {cluster.name!r} adopted existing ones",
@@ -282,7 +283,7 @@ def check_allowed(cluster: ClusterRecord, provider, setting: Setting | None) -> 
                          hint="use --autodown (or --down) with --spot")
 
 
-def apply(session: ClusterSession, provider, setting: Setting | None) -> str:
+def apply(session: ClusterSession, provider: Provider, setting: Setting | None) -> str:
     """Give a ready cluster the setting (None: cancel): the provider's shutdown behaviour, then the
     leader's watcher.  Returns how the watcher runs."""
     cluster = session.record
@@ -331,7 +332,7 @@ def configure(session: ClusterSession, idle: str | None = None, *, down: bool = 
     setting = check_request(idle, down=down, wait_for=wait_for, cancel=cancel)
     if idle is None and not cancel:
         cluster = session.reload()
-        view = read_watcher(session) if cluster.status == "ready" else None
+        view = read_watcher(session) if cluster.status == ClusterState.READY else None
         return AutostopReport(cluster, setting_of(cluster), view=view)
     with session.locked(purpose="autostop") as cluster:
         session.ready()

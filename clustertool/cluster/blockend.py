@@ -23,7 +23,7 @@ from clustertool.cluster import autostop
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.durations import format_duration, parse_duration
 from clustertool.core.errors import UsageError
-from clustertool.core.model import BLOCK_END_SIGNALS, BLOCK_END_WARNING, ClusterRecord, JobRecord
+from clustertool.core.model import BLOCK_END_SIGNALS, BLOCK_END_WARNING, ClusterRecord, ClusterState, JobRecord
 
 
 def utc(t: float | None) -> str:
@@ -79,7 +79,7 @@ def status_extra(session: ClusterSession, check_ssh: bool, now: float | None = N
     if not cluster.block_end or not cluster.block_end.get("at"):
         return {}
     out = {"block end": describe(cluster.block_end, now)}
-    if check_ssh and cluster.status == "ready":
+    if check_ssh and cluster.status == ClusterState.READY:
         view = autostop.read_watcher(session)
         jobs = (view.blockend.get("jobs") or {}) if view else {}
         if view is None:

@@ -13,10 +13,11 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 from clustertool.core import state
-from clustertool.core.model import ClusterRecord
+from clustertool.core.model import ClusterRecord, ClusterState
 from clustertool.providers.base import REGISTRY, provider_class
 
 RUNNING_FROM = ("up", "start")
@@ -26,7 +27,7 @@ PURCHASE = "purchase"  # money spent upfront (a Capacity Block): {"usd", "what"}
 EVENTS = RUNNING_FROM + STOPPED_FROM + GONE_AT + (PURCHASE,)
 
 
-def path():
+def path() -> Path:
     return state.home() / "ledger.jsonl"
 
 
@@ -35,7 +36,7 @@ def node_type(cluster: ClusterRecord) -> str:
     return cluster.provider_state.get("instance_type") or cluster.options.get("instance_type") or cluster.provider
 
 
-def event_of(event: str, cluster: ClusterRecord, t: float | None = None, **extra) -> dict:
+def event_of(event: str, cluster: ClusterRecord, t: float | None = None, **extra: object) -> dict:
     if event not in EVENTS:
         raise ValueError(f"unknown ledger event {event!r}")
     prepaid = cluster.provider_state.get("prepaid")  # e.g. "capacity block cr-…": its hours cost nothing more
@@ -46,7 +47,7 @@ def event_of(event: str, cluster: ClusterRecord, t: float | None = None, **extra
             **({"prepaid": prepaid} if prepaid else {}), **({"storage_hourly": storage} if storage else {}), **extra}
 
 
-def record(event: str, cluster: ClusterRecord, t: float | None = None, **extra) -> dict:
+def record(event: str, cluster: ClusterRecord, t: float | None = None, **extra: object) -> dict:
     """Append one event (never fails the command that records it: a ledger that cannot be written
     costs the figures, not the cluster)."""
     return _append(event_of(event, cluster, t, **extra))
@@ -250,9 +251,10 @@ def report(since: float | None = None, now: float | None = None, known: Sequence
     events = read()
     seen = {e.get("id") for e in events}
     for cluster in known:
-        if (cluster.id or cluster.name) in seen or not cluster.created or cluster.status in ("provisioning", "failed"):
+        unfinished = cluster.status in (ClusterState.PROVISIONING, ClusterState.FAILED)
+        if (cluster.id or cluster.name) in seen or not cluster.created or unfinished:
             continue
         events.append(event_of("up", cluster, t=cluster.created))
-        if cluster.status in ("stopped", "autostopped"):
+        if cluster.status in (ClusterState.STOPPED, ClusterState.AUTOSTOPPED):
             events.append(event_of("stop", cluster, t=now if now is not None else time.time()))
     return CostReport(summarize(events, now=now, since=since or 0.0), since)

@@ -298,7 +298,7 @@ def _short(label: str, limit: int = 48) -> str:
     return label if len(label) <= limit else f".../{os.path.basename(label)}"
 
 
-def _clip(key, limit: int = 40) -> str:
+def _clip(key: object, limit: int = 40) -> str:
     text = str(key)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 

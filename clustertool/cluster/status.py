@@ -10,7 +10,7 @@ from clustertool.cluster import autostop, blockend, topology_order
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import ToolError
-from clustertool.core.model import ClusterRecord, jsonable
+from clustertool.core.model import ClusterRecord, ClusterState, jsonable
 from clustertool.providers.base import Provider, get_provider
 from clustertool.remote import access
 from clustertool.remote.group import run_on_nodes
@@ -55,14 +55,14 @@ def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 
     the provider finds by the cluster's id, not the (possibly empty) list the state recorded."""
     cluster, provider, report = session.reload(), session.provider, session.report
     queried = provider.query_instances(cluster)
-    unfinished = cluster.status in ("provisioning", "failed")
+    unfinished = cluster.status in (ClusterState.PROVISIONING, ClusterState.FAILED)
     if unfinished:
         cluster.nodes = queried  # shown, not saved
     for line in autostop.reconcile_locked(cluster, provider, queried):
         report(line)
     states = {n.name: n.state for n in queried}
     reach: dict[str, tuple[bool, str]] = {}
-    if check_ssh and cluster.status == "ready":
+    if check_ssh and cluster.status == ClusterState.READY:
         for r in run_on_nodes(session, cluster.nodes, "true", timeout=timeout).results:
             reach[r.node] = (r.ok, r.reason)
     rows = [
@@ -78,7 +78,7 @@ def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 
     extra.update(blockend.status_extra(session, check_ssh))  # when the machines go; jobs warned of it
     if unfinished:
         extra["up"] = _unfinished(cluster, provider)
-        wait = provider.up_waiting(cluster) if cluster.status == "provisioning" else None
+        wait = provider.up_waiting(cluster) if cluster.status == ClusterState.PROVISIONING else None
         if wait:
             extra["capacity_wait"] = wait.record  # --json; the text is in "up"
     extra.update(replacements(cluster))
@@ -92,14 +92,15 @@ def _unfinished(cluster: ClusterRecord, provider: Provider) -> str:
         line = waiting(cluster, provider=provider)
         return f"in progress (pid {held[0]})" + (f"; {line}" if line else "")
     live = [n for n in cluster.nodes if n.state not in ("terminated", "missing")]
-    what = "did not finish (its process is gone)" if cluster.status == "provisioning" else "and its cleanup failed"
+    gone = cluster.status == ClusterState.PROVISIONING
+    what = "did not finish (its process is gone)" if gone else "and its cleanup failed"
     return (f"{what}: {len(live)} node(s) still exist; `clustertool down -c {cluster.name} --yes` removes them "
             "and everything else it made")
 
 
 def waiting(cluster: ClusterRecord, short: bool = False, provider: Provider | None = None) -> str | None:
     """What an `up --retry-until-up` in flight is doing: waiting for capacity (attempt N, next try at T)."""
-    if cluster.status != "provisioning":
+    if cluster.status != ClusterState.PROVISIONING:
         return None
     wait = (provider or get_provider(cluster.provider)).up_waiting(cluster)
     return None if wait is None else wait.short if short else wait.line

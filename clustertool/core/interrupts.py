@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+from types import FrameType
 from typing import Callable, Iterator, TypedDict
 
 HANDLED = (signal.SIGTERM, signal.SIGHUP)
@@ -55,7 +56,7 @@ class _State(TypedDict):
 _STATE: _State = {"deferring": 0, "pending": None, "fired": False}
 
 
-def _handler(signum: int, frame) -> None:
+def _handler(signum: int, frame: FrameType | None) -> None:
     if _STATE["fired"] or _STATE["pending"] is not None:
         return  # the cleanup the first signal started keeps running
     if _STATE["deferring"]:

@@ -24,10 +24,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import IO, Callable, Iterator
 
 from clustertool.core.errors import StateError, UsageError
-from clustertool.core.model import ClusterRecord
+from clustertool.core.model import ClusterRecord, ClusterState
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
@@ -144,10 +144,12 @@ def delete(name: str) -> None:
         lock_path(name).unlink()
 
 
+# Given who holds a lock (pid, purpose; None when unknown), an error to raise at once instead of waiting.
+Refuse = Callable[[tuple[int, str] | None], Exception | None]
+
 @contextlib.contextmanager
 def flocked(path: Path, timeout: float, busy: Exception, poll: float = 0.05,
-            purpose: str = "", refuse: Callable[[tuple[int, str] | None], Exception | None] | None = None,
-            ) -> Iterator[None]:
+            purpose: str = "", refuse: Refuse | None = None) -> Iterator[None]:
     """Hold an exclusive flock on ``path``; raise ``busy`` if it is not free within ``timeout``.
 
     The holder writes ``<pid> <purpose>`` into the file, so a waiter can say who holds it;
@@ -175,7 +177,7 @@ def flocked(path: Path, timeout: float, busy: Exception, poll: float = 0.05,
         fh.close()
 
 
-def _acquire(fh, path: Path, deadline: float, busy: Exception, poll: float, refuse) -> bool:
+def _acquire(fh: IO[str], path: Path, deadline: float, busy: Exception, poll: float, refuse: Refuse | None) -> bool:
     """True once ``fh`` is locked and still is ``path``; False when ``path`` changed meanwhile."""
     while True:
         try:
@@ -240,7 +242,7 @@ def holder(name: str) -> tuple[int, str] | None:
     return None
 
 
-def locked(name: str, timeout: float = 30.0, purpose: str = ""):
+def locked(name: str, timeout: float = 30.0, purpose: str = "") -> contextlib.AbstractContextManager[None]:
     """Hold the cluster's lock so two commands cannot change its state at once.
 
     A cluster being created (an ``up`` holds the lock) is refused at once, naming the pid:
@@ -294,7 +296,7 @@ def read_marker(name: str) -> dict:
 
 def require_ready(cluster: ClusterRecord) -> ClusterRecord:
     """The cluster, which must be up and wired for SSH (every command that runs on nodes)."""
-    if cluster.status != "ready":
+    if cluster.status != ClusterState.READY:
         raise UsageError(f"cluster {cluster.name!r} is {cluster.status}, not ready for SSH",
                          hint="bring it up without --no-ssh, or `clustertool start` it")
     return cluster

@@ -14,7 +14,7 @@ file in them ("spec file", "playbook").
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Hashable
 
 from clustertool.core.errors import SpecError
 
@@ -30,7 +30,7 @@ def _loader() -> type:
     import yaml
 
     class Loader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
             seen: set = set()
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=True)

@@ -48,7 +48,7 @@ class PairProbe:
         self.port = 41000 + 2 * secrets.randbelow(4000)  # iperf3 here, the echo server one above
         self.pidfile = f"/tmp/ct-doctor-probe-{self.port}.pid"
 
-    def _program(self, node: Node, **args) -> bytes:
+    def _program(self, node: Node, **args: object) -> bytes:
         return program_text("pairprobe", {"addr": node.address, "port": self.port, "echo_port": self.port + 1,
                                           "pidfile": self.pidfile, "lifetime": LIFETIME_S, **args})
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import secrets
 import shlex
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from clustertool.bench.allreduce import bench_argv, parse_sizes
 from clustertool.bench.benchjobs import OnLine, jobs_launcher
@@ -56,7 +56,7 @@ RANK_SCRIPT = (
 )
 
 # launch(env, argv, plugin, per_node) -> (exit code or None, output, error or None)
-Launch = Callable[[list[str], list[str], bool, "int | None"], tuple]
+Launch = Callable[[list[str], list[str], bool, "int | None"], "tuple[int | None, str, str | None]"]
 
 
 # ---- pure: sizes, argv, environment, remote lines ------------------------------------------
@@ -180,7 +180,8 @@ def find_python(session: ClusterSession, python: str | None) -> str:
 
 
 def _default_launch(session: ClusterSession, timeout: float, on_line: OnLine | None) -> Launch:
-    def launch(env, argv, plugin, per_node):
+    def launch(env: list[str], argv: list[str], plugin: bool,
+               per_node: int | None) -> tuple[int | None, str, str | None]:
         run = jobs_launcher(session, env=env, timeout=timeout, on_line=on_line, plugin=plugin, name="plugin-check")
         return run(session.record.schedulable, per_node, argv)  # `run --plugin` starts the servers' reducers
     return launch
@@ -238,7 +239,7 @@ def _check_slots(cluster: ClusterRecord, gpus: dict[str, int]) -> None:
                         hint="slots come from `clustertool up --slots N` (or the spec's `slots:`): one per GPU")
 
 
-def run(session: ClusterSession, **kwargs) -> CheckReport:
-    """`clustertool plugin check`: see :func:`check` for the arguments."""
+def run(session: ClusterSession, **kwargs: Any) -> CheckReport:
+    """`clustertool plugin check`: see :func:`check` for the arguments (``kwargs``: its keywords)."""
     session.ready()
     return check(session, **kwargs)

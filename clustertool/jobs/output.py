@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import shlex
-import subprocess
 import threading
 import time
 from typing import Callable, Iterable
@@ -35,7 +34,7 @@ from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 from clustertool.core.model import ClusterRecord, HostResult, JobRecord, Node
 from clustertool.jobs import records, scripts
 from clustertool.remote.group import run_on_node, run_on_nodes
-from clustertool.remote.transport import Transport, stop_process
+from clustertool.remote.transport import NodeProcess, Transport, stop_process
 
 TAG_RE = re.compile(r"^\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 LineSink = Callable[[str], None]
@@ -133,16 +132,16 @@ def attempt_separator(job: JobRecord, number: int) -> str:
 class _Recording(Transport):
     """The transport, keeping every process it starts (to end them if the client is interrupted)."""
 
-    def __init__(self, inner: Transport):
+    def __init__(self, inner: Transport) -> None:
         self.inner = inner
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[NodeProcess] = []
 
     def argv(self, cluster_name: str, node: Node, command: str | None = None, *,
              extra: list[str] | None = None) -> list[str]:
         return self.inner.argv(cluster_name, node, command, extra=extra)
 
     def spawn(self, cluster_name: str, node: Node, command: str, stdin: bytes | None, *,
-              extra: list[str] | None = None) -> subprocess.Popen:
+              extra: list[str] | None = None) -> NodeProcess:
         proc = self.inner.spawn(cluster_name, node, command, stdin, extra=extra)
         self.procs.append(proc)
         return proc

@@ -82,7 +82,7 @@ def log(line, now=None):
 def running_jobs(jobs_dir=JOBS, now=None):
     """Ids of the clustertool jobs running (or being started) on this node."""
     now = time.time() if now is None else now
-    found = []
+    found: list = []
     try:
         names = sorted(os.listdir(jobs_dir))
     except OSError:
@@ -110,7 +110,7 @@ def running_jobs(jobs_dir=JOBS, now=None):
 
 def parse_probe(text):
     """{"gpus": [percent, ...] | None (no nvidia-smi) | "error", "ssh": sessions} from PROBE's output."""
-    out = {"gpus": None, "ssh": 0}
+    out: dict = {"gpus": None, "ssh": 0}
     for line in text.splitlines():
         key, _, rest = line.partition(" ")
         if key == "gpu":
@@ -133,7 +133,7 @@ def probe_nodes(config, timeout=30.0):
         procs[member["name"]] = subprocess.Popen(
             SSH + [member["address"], "sh", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL)
-    out = {}
+    out: dict = {}
     for name, proc in procs.items():
         try:
             stdout, _ = proc.communicate(PROBE.encode(), timeout=timeout)

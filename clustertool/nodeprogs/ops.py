@@ -13,7 +13,7 @@ import shutil
 
 def apply(args):
     root = os.path.expanduser(args["root"])
-    done = {"deleted": 0, "touched": 0, "errors": []}
+    done: dict = {"deleted": 0, "touched": 0, "errors": []}
     for rel in sorted(args.get("delete", []), key=lambda p: -p.count("/")):
         path = os.path.join(root, rel)
         try:

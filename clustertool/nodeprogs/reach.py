@@ -64,5 +64,7 @@ def main():
         sys.stdout.write(f"fail {addr} {why}\n")
 
 
+ARGS: dict  # prepended by nodeprogs.program_text; declared for type checkers (an annotation binds nothing)
+
 if __name__ == "__main__":
     main()

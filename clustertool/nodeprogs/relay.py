@@ -88,14 +88,15 @@ def run_hop(args):
         fwd = _forward(args)
     except OSError as exc:
         err = f"cannot reach the next hop's dialer: {exc.strerror or exc}"
-    sink = Skipper()
+    sink: Skipper | Extractor = Skipper()  # (a local annotation: never evaluated)
     if args.get("extract"):
         try:
             os.makedirs(args["dest"], exist_ok=True)
             sink = Extractor(args["dest"], tally)
         except OSError as exc:
             err = f"cannot create DEST {args['dest']!r}: {exc.strerror or exc}"
-    parser, marked = Unpacker(sink), 0
+    parser: Unpacker | None = Unpacker(sink)
+    marked = 0
     widen_pipe(0)
     buf = bytearray(CHUNK)  # one buffer, read into again and again: no allocation per block
     view = memoryview(buf)

@@ -71,6 +71,8 @@ class Fatal(Exception):
 
 
 class Job:
+    manifest: "Manifest"  # set once the listing is in (a quoted class annotation: nothing evaluated on a node)
+
     def __init__(self, args, objects):
         self.dest = os.path.expanduser(args["dest"])
         self.threads = max(1, int(args.get("threads") or 8))

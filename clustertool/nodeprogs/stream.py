@@ -98,7 +98,7 @@ def _send_file(fd, size, algo, write):
 
 def pack(root, names, algo, write):
     """Send ``names`` (relative to ``root``) as a stream through ``write``; the source's status."""
-    done = {"files": 0, "bytes": 0, "errors": []}
+    done: dict = {"files": 0, "bytes": 0, "errors": []}
     write(MAGIC)
     write(line({"algo": algo}))
     for rel in names:
@@ -231,4 +231,5 @@ def fastest_hash(candidates=HASH_CANDIDATES, sample=4 << 20):
         took = time.perf_counter() - t
         if best is None or took < best[0]:
             best = (took, algo)
+    assert best is not None, "no hash candidates"
     return best[1]

@@ -19,7 +19,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, TextIO
+from types import FrameType
+from typing import Callable, Iterator, TextIO
 
 from clustertool.core import state
 from clustertool.core.errors import ExitStatus
@@ -163,7 +164,7 @@ def run(book: Playbook, *, on_event: Event = lambda *a: None, step_stdout: TextI
     result.outcomes += [_outcome(s) for s in book.steps if s.label not in done]
     presses = [0]
 
-    def second_press(signum, frame):
+    def second_press(signum: int, frame: FrameType | None) -> None:
         presses[0] += 1
         if presses[0] >= 2:
             raise KeyboardInterrupt
@@ -178,8 +179,10 @@ def run(book: Playbook, *, on_event: Event = lambda *a: None, step_stdout: TextI
     return result
 
 
+Handler = Callable[[int, FrameType | None], None]  # a Python-level signal handler
+
 @contextlib.contextmanager
-def _signal(signum, handler):
+def _signal(signum: int, handler: Handler) -> Iterator[None]:
     """Install a signal handler for a block (only possible in the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -191,11 +194,11 @@ def _signal(signum, handler):
         signal.signal(signum, previous)
 
 
-def _sigterm_as_interrupt(signum, frame):
+def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _always(book: Playbook, result: PlayResult, keep: bool, on_event: Event, out,
+def _always(book: Playbook, result: PlayResult, keep: bool, on_event: Event, out: TextIO | None,
             err: Callable[[str], None]) -> None:
     steps = list(book.always)
     if keep:
@@ -221,7 +224,7 @@ def _outcome(step: Step, status: str = "not run", reason: str = "") -> Outcome:
     return Outcome(step.label, step.name, step.section, step.display, status, reason=reason)
 
 
-def _one(step: Step, on_event: Event, out, err: Callable[[str], None]) -> Outcome:
+def _one(step: Step, on_event: Event, out: TextIO | None, err: Callable[[str], None]) -> Outcome:
     outcome = _outcome(step)
     if not step.run:
         when = str(step.when).lower() if isinstance(step.when, bool) else step.when

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 # Every command a step may name (groups as "plugin build").  Interactive ones (ssh, attach)
 # and play itself are left out on purpose.
@@ -57,7 +57,7 @@ class CommandSpec:
 Resolver = Callable[[tuple[str, ...]], CommandSpec]  # a command path -> its keys (from the CLI)
 
 
-def suggest(word: str, options) -> str:
+def suggest(word: str, options: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(options), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -16,6 +16,7 @@ import subprocess
 import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
@@ -74,7 +75,8 @@ def describe(build_dir: Path, built_on: str = "local") -> Build:
     return Build(str(build_dir), version, files[NET_LIB], files, built_on)
 
 
-def build_local(native_dir: Path = NATIVE_DIR, run=subprocess.run) -> Build:
+def build_local(native_dir: Path = NATIVE_DIR,
+                run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> Build:
     """``make -C native``; a failure carries the tail of make's output."""
     try:
         proc = run(make_argv(native_dir), capture_output=True, text=True)

@@ -11,21 +11,20 @@ is a ``HostResult``, as with ``run_on_nodes``; a node that hangs is killed at ``
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from typing import Callable, Iterable
 
 from clustertool.core.model import GroupResult, HostResult, Node
 from clustertool.remote.group import wait_all
-from clustertool.remote.transport import Link, classify_ssh_failure, stop_process
+from clustertool.remote.transport import Link, NodeProcess, classify_ssh_failure, stop_process
 
 Reply = Callable[[dict], None]
 OnMessage = Callable[[str, dict, Reply], None]
 
 
 class _Session:
-    def __init__(self, node: Node, proc: subprocess.Popen, on_message: OnMessage):
+    def __init__(self, node: Node, proc: NodeProcess, on_message: OnMessage) -> None:
         self.node, self.proc, self.on_message = node, proc, on_message
         self.out: list[str] = []
         self.err: list[str] = []
@@ -100,7 +99,7 @@ def _message(line: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def kill(proc) -> None:
+def kill(proc: NodeProcess) -> None:
     stop_process(proc)
 
 

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clustertool.core.errors import StateError
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.core.state import ClusterPaths
 from clustertool.remote import access
 from clustertool.remote.transport import alias
+
+if TYPE_CHECKING:  # fabric loads when a group is asked for (it has no type hints: Any to mypy)
+    from fabric import Connection, ThreadingGroup
 
 CONNECT_TIMEOUT = 10
 
@@ -54,7 +58,7 @@ def identities(cluster: ClusterRecord) -> list[str]:
     return keys
 
 
-def _pinned(conn, name: str, keys: list[str]):
+def _pinned(conn: Connection, name: str, keys: list[str]) -> Connection:
     """Reject every host key but ``keys``, registered under ``name``."""
     import paramiko
     from paramiko.hostkeys import HostKeyEntry
@@ -68,7 +72,7 @@ def _pinned(conn, name: str, keys: list[str]):
     return conn
 
 
-def _bastion(cluster: ClusterRecord):
+def _bastion(cluster: ClusterRecord) -> Connection:
     """The user's --jump bastion: its pinned keys, the user's own keys and agent."""
     import paramiko
     from fabric import Config, Connection
@@ -80,7 +84,7 @@ def _bastion(cluster: ClusterRecord):
     return _pinned(conn, via.host if via.port == 22 else f"[{via.host}]:{via.port}", cluster.jump_keys)
 
 
-def _connection(cluster: ClusterRecord, node: Node, keys: list[str], gateway=None):
+def _connection(cluster: ClusterRecord, node: Node, keys: list[str], gateway: Connection | None = None) -> Connection:
     """A pinned connection to ``node``; ``gateway`` is the connection it jumps through (the leader's,
     for a member behind it), else the bastion for a node reached through --jump."""
     import paramiko
@@ -96,18 +100,18 @@ def _connection(cluster: ClusterRecord, node: Node, keys: list[str], gateway=Non
     return _pinned(conn, lookup_name(cluster, node), keys)
 
 
-def _opened_once(conn):
+def _opened_once(conn: Connection) -> Connection:
     """A connection several threads open (its own, and the members' riding on it): one opens it."""
     lock, open_ = threading.Lock(), conn.open
 
-    def open_once():
+    def open_once() -> object:
         with lock:
             return open_()
     conn.open = open_once
     return conn
 
 
-def thread_group(cluster: ClusterRecord, nodes: list[Node]):
+def thread_group(cluster: ClusterRecord, nodes: list[Node]) -> ThreadingGroup:
     """A ``fabric.ThreadingGroup`` of ``nodes`` (leader first), pinned as the module says."""
     from fabric import ThreadingGroup
 

@@ -11,10 +11,10 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import IO, Any, Callable, Iterable, Sequence
 
 from clustertool.core.model import GroupResult, HostResult, Node
-from clustertool.remote.transport import Link, classify_ssh_failure, stop_process
+from clustertool.remote.transport import Link, NodeProcess, classify_ssh_failure, stop_process
 
 LineCallback = Callable[[str, str, str], None]  # (node name, "stdout"|"stderr", line)
 CommandFor = Callable[[Node], str]
@@ -23,14 +23,14 @@ CommandFor = Callable[[Node], str]
 @dataclass
 class _Running:
     node: Node
-    proc: subprocess.Popen
+    proc: NodeProcess
     started: float
     out: list[str]
     err: list[str]
     timed_out: bool = False
 
 
-def _pump(stream, sink: list[str], node: str, kind: str, on_line: LineCallback | None) -> None:
+def _pump(stream: IO[bytes], sink: list[str], node: str, kind: str, on_line: LineCallback | None) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace")
         sink.append(line)
@@ -89,7 +89,7 @@ def run_on_nodes(
     return GroupResult([_result(r) for r in runs])
 
 
-def _feed(proc: subprocess.Popen, data: bytes) -> None:
+def _feed(proc: NodeProcess, data: bytes) -> None:
     assert proc.stdin is not None  # spawned with stdin=PIPE
     try:
         proc.stdin.write(data)
@@ -112,5 +112,8 @@ def wait_all(runs: Sequence[Any], timeout: float | None) -> None:
             run.proc.wait()
 
 
-def run_on_node(link: Link, node: Node, command: str, **kwargs) -> HostResult:
-    return run_on_nodes(link, [node], command, **kwargs).results[0]
+def run_on_node(link: Link, node: Node, command: str, *, timeout: float | None = None,
+                on_line: LineCallback | None = None, stdin_data: bytes | Callable[[Node], bytes] | None = None,
+                ssh_extra: list[str] | None = None) -> HostResult:
+    return run_on_nodes(link, [node], command, timeout=timeout, on_line=on_line, stdin_data=stdin_data,
+                        ssh_extra=ssh_extra).results[0]

@@ -30,7 +30,8 @@ from clustertool.remote.transport import Transport
 class LocalShell(Transport):
     """The command runs with ``sh -c`` here (ssh swapped out; the fan-out is under test)."""
 
-    def argv(self, cluster_name, node, command=None, *, extra=None):
+    def argv(self, cluster_name: str, node: Node, command: str | None = None, *,
+             extra: list[str] | None = None) -> list[str]:
         return ["sh", "-c", command or "true"]
 
 
@@ -113,10 +114,12 @@ class ScriptedTransport(Transport):
             reply.effect(call)
         return ["sh", "-c", reply.script()]
 
-    def argv(self, cluster_name, node, command=None, *, extra=None):
+    def argv(self, cluster_name: str, node: Node, command: str | None = None, *,
+             extra: list[str] | None = None) -> list[str]:
         return self._argv(node, command or "true", None)
 
-    def spawn(self, cluster_name, node, command, stdin, *, extra=None):
+    def spawn(self, cluster_name: str, node: Node, command: str, stdin: bytes | None, *,
+              extra: list[str] | None = None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self._argv(node, command, stdin),
                                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)

@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import IO, Protocol
 
 from clustertool.core import state
 from clustertool.core.model import ClusterRecord, Node
@@ -177,6 +178,23 @@ def session_argv(cluster_name: str, node: Node, command: str | None = None, *, t
     return ssh_argv(cluster_name, node, command, tty=tty)
 
 
+class NodeProcess(Protocol):
+    """A command started on a node, as the fan-out uses it: a local ssh (``subprocess.Popen``) or
+    a session on a running master (``mux.MuxSession``, no local process)."""
+
+    @property
+    def stdin(self) -> IO[bytes] | None: ...
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+    @property
+    def stderr(self) -> IO[bytes] | None: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
 class Transport:
     """How this machine runs a command on a node: argv for a pipeline, or a started process."""
 
@@ -185,7 +203,7 @@ class Transport:
         raise NotImplementedError
 
     def spawn(self, cluster_name: str, node: Node, command: str, stdin: bytes | None, *,
-              extra: list[str] | None = None) -> subprocess.Popen:
+              extra: list[str] | None = None) -> NodeProcess:
         """Start ``command`` on ``node``: output on pipes; a stdin pipe when ``stdin`` is given
         (the caller writes it).  Its own session, so a Ctrl-C reaches us, not every ssh."""
         return subprocess.Popen(
@@ -210,7 +228,7 @@ class SshTransport(Transport):
         return ssh_argv(cluster_name, node, command, extra=extra)
 
     def spawn(self, cluster_name: str, node: Node, command: str, stdin: bytes | None, *,
-              extra: list[str] | None = None):
+              extra: list[str] | None = None) -> NodeProcess:
         path = None if extra or os.environ.get("CLUSTERTOOL_NO_MUX") else master_socket(cluster_name, node)
         if path is not None and path.exists():
             try:
@@ -249,7 +267,7 @@ class Link:
     def argv(self, node: Node, command: str | None = None, *, extra: list[str] | None = None) -> list[str]:
         return self.transport.argv(self.name, node, command, extra=extra)
 
-    def spawn(self, node: Node, command: str, stdin: bytes | None, *, extra: list[str] | None = None):
+    def spawn(self, node: Node, command: str, stdin: bytes | None, *, extra: list[str] | None = None) -> NodeProcess:
         return self.transport.spawn(self.name, node, command, stdin, extra=extra)
 
 
@@ -353,7 +371,7 @@ def classify_ssh_failure(stderr: str) -> str | None:
     return None
 
 
-def stop_process(proc) -> None:
+def stop_process(proc: NodeProcess) -> None:
     """Stop a node's command: its ssh's process group, or a session on a master (remote/mux.py,
     no local process: ending the control connection closes the channel)."""
     if not isinstance(proc, subprocess.Popen):

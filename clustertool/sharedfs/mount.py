@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from clustertool.core.errors import RemoteError, UsageError
-from clustertool.core.model import ClusterRecord, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, ClusterState, Node, Reporter, silent
 from clustertool.core.nodeset import fold
 from clustertool.providers.base import Provider, ProvisionRequest
 from clustertool.remote.group import run_on_nodes
@@ -165,7 +165,8 @@ def parse(node: str, output: str) -> list[NodeMount]:
 
 # ---- running them --------------------------------------------------------------------------
 
-def _run(link: Link, cluster: ClusterRecord, nodes: list[Node], script_for, timeout: float) -> list[NodeMount]:
+def _run(link: Link, cluster: ClusterRecord, nodes: list[Node], script_for: Callable[[Node], str],
+         timeout: float) -> list[NodeMount]:
     entries = filesystems(cluster)
     if not entries or not nodes:
         return []
@@ -251,7 +252,7 @@ def status_extra(link: Link, cluster: ClusterRecord, check: bool) -> dict[str, A
     if not entries:
         return {}
     states: dict[tuple[str, str], str] = {}
-    if check and cluster.status == "ready":
+    if check and cluster.status == ClusterState.READY:
         states = {(r.node, r.mount): r.state for r in probe(link, cluster)}
     rows = []
     for fs in entries:

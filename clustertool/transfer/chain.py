@@ -24,7 +24,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import IO, Callable
 
 from clustertool.nodeprogs import program_text
 
@@ -217,7 +217,7 @@ def _source_status(text: bytes) -> dict | None:
     return None
 
 
-def _feed(pipe, blob: bytes) -> None:
+def _feed(pipe: IO[bytes], blob: bytes) -> None:
     try:
         pipe.write(blob)
         pipe.close()
@@ -225,7 +225,7 @@ def _feed(pipe, blob: bytes) -> None:
         pass
 
 
-def _read_progress(stream_, on_progress: Progress | None, other: list[str], done: dict[str, dict]) -> None:
+def _read_progress(stream_: IO[bytes], on_progress: Progress | None, other: list[str], done: dict[str, dict]) -> None:
     for raw in iter(stream_.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\n")
         parsed, finished = parse_progress(line), parse_done(line)

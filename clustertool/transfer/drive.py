@@ -147,9 +147,10 @@ def fanout_transfer(run: CopyRun, node_plans: dict[str, plan.NodePlan], live: li
         progress = lambda node, done: run.on_progress(node, done, node_plans[node].send_bytes)  # noqa: E731
     src, is_dir, leader = run.src, run.manifest.is_dir, run.cluster.leader
     if run.from_local:
-        src, is_dir, targets = _stage_on_leader(run, targets, progress, result)
-        if src is None:
+        staged = _stage_on_leader(run, targets, progress, result)
+        if staged is None:
             return
+        src, is_dir, targets = staged
     try:
         got = fanout.from_source_node(run.session, leader, targets, src, is_dir, run.dest,
                                       cipher=run.cipher, delete=False, on_bytes=progress, run_id=run.run_id)
@@ -174,8 +175,10 @@ def _rsync_checked(run: CopyRun, name: str, r: fanout.RsyncResult) -> None:
         run.streamed.setdefault(name, set()).update(p for p in r.names if files.get(p, {}).get("t") == "f")
 
 
-def _stage_on_leader(run: CopyRun, targets, progress, result: CopyResult):
-    """rsync here -> leader (DEST when the leader is a target, else a staging dir)."""
+def _stage_on_leader(run: CopyRun, targets: list[Node], progress: chain.Progress | None,
+                     result: CopyResult) -> tuple[str, bool, list[Node]] | None:
+    """rsync here -> leader (DEST when the leader is a target, else a staging dir); (what to send on
+    from the leader, is it a folder, the targets left), or None when staging failed."""
     leader = run.cluster.leader
     on_leader = any(n.name == leader.name for n in targets)
     stage = run.dest if on_leader else f".cache/clustertool/stage-{_stage_key(run.src)}"
@@ -190,7 +193,7 @@ def _stage_on_leader(run: CopyRun, targets, progress, result: CopyResult):
     if r.error:
         for node in targets:
             run.fail(node.name, f"staging on the leader failed: {r.error}")
-        return None, None, []
+        return None
     staged = stage if run.manifest.is_dir else f"{stage.rstrip('/')}/{run.src.rstrip('/').rsplit('/', 1)[-1]}"
     return staged, run.manifest.is_dir, [n for n in targets if n.name != leader.name]
 

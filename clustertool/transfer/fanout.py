@@ -19,12 +19,11 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.model import Node
 from clustertool.remote.transport import alias, classify_ssh_failure, warm_jump
-from clustertool.transfer.chain import DEFAULT_CIPHER, node_ssh_argv, status_dir
+from clustertool.transfer.chain import DEFAULT_CIPHER, Progress, node_ssh_argv, status_dir
 
 FILE_MARK = "CTFILE"
 
@@ -73,7 +72,7 @@ def parse_file_line(line: str) -> tuple[int, str] | None:
     return None
 
 
-def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | None,
+def _run_one(node: str, argv: list[str], on_bytes: Progress | None,
              procs: list[subprocess.Popen]) -> RsyncResult:
     started = time.monotonic()
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -111,13 +110,13 @@ def _run_one(node: str, argv: list[str], on_bytes: Callable[[str, int], None] | 
     return RsyncResult(node, proc.returncode, sent, files, error, time.monotonic() - started, names)
 
 
-def run_parallel(jobs: list[tuple[str, list[str]]], on_bytes=None) -> dict[str, RsyncResult]:
+def run_parallel(jobs: list[tuple[str, list[str]]], on_bytes: Progress | None = None) -> dict[str, RsyncResult]:
     """Run (node name, argv) jobs at once; every job's outcome is a value."""
     results: dict[str, RsyncResult] = {}
     threads: list[threading.Thread] = []
     procs: list[subprocess.Popen] = []
     for node, argv in jobs:
-        def work(node=node, argv=argv):
+        def work(node: str = node, argv: list[str] = argv) -> None:
             results[node] = _run_one(node, argv, on_bytes, procs)
         t = threading.Thread(target=work, daemon=True)
         t.start()
@@ -140,7 +139,7 @@ def tracked(command: str, sdir: str) -> str:
 
 
 def from_source_node(session: ClusterSession, source: Node, targets: list[Node], src: str, src_is_dir: bool,
-                     dest: str, *, cipher: str | None, delete: bool, on_bytes=None,
+                     dest: str, *, cipher: str | None, delete: bool, on_bytes: Progress | None = None,
                      run_id: str | None = None) -> dict[str, RsyncResult]:
     """rsync on the source node to every target at once (one ssh session per target)."""
     jobs = []
@@ -155,7 +154,7 @@ def from_source_node(session: ClusterSession, source: Node, targets: list[Node],
 
 
 def from_local(cluster_name: str, config: str, leader: Node, src: str, src_is_dir: bool, dest: str, *,
-               cipher: str | None, delete: bool, on_bytes=None) -> RsyncResult:
+               cipher: str | None, delete: bool, on_bytes: Progress | None = None) -> RsyncResult:
     """rsync from this machine to the leader (through the cluster's ssh config; a jump host's
     ControlMaster opened first)."""
     warm_jump(cluster_name, alias(cluster_name, leader))

@@ -19,6 +19,7 @@ from clustertool.remote.group import run_on_nodes
 
 MAX_LISTED = 10  # files named per node in a mismatch message
 Keep = Callable[[str, bool], bool]  # (relative path, is a directory) -> part of the source?
+WantHash = bool | Iterable[str]  # hash every file, or these (relative paths)
 
 
 @dataclass
@@ -52,14 +53,14 @@ def parse(text: str) -> Manifest:
                     head.get("dir", True), head.get("fastest"))
 
 
-def _args(root: str, want_hash, algo: str | None, **more) -> dict:
+def _args(root: str, want_hash: WantHash, algo: str | None, **more: object) -> dict:
     want = want_hash if isinstance(want_hash, bool) else sorted(want_hash)
-    args = {"root": root, "hash": want, "algo": algo}
+    args: dict[str, object] = {"root": root, "hash": want, "algo": algo}
     args.update({k: v for k, v in more.items() if v not in (None, False)})
     return args
 
 
-def local(root: str, want_hash: bool | Iterable[str] = False, algo: str | None = None,
+def local(root: str, want_hash: WantHash = False, algo: str | None = None,
           pick_hash: bool = False, keep: Keep | None = None) -> Manifest:
     """Manifest of ``root`` on this machine; ``keep(rel, is_dir)`` filters it (see copy's ``keep``)."""
     out: list[str] = []
@@ -67,14 +68,15 @@ def local(root: str, want_hash: bool | Iterable[str] = False, algo: str | None =
     return parse("".join(out))
 
 
-def remote_args(root: str, want_hash: bool | Iterable[str] = False, algo: str | None = None, *,
-                program: str = "manifest", **more) -> bytes:
+def remote_args(root: str, want_hash: WantHash = False, algo: str | None = None, *,
+                program: str = "manifest", **more: object) -> bytes:
     return program_text(program, _args(root, want_hash, algo, **more))
 
 
-def remote(session: ClusterSession, nodes: list[Node], root: str, want_hash=False,
-           timeout: float | None = None, *, algo: str | None = None,
-           pick_hash: bool = False, cleanup=None, prepare=None) -> dict[str, Manifest | str]:
+def remote(session: ClusterSession, nodes: list[Node], root: str,
+           want_hash: WantHash | Callable[[str], WantHash] = False, timeout: float | None = None, *,
+           algo: str | None = None, pick_hash: bool = False, cleanup: Callable[[Node], list[str] | None] | None = None,
+           prepare: Callable[[Node], list[dict] | None] | None = None) -> dict[str, Manifest | str]:
     """Manifest of ``root`` on every node, in parallel; a node that failed maps to its error.
 
     ``want_hash`` may be a function of the node name (per-node hash lists).  Functions of the

@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from clustertool.core.errors import ToolError, UsageError
 
@@ -99,7 +100,7 @@ class Bucket:
         self._checks: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def _client(self, region: str | None):
+    def _client(self, region: str | None) -> Any:  # a boto3 S3 client (boto3-stubs left out)
         import boto3
         from botocore.config import Config
 

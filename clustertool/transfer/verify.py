@@ -18,7 +18,7 @@ from clustertool.transfer import manifest
 from clustertool.transfer.results import CopyResult, CopyRun
 
 
-def source_manifest(run: CopyRun, want_hash) -> manifest.Manifest:
+def source_manifest(run: CopyRun, want_hash: manifest.WantHash) -> manifest.Manifest:
     """The source tree's manifest, hashing ``want_hash`` (True or a list of paths)."""
     if run.from_local:
         return manifest.local(run.src, want_hash, algo=run.algo, keep=run.keep)

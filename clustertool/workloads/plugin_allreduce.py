@@ -24,7 +24,19 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:  # for the type checker only: on a node this file runs with the stdlib (any python3)
+    from typing import Any, Protocol
+
+    import numpy as np
+
+    class Comm(Protocol):
+        """What this module uses of an mpi4py communicator (``MPI.COMM_WORLD``)."""
+
+        def Get_rank(self) -> int: ...
+        def Get_size(self) -> int: ...
+        def allgather(self, sendobj: Any) -> list[Any]: ...
 
 LIBRARY = "libnccl-net-clustertool.so"
 ALGORITHMS = ("servers", "sharded", "ring")
@@ -90,7 +102,7 @@ class PluginAllreduce:
     reduction server answers; ``strict=True`` turns that into an error instead.
     """
 
-    def __init__(self, comm, algo: str = "servers", library: str | None = None, strict: bool = False):
+    def __init__(self, comm: Comm, algo: str = "servers", library: str | None = None, strict: bool = False) -> None:
         if algo not in ALGORITHMS:
             raise PluginAllreduceError(f"unknown plugin algorithm {algo!r} (want one of {', '.join(ALGORITHMS)})")
         self._lib = load_library(library)
@@ -118,7 +130,7 @@ class PluginAllreduce:
     def _error(self) -> str:
         return self._lib.ct_allreduce_error(self._h).decode(errors="replace")
 
-    def allreduce(self, send, recv=None, op: str = "sum"):
+    def allreduce(self, send: np.ndarray, recv: np.ndarray | None = None, op: str = "sum") -> np.ndarray:
         """Reduce a C-contiguous numpy array across ranks into ``recv`` (default: in place); returns it."""
         recv = send if recv is None else recv
         dtype = DTYPES.get(send.dtype.name)
@@ -140,8 +152,8 @@ class PluginAllreduce:
             self._lib.ct_allreduce_close(self._h)
         self._h = None
 
-    def __enter__(self):
+    def __enter__(self) -> PluginAllreduce:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

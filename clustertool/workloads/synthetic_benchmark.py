@@ -23,7 +23,11 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # torch loads in main (a fast --help; its types only for the checker)
+    import torch
+    from torch import nn
 
 # GPU defaults, then the CPU ones (a small model and images, a few steps)
 _DEFAULTS = {"cuda": dict(model="resnet50", batch_size=64, image_size=224, warmup_steps=10, steps_per_iter=10,
@@ -31,7 +35,7 @@ _DEFAULTS = {"cuda": dict(model="resnet50", batch_size=64, image_size=224, warmu
              "cpu": dict(model="tiny", batch_size=16, image_size=32, warmup_steps=1, steps_per_iter=3, iters=3)}
 
 
-def _args(argv):
+def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="synthetic-data data-parallel throughput")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: cuda when torch sees a GPU, else cpu (gloo, --model tiny)")
@@ -46,7 +50,7 @@ def _args(argv):
     return p.parse_args(argv)
 
 
-def _resolve(args, cuda_available: bool):
+def _resolve(args: argparse.Namespace, cuda_available: bool) -> argparse.Namespace:
     """Fill unset options from the device's defaults; refuse cuda without a GPU."""
     if args.device == "auto":
         args.device = "cuda" if cuda_available else "cpu"
@@ -60,7 +64,7 @@ def _resolve(args, cuda_available: bool):
     return args
 
 
-def tiny_model(num_classes: int = 1000):
+def tiny_model(num_classes: int = 1000) -> nn.Module:
     """A small CNN: enough layers and parameters that the allreduce has real gradients to carry."""
     from torch import nn
 
@@ -91,7 +95,8 @@ class _Torch:
         dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=self.rank, world_size=self.size)
         self.dist = dist
 
-    def wrap(self, model, optimizer, args):
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+             args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.local_rank] if self.device == "cuda" else None
@@ -100,7 +105,7 @@ class _Torch:
     def mean(self, value: float) -> float:
         return value  # rank 0 reports; all ranks run in lockstep
 
-    def close(self):
+    def close(self) -> None:
         # every rank reaches the end before any tears down: a gloo rank whose peer already
         # closed its pairs can abort in its own teardown ("terminate called ...")
         self.dist.barrier()
@@ -108,13 +113,14 @@ class _Torch:
 
 
 class _Horovod:
-    def __init__(self):
+    def __init__(self) -> None:
         import horovod.torch as hvd
 
         hvd.init()
         self.hvd, self.rank, self.size, self.local_rank = hvd, hvd.rank(), hvd.size(), hvd.local_rank()
 
-    def wrap(self, model, optimizer, args):
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+             args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:
         hvd = self.hvd
         compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
@@ -128,11 +134,11 @@ class _Horovod:
 
         return float(self.hvd.allreduce(torch.tensor(value), name="mean"))
 
-    def close(self):
+    def close(self) -> None:
         pass
 
 
-def _backend(name: str, device: str):
+def _backend(name: str, device: str) -> _Torch | _Horovod:
     if device == "cuda" and name in ("auto", "horovod"):
         try:
             return _Horovod()
@@ -142,7 +148,7 @@ def _backend(name: str, device: str):
     return _Torch(device)
 
 
-def _model(name: str):
+def _model(name: str) -> nn.Module:
     if name == "tiny":
         return tiny_model()
     from torchvision import models  # only the GPU models need torchvision
@@ -150,7 +156,7 @@ def _model(name: str):
     return getattr(models, name)()
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     import torch
     import torch.nn.functional as F
@@ -167,12 +173,12 @@ def main(argv=None) -> int:
         device, sync = torch.device("cpu"), (lambda: None)
     torch.manual_seed(1234 + comm.rank)
     model = _model(args.model).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * comm.size, momentum=0.9)
+    optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * comm.size, momentum=0.9)
     model, optimizer = comm.wrap(model, optimizer, args)
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
     target = torch.randint(0, 1000, (args.batch_size,), device=device)
 
-    def step():
+    def step() -> None:
         optimizer.zero_grad()
         F.cross_entropy(model(data), target).backward()
         optimizer.step()

@@ -34,8 +34,15 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Callable
+
+    from mpi4py import MPI
 
 try:  # run as a script on a node: the sibling file (stdlib + numpy), no clustertool install needed
     import plugin_allreduce  # noqa: E402
@@ -48,26 +55,26 @@ FEATURES, CLASSES = 256, 10
 class _SingleComm:
     """Stands in for MPI.COMM_WORLD when mpi4py is absent (one rank)."""
 
-    def Get_rank(self):
+    def Get_rank(self) -> int:
         return 0
 
-    def Get_size(self):
+    def Get_size(self) -> int:
         return 1
 
-    def Allreduce(self, send, recv, op=None):
+    def Allreduce(self, send: object, recv: object, op: object = None) -> None:
         return None
 
-    def Barrier(self):
+    def Barrier(self) -> None:
         return None
 
-    def allreduce(self, value, op=None):
+    def allreduce(self, value: float, op: object = None) -> float:
         return value
 
-    def allgather(self, value):
-        return [value]
+    def allgather(self, sendobj: object) -> list[object]:
+        return [sendobj]
 
 
-def _comm():
+def _comm() -> tuple[_SingleComm | MPI.Intracomm, ModuleType | None]:
     try:
         from mpi4py import MPI
     except ImportError:
@@ -75,11 +82,13 @@ def _comm():
     return MPI.COMM_WORLD, MPI
 
 
-def make_reducer(comm, mpi, how: str, library: str | None):
+def make_reducer(comm: _SingleComm | MPI.Intracomm, mpi: ModuleType | None, how: str,
+                 library: str | None) -> tuple[str, Callable[[np.ndarray], object], Callable[[], object]]:
     """The gradient sum: (label, function summing a float32 array in place, closer)."""
     if how == "mpi":
         if comm.Get_size() == 1:
             return "mpi", (lambda flat: None), (lambda: None)
+        assert mpi is not None  # more than one rank: mpi4py's communicator
         return "mpi", (lambda flat: comm.Allreduce(mpi.IN_PLACE, flat, op=mpi.SUM)), (lambda: None)
     ar = plugin_allreduce.PluginAllreduce(comm, algo=how, library=library, strict=True)
     label = f"{ar.algorithm} (plugin" + (f", {ar.servers} reduction servers)" if ar.servers else ")")
@@ -112,7 +121,7 @@ def init_params(hidden: int, layers: int) -> list[np.ndarray]:
     return params
 
 
-def forward_backward(params, x, y) -> tuple[float, list[np.ndarray]]:
+def forward_backward(params: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[float, list[np.ndarray]]:
     acts = [x]
     h = x
     n_layers = len(params) // 2
@@ -145,7 +154,7 @@ def load_shard(path: str | None, rank: int, world: int, batch: int) -> tuple[np.
     return teacher_data(batch * 8, seed=100 + rank)
 
 
-def train(args) -> int:
+def train(args: argparse.Namespace) -> int:
     comm, mpi = _comm()
     rank, world = comm.Get_rank(), comm.Get_size()
     x_all, y_all = load_shard(args.data, rank, world, args.batch)
@@ -193,7 +202,8 @@ def train(args) -> int:
         losses.append(loss)
     comm.Barrier()
     close()
-    elapsed = comm.allreduce(time.perf_counter() - start, op=mpi.MAX if mpi else None)
+    took = time.perf_counter() - start
+    elapsed = comm.allreduce(took, op=mpi.MAX) if mpi is not None else took  # the slowest rank's
     if rank == 0:
         steps = args.steps
         print(f"ranks: {world}")

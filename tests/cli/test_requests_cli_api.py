@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from clustertool import Cluster
-from clustertool.cli.app import run as cli
+from clustertool.cli import app
 from clustertool.core.errors import ToolError
 from tests.fakes.cluster import saved_cluster
 
@@ -39,7 +39,7 @@ def seen(ct_env, monkeypatch):
 
 def both(got: list, argv: list[str], api) -> tuple:
     """(the CLI's request, the API's request) for the same ask."""
-    assert cli(argv) == 1
+    assert app.run(argv) == 1
     with pytest.raises(Seen):
         api(Cluster.load("x"))
     assert len(got) == 2

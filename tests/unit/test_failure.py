@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from clustertool import nodeprogs
 from clustertool.jobs.failure import first, from_mpirun_log, parse_gathered, text
-from clustertool.nodeprogs import DIR as NODEPROGS
 
 pytestmark = pytest.mark.unit
 
@@ -95,7 +95,7 @@ def test_the_agent_reads_deepspeed_env_files_as_deepspeed_does(tmp_path):
     (work / "other_env").write_text("OTHER=1\n")
     probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import jobagent; "
              "print(json.dumps([jobagent.deepspeed_env({}), jobagent.deepspeed_env({'DS_ENV_FILE': 'other_env'})]))")
-    out = subprocess.run([sys.executable, "-c", probe, str(NODEPROGS)], cwd=work, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", probe, str(nodeprogs.DIR)], cwd=work, capture_output=True, text=True,
                          env=dict(os.environ, HOME=str(home)), check=True).stdout
     plain, renamed = json.loads(out)
     assert plain == {"NCCL_IB_DISABLE": "1", "SHARED": "work", "EQ": "a=b"}

@@ -215,27 +215,43 @@ def test_cli_loads_no_state():
     assert found == []
 
 
-def _aliased(module: str) -> list[str]:
-    """`import clustertool.x as y`, `from clustertool.x import y as z` (also relative) in ``module``."""
+def _internal(name: str) -> bool:
+    """A dotted name of this repository: clustertool's own, or the tests' (``tests.fakes...``)."""
+    return bool(_known(name)) or name == "tests" or name.startswith("tests.")
+
+
+def _aliases_in(label: str, text: str) -> list[str]:
+    """`import clustertool.x as y`, `from clustertool.x import y as z` (also relative, or of tests.*)."""
     out = []
-    for node in ast.walk(ast.parse(MODULES[module].read_text(), str(MODULES[module]))):
-        internal = (isinstance(node, ast.ImportFrom) and (node.level > 0 or _known(node.module or "")))
-        for alias in getattr(node, "names", []) if isinstance(node, (ast.Import, ast.ImportFrom)) else []:
-            if alias.asname and (internal or (isinstance(node, ast.Import) and _known(alias.name))):
-                out.append(f"{module}:{node.lineno}: {alias.name} as {alias.asname}")
+    for node in ast.walk(ast.parse(text, label)):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        internal = isinstance(node, ast.ImportFrom) and (node.level > 0 or _internal(node.module or ""))
+        for alias in node.names:
+            if alias.asname and (internal or (isinstance(node, ast.Import) and _internal(alias.name))):
+                out.append(f"{label}:{node.lineno}: {alias.name} as {alias.asname}")
     return out
+
+
+def _aliased(module: str) -> list[str]:
+    return _aliases_in(module, MODULES[module].read_text())
+
+
+REPO = PACKAGE.parent
+# Beside the package, the code that imports it: the tests, the benchmarks, the API examples.
+USERS = sorted(p for folder in ("tests", "bench", "examples") for p in (REPO / folder).rglob("*.py"))
 
 
 def test_the_alias_finder_finds_aliases():
     assert _aliased("clustertool.core.model") == []
     source = ("import os as o\nimport clustertool.core.state as st\nfrom clustertool.core import nodeset as ns\n"
-              "from clustertool.core.model import Node as N\nfrom . import errors as e\nfrom json import dumps as d\n")
-    MODULES["clustertool.core.fake"] = _Source(source)
-    try:
-        assert [a.split(": ")[1] for a in _aliased("clustertool.core.fake")] == [
-            "clustertool.core.state as st", "nodeset as ns", "Node as N", "errors as e"]
-    finally:
-        del MODULES["clustertool.core.fake"]
+              "from clustertool.core.model import Node as N\nfrom . import errors as e\nfrom json import dumps as d\n"
+              "from tests.fakes.cluster import saved_cluster as sc\nimport tests.fakes.transport as tr\n"
+              "from testsuite import x as y\n")
+    assert [a.split(": ")[1] for a in _aliases_in("fake.py", source)] == [
+        "clustertool.core.state as st", "nodeset as ns", "Node as N", "errors as e",
+        "saved_cluster as sc", "tests.fakes.transport as tr"]
+    assert _aliases_in("fake.py", "from clustertool.core.model import Node\nimport numpy as np\n") == []
 
 
 def test_internal_imports_have_no_alias():
@@ -243,17 +259,11 @@ def test_internal_imports_have_no_alias():
     assert [a for m in sorted(MODULES) for a in _aliased(m)] == []
 
 
-class _Source:
-    """A stand-in for a file's Path in the alias finder's own test."""
-
-    def __init__(self, text: str) -> None:
-        self.text, self.name = text, "fake.py"
-
-    def read_text(self) -> str:
-        return self.text
-
-    def __str__(self) -> str:
-        return self.name
+def test_the_tests_benchmarks_and_examples_import_clustertool_with_no_alias():
+    """The same rule for the code beside the package, so a name reads the same in a test as in the code."""
+    assert len(USERS) > 100 and REPO / "bench" / "launch.py" in USERS
+    found = [a for p in USERS for a in _aliases_in(str(p.relative_to(REPO)), p.read_text())]
+    assert found == []
 
 
 def test_module_names_are_unique():

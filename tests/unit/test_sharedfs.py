@@ -11,7 +11,7 @@ import pytest
 from clustertool.cluster.spec import load_spec
 from clustertool.core.errors import NotSupported, SpecError, UsageError
 from clustertool.core.model import LEADER, MEMBER, ClusterRecord, Node
-from clustertool.doctor import sharedfs as doctor_fs
+from clustertool.doctor import sharedfs
 from clustertool.sharedfs import argv, mount
 from clustertool.sharedfs.specs import describe, parse_shared_fs
 
@@ -141,7 +141,7 @@ def _scripts():
     c = _cluster()
     entries = mount.filesystems(c)
     return {"mount": mount.mount_script(c, c.node("node-2"), entries), "probe": mount.probe_script(entries),
-            "unmount": mount.unmount_script(c, entries), "doctor": doctor_fs.rw_script(["/shared"], "ab12")}
+            "unmount": mount.unmount_script(c, entries), "doctor": sharedfs.rw_script(["/shared"], "ab12")}
 
 
 @pytest.mark.parametrize("name", ["mount", "probe", "unmount", "doctor"])
@@ -157,7 +157,7 @@ def test_node_answers_parse_into_states():
     got = mount.parse("node-2", "noise\nct-fs mounted /shared fuse.sshfs\nct-fs fail /data mount: denied here\n")
     assert [(g.mount, g.state, g.ok) for g in got] == [("/shared", "mounted", True), ("/data", "fail", False)]
     assert got[1].detail == "mount: denied here"
-    rows = doctor_fs.parse_rw("node-2", "ct-fsd /shared yes yes 2100 800\nct-fsd /data no no 0 0\n")
+    rows = sharedfs.parse_rw("node-2", "ct-fsd /shared yes yes 2100 800\nct-fsd /data no no 0 0\n")
     assert rows[0] == {"node": "node-2", "mount": "/shared", "same": True, "writable": True,
                        "write_ms": 2.1, "read_ms": 0.8}
     assert not rows[1]["same"] and not rows[1]["writable"]

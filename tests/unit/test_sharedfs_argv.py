@@ -9,8 +9,7 @@ import pytest
 
 from clustertool.core.errors import ProviderError, UsageError
 from clustertool.providers.aws import efs, filesystems, fsx, tags
-from clustertool.sharedfs import argv as fsargv
-from clustertool.sharedfs import cloudmounts
+from clustertool.sharedfs import argv, cloudmounts
 
 EFS = {"kind": "efs", "id": "fs-0abc", "mount": "/shared", "made": True, "mount_name": None,
        "dns": efs.dns_name("fs-0abc", "eu-west-1")}
@@ -18,13 +17,13 @@ FSX = {"kind": "fsx", "id": "fs-0def", "mount": "/data", "made": True,
        "dns": "fs-0def.fsx.us-east-1.amazonaws.com", "mount_name": "abcdef12"}  # DNSName, MountName as FSx has them
 
 
-def _target(fs: dict) -> fsargv.MountTarget:
-    return fsargv.MountTarget(fs=fs, cluster="c", node="node-2", is_leader=False, leader_address="10.0.0.1",
+def _target(fs: dict) -> argv.MountTarget:
+    return argv.MountTarget(fs=fs, cluster="c", node="node-2", is_leader=False, leader_address="10.0.0.1",
                               user="ubuntu")
 
 
 def test_efs_mounts_with_the_nfs_options_aws_documents_from_the_dns_name():
-    cmd = fsargv.mount_command(_target(EFS))
+    cmd = argv.mount_command(_target(EFS))
     assert cmd.argv == ["mount", "-t", "nfs4", "-o",
                         "nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport",
                         "fs-0abc.efs.eu-west-1.amazonaws.com:/", "/shared"]
@@ -34,7 +33,7 @@ def test_efs_mounts_with_the_nfs_options_aws_documents_from_the_dns_name():
 
 
 def test_lustre_mounts_dns_at_tcp_slash_mount_name_with_a_boot_safe_fstab_line():
-    cmd = fsargv.mount_command(_target(FSX))
+    cmd = argv.mount_command(_target(FSX))
     assert cmd.argv == ["mount", "-t", "lustre", "-o", "relatime,flock",
                         "fs-0def.fsx.us-east-1.amazonaws.com@tcp:/abcdef12", "/data"]
     assert cmd.fstab == ("fs-0def.fsx.us-east-1.amazonaws.com@tcp:/abcdef12 /data lustre "
@@ -43,12 +42,12 @@ def test_lustre_mounts_dns_at_tcp_slash_mount_name_with_a_boot_safe_fstab_line()
 
 def test_a_file_system_whose_up_did_not_finish_has_no_mount_command_but_one_line():
     with pytest.raises(ProviderError, match="no mount_name recorded"):
-        fsargv.mount_command(_target({**FSX, "mount_name": None}))
+        argv.mount_command(_target({**FSX, "mount_name": None}))
 
 
 def test_the_client_check_fails_in_one_line_naming_what_to_install_on_a_node_without_lustre():
     """Run for real here: this machine has no Lustre client (no mount.lustre, no lustre module)."""
-    [check] = fsargv.mount_command(_target(FSX)).before
+    [check] = argv.mount_command(_target(FSX)).before
     done = subprocess.run(check, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     if done.returncode == 0:
         pytest.skip("this machine has a Lustre client")
@@ -60,7 +59,7 @@ def test_the_client_check_passes_where_the_mount_helper_exists(tmp_path):
     helper = tmp_path / "mount.nfs4"
     helper.write_text("#!/bin/sh\n")
     helper.chmod(0o755)
-    [check] = fsargv.mount_command(_target(EFS)).before
+    [check] = argv.mount_command(_target(EFS)).before
     done = subprocess.run(check, capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
     assert done.returncode == 0 and done.stdout == ""
 

@@ -19,10 +19,9 @@ from clustertool import nodeprogs
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import UsageError
 from clustertool.core.model import JobRecord
-from clustertool.jobs import records
-from clustertool.jobs import stacks as js
+from clustertool.jobs import records, stacks
 from clustertool.jobs.jobrequests import StacksRequest
-from clustertool.nodeprogs import stacks as prog
+from clustertool.nodeprogs.stacks import error_line, proc_info, syscall_name, threads_from_py_spy
 from tests.fakes.cluster import saved_job
 from tests.fakes.transport import Reply, ScriptedTransport
 
@@ -33,7 +32,7 @@ JOB = "j0101-abc123"
 
 
 def recorded(name: str) -> list[dict]:
-    return prog.threads_from_py_spy(json.loads((DATA / name).read_text()))
+    return threads_from_py_spy(json.loads((DATA / name).read_text()))
 
 
 def entry(rank: int, threads: list[dict], pid: int | None = None) -> dict:
@@ -48,35 +47,36 @@ def main_pid(name: str) -> int:
 
 
 def test_fold_ranks_writes_runs():
-    assert js.fold_ranks([8, 0, 1, 2, 3, 4, 5, 6, 9, 10, 31, 12]) == "0-6,8-10,12,31"
-    assert js.fold_ranks([4]) == "4" and js.fold_ranks([]) == ""
+    assert stacks.fold_ranks([8, 0, 1, 2, 3, 4, 5, 6, 9, 10, 31, 12]) == "0-6,8-10,12,31"
+    assert stacks.fold_ranks([4]) == "4" and stacks.fold_ranks([]) == ""
 
 
 def test_the_main_thread_of_a_recorded_dump_renders_innermost_first():
-    stack = js.rank_stack("node-1", entry(0, recorded("dump-sleep.json"), main_pid("dump-sleep.json")))
+    stack = stacks.rank_stack("node-1", entry(0, recorded("dump-sleep.json"), main_pid("dump-sleep.json")))
     assert stack.thread == "MainThread" and stack.method == "py-spy"
     assert [f.key for f in stack.frames] == [("stuck_here", "sleeper.py", 9), ("main", "sleeper.py", 26),
                                             ("<module>", "sleeper.py", 30)]
-    assert js.describe(stack) == "stuck_here (sleeper.py:9) ← main (sleeper.py:26) ← sleeper.py:30"
+    assert stacks.describe(stack) == "stuck_here (sleeper.py:9) ← main (sleeper.py:26) ← sleeper.py:30"
 
 
 def test_library_frames_show_as_the_innermost_name_then_an_ellipsis_before_the_users_frames():
-    stack = js.rank_stack("node-1", entry(0, recorded("dump-event.json"), main_pid("dump-event.json")))
+    stack = stacks.rank_stack("node-1", entry(0, recorded("dump-event.json"), main_pid("dump-event.json")))
     assert [f.library for f in stack.frames] == [True, True, False, False, False]   # threading.py: stdlib
-    assert js.describe(stack) == "Condition.wait ← … ← waiting (sleeper.py:13) ← main (sleeper.py:24) ← sleeper.py:30"
+    assert stacks.describe(stack) == ("Condition.wait ← … ← waiting (sleeper.py:13) ← main (sleeper.py:24) "
+                                      "← sleeper.py:30")
 
 
 def test_a_long_stack_is_cut_after_a_few_items():
-    frames = [js.Frame(f"f{i}", "/home/u/train.py", i) for i in range(9)]
-    assert js.describe_frames(frames) == ("f0 (train.py:0) ← f1 (train.py:1) ← f2 (train.py:2) ← f3 (train.py:3) "
+    frames = [stacks.Frame(f"f{i}", "/home/u/train.py", i) for i in range(9)]
+    assert stacks.describe_frames(frames) == ("f0 (train.py:0) ← f1 (train.py:1) ← f2 (train.py:2) ← f3 (train.py:3) "
                                           "← f4 (train.py:4) ← …")
 
 
 def test_identical_stacks_fold_biggest_group_first_and_the_lonely_rank_last():
     waiting, stuck = recorded("dump-event.json"), recorded("dump-sleep.json")
-    stacks = [js.rank_stack(f"node-{1 + r // 8}", entry(r, stuck if r == 7 else waiting, 1000 + r))
-              for r in range(32)]
-    groups = js.fold(stacks)
+    ranks = [stacks.rank_stack(f"node-{1 + r // 8}", entry(r, stuck if r == 7 else waiting, 1000 + r))
+             for r in range(32)]
+    groups = stacks.fold(ranks)
     assert [g.label for g in groups] == ["ranks 0-6,8-31 (node-[1-4])", "rank 7 (node-1)"]
     assert groups[0].summary.startswith("Condition.wait ← … ← waiting (sleeper.py:13)")
     assert groups[1].summary.startswith("stuck_here (sleeper.py:9)")
@@ -86,15 +86,15 @@ def test_a_working_thread_counts_over_an_idle_main_thread():
     threads = recorded("dump-sleep.json")
     for t in threads:
         t["active"] = t["name"] == "heartbeat"
-    stack = js.rank_stack("node-1", entry(3, threads, main_pid("dump-sleep.json")))
+    stack = stacks.rank_stack("node-1", entry(3, threads, main_pid("dump-sleep.json")))
     assert stack.thread == "heartbeat"
-    assert js.describe(stack) == "[thread heartbeat] heartbeat (sleeper.py:18)"   # threading.py bootstrap left out
+    assert stacks.describe(stack) == "[thread heartbeat] heartbeat (sleeper.py:18)"   # threading.py bootstrap left out
 
 
 def test_what_py_spy_says_when_it_cannot_is_its_error_line_not_the_backtrace():
     assert (DATA / "dump-not-python.rc").read_text().strip() == "1"
     stderr = (DATA / "dump-not-python.stderr").read_text()
-    assert prog.error_line(stderr) == "Error: Failed to find python version from target process"
+    assert error_line(stderr) == "Error: Failed to find python version from target process"
 
 
 def test_proc_fallback_ranks_fold_on_state_and_call_not_on_pid_or_cpu_and_say_the_method():
@@ -102,7 +102,7 @@ def test_proc_fallback_ranks_fold_on_state_and_call_not_on_pid_or_cpu_and_say_th
         return {"rank": rank, "pid": 500 + rank, "alive": True, "method": "proc", "note": "py-spy not found",
                 "proc": {"state": "S", "syscall": "futex", "wchan": "futex_wait_queue", "cpu_s": cpu,
                          "cmdline": "python train.py", "threads": {"S": 3}}}
-    groups = js.fold([js.rank_stack("node-1", fallback(r, r * 1.5)) for r in range(3)])
+    groups = stacks.fold([stacks.rank_stack("node-1", fallback(r, r * 1.5)) for r in range(3)])
     assert len(groups) == 1 and groups[0].label == "ranks 0-2 (node-1)"
     assert groups[0].summary == ("[/proc; py-spy not found] state S in futex (wchan futex_wait_queue), cpu 0-3s: "
                                  "python train.py")
@@ -110,20 +110,20 @@ def test_proc_fallback_ranks_fold_on_state_and_call_not_on_pid_or_cpu_and_say_th
 
 def test_a_rank_whose_process_is_gone_is_its_own_group():
     gone = {"rank": 2, "pid": 9, "alive": False, "note": "process gone"}
-    groups = js.fold([js.rank_stack("node-2", gone)])
+    groups = stacks.fold([stacks.rank_stack("node-2", gone)])
     assert (groups[0].label, groups[0].summary) == ("rank 2 (node-2)", "not running (process gone)")
 
 
 def test_syscall_numbers_are_named_per_architecture():
-    assert prog.syscall_name("202 0x7f 0x80 0x0", "x86_64") == "futex"
-    assert prog.syscall_name("98 0x1 0x2", "aarch64") == "futex"
-    assert prog.syscall_name("running", "x86_64") == "running"
-    assert prog.syscall_name("-1 0x7ffd 0x4011", "x86_64") == "none"
-    assert prog.syscall_name("999 0x0", "x86_64") == "syscall 999"
+    assert syscall_name("202 0x7f 0x80 0x0", "x86_64") == "futex"
+    assert syscall_name("98 0x1 0x2", "aarch64") == "futex"
+    assert syscall_name("running", "x86_64") == "running"
+    assert syscall_name("-1 0x7ffd 0x4011", "x86_64") == "none"
+    assert syscall_name("999 0x0", "x86_64") == "syscall 999"
 
 
 def test_proc_info_of_a_live_process():
-    info = prog.proc_info(os.getpid())
+    info = proc_info(os.getpid())
     assert info is not None and info["state"] in "RS" and info["cpu_s"] > 0
     assert "pytest" in info["cmdline"] or "python" in info["cmdline"]
     assert sum(info["threads"].values()) >= 1
@@ -169,12 +169,12 @@ def test_the_node_program_with_py_spy_off_says_what_proc_sees_and_skips_other_pr
     assert "sleeper.py" in rank0["proc"]["cmdline"]
 
 
-@pytest.mark.skipif(not js.local_py_spy(), reason="py-spy is installed by `make setup` (the test extra)")
+@pytest.mark.skipif(not stacks.local_py_spy(), reason="py-spy is installed by `make setup` (the test extra)")
 def test_the_node_program_finds_py_spy_and_returns_the_ranks_frames(sleeping_rank):
     doc = run_program(sleeping_rank, [])   # not on PATH here: found next to the rank's own python
     rank0 = next(r for r in doc["ranks"] if r["rank"] == 0)
     assert rank0["method"] == "py-spy", rank0
-    stack = js.rank_stack("node-1", rank0)
+    stack = stacks.rank_stack("node-1", rank0)
     assert stack.frames[0].key == ("stuck_here", "sleeper.py", 3)
 
 
@@ -186,7 +186,8 @@ def test_a_py_spy_that_fails_falls_back_to_proc_and_says_why(sleeping_rank, tmp_
     rank0 = next(r for r in run_program(sleeping_rank, [str(fake)])["ranks"] if r["rank"] == 0)
     assert rank0["method"] == "proc" and rank0["py_spy"] == str(fake)
     assert rank0["note"] == "py-spy failed: exit 1: Error: Operation not permitted (os error 1)"
-    assert js.describe(js.rank_stack("node-1", rank0)).startswith("[/proc; py-spy failed: exit 1: Error: Operation")
+    described = stacks.describe(stacks.rank_stack("node-1", rank0))
+    assert described.startswith("[/proc; py-spy failed: exit 1: Error: Operation")
 
 
 # ---- orchestration over a scripted transport ---------------------------------------------------
@@ -218,7 +219,7 @@ def test_every_node_is_asked_and_one_that_does_not_answer_is_named(tmp_path, job
     fake.on(asks_stacks, answer("node-1", [entry(0, waiting, 10), entry(1, stuck, 11)]), node="node-1")
     fake.on(asks_stacks, answer("node-2", [entry(2, waiting, 12), entry(3, waiting, 13)]), node="node-2")
     fake.on(asks_stacks, Reply.unreachable("10.0.0.3"), node="node-3")
-    result = js.stacks(ClusterSession.load("st", transport=fake), StacksRequest(JOB, py_spy=False))
+    result = stacks.stacks(ClusterSession.load("st", transport=fake), StacksRequest(JOB, py_spy=False))
 
     assert [g.label for g in result.groups] == ["ranks 0,2-3 (node-[1-2])", "rank 1 (node-1)"]
     assert result.problems == ["node-3: unreachable: connection refused"]
@@ -236,7 +237,7 @@ def test_ranks_nobody_reported_are_named(tmp_path, job):
     fake.on(lambda c: 'echo "J $j' in (c.stdin or ""), status_reply(job))
     fake.on(asks_stacks, answer("node-1", [entry(0, recorded("dump-event.json"), 10)]), node="node-1")
     fake.on(asks_stacks, answer("node-x", []))
-    result = js.stacks(ClusterSession.load("st", transport=fake), StacksRequest(JOB))
+    result = stacks.stacks(ClusterSession.load("st", transport=fake), StacksRequest(JOB))
     assert result.problems == ["node-[2-3]: no rank of this job recorded there",
                                "ranks 1-5: no node reported them (not started yet, or gone)"]
     assert result.exit_code == 0
@@ -248,9 +249,9 @@ def test_a_job_that_has_ended_is_a_one_line_error(tmp_path, job):
     fake = ScriptedTransport(tmp_path / "nodes")
     fake.on(lambda c: 'echo "J $j' in (c.stdin or ""), Reply(""))
     with pytest.raises(UsageError, match=f"job {JOB} is not running: it succeeded with exit code 0"):
-        js.stacks(ClusterSession.load("st", transport=fake), StacksRequest(JOB))
+        stacks.stacks(ClusterSession.load("st", transport=fake), StacksRequest(JOB))
 
 
 def test_local_py_spy_lists_only_paths_that_exist():
-    assert all(os.access(p, os.X_OK) for p in js.local_py_spy())
-    assert (shutil.which("py-spy") is None) or shutil.which("py-spy") in js.local_py_spy()
+    assert all(os.access(p, os.X_OK) for p in stacks.local_py_spy())
+    assert (shutil.which("py-spy") is None) or shutil.which("py-spy") in stacks.local_py_spy()

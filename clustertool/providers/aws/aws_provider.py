@@ -34,6 +34,7 @@ from clustertool.providers.base import (
 )
 
 if TYPE_CHECKING:
+    from clustertool.providers.aws.client import Aws
     from clustertool.providers.aws.prepare import Prep
 
 
@@ -131,7 +132,7 @@ class AwsProvider(Provider):
             self._prep = prepare.prepare(request)
         return self._prep
 
-    def _session(self, cluster: ClusterRecord):
+    def _session(self, cluster: ClusterRecord) -> Aws:
         """The session `up` prepared (it carries the lease), else a new one for the cluster's region."""
         from clustertool.providers.aws import provision
 

@@ -64,7 +64,7 @@ def collect(aws: Aws, name: str | None = None, kinds: tuple[str, ...] = KINDS) -
     groups: dict[str, Found] = {}
     leases: dict[str, list[str]] = {}
 
-    def add(kind: str, rid: str, tag_list, inst: dict | None = None) -> None:
+    def add(kind: str, rid: str, tag_list: list[dict] | None, inst: dict | None = None) -> None:
         values = tags.as_dict(tag_list)
         found = Found(values.get(tags.CLUSTER, ""), values.get(tags.ID, ""))
         found = groups.setdefault(found.key, found)

@@ -82,7 +82,7 @@ class Aws:
         self.tick: Callable[[], None] | None = None
         self._ticking = False
 
-    def client(self, service: str):
+    def client(self, service: str) -> Any:  # a boto3 client (boto3-stubs left out: Any)
         if service not in self._clients:
             from botocore.config import Config
 

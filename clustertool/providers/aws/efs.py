@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from clustertool.core import interrupts
 from clustertool.core.errors import ProviderError, UsageError
+from clustertool.core.model import Reporter
 from clustertool.providers.aws import tags
 from clustertool.providers.aws.client import Aws, aws_errors, is_code, poll_interval, wait_timeout
 
@@ -134,7 +135,8 @@ def create_target(aws: Aws, fs_id: str, subnet: str, group: str) -> dict:
         return aws.call("create_mount_target", SERVICE, FileSystemId=fs_id, SubnetId=subnet, SecurityGroups=[group])
 
 
-def wait_until(what: str, probe: Callable[[], bool], report, every: float = 30.0, factor: float = 1.0) -> None:
+def wait_until(what: str, probe: Callable[[], bool], report: Reporter, every: float = 30.0,
+               factor: float = 1.0) -> None:
     """Poll ``probe`` until true, a progress line every ``every`` s, at most ``factor`` times the provider's
     wait timeout (CLUSTERTOOL_AWS_TIMEOUT, default 20 minutes)."""
     start = time.monotonic()
@@ -151,7 +153,7 @@ def wait_until(what: str, probe: Callable[[], bool], report, every: float = 30.0
         time.sleep(poll_interval())
 
 
-def wait_available(aws: Aws, fs_id: str, report) -> dict:
+def wait_available(aws: Aws, fs_id: str, report: Reporter) -> dict:
     seen: dict[str, dict] = {}
 
     def ready() -> bool:
@@ -167,7 +169,7 @@ def wait_available(aws: Aws, fs_id: str, report) -> dict:
     return seen["fs"]
 
 
-def wait_target(aws: Aws, fs_id: str, target_id: str, report) -> dict:
+def wait_target(aws: Aws, fs_id: str, target_id: str, report: Reporter) -> dict:
     seen: dict[str, dict] = {}
 
     def ready() -> bool:
@@ -194,12 +196,12 @@ def delete_target(aws: Aws, target_id: str) -> bool:
             raise
 
 
-def wait_targets_gone(aws: Aws, fs_id: str, ids: list[str], report) -> None:
+def wait_targets_gone(aws: Aws, fs_id: str, ids: list[str], report: Reporter) -> None:
     wait_until(f"the mount targets of {fs_id} to go",
           lambda: not {t.get("MountTargetId") for t in mount_targets(aws, fs_id)} & set(ids), report)
 
 
-def delete(aws: Aws, fs_id: str, report) -> bool:
+def delete(aws: Aws, fs_id: str, report: Reporter) -> bool:
     """Delete the file system and wait until it is gone (its mount targets must be gone first)."""
     from botocore.exceptions import ClientError
 

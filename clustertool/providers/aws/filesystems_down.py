@@ -15,7 +15,7 @@ what stays and about what it costs per month.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from clustertool.core.errors import ToolError
 from clustertool.core.model import ClusterRecord, Reporter
@@ -25,7 +25,7 @@ from clustertool.providers.aws.filesystems import KEPT, ROLE, price_line
 from clustertool.providers.aws.teardown import Owned, delete_resource, tagged_security_groups, terminate_and_wait
 
 
-def _merge(*lists) -> list[str]:
+def _merge(*lists: Iterable[str] | None) -> list[str]:
     out: list[str] = []
     for items in lists:
         out += [i for i in items or [] if i and i not in out]

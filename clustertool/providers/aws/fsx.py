@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from clustertool.core import interrupts
 from clustertool.core.errors import ProviderError, UsageError
+from clustertool.core.model import Reporter
 from clustertool.providers.aws import tags
 from clustertool.providers.aws.client import Aws, aws_errors, is_code
 from clustertool.providers.aws.efs import wait_until
@@ -94,7 +95,7 @@ def tagged(aws: Aws, match: Callable[[dict[str, str]], bool]) -> list[dict]:
     return [fs for fs in found if match(tags.as_dict(fs.get("Tags")))]
 
 
-def wait_available(aws: Aws, fs_id: str, report) -> dict:
+def wait_available(aws: Aws, fs_id: str, report: Reporter) -> dict:
     """Until Lifecycle is AVAILABLE; FAILED / MISCONFIGURED are errors with AWS's own reason."""
     seen: dict[str, dict] = {}
 
@@ -128,7 +129,7 @@ def mount_name(found: dict) -> str:
     return str(name)
 
 
-def delete(aws: Aws, fs_id: str, report) -> bool:
+def delete(aws: Aws, fs_id: str, report: Reporter) -> bool:
     """Delete (no final backup: a scratch file system has none, and the cluster's data is the user's S3)
     and wait until it is gone."""
     from botocore.exceptions import ClientError

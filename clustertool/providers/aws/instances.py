@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import AbstractSet, Iterable
+from typing import AbstractSet, Callable, Iterable
 
 from clustertool.core import interrupts
 from clustertool.core.errors import ProviderError
@@ -114,7 +114,8 @@ def check_running(aws: Aws, ids: list[str]) -> list[dict]:
     return [found[iid] for iid in ids]
 
 
-def wait_ssh_port(hosts: list[str], port: int = 22, timeout: float | None = None, tick=lambda: None) -> None:
+def wait_ssh_port(hosts: list[str], port: int = 22, timeout: float | None = None,
+                  tick: Callable[[], object] = lambda: None) -> None:
     """Until every host accepts TCP on ``port``; ``tick()`` runs every poll (the up's checks)."""
     timeout = wait_timeout() if timeout is None else timeout
     deadline = time.monotonic() + timeout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from typing import Callable
+from typing import Any, Callable
 
 from clustertool.core.errors import ProviderError, UsageError
 from clustertool.providers.aws import tags
@@ -124,7 +124,7 @@ def subnet_az(aws: Aws, subnet: str) -> str:
     return found[0]["AvailabilityZone"]
 
 
-def _describe_subnets(aws: Aws, **kwargs) -> list[dict]:
+def _describe_subnets(aws: Aws, **kwargs: Any) -> list[dict]:  # DescribeSubnets parameters
     from botocore.exceptions import ClientError
 
     try:
@@ -145,7 +145,8 @@ def vpc_cidr(aws: Aws, vpc_id: str) -> str:
     return vpcs[0]["CidrBlock"]
 
 
-def tagged_group(aws: Aws, stamp: tags.Stamp, vpc_id: str, name: str, description: str, rules, record: Record,
+def tagged_group(aws: Aws, stamp: tags.Stamp, vpc_id: str, name: str, description: str,
+                 rules: Callable[[str], list[dict]], record: Record,
                  what: str = "the security group") -> str:
     """Create a tagged security group, record it the moment it exists, then add ``rules(group_id)``."""
     with aws_errors(f"creating {what}"):

@@ -61,8 +61,9 @@ def hourly(instance_type: str, count: int, *, spot_price: float | None = None,
     return each * count, f"{count} x {instance_type} at ${each:.4f}/h, {BASIS}"
 
 
-def describe_hourly(instance_type: str, count: int, **kwargs) -> str:
-    total, basis = hourly(instance_type, count, **kwargs)
+def describe_hourly(instance_type: str, count: int, *, spot_price: float | None = None,
+                    is_spot: bool = False) -> str:
+    total, basis = hourly(instance_type, count, spot_price=spot_price, is_spot=is_spot)
     return f"${total:,.2f}/h ({basis})" if total is not None else basis
 
 

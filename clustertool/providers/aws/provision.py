@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from clustertool.core.errors import ProviderError
-from clustertool.core.model import ClusterRecord, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, ClusterState, Node, Reporter, silent
 from clustertool.providers.aws import (
     adopt,
     az_launch,
@@ -180,7 +180,8 @@ def query(cluster: ClusterRecord, report: Reporter = silent) -> list[Node]:
     """Current nodes; of a cluster whose `up` did not finish, what its id tag finds in AWS (an `up`
     killed right after RunInstances has recorded no node yet, but its instances run)."""
     aws = session_for(cluster, report)
-    if cluster.status in ("provisioning", "failed") and cluster.id and not cluster.provider_state.get("adopted"):
+    unfinished = cluster.status in (ClusterState.PROVISIONING, ClusterState.FAILED)
+    if unfinished and cluster.id and not cluster.provider_state.get("adopted"):
         found = [i for i in instances.tagged_by(aws, tags.Stamp(cluster.name, cluster.id).filter())]
         slots = cluster.provider_state.get("slots") or 1
         return instances.nodes_from_tags(found, slots)
@@ -278,7 +279,7 @@ def describe(cluster: ClusterRecord) -> dict:
                                    servers.hourly(cluster, bool(opts.get("spot")), sspot))
     hourly = f"${total:,.2f}/h ({basis})" if total is not None else basis
     since = cluster.created or time.time()
-    if cluster.status == "stopped":
+    if cluster.status == ClusterState.STOPPED:
         hourly = f"compute not billed while stopped (running: {hourly}); the EBS volumes still are"
     out = {"hourly price": hourly, "cost so far": pricing.cost_so_far(total, since)}
     out.update(reservations.status_lines(ps, out))  # --capacity-reservation: it, and $0 more

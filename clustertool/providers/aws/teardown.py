@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 from clustertool.core import interrupts
 from clustertool.core.errors import ProviderError
@@ -44,7 +45,7 @@ class Owned:
                     or self.network_interfaces or self.addresses)
 
 
-def _merge(*lists) -> list[str]:
+def _merge(*lists: Iterable[str] | None) -> list[str]:
     out: list[str] = []
     for items in lists:
         for item in items or []:
@@ -181,7 +182,8 @@ def _delete_interface(aws: Aws, eni: str, deadline: float) -> bool:
     return delete_resource(aws, "network_interface", eni, deadline, NetworkInterfaceId=eni)
 
 
-def delete_resource(aws: Aws, kind: str, rid: str, deadline: float, op: str | None = None, **kwargs) -> bool:
+def delete_resource(aws: Aws, kind: str, rid: str, deadline: float, op: str | None = None,
+                    **kwargs: Any) -> bool:  # the delete call's parameters
     """Delete one resource; False when it was already gone; retries while it is still in use."""
     from botocore.exceptions import ClientError
 

@@ -13,6 +13,8 @@ node with SIGKILL, which kills the whole PID namespace.  When sshd exits, so doe
 (the node is down).
 """
 
+from __future__ import annotations  # annotations stay strings: nothing to import or evaluate at start
+
 import ctypes
 import json
 import os
@@ -27,7 +29,7 @@ MS_REC = 0x4000
 PR_SET_NAME = 15
 
 
-def _mount(libc, source, target, fstype, flags, data):
+def _mount(libc: ctypes.CDLL, source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
     rc = libc.mount(source.encode(), target.encode(),
                     fstype.encode() if fstype else None, flags,
                     data.encode() if data else None)
@@ -36,13 +38,13 @@ def _mount(libc, source, target, fstype, flags, data):
         raise OSError(err, "mount %s on %s: %s" % (source, target, os.strerror(err)))
 
 
-def _default_signals():
+def _default_signals() -> None:
     # Python ignores SIGPIPE/SIGXFSZ and handles SIGINT; give children the usual defaults.
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
 
 
-def _setup(config):
+def _setup(config: dict) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_NAME, b"ct-init", 0, 0, 0)
     socket.sethostname(config["hostname"])
@@ -62,7 +64,7 @@ def _setup(config):
         _mount(libc, "tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options)
 
 
-def _reap_until(child):
+def _reap_until(child: int) -> int:
     """Reap every process that ends up with us; return the exit code of ``child``."""
     while True:
         try:
@@ -75,7 +77,7 @@ def _reap_until(child):
             return os.waitstatus_to_exitcode(status)
 
 
-def _start_boot(path):
+def _start_boot(path: str | None) -> None:
     """Run the node's boot script (``/root/.clustertool/boot.sh``: what programs installed on the
     node start at every boot, e.g. the autostop watcher) when there is one."""
     if not path or not os.path.isfile(path):
@@ -91,7 +93,7 @@ def _start_boot(path):
             os._exit(127)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     with open(argv[1]) as fh:
         config = json.load(fh)
     _default_signals()

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 from clustertool.core import state
 from clustertool.core.errors import ProviderError, UsageError
@@ -29,7 +31,7 @@ WAIT_S = 30.0  # a node's sshd answers in well under a second
 
 
 def replace_node(cluster: ClusterRecord, name: str, keep_old: bool = False, report: Reporter = silent,
-                 save=lambda: None) -> Node:
+                 save: Callable[[], object] = lambda: None) -> Node:
     """A new node for ``name`` (its new host key in ``host_keys``); the old one is gone."""
     if keep_old:
         raise UsageError("the local provider cannot keep the old node: the new one takes its namespace and address")
@@ -105,7 +107,7 @@ def _undo(cluster: ClusterRecord, old: Node, node_dir: Path, staging: Path, atti
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _host_keys(keygen, node_dir: Path, name: str) -> list[str]:
+def _host_keys(keygen: subprocess.Popen[bytes], node_dir: Path, name: str) -> list[str]:
     _, err = keygen.communicate(timeout=60)
     if keygen.returncode != 0:
         raise ProviderError(f"ssh-keygen failed for the new {name}: {err.decode(errors='replace').strip()}")

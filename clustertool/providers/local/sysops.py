@@ -12,7 +12,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from clustertool.core.errors import ProviderError
 from clustertool.core.state import flocked
@@ -60,7 +60,7 @@ def run_parallel(jobs: Sequence[tuple[list[str], str | None]]) -> list[subproces
     return results
 
 
-def global_lock(timeout: float = 60.0):
+def global_lock(timeout: float = 60.0) -> contextlib.AbstractContextManager[None]:
     """System-wide lock for slot allocation, the shared route and /scratch (all CLUSTERTOOL_HOMEs)."""
     busy = ProviderError(f"timed out waiting for {LOCK_PATH}",
                          hint="another local cluster is being made or removed")
@@ -168,7 +168,7 @@ def alive(pid: int) -> bool:
     return fields[0] not in ("Z", "X")
 
 
-def kill_all(pids: Iterable[int], timeout: float = 5.0, reap=lambda: None) -> list[int]:
+def kill_all(pids: Iterable[int], timeout: float = 5.0, reap: Callable[[], object] = lambda: None) -> list[int]:
     """SIGKILL each pid, then wait until all are gone; return those that were killed."""
     killed = []
     for pid in pids:
