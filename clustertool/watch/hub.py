@@ -96,6 +96,7 @@ class HubStream:
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _feed(self, data: bytes) -> None:
+        assert self.proc.stdin is not None   # spawned with pipes
         try:
             self.proc.stdin.write(data)
             self.proc.stdin.flush()
@@ -103,10 +104,12 @@ class HubStream:
             pass
 
     def _drain(self) -> None:
+        assert self.proc.stderr is not None
         for raw in iter(self.proc.stderr.readline, b""):
             self.stderr.append(raw.decode("utf-8", "replace"))
 
     def views(self) -> Iterator[dict[str, Any]]:
+        assert self.proc.stdout is not None
         for raw in iter(self.proc.stdout.readline, b""):
             try:
                 view = json.loads(raw)
@@ -126,7 +129,8 @@ class HubStream:
 
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
         except (OSError, ValueError):
             pass
         try:

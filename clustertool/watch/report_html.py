@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import time
+from typing import Callable
 
 from clustertool.watch.runrecord import Event, Run
 
@@ -37,7 +38,8 @@ def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _scale(run: Run, values: dict[str, list[float | None]], fixed_top: float | None):
+def _scale(run: Run, values: dict[str, list[float | None]],
+           fixed_top: float | None) -> tuple[Callable[[float], float], Callable[[float], float], float, float]:
     t_end = max(run.t[-1] if run.t else 1.0, 1.0)
     top = fixed_top or max([v for vs in values.values() for v in vs if v is not None] + [0.0]) * 1.1 or 1.0
     plot_w, plot_h = WIDTH - LEFT - RIGHT, PANEL_H - TOP - BOTTOM
@@ -57,7 +59,7 @@ def _fmt(v: float, key: str) -> str:
     return f"{v:.0f}" if v >= 10 or v == 0 else f"{v:.1f}"
 
 
-def _axes(x, y, top: float, t_end: float, key: str) -> list[str]:
+def _axes(x: Callable[[float], float], y: Callable[[float], float], top: float, t_end: float, key: str) -> list[str]:
     out = [f'<rect x="{LEFT}" y="{TOP}" width="{WIDTH - LEFT - RIGHT}" height="{PANEL_H - TOP - BOTTOM}" '
            f'fill="none" stroke="#bbbbbb"/>']
     for k in range(5):
@@ -70,7 +72,8 @@ def _axes(x, y, top: float, t_end: float, key: str) -> list[str]:
     return out
 
 
-def _lines(run: Run, values: dict[str, list[float | None]], x, y) -> list[str]:
+def _lines(run: Run, values: dict[str, list[float | None]], x: Callable[[float], float],
+           y: Callable[[float], float]) -> list[str]:
     out = []
     for i, node in enumerate(run.nodes):
         segment: list[str] = []
@@ -103,7 +106,7 @@ def _legend(run: Run) -> list[str]:
     return out
 
 
-def _marks(events: list[Event], key: str, x) -> list[str]:
+def _marks(events: list[Event], key: str, x: Callable[[float], float]) -> list[str]:
     out = []
     for e in events:
         if e.kind in ("restart", "cordon"):

@@ -270,27 +270,29 @@ def look_at_the_page(page: Path, tmp_path: Path, cordon_at: float) -> None:
     share of the run before it), and in the step-rate panel only the straggler's band."""
     from PIL import Image
 
-    from clustertool.watch import report_html as r
+    from clustertool.watch import report_html
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.fail("chromium is not installed: `make apt` installs it (Debian package chromium)")
     base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
             f"--user-data-dir={tmp_path / 'chromium'}", "--force-device-scale-factor=1"]
-    height = r.panel_top(len(r.PANELS)) + 40
+    height = report_html.panel_top(len(report_html.PANELS)) + 40
     dom = subprocess.run(base + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    for key, _ in r.PANELS:
+    for key, _ in report_html.PANELS:
         assert f'id="panel-{key}"' in dom
     shot = tmp_path / "shot.png"
-    subprocess.run(base + [f"--window-size={r.WIDTH},{height}", f"--screenshot={shot}", page.as_uri()],
+    subprocess.run(base + [f"--window-size={report_html.WIDTH},{height}", f"--screenshot={shot}", page.as_uri()],
                    capture_output=True, timeout=120, check=True)
     img = Image.open(shot).convert("RGB")
-    palette = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in r.PALETTE[:4]]
+    palette = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in report_html.PALETTE[:4]]
     purple, band = (0x94, 0x67, 0xBD), (255, 223, 195)   # the band: orange at 25% over white
-    mark_x = round(r.LEFT + (r.WIDTH - r.LEFT - r.RIGHT) * cordon_at)
-    for i, (key, _) in enumerate(r.PANELS):
-        top, bottom = r.panel_top(i) + r.TOP + 1, r.panel_top(i) + r.PANEL_H - r.BOTTOM - 1
-        box = [img.getpixel((x, y)) for x in range(r.LEFT + 1, r.WIDTH - r.RIGHT - 1, 2) for y in range(top, bottom, 2)]
+    mark_x = round(report_html.LEFT + (report_html.WIDTH - report_html.LEFT - report_html.RIGHT) * cordon_at)
+    for i, (key, _) in enumerate(report_html.PANELS):
+        panel = report_html.panel_top(i)
+        top, bottom = panel + report_html.TOP + 1, panel + report_html.PANEL_H - report_html.BOTTOM - 1
+        xs = range(report_html.LEFT + 1, report_html.WIDTH - report_html.RIGHT - 1, 2)
+        box = [img.getpixel((x, y)) for x in xs for y in range(top, bottom, 2)]
         lines = sum(1 for p in box if any(near(p, c) for c in palette))
         assert lines > 100, f"panel {key}: no node line drawn ({lines} pixels)"
         marked = [y for y in range(top, bottom) if any(near(img.getpixel((x, y)), purple, 50)

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from clustertool.nodeprogs import watchcore, watchrecord
-from clustertool.watch import view as v
+from clustertool.watch.view import gpu_cells, node_state, rank_row, ranks_shown, summary_lines
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +39,7 @@ def test_a_node_at_a_quarter_of_the_others_is_flagged_on_the_third_reading():
     row = next(r for r in view["nodes"] if r["name"] == "node-3")
     assert row["net_outlier"] == ["tx"] and row["net_ratio"]["tx"] == pytest.approx(0.25)
     assert row["link_source"] == "recorded" and row["link_bps"] == 200_000_000
-    assert "node-3: network tx at x0.25 of the nodes' median" in v.summary_lines(view)
+    assert "node-3: network tx at x0.25 of the nodes' median" in summary_lines(view)
 
 
 def test_one_reading_back_in_line_starts_the_count_again():
@@ -73,8 +73,8 @@ def test_a_slow_rank_is_named_and_the_slowest_listed_first():
     assert j["outliers"] == [4] and j["slowest"][0] == 4 and j["median_step_time"] == pytest.approx(0.2)
     rank4 = next(r for r in j["ranks"] if r["rank"] == 4)
     assert rank4["node"] == "node-3" and rank4["ratio"] == pytest.approx(2.5) and not rank4["stalled"]
-    assert v.ranks_shown(j, 2)[0]["rank"] == 4
-    assert "job j1: rank 4 on node-3 step time x2.50 of the median" in v.summary_lines(view)
+    assert ranks_shown(j, 2)[0]["rank"] == 4
+    assert "job j1: rank 4 on node-3 step time x2.50 of the median" in summary_lines(view)
 
 
 def test_a_silent_rank_is_stalled():
@@ -88,7 +88,7 @@ def test_a_silent_rank_is_stalled():
         view = reading(st, samples, [{"id": "j1"}], t=i)
     assert view["jobs"][0]["outliers"] == [2]
     assert next(r for r in view["jobs"][0]["ranks"] if r["rank"] == 2)["stalled"]
-    assert v.rank_row(next(r for r in view["jobs"][0]["ranks"] if r["rank"] == 3))[-1] == ("ended", "")
+    assert rank_row(next(r for r in view["jobs"][0]["ranks"] if r["rank"] == 3))[-1] == ("ended", "")
 
 
 def test_cordons_unreachable_and_stale_nodes_show():
@@ -100,17 +100,17 @@ def test_cordons_unreachable_and_stale_nodes_show():
     states = {r["name"]: (r["state"], r["cordoned"]) for r in view["nodes"]}
     assert states == {"node-1": ("ok", False), "node-2": ("ok", True), "node-3": ("unreachable", False),
                       "node-4": ("stale", False)}
-    cells = {r["name"]: v.node_state(r)[0] for r in view["nodes"]}
+    cells = {r["name"]: node_state(r)[0] for r in view["nodes"]}
     assert cells["node-2"] == "cordoned" and cells["node-3"].startswith("unreachable: ssh: connect")
 
 
 def test_gpu_cells_say_no_gpu_and_name_clock_reasons():
-    assert v.gpu_cells(None)[0] == ("no GPU", "muted")
+    assert gpu_cells(None)[0] == ("no GPU", "muted")
     gpus = [{"util": 90.0, "mem_used": 2**30, "mem_total": 4 * 2**30, "power": 300.0, "temp": 60.0,
              "reasons": ["idle"]},
             {"util": 70.0, "mem_used": 2**30, "mem_total": 4 * 2**30, "power": 310.0, "temp": 75.0,
              "reasons": ["sw_power_cap"]}]
-    cells = [text for text, _ in v.gpu_cells(gpus)]
+    cells = [text for text, _ in gpu_cells(gpus)]
     assert cells == ["2x 80%", "2.0 GiB / 8.0 GiB", "610 W", "75 C", "sw_power_cap"]
 
 
