@@ -14,6 +14,7 @@ a controller that does not end in time.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -115,8 +116,8 @@ def start(session: ClusterSession, poll: float = 2.0, timeout: float = START_TIM
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if child.poll() is not None:
-            pid = running(session.name)
-            if child.returncode == ALREADY and pid:
+            pid = _wait_for_pid(session.name) if child.returncode == ALREADY else None
+            if pid:
                 return Started(pid, str(f.log), True)  # another start won the lock a moment earlier
             raise ToolError(f"the controller of {session.name!r} did not start: {_tail(f.log)}",
                             hint=f"see {f.log}")
@@ -179,10 +180,18 @@ def _gone(name: str, pid: int, timeout: float) -> bool:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
-        if running(name) is None:
+        if running(name) is None and not _alive(pid):  # the lock goes with its files, a moment before the process
             return True
         time.sleep(0.05)
     return False
+
+
+def _alive(pid: int) -> bool:
+    """Still running (a zombie, whose parent has not reaped it yet, has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def serve(name: str, poll: float) -> int:
@@ -222,3 +231,26 @@ def _sayer():
     def say(line: str) -> None:
         print(f"{_now()} {line}", flush=True)
     return say
+
+
+def status_line(name: str) -> str | None:
+    """`status`'s controller line (phase B renders it): running or not, and what its last round saw; None for a
+    cluster that never had a controller here."""
+    f = files(name)
+    try:
+        seen = json.loads(f.status.read_text())
+    except (OSError, ValueError):
+        seen = None
+    pid = running(name)
+    if seen is None and not pid:
+        return None
+    if not pid:
+        return "not running (`up --controller` starts it)"
+    if not seen or not seen.get("rounds"):
+        return f"running (pid {pid}), no round yet"
+    look = time.strftime("%H:%M:%S", time.localtime(seen.get("at") or 0))
+    if not seen.get("leader_answers", True):
+        return f"running (pid {pid}); the leader {seen.get('leader')} did not answer {seen.get('misses')} round(s)"
+    waits = [w for w in seen.get("waiting") or [] if not (w.get("claimed") or w.get("replaced") or w.get("killed"))]
+    what = ", ".join(f"{w['job']} waits for {','.join(w['nodes'])}" for w in waits) or "no job waits"
+    return f"running (pid {pid}), last look at {seen.get('leader')} {look}: {what}"

@@ -120,6 +120,9 @@ def test_the_controller_sees_a_job_wait_for_the_replacement_of_a_killed_node_and
         assert not list(job_dir.glob("replacing.*"))  # not claimed: `recover` would still replace the node
         (seen,) = [w for w in _status(name)["waiting"] if w["job"] == job_id]
         assert (seen["claimed"], seen["replaced"]) == (False, False)
+        line = process.status_line(name) or ""
+        assert line.startswith(f"running (pid {started.pid}), last look at node-1 ") and \
+            line.endswith(f"{job_id} waits for node-2"), line
     finally:
         run_cli("kill", "-c", name, job_id, env=env)
     deadline = time.monotonic() + 60
@@ -127,3 +130,4 @@ def test_the_controller_sees_a_job_wait_for_the_replacement_of_a_killed_node_and
         assert time.monotonic() < deadline, _status(name)
         time.sleep(0.5)
     assert process.stop(name).how == "stopped"
+    assert process.status_line(name) == "not running (`up --controller` starts it)"
