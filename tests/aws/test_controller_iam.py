@@ -202,3 +202,40 @@ def test_every_aws_call_replace_makes_is_an_action_the_controller_s_policy_allow
     assert called - controller_policy.actions(document) == {"sts:GetCallerIdentity"}, called
     assert not [a for a in controller_policy.actions(document) if re.match(r"iam:", a)]
     assert aws.ct("down", "-c", name, "--yes")[0] == 0 and aws.total_leaks(name) == 0
+
+
+def _as_role(aws, monkeypatch, role_arn: str) -> None:
+    """This process's AWS calls from now on as ``role_arn`` (moto's STS hands out its credentials, as the instance
+    metadata would on the controller's node)."""
+    import boto3
+
+    sts = boto3.client("sts", endpoint_url=aws.url, region_name="us-east-1")
+    creds = sts.assume_role(RoleArn=role_arn, RoleSessionName="i-0controller")["Credentials"]
+    for key, value in (("AWS_ACCESS_KEY_ID", creds["AccessKeyId"]), ("AWS_SECRET_ACCESS_KEY", creds["SecretAccessKey"]),
+                       ("AWS_SESSION_TOKEN", creds["SessionToken"])):
+        monkeypatch.setenv(key, value)
+
+
+def test_the_controller_s_role_replaces_a_node_of_its_cluster_and_another_role_is_refused_as_another_owner(
+        aws, monkeypatch):
+    """`replace` asks STS who calls and refuses another owner's cluster; the cluster's own controller (its
+    role's session, as on the node holding the profile) acts for the owner.  moto checks no policy: what the
+    role may call is tests/unit/test_controller_policy.py's and the test above's."""
+    from clustertool.core import state
+
+    name = _up(aws, "co")
+    _make(name)
+    iam, _ = iamworld.clients(aws.url)
+    role = iam.get_role(RoleName=f"clustertool-ctl-{state.load(name).id}")["Role"]["Arn"]
+    other = iam.create_role(RoleName=f"{name}-other", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    _as_role(aws, monkeypatch, other)
+    code, _, err = aws.ct("replace", "node-2", "--yes", "-c", name)
+    assert code != 0 and "belongs to" in err and "--force-owner" in err
+    _as_role(aws, monkeypatch, role)
+    code, out, err = aws.ct("replace", "node-2", "--yes", "-c", name)
+    assert code == 0, err
+    monkeypatch.delenv("AWS_SESSION_TOKEN")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    iam.delete_role(RoleName=f"{name}-other")
+    assert aws.ct("down", "-c", name, "--yes")[0] == 0 and iamworld.leaks(aws.url, name) == 0

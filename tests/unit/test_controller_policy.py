@@ -115,3 +115,16 @@ def test_a_cluster_without_an_id_or_its_parts_gets_no_policy():
         controller_policy.policy_document(Scope("", "us-west-2", "1"))
     with pytest.raises(ValueError):
         controller_policy.policy_document(Scope(ID, "us-west-2", "1", images=("ami-0",)))
+
+
+@pytest.mark.parametrize("arn, mine", [
+    (f"arn:aws:sts::111122223333:assumed-role/clustertool-ctl-{ID}/i-0abc", True),
+    (f"arn:aws:sts::111122223333:assumed-role/clustertool-ctl-{ID}", True),  # owner.principal's form
+    (f"arn:aws-cn:sts::111122223333:assumed-role/clustertool-ctl-{ID}/i-0abc", True),
+    ("arn:aws:sts::111122223333:assumed-role/clustertool-ctl-train-000000/i-0abc", False),  # another cluster's
+    ("arn:aws:sts::111122223333:assumed-role/admin/i-0abc", False),
+    (f"arn:aws:iam::111122223333:role/clustertool/clustertool-ctl-{ID}", False),  # the role itself, not a session
+    ("arn:aws:iam::111122223333:user/alice", False), ("", False)])
+def test_only_a_session_of_this_cluster_s_own_role_is_its_controller(arn, mine):
+    assert controller_policy.is_controller_of(arn, ID) is mine
+    assert controller_policy.is_controller_of(arn, "") is False

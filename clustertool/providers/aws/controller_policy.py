@@ -87,6 +87,14 @@ class Scope:
         return f"arn:{self.partition}:ec2:{self.region}:{self.account if account else ''}:{kind}/{rid}"
 
 
+def is_controller_of(arn: str, cluster_id: str) -> bool:
+    """Whether ``arn`` (STS's caller, an assumed role's session name and all) is this cluster's controller:
+    the node holding its instance profile acts for the cluster's owner (owner.confirm lets it)."""
+    parts = (arn or "").split(":", 5)
+    return (bool(cluster_id) and len(parts) == 6 and parts[2] == "sts"
+            and parts[5].split("/")[:2] == ["assumed-role", names(cluster_id).role])
+
+
 def trust_policy() -> dict:
     """Only EC2 may take the role (for the instance that holds the profile)."""
     return {"Version": VERSION, "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
