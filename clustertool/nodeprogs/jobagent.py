@@ -24,9 +24,10 @@ Files (in the job's folder ``~/.clustertool/jobs/<id>/`` on every node): ``jobag
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
+
+# subprocess: imported only where a node launcher starts (the rank runner, once per rank, forks by itself)
 
 PROGRAM_ENV = "CLUSTERTOOL_RANK_PROGRAM"
 RESTART_ENV = "CLUSTERTOOL_RESTART_COUNT"  # run --restarts: which attempt this is (0: the first)
@@ -132,11 +133,60 @@ def rank_command(program, args):
 
 def start_rank(program, args, rank, out, width, env):
     stdout, stderr = rank_files(out, rank, width)
-    with open(stdout, "ab") as so, open(stderr, "ab") as se:
-        child = subprocess.Popen(rank_command(program, args), stdin=subprocess.DEVNULL, stdout=so, stderr=se,
-                                 env=env, preexec_fn=die_with_parent)
+    child = spawn(rank_command(program, args), stdout, stderr, env)
     record_rank(rank, child.pid)
     return child
+
+
+class Child:
+    """A process spawn() started: what Stopper and wait() use of a Popen."""
+
+    def __init__(self, pid):
+        self.pid, self.returncode = pid, None
+
+    def send_signal(self, sig):
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def wait(self):
+        if self.returncode is None:
+            self.returncode = decode_status(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = decode_status(status)
+        return self.returncode
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+
+def spawn(argv, stdout, stderr, env):
+    """fork + exec (PATH searched), stdin /dev/null, output appended to the files, SIGKILL when this process
+    dies; an exec that fails raises OSError here, as Popen's would."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            die_with_parent()
+            for target, (path, flags) in enumerate(((os.devnull, os.O_RDONLY), (stdout, os.O_WRONLY | os.O_APPEND),
+                                                    (stderr, os.O_WRONLY | os.O_APPEND))):
+                os.dup2(os.open(path, flags | os.O_CREAT, 0o644), target)
+            os.execvpe(argv[0], argv, env)
+        except OSError as exc:
+            os.write(write_end, str(exc.errno).encode())
+        finally:
+            os._exit(127)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as fh:
+        failed = fh.read()
+    if failed:
+        os.waitpid(pid, 0)
+        raise OSError(int(failed), os.strerror(int(failed)), argv[0])
+    return Child(pid)
 
 
 def rank_runner():
@@ -325,6 +375,8 @@ def run_launcher(plan, share, env):
         write_atomic(fill["{ds_hostfile}"], plan["hostfile"])
     argv = [fill.get(w, w).replace("{port}", port) for w in share["argv"]]
     env[PROGRAM_ENV] = json.dumps(dict(plan["program"], out=plan["out"], width=plan["width"]))
+    import subprocess
+
     try:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env,
                                  preexec_fn=lambda: die_with_parent(signal.SIGTERM))

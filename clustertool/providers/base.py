@@ -258,6 +258,23 @@ class Provider:
         """What an `up` of ``cluster`` still in flight waits for (capacity it retries for); None: nothing."""
         return None
 
+    # ---- the recovery controller (`up --controller`): replacing with nobody watching --------------
+    def controller_identity(self, cluster: ClusterRecord, node: str | None, keep_old: bool = False,
+                            save: Callable[[], None] = lambda: None) -> list[str]:
+        """Give the machine that runs the cluster's recovery controller the rights `replace` needs on this
+        cluster and nothing more (``node``: a node's name; None: this machine); lines saying what was made.
+        Record what is made in ``cluster.provider_state`` and ``save()`` before each call, so `down` finds it.
+        Default: on this machine the controller acts with this machine's own rights: nothing to make."""
+        if node is None:
+            return []
+        raise NotSupported(f"the {self.name} provider runs the recovery controller on this machine, not on {node}",
+                           hint="leave out --controller-node")
+
+    def remove_controller_identity(self, cluster: ClusterRecord,
+                                   save: Callable[[], None] = lambda: None) -> list[str]:
+        """Remove what ``controller_identity`` made (`down`; idempotent); lines saying what went."""
+        return []
+
     # ---- `down --sweep`: what a killed `up` or a lost state left -----------------------------
     def sweep(self, request: SweepRequest) -> Sweep:
         """This provider's clusters that no state of this home knows, each marked delete or keep."""

@@ -157,7 +157,7 @@ def test_core_modules_import_clustertool_modules_at_the_top():
 # package's own __init__: importing any module runs it, so it sits under all of them and imports
 # nothing (its names load by name on first use).
 LAYERS = ("clustertool", "nodeprogs", "workloads", "core", "remote", "providers", "sharedfs", "cluster", "transfer",
-          "plugin", "jobs", "bench", "doctor", "watch", "playbook", "api", "cli", "__main__")
+          "plugin", "jobs", "controller", "bench", "doctor", "watch", "playbook", "api", "cli", "__main__")
 
 
 def package_of(module: str) -> str:

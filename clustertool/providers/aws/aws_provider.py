@@ -11,12 +11,13 @@ dry-run plan), provision (the verbs' bodies), sweep (clusters no state of this h
 capacity_blocks / capacity_offers / capacity_wait (Capacity Blocks, `up --retry-until-up`) with
 capacity_verbs (what `clustertool capacity` shows and buys),
 filesystems / filesystems_down with efs and fsx (shared filesystems made or attached at up, removed
-or kept at down), relaunch (`replace`: a new instance for a node, the old one terminated or kept).
+or kept at down), relaunch (`replace`: a new instance for a node, the old one terminated or kept),
+controller_policy / controller_iam (the recovery controller's role, policy and instance profile).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from clustertool.core.model import ClusterRecord, Node, Reporter, silent
 from clustertool.providers.base import (
@@ -206,6 +207,25 @@ class AwsProvider(Provider):
             state.save(cluster)
         return relaunch.replace_node(cluster, node, keep_old, report=self.report, save=save)
 
+    def controller_identity(self, cluster: ClusterRecord, node: str | None, keep_old: bool = False,
+                            save: Callable[[], None] = lambda: None) -> list[str]:
+        """An IAM role whose inline policy allows what `replace` calls, only on this cluster's tagged resources,
+        in an instance profile associated with ``node`` (controller_iam.py); on this machine: nothing to make."""
+        from clustertool.providers.aws import controller_iam
+
+        if node is None:
+            return []
+        return controller_iam.make(self._session(cluster), cluster, node, keep_old=keep_old, report=self.report,
+                                   save=save)
+
+    def remove_controller_identity(self, cluster: ClusterRecord,
+                                   save: Callable[[], None] = lambda: None) -> list[str]:
+        from clustertool.providers.aws import controller_iam
+
+        if not cluster.provider_state.get(controller_iam.RECORD):
+            return []
+        return controller_iam.remove(self._session(cluster), cluster, self.report, save)
+
     def shared_fs(self, request: ProvisionRequest) -> list[dict]:
         """EFS / FSx for Lustre made or attached in the cluster's subnet, waited until mountable
         (providers/aws/filesystems.py); down removes the made ones (filesystems_down.py)."""
@@ -229,9 +249,9 @@ class AwsProvider(Provider):
         return topology.paths(self._session(cluster), cluster)
 
     def describe(self, cluster: ClusterRecord) -> dict:
-        from clustertool.providers.aws import provision, relaunch
+        from clustertool.providers.aws import controller_iam, provision, relaunch
 
-        return {**provision.describe(cluster), **relaunch.kept_lines(cluster)}
+        return {**provision.describe(cluster), **relaunch.kept_lines(cluster), **controller_iam.status_lines(cluster)}
 
     def up_waiting(self, cluster: ClusterRecord) -> UpWaiting | None:
         """`up --retry-until-up` between attempts (capacity_wait.py): attempt N, next try at T."""

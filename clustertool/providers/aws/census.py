@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from clustertool.providers.aws import filesystems_down, lease, placement, pricing, tags, teardown
+from clustertool.providers.aws import controller_iam, filesystems_down, lease, placement, pricing, tags, teardown
 from clustertool.providers.aws.client import Aws
 from clustertool.providers.aws.instances import tagged_by
 
 KINDS = ("instance", "network-interface", "placement-group", "security-group", "key-pair", "address",
-         "efs-file-system", "fsx-file-system")
+         "efs-file-system", "fsx-file-system", "iam-role", "iam-instance-profile")
 
 
 @dataclass
@@ -106,6 +106,11 @@ def collect(aws: Aws, name: str | None = None, kinds: tuple[str, ...] = KINDS) -
                 return tags.CLUSTER in values and (name is None or values[tags.CLUSTER] == name)
             for fs in filesystems_down.tagged_file_systems(aws, kind, ours):
                 add(f"{kind}-file-system", fs["FileSystemId"], fs.get("Tags"))
+    if {"iam-role", "iam-instance-profile"} & set(kinds):  # a recovery controller's identity (controller_iam.py)
+        for found_iam in controller_iam.tagged(aws):
+            labels = tags.as_dict(found_iam["tags"])
+            if found_iam["kind"] in kinds and (name is None or labels.get(tags.CLUSTER) == name):
+                add(found_iam["kind"], found_iam["name"], found_iam["tags"])
     for cluster_key, values in leases.items():
         groups[cluster_key].lease = lease.summarize(values)
     return groups

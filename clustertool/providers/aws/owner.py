@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from clustertool.core import state
 from clustertool.core.errors import ProviderError, UsageError
 from clustertool.core.model import ClusterRecord, Reporter
-from clustertool.providers.aws import census, lease, tags
+from clustertool.providers.aws import census, controller_policy, lease, tags
 from clustertool.providers.aws.client import Aws, aws_errors
 
 
@@ -93,6 +93,8 @@ def check_race(aws: Aws, stamp: tags.Stamp, me: Owner) -> None:
 def confirm(aws: Aws, cluster: ClusterRecord, force: bool, verb: str) -> None:
     """Refuse to act on a cluster whose state or resources say another owner made it."""
     me = caller(aws)
+    if controller_policy.is_controller_of(me.arn, cluster.id):
+        return  # the cluster's own recovery controller (controller_iam.py): it acts for the owner, on this cluster only
     recorded = cluster.provider_state.get("owner") or {}
     seen = [(recorded.get("arn", ""), recorded.get("home", ""))] if recorded else []
     if cluster.id:

@@ -12,6 +12,7 @@ from clustertool.providers.aws import (
     capacity,
     capacity_blocks,
     capacity_wait,
+    controller_iam,
     filesystems,
     filesystems_down,
     images,
@@ -237,8 +238,9 @@ def terminate(cluster: ClusterRecord, report: Reporter = silent) -> list[str]:
                                           or int(cluster.provider_state.get("servers") or 0))
         lines.append(reservations.stop_line(cluster.provider_state, max(workers, 0))
                      or f"stopping the bill of {_hourly(aws, cluster, max(workers, 0))}")
+    controller = controller_iam.remove(aws, cluster, report)  # while its node is there to take it off
     shared, owned = filesystems_down.before_groups(aws, cluster, owned, report)  # instances, then file systems
-    removed = teardown.remove(aws, owned, report)
+    removed = controller + teardown.remove(aws, owned, report)
     lines += shared + removed
     adopted = cluster.provider_state.get("adopted", [])
     if adopted and not cluster.terminate_adopted:

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from clustertool.core.durations import short_age
 from clustertool.core.model import Reporter, silent
-from clustertool.providers.aws import census, filesystems_down, lease, owner, tags, teardown
+from clustertool.providers.aws import census, controller_iam, filesystems_down, lease, owner, tags, teardown
 from clustertool.providers.aws.client import Aws
 from clustertool.providers.base import Sweep, SweepRemoved, SweepRequest
 
@@ -104,6 +104,8 @@ def delete(swept: list[Swept], report: Reporter = silent) -> list[Swept]:
             continue
         aws = Aws(region=item.region, profile=item.profile, report=report)
         pick = item.resources.get
+        for line in controller_iam.remove_found(aws, pick("iam-role", []), pick("iam-instance-profile", []), silent):
+            report(f"{item.id or item.name}: {line}")
         for line in filesystems_down.remove_found(aws, pick("efs-file-system", []), pick("fsx-file-system", []),
                                                   pick("security-group", []), silent):  # before the cluster's group
             report(f"{item.id or item.name}: {line}")
