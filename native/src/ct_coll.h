@@ -166,7 +166,7 @@ typedef struct ct_coll {
   int posted_changed;
   int gated_ring, gated_all;   /* active ops whose data waits for the peer's post: ring (prev must know), allgather (all) */
   ct_gen_t p1gen[CT_MAX_SOCKS], sgen;
-  size_t depth;                /* phase-1 / server-data bytes being written at once per generator: DEPTH chunks */
+  size_t depth, sdepth;        /* phase-1 / server-data bytes being written at once per generator, in chunks */
   uint64_t red_seq;            /* sharded: next chunk of my shard to reduce */
   size_t red_c;
   char* scratch;               /* in-place reductions */

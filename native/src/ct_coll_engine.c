@@ -290,10 +290,12 @@ int ct_engine_start(ct_coll_t* c) {
   }
   if (c->nranks == 1) return 0;   /* ops complete when posted */
   int n = c->nranks, ns = c->nsocks;
-  long dflt_depth = c->lockstep ? 1 : 2L * (n - 1);
-  /* in chunks of the configured size: lock-step writes one 256K chunk at a time, but batches
-   * the small chunks of small requests */
-  c->depth = (size_t)ct_env_long("CLUSTERTOOL_COLLNET_DEPTH", dflt_depth, 1, 1024) * c->chunk_cfg;
+  /* bytes being written at once, in configured chunks. Sharded phase 1 in lock-step order,
+   * up to 4 chunks (on shaped links as good as 1; on a busy box more of the window moves
+   * while one peer is slow to read); servers one chunk at a time (1 kept the ranks on
+   * different servers best: 1.40 B against 1.31 B with 4, n = K = 4 at 200 Mbit/s). */
+  c->depth = (size_t)ct_env_long("CLUSTERTOOL_COLLNET_DEPTH", c->lockstep ? 4 : 2L * (n - 1), 1, 1024) * c->chunk_cfg;
+  c->sdepth = (size_t)ct_env_long("CLUSTERTOOL_SERVERS_DEPTH", 1, 1, 1024) * c->chunk_cfg;
   c->peer_posted = calloc((size_t)n, sizeof(uint64_t));
   c->posted_told_any = calloc((size_t)n, sizeof(uint64_t));
   c->srcs = calloc((size_t)n, sizeof(char*));

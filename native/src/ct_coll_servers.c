@@ -5,8 +5,8 @@
  * Requests are pipelined: the progress thread streams the DATA chunks of every posted
  * collective in order (collective, then chunk c of every shard starting at server
  * (rank + c) mod K, going round), so each server sees every rank's chunks in the same
- * order (the g-th DATA of every rank forms reduction g) and, with depth 1
- * (CLUSTERTOOL_COLLNET_DEPTH), the ranks send to different servers at any moment (K >= n)
+ * order (the g-th DATA of every rank forms reduction g) and, one chunk written at a time
+ * (CLUSTERTOOL_SERVERS_DEPTH), the ranks send to different servers at any moment (K >= n)
  * or spread evenly over them (K < n). A small send buffer (CLUSTERTOOL_SNDBUF) keeps the
  * order on the wire the order of the calls. RESULT messages are routed by (seq, chunk).
  *
@@ -126,7 +126,7 @@ void ct_servers_activate(ct_coll_t* c, ct_op_t* op) {
 int ct_servers_generate(ct_coll_t* c) {
   int K = c->nserv, me = c->rank, any = 0;
   ct_gen_t* g = &c->sgen;
-  while (K && g->inflight < c->depth) {
+  while (K && g->inflight < c->sdepth) {
     if (g->seq >= c->activated) break;
     ct_op_t* op = ct_op_at(c, g->seq);
     if (!op || op->algo != CT_ALGO_SERVERS || g->c >= op->maxch) {
