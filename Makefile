@@ -70,13 +70,13 @@ lint: venv
 
 # The tests run in TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0: one process). Most of the
 # suite waits on sshd, namespaces and subprocesses rather than on the CPU, so more workers than cores
-# pay. --dist loadgroup: tests that share a module's cluster, or native/'s build folder, share a worker
-# (tests/conftest.py says which). native/'s C tests (`make -C native test`, and under ASan) run inside
-# pytest (tests/native/), once; here the plugin is only built, before the workers start using it.
+# pay. Tests that share a module's cluster, or native/'s build folder, share a worker
+# (tests/xdist_groups.py says which). native/'s C tests (`make -C native test`, and under ASan) and its
+# GPU program (`make -C native gpu`, compiled where nvcc is) run inside pytest (tests/native/), once
+# each; here the plugin is only built, before the workers start using it.
 TEST_WORKERS ?= 4
 test: setup
 	$(MAKE) -C native all
-	$(MAKE) -C native gpu
 	$(VENV)/bin/ruff check clustertool tests bench examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
