@@ -78,12 +78,18 @@ lint: venv
 	$(VENV)/bin/ruff check clustertool tests bench examples
 	$(VENV)/bin/mypy
 
+# The tests run in TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0: one process). Most of the
+# suite waits on sshd, namespaces and subprocesses rather than on the CPU, so more workers than cores
+# pay. Tests that share a module's cluster, or native/'s build folder, share a worker
+# (tests/xdist_groups.py says which). native/'s C tests (`make -C native test`, and under ASan) and its
+# GPU program (`make -C native gpu`, compiled where nvcc is) run inside pytest (tests/native/), once
+# each; here the plugin is only built, before the workers start using it.
+TEST_WORKERS ?= 4
 test: setup
-	$(MAKE) -C native test
-	$(MAKE) -C native gpu
+	$(MAKE) -C native all
 	$(VENV)/bin/ruff check clustertool tests bench examples
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The whole AWS fault matrix (every signal after every AWS call of up, down, replace and the
 # shared-fs and reservation calls, the default 60 s budget against a hanging endpoint, racing ups)

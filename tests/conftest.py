@@ -25,7 +25,15 @@ CLI = [sys.executable, "-m", "clustertool"]
 
 # This pytest run's mark: every cluster it makes is named PREFIX-<SESSION><4 hex>, so the leak
 # check below counts only what this run made, whatever other runs or users do on the machine.
-SESSION = secrets.token_hex(3)
+# Under pytest-xdist (`make test`) the workers are processes the controller starts after importing
+# this file: they take its mark from the environment, so one run is one mark, and the controller's
+# check at the end sees what every worker made.
+_RUN_VAR = "CLUSTERTOOL_TEST_RUN"
+if os.environ.get("PYTEST_XDIST_WORKER") and re.fullmatch(r"[0-9a-f]{6}", os.environ.get(_RUN_VAR, "")):
+    SESSION = os.environ[_RUN_VAR]
+else:
+    SESSION = secrets.token_hex(3)
+    os.environ[_RUN_VAR] = SESSION
 _OURS = re.compile(rf"^[a-z][a-z0-9]*-{SESSION}[0-9a-f]{{4}}$")
 
 
@@ -98,10 +106,37 @@ def pytest_sessionfinish(session, exitstatus):
     """After the suite, nothing of the local provider that this run made may remain.
 
     Only this run's clusters count (their names carry SESSION): a cluster someone else runs on
-    this machine at the same time is neither a leak nor a failure of this suite.
+    this machine at the same time is neither a leak nor a failure of this suite.  Under xdist the
+    controller checks, once every worker has ended (a worker's exit status does not reach the run's).
     """
+    if hasattr(session.config, "workerinput"):
+        return
     left = our_footprint()
     if left:
         sys.stderr.write("\nLEAK: the test suite left local-provider resources behind:\n  "
                          + "\n  ".join(left) + "\n")
         session.exitstatus = 1
+
+
+# ---- parallel workers (pytest-xdist, `make test`: -n N) -------------------------------------------------
+# Tests run on any worker, one at a time each, unless they share something (tests/xdist_groups.py): a
+# module's cluster, or native/'s build folder.  Each worker is its own process with its own session
+# fixtures (the aws tier's moto server, which every test resets, is one per worker).
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own choice of scheduler
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None  # --dist each, loadfile, loadscope, worksteal: as asked
+    from tests.xdist_groups import SharedFixtureScheduling
+
+    return SharedFixtureScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """On a worker: slow tiers first, so unit tests fill the gaps at the end (every worker sorts alike)."""
+    if hasattr(config, "workerinput"):
+        from tests.xdist_groups import tier_rank
+
+        items.sort(key=tier_rank)  # stable: within a tier, files and tests keep their order

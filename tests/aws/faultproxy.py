@@ -8,6 +8,8 @@ query protocols, ``X-Amz-Target`` of the JSON ones, ``efs:<Action>`` for EFS's R
   process), hold the answer until that process is gone (at most ``hold`` s), then deliver it;
 - ``delay``: wait before passing the call on;
 - ``hang``: accept the call and never answer (until the proxy closes);
+- ``held``: hold the call until the test calls ``rule.release()`` (or the proxy closes), then pass
+  it on: the test, not a delay, decides how long the process under test stays inside that call;
 - ``reset``: after the call, empty moto (``/moto-api/reset``: what a restarted server holds);
 - ``error``: answer with that EC2 error code instead of passing the call on (moto never runs out
   of capacity: this is how a process under test meets InsufficientInstanceCapacity);
@@ -25,7 +27,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection"}
@@ -42,9 +44,15 @@ class Rule:
     hold: float = 0.3
     error: str = ""
     times: int = 1
+    held: bool = False
     seen: int = 0
     hits: int = 0
     fired: bool = False
+    gate: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def release(self) -> None:
+        """Let a ``held`` call (and any later one this rule holds) pass on to moto."""
+        self.gate.set()
 
 
 EFS_REST = {("POST", "file-systems"): "CreateFileSystem", ("GET", "file-systems"): "DescribeFileSystems",
@@ -120,6 +128,8 @@ class FaultProxy:
 
     def close(self) -> None:
         self._release.set()
+        for rule in self.rules:
+            rule.release()
         try:
             self.refuse()
         except OSError:
@@ -146,6 +156,8 @@ class FaultProxy:
         if self._hang_all or (rule and rule.hang):
             self._release.wait(600)
             return
+        if rule and rule.held:
+            rule.gate.wait(600)
         if rule and rule.delay:
             time.sleep(rule.delay)
         if rule and rule.error:

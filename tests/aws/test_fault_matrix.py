@@ -398,6 +398,11 @@ def test_every_signal_after_every_aws_call_of_up_into_a_reservation_leaves_nothi
 # ---- two `up`s of one name; `down` and `--sweep` during `up` ------------------------------------
 
 
+# An `up` whose call the proxy holds: a read timeout (a fifth of the retry budget) must not end the hold and
+# send the call again behind the test's back, however long the test takes on a loaded machine.
+HELD_UP = {"CLUSTERTOOL_AWS_API_TIMEOUT": "600"}
+
+
 def _wait_for(proxy: FaultProxy, action: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while action not in proxy.calls:
@@ -407,11 +412,12 @@ def _wait_for(proxy: FaultProxy, action: str, timeout: float = 30) -> None:
 
 def test_two_ups_of_one_name_from_one_home_the_second_is_refused_and_makes_nothing(fx):
     name = unique("twin")
-    fx.proxy.on("RunInstances", delay=2.0)
+    held = fx.proxy.on("RunInstances", held=True)  # the first `up` is in flight until the second has ended
     started = time.monotonic()
-    first = fx.start(*UP, "--name", name)
+    first = fx.start(*UP, "--name", name, env=fx.env(**HELD_UP))
     _wait_for(fx.proxy, "CreateSecurityGroup")
     second = fx.run(*UP, "--name", name)
+    held.release()
     assert second.code != 0 and second.errors == [f"error: cluster {name!r} is being created by pid {first.pid}"]
     first_result = fx.wait(first, started)
     assert first_result.code == 0, first_result.err
@@ -422,11 +428,12 @@ def test_two_ups_of_one_name_from_one_home_the_second_is_refused_and_makes_nothi
 
 def test_two_ups_of_one_name_from_two_homes_the_second_is_refused_and_makes_nothing(fx):
     name = unique("twin")
-    fx.proxy.on("RunInstances", delay=2.0)
+    held = fx.proxy.on("RunInstances", held=True)  # the first `up` is in flight until the second has ended
     started = time.monotonic()
-    first = fx.start(*UP, "--name", name)
+    first = fx.start(*UP, "--name", name, env=fx.env(**HELD_UP))
     _wait_for(fx.proxy, "CreateSecurityGroup")
     second = fx.run(*UP, "--name", name, env=fx.env(CLUSTERTOOL_HOME=str(fx.tmp / "other-home")))
+    held.release()
     assert second.code != 0 and len(second.errors) == 1, second.err
     assert f"cluster name {name!r} is already used in us-east-1" in second.errors[0]
     assert "up in flight" in second.errors[0]
@@ -457,9 +464,9 @@ def test_two_ups_of_one_name_from_two_homes_at_the_same_moment_exactly_one_wins(
 
 def test_sweeps_during_up_touch_nothing_and_down_stops_that_up_leaving_nothing(fx):
     name = unique("busy")
-    fx.proxy.on("DescribeInstanceStatus", delay=3.0)
+    fx.proxy.on("DescribeInstanceStatus", held=True)  # the `up` stays in flight until `down` stops it
     started = time.monotonic()
-    up = fx.start(*UP, "--name", name)
+    up = fx.start(*UP, "--name", name, env=fx.env(**HELD_UP))
     _wait_for(fx.proxy, "DescribeInstanceStatus")   # RunInstances is done: the instances exist
     code, out, err = fx.aws.ct("down", "--sweep", "--yes", "--json")  # this home: the cluster is known
     assert code == 0 and json.loads(out)["orphans"] == [], out
