@@ -6,9 +6,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 APT_PACKAGES := python3 python3-venv python3-pip python3-dev build-essential make \
 	openssh-server openssh-client iproute2 procps psmisc util-linux \
-	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck nftables sshfs
+	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck nftables sshfs \
+	slurmd slurmctld slurm-client munge
 
-.PHONY: setup apt venv native demo lint test test-fast test-faults bench clean
+.PHONY: setup apt quiet-daemons venv native demo lint test test-fast test-faults bench clean
 
 setup: apt venv
 
@@ -19,7 +20,19 @@ apt:
 	  if [ "$$(id -u)" != 0 ]; then echo "missing packages: $$missing (run as root, or apt-get install them)"; exit 1; fi; \
 	  echo "installing: $$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  $(MAKE) --no-print-directory quiet-daemons NEW="$$missing"; \
 	fi
+
+# Debian starts (and enables) munged when it installs munge, with the machine's own /etc/munge key.
+# clustertool's clusters never use it (each cluster's nodes run their own munged with the cluster's
+# key and socket, clustertool/slurm/), so a daemon this target brought is stopped and disabled again.
+# slurmd and slurmctld do not start without /etc/slurm/slurm.conf (their units' condition).
+quiet-daemons:
+	@for unit in munge slurmd slurmctld; do \
+	  case " $(NEW) " in *" $$unit "*) ;; *) continue ;; esac; \
+	  if [ "$$(cat /proc/1/comm 2>/dev/null)" = systemd ]; then systemctl disable --now $$unit >/dev/null 2>&1; \
+	  elif [ -x /etc/init.d/$$unit ]; then /etc/init.d/$$unit stop >/dev/null 2>&1; fi; \
+	done; true
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
