@@ -137,7 +137,8 @@ LAYERS = (
     ("core", ("clustertool.core", "clustertool.nodeprogs", "clustertool.workloads",
               "clustertool.sharedfs.specs", "clustertool.sharedfs.argv")),
     ("remote", ("clustertool.remote",)),
-    ("providers", ("clustertool.providers", "clustertool.sharedfs")),  # shared fs: made by providers, mounted over ssh
+    ("providers", ("clustertool.providers", "clustertool.sharedfs",  # shared fs: made by providers, mounted over ssh
+                   "clustertool.slurm")),  # Slurm: config written from the record, started over ssh
     ("cluster", ("clustertool.cluster",)),
     ("transfer", ("clustertool.transfer",)),
     ("plugin files", ("clustertool.plugin.build", "clustertool.plugin.deploy", "clustertool.plugin.remote",
