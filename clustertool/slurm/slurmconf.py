@@ -70,7 +70,10 @@ class Timers:
     message_timeout: int = 10
     kill_wait: int = 30           # SIGTERM to SIGKILL when a job ends or is cancelled
     min_job_age: int = 300        # how long a finished job stays visible to squeue and scontrol
-    inactive_limit: int = 0
+    # an allocation whose srun no longer answers is ended after this long (Slurm's default, 0, never
+    # ends it): after a node was killed rather than shut down, slurmctld recovers its last saved state,
+    # where a step that had finished may still run, holding its nodes
+    inactive_limit: int = 60
 
 
 @dataclass(frozen=True)

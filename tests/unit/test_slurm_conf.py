@@ -109,6 +109,7 @@ def test_timers_are_written_as_given():
     s = settings_for(record(1), {"node-1": (SIZE, 0)}, private_layout(), timers=timers)
     conf = slurm_conf_text(s).splitlines()
     assert "SlurmdTimeout=10" in conf and "MinJobAge=2" in conf and "KillWait=30" in conf
+    assert "InactiveLimit=60" in conf  # not Slurm's 0: a recovered allocation whose srun is gone is released
 
 
 def test_gpu_files_name_nvidia_devices_as_a_numeric_range():
