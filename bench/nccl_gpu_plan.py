@@ -1,12 +1,14 @@
-"""The GPU proof's plan: arguments, rank environments, namespace/tc commands, verdict, report.
+"""The GPU proof's plan: arguments, variants, rank environments, namespace/tc and reducer commands.
 
 Pure functions (no process, namespace or GPU is touched here), used by bench/nccl_gpu.py
-and unit-tested in tests/unit/test_nccl_gpu_plan.py.
+and unit-tested in tests/unit/test_nccl_gpu_plan.py. The verdict and the report are in
+bench/nccl_gpu_report.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -15,10 +17,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 NATIVE = REPO / "native"
 WORKER = Path(__file__).resolve().parent / "nccl_gpu_worker.py"
-VARIANTS = ("socket", "net", "collnet-sharded", "collnet-ring")
+DDP_WORKER = Path(__file__).resolve().parent / "nccl_gpu_ddp.py"
+# allreduce variants, then the training step (ddp-X runs with the environment of allreduce variant X)
+VARIANTS = ("socket", "net", "collnet-sharded", "collnet-ring", "collnet-servers")
+DDP_VARIANTS = {"ddp-socket": "socket", "ddp-net": "net", "ddp-sharded": "collnet-sharded",
+                "ddp-servers": "collnet-servers"}
+ALL_VARIANTS = VARIANTS + tuple(DDP_VARIANTS)
+BASIC = ("socket", "net", "collnet-sharded", "collnet-ring")
 SUBNET = "10.213.249"           # inside the local provider's 10.213.0.0/16, apart from its clusters
-NET_LIB, TUNER_LIB = "libnccl-net-clustertool.so", "libnccl-tuner-clustertool.so"
+NET_LIB, TUNER_LIB, REDUCER = "libnccl-net-clustertool.so", "libnccl-tuner-clustertool.so", "clustertool-reducer"
 DEBUG_SUBSYS = "INIT,NET,GRAPH,TUNING,COLL,ENV"
+RANK_MARGIN_S = 5.0             # ranks stop by themselves this long before their share ends
+
+# --plan: argument sets. `full` is issue 31's GPU run: an unpaced pass (Socket is the baseline there), a
+# paced pass at --pace (1gbit unless given) with the reduction servers, and the training step, in one budget.
+PLANS: dict[str, dict] = {
+    "basic": {"variants": ",".join(BASIC), "sizes": "1M:256M", "iters": 5, "warmup": 2, "budget": 480},
+    "full": {"variants": "socket,net,collnet-sharded,collnet-ring", "paced": "net,collnet-sharded,collnet-servers",
+             "ddp": "ddp-socket", "ddp_paced": "ddp-net,ddp-servers", "pace": "1gbit", "sizes": "4M:64M",
+             "paced_sizes": "64M", "iters": 20, "warmup": 3, "budget": 420, "ddp_seconds": 25},
+}
 
 
 def load_nccl_log():
@@ -74,10 +92,77 @@ def parse_rate(text: str) -> int | None:
     return int(float(m.group(1)) * {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[m.group(2)])
 
 
+@dataclass(frozen=True)
+class Spec:
+    """One variant as asked for: `name` as the user spells it (collnet-servers@1gbit), `base` the
+    allreduce variant whose environment it runs with, `pace` the CLUSTERTOOL_LINK_RATE of its ranks
+    and reducers (None: unpaced)."""
+
+    name: str
+    base: str
+    ddp: bool = False
+    pace: str | None = None
+    pace_bits: int | None = None
+
+    @property
+    def plugin(self) -> bool:
+        return self.base != "socket"
+
+    @property
+    def collnet(self) -> bool:
+        return self.base.startswith("collnet")
+
+    @property
+    def servers(self) -> bool:
+        return self.base == "collnet-servers"
+
+    @property
+    def algo(self) -> str | None:
+        return self.base.split("-", 1)[1] if self.collnet else None
+
+
+def parse_variants(text: str, pace: str | None = None) -> list[Spec]:
+    """'socket,net,collnet-servers@1gbit,ddp-net@1gbit' -> Specs. `pace` paces every plugin variant
+    that names no rate of its own; NCCL's Socket cannot be paced (it does not read the variable)."""
+    specs: list[Spec] = []
+    for item in (v.strip() for v in text.split(",")):
+        if not item:
+            continue
+        name, _, rate = item.partition("@")
+        if name not in ALL_VARIANTS:
+            raise ValueError(f"unknown variant {name!r}; choose from {', '.join(ALL_VARIANTS)} (NAME@RATE paces one)")
+        base = DDP_VARIANTS.get(name, name)
+        if base == "socket" and rate:
+            raise ValueError(f"{item}: NCCL's Socket transport cannot be paced (CLUSTERTOOL_LINK_RATE is read only by "
+                             "the plugin and the reducer); it runs unpaced as a reference")
+        rate = rate or (pace if base != "socket" else None) or ""
+        bits = parse_rate(rate) if rate else None
+        spec = Spec(f"{name}@{rate}" if bits else name, base, name in DDP_VARIANTS, rate if bits else None, bits)
+        if any(s.name == spec.name for s in specs):
+            raise ValueError(f"variant {spec.name} is asked for twice")
+        specs.append(spec)
+    if not specs:
+        raise ValueError(f"no variant given; choose from {', '.join(ALL_VARIANTS)}")
+    return specs
+
+
+def plan_variants(plan: dict, pace: str | None) -> str:
+    """The variant list of a --plan: unpaced allreduce, paced allreduce, then the training step."""
+    rate = pace or plan.get("pace", "")
+
+    def paced(key: str) -> list[str]:
+        return [f"{v}@{rate}" for v in plan.get(key, "").split(",") if v]
+
+    parts = [plan["variants"], *paced("paced"), plan.get("ddp", ""), *paced("ddp_paced")]
+    return ",".join(p for p in parts if p)
+
+
 # What the proof itself sets per rank and variant: --nccl-env may not change these.
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NCCL_HOSTID", "NCCL_NET",
                 "NCCL_NET_PLUGIN", "NCCL_COLLNET_ENABLE", "NCCL_TUNER_PLUGIN", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
-                "NCCL_DEBUG_FILE", "CLUSTERTOOL_TUNER_CONFIG", "CLUSTERTOOL_COLLNET_ALGO")
+                "NCCL_DEBUG_FILE", "CLUSTERTOOL_TUNER_CONFIG", "CLUSTERTOOL_COLLNET_ALGO", "CLUSTERTOOL_REDUCERS",
+                "CLUSTERTOOL_LINK_RATE", "CLUSTERTOOL_COLLNET_STATS", "CUDA_MPS_PIPE_DIRECTORY",
+                "CUDA_MPS_LOG_DIRECTORY")
 
 
 def parse_nccl_env(items: list[str]) -> dict[str, str]:
@@ -123,32 +208,50 @@ def netns_names(tag: str, n: int) -> tuple[str, list[str]]:
     return f"{tag}sw", [f"{tag}r{i}" for i in range(n)]
 
 
+def server_ns(tag: str, i: int) -> str:
+    return f"{tag}s{i}"
+
+
 def rank_addr(mode: str, rank: int) -> str:
     return f"{SUBNET}.{10 + rank}" if mode == "netns" else "127.0.0.1"
 
 
-def netns_setup_argvs(tag: str, n: int, bits: int | None) -> list[list[str]]:
-    """A bridge namespace and one namespace per rank (eth0 = SUBNET.10+i/24), both link ends shaped."""
+def server_addr(mode: str, i: int) -> str:
+    """Reducer i's address: its own namespace (another host) in netns mode, else loopback."""
+    return f"{SUBNET}.{30 + i}" if mode == "netns" else "127.0.0.1"
+
+
+def _ns_link(sw: str, ns: str, i: int, addr: str, bits: int | None, veth: str) -> list[list[str]]:
+    cmds = [["ip", "netns", "add", ns],
+            ["ip", "-n", sw, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns],
+            ["ip", "-n", sw, "link", "set", veth, "master", "br0"],
+            ["ip", "-n", sw, "link", "set", veth, "up"],
+            ["ip", "-n", ns, "link", "set", "lo", "up"],
+            ["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0"],
+            ["ip", "-n", ns, "link", "set", "eth0", "up"]]
+    if bits:
+        cmds += [["tc", "-n", ns, "qdisc", "replace", "dev", "eth0", "root", *tbf(bits)],
+                 ["tc", "-n", sw, "qdisc", "replace", "dev", veth, "root", *tbf(bits)]]
+    return cmds
+
+
+def netns_setup_argvs(tag: str, n: int, bits: int | None, servers: int = 0) -> list[list[str]]:
+    """A bridge namespace, one namespace per rank (eth0 = SUBNET.10+i/24) and one per reduction
+    server (SUBNET.30+i/24), both ends of every link shaped."""
     sw, ranks = netns_names(tag, n)
     cmds = [["ip", "netns", "add", sw], ["ip", "-n", sw, "link", "add", "br0", "type", "bridge"],
             ["ip", "-n", sw, "link", "set", "br0", "up"]]
     for i, ns in enumerate(ranks):
-        cmds += [["ip", "netns", "add", ns],
-                 ["ip", "-n", sw, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", "netns", ns],
-                 ["ip", "-n", sw, "link", "set", f"v{i}", "master", "br0"],
-                 ["ip", "-n", sw, "link", "set", f"v{i}", "up"],
-                 ["ip", "-n", ns, "link", "set", "lo", "up"],
-                 ["ip", "-n", ns, "addr", "add", f"{rank_addr('netns', i)}/24", "dev", "eth0"],
-                 ["ip", "-n", ns, "link", "set", "eth0", "up"]]
-        if bits:
-            cmds += [["tc", "-n", ns, "qdisc", "replace", "dev", "eth0", "root", *tbf(bits)],
-                     ["tc", "-n", sw, "qdisc", "replace", "dev", f"v{i}", "root", *tbf(bits)]]
+        cmds += _ns_link(sw, ns, i, rank_addr("netns", i), bits, f"v{i}")
+    for i in range(servers):
+        cmds += _ns_link(sw, server_ns(tag, i), i, server_addr("netns", i), bits, f"s{i}")
     return cmds
 
 
-def netns_teardown_argvs(tag: str, n: int) -> list[list[str]]:
+def netns_teardown_argvs(tag: str, n: int, servers: int = 0) -> list[list[str]]:
     sw, ranks = netns_names(tag, n)
-    return [["ip", "netns", "del", ns] for ns in ranks] + [["ip", "netns", "del", sw]]
+    return ([["ip", "netns", "del", ns] for ns in ranks + [server_ns(tag, i) for i in range(servers)]]
+            + [["ip", "netns", "del", sw]])
 
 
 def lo_shape_argvs(bits: int) -> list[list[str]]:
@@ -159,11 +262,19 @@ def lo_unshape_argvs() -> list[list[str]]:
     return [["tc", "qdisc", "del", "dev", "lo", "root"]]
 
 
-def rank_argv(mode: str, tag: str, rank: int, python: str, worker_args: list[str]) -> list[str]:
-    cmd = [python, str(WORKER), *worker_args]
+def rank_argv(mode: str, tag: str, rank: int, python: str, worker_args: list[str],
+              worker: Path | None = None) -> list[str]:
+    cmd = [python, str(worker or WORKER), *worker_args]
     if mode == "netns":
         return ["ip", "netns", "exec", netns_names(tag, rank + 1)[1][rank], *cmd]
     return cmd
+
+
+def reducer_argv(mode: str, tag: str, i: int, binary: Path, port_file: Path) -> list[str]:
+    """Reduction server i, as `clustertool run --plugin` starts one (clustertool/jobs/reducers.py):
+    its own port (0: the kernel picks), written to a port file once it listens."""
+    cmd = [str(binary), "--bind", server_addr(mode, i), "--port", "0", "--port-file", str(port_file)]
+    return ["ip", "netns", "exec", server_ns(tag, i), *cmd] if mode == "netns" else cmd
 
 
 def tuner_table_text() -> str:
@@ -173,12 +284,21 @@ def tuner_table_text() -> str:
 
 
 def variant_env(variant: str, base: dict[str, str], *, rank: int, world: int, mode: str, port: int, tag: str,
-                build: Path, table: Path | None, buffsize: int | None = None,
-                extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The whole environment of one rank of one variant: inherited NCCL_* settings are dropped
-    (a stray NCCL_NET would change what is measured), `extra` (--nccl-env) is added last."""
+                build: Path, table: Path | None, buffsize: int | None = None, extra: dict[str, str] | None = None,
+                reducers: list[str] | None = None, pace: str | None = None,
+                stats: Path | None = None) -> dict[str, str]:
+    """The whole environment of one rank of one (allreduce) variant: inherited NCCL_* and
+    CLUSTERTOOL_* settings are dropped (a stray NCCL_NET would change what is measured); plugin
+    variants get the pace, the stats file and (servers) the reducers; `extra` (--nccl-env) is last."""
     env = _variant_env(variant, base, rank=rank, world=world, mode=mode, port=port, tag=tag, build=build,
                        table=table, buffsize=buffsize)
+    if variant != "socket":
+        if pace:
+            env["CLUSTERTOOL_LINK_RATE"] = pace
+        if stats is not None:
+            env["CLUSTERTOOL_COLLNET_STATS"] = str(stats)
+        if variant == "collnet-servers":
+            env["CLUSTERTOOL_REDUCERS"] = ",".join(reducers or [])
     env.update(extra or {})
     return env
 
@@ -214,6 +334,15 @@ def _variant_env(variant: str, base: dict[str, str], *, rank: int, world: int, m
     return env
 
 
+def reducer_env(base: dict[str, str], pace: str | None) -> dict[str, str]:
+    """A reducer's environment: none of the caller's NCCL_/CLUSTERTOOL_ settings, the variant's pace
+    (one bucket per reducer process and direction: each reducer is a server host's NIC)."""
+    env = {k: v for k, v in base.items() if not k.startswith(("NCCL_", "CLUSTERTOOL_"))}
+    if pace:
+        env["CLUSTERTOOL_LINK_RATE"] = pace
+    return env
+
+
 @dataclass
 class VariantRun:
     name: str
@@ -225,6 +354,14 @@ class VariantRun:
     torch: str | None = None
     share_s: float = 0.0                                 # the seconds of the budget it was given
     stopped_before: int | None = None                   # the first size the budget left out
+    spec: Spec | None = None                             # None: the plain variant `name`, unpaced
+    stats: list[dict] = field(default_factory=list)      # the plugin's per-communicator stats lines
+    ddp: dict | None = None                              # the training step's merged result
+    reducer_texts: list[str] = field(default_factory=list)   # each reducer's stderr
+
+    def __post_init__(self) -> None:
+        if self.spec is None:
+            self.spec = Spec(self.name, DDP_VARIANTS.get(self.name, self.name), self.name in DDP_VARIANTS)
 
 
 def merge_ranks(per_rank: list[dict]) -> list[dict]:
@@ -239,88 +376,37 @@ def merge_ranks(per_rank: list[dict]) -> list[dict]:
     return [by_size[s] for s in sorted(by_size)]
 
 
-def verdict(runs: list[VariantRun], nl, asked: list[str] | None = None) -> tuple[int, list[str]]:
-    """(exit code, problems): every variant asked for ran, the plugin is NCCL's net where asked,
-    CollNet ran where asked, and every element is right."""
-    ran = {run.name for run in runs}
-    problems = [f"{name}: not run (the budget or an interrupt ended the proof first)"
-                for name in (asked or []) if name not in ran]
-    for run in runs:
-        if not run.results and not run.error:
-            problems.append(f"{run.name}: no allreduce finished")
-        if run.error:
-            problems.append(f"{run.name}: {run.error}")
-        wrong = sum(r["wrong"] for r in run.results)
-        if wrong:
-            problems.append(f"{run.name}: {wrong} wrong elements against the CPU reference")
-        if not run.logs or run.error:
-            continue   # a failed run's logs stop early: the error is the finding
-        if run.name == "socket":
-            nets = {log.network for log in run.logs}
-            if nets != {"Socket"}:
-                problems.append(f"socket: NCCL ran on {', '.join(sorted(map(str, nets)))}, not its Socket transport")
-            continue
-        if not all(nl.plugin_loaded(log) for log in run.logs):
-            bad = next(log for log in run.logs if not nl.plugin_loaded(log))
-            why = bad.no_plugin or f"Using network {bad.network}"
-            problems.append(f"{run.name}: NCCL did not load the clustertool plugin ({why})")
-        elif run.name.startswith("collnet"):
-            states = [nl.collnet_state(log) for log in run.logs]
-            off = [why for on, why in states if not on]
-            if off:
-                problems.append(f"{run.name}: NCCL did not run CollNet: {off[0]}")
-            elif not nl.ran_collnet(run.logs):
-                problems.append(f"{run.name}: CollNet was set up but no allreduce ran on it")
-    return (1 if problems else 0), problems
+def merge_ddp(per_rank: list[dict]) -> dict | None:
+    """The training step over all ranks: the slowest rank's samples/s, and whether every rank ended
+    with the same parameters (a wrong allreduce leaves them apart)."""
+    done = [d for d in per_rank if d.get("steps")]
+    if not done:
+        return None
+    slow = min(done, key=lambda d: d["samples_per_s"])
+    sums = {tuple(d.get("checksum") or ()) for d in done}
+    return dict(slow, ranks=len(done), same_params=len(sums) == 1 and len(done) == len(per_rank))
 
 
-def _fmt_size(n: int) -> str:
-    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= div and n % div == 0:
-            return f"{n // div}{unit}"
-    return str(n)
+_STATS_RE = re.compile(r"clustertool-collnet-stats (\{.*\})")
+STATS_KEYS = ("rank", "nranks", "algo", "window", "requests", "bytes", "mean_bytes", "inflight_mean", "inflight_max",
+              "post_to_done_p50_us", "post_to_done_p99_us", "test_p99_us")
 
 
-def format_report(runs: list[VariantRun], nl, header: str) -> str:
-    lines = [header, "", f"{'variant':<16} {'size':>6} {'time(us)':>11} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} "
-             f"{'#wrong':>7}  algorithm/protocol (NCCL's choice)"]
-    for run in runs:
-        choice = nl.algos_by_size(run.logs) if run.logs else {}
-        for r in run.results:
-            algo = "/".join(choice.get(r["size"], ("-", "-")))
-            lines.append(f"{run.name:<16} {_fmt_size(r['size']):>6} {r['time_us']:>11.1f} {r['algbw']:>11.3f} "
-                         f"{r['busbw']:>11.3f} {r['wrong']:>7}  {algo}")
-        if run.stopped_before:
-            lines.append(f"{run.name:<16} stopped before {_fmt_size(run.stopped_before)}: the next size would "
-                         f"not end inside its {run.share_s:.0f} s share of --budget")
-        if run.error:
-            lines.append(f"{run.name:<16} failed: {run.error}")
-    sizes = sorted({r["size"] for run in runs for r in run.results})
-    busbw = {run.name: {r["size"]: r["busbw"] for r in run.results} for run in runs}
-    names = [run.name for run in runs]
-    lines += ["", "busbw (GB/s) side by side", f"{'size':>6} " + " ".join(f"{n:>16}" for n in names)
-              + ("  sharded/socket" if {"socket", "collnet-sharded"} <= set(names) else "")]
-    for s in sizes:
-        row = f"{_fmt_size(s):>6} " + " ".join(
-            f"{busbw[n][s]:>16.3f}" if s in busbw[n] else f"{'-':>16}" for n in names)
-        a, b = busbw.get("socket", {}).get(s), busbw.get("collnet-sharded", {}).get(s)
-        if a and b:
-            row += f"  {b / a:>14.2f}x"
-        lines.append(row)
-    return "\n".join(lines)
-
-
-def format_evidence(runs: list[VariantRun], nl, limit: int = 16) -> str:
-    lines = ["", "What NCCL's logs say (rank 0, and the reason where a rank differs)"]
-    for run in runs:
-        if not run.logs:
-            continue
-        log = run.logs[0]
-        on, why = nl.collnet_state(log)
-        lines.append(f"[{run.name}] NCCL {log.version or '?'}; network {log.network or '?'}; net plugin "
-                     f"{log.net_plugin or '-'} (v{log.net_abi or '?'}); CollNet plugin {log.collnet_plugin or '-'} "
-                     f"(v{log.collnet_abi or '?'}); tuner {log.tuner_plugin or '-'}; CollNet "
-                     f"{'on' if on else 'off'}: {why}")
-        for text in nl.key_lines(run.texts[0], limit=limit):
-            lines.append(f"    {text}")
-    return "\n".join(lines)
+def parse_stats(texts: list[str]) -> list[dict]:
+    """The plugin's per-communicator stats: JSON lines (a CLUSTERTOOL_COLLNET_STATS file) or
+    `clustertool-collnet-stats {JSON}` lines in a rank's log (the variable set to 1). A line that
+    is not a JSON object with a request count is skipped."""
+    out = []
+    for text in texts:
+        for line in text.splitlines():
+            m = _STATS_RE.search(line)
+            raw = m.group(1) if m else line.strip()
+            if not raw.startswith("{"):
+                continue
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("requests"), (int, float)):
+                out.append(doc)
+    return out

@@ -21,59 +21,74 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, Union
 
 import clustertool.cluster.cordon
-import clustertool.cluster.replace
 import clustertool.cluster.status
-import clustertool.doctor
 import clustertool.jobs.kill
 import clustertool.jobs.recovery
 import clustertool.jobs.stacks
 import clustertool.transfer.copy
+import clustertool.transfer.s3
+from clustertool.bench.allreducerun import AllreduceResult, run_allreduce
+from clustertool.bench.benchrequests import AllreduceBenchRequest
 from clustertool.cluster import lifecycle
 from clustertool.cluster.autostop import AutostopReport, configure
+from clustertool.cluster.clusterrequests import DownRequest, ReplaceRequest, UpRequest
 from clustertool.cluster.cordon import CordonResult
-from clustertool.cluster.replace import ReplaceResult
 from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.spec import ClusterSpec, load_spec
 from clustertool.cluster.status import ClusterStatus
 from clustertool.core import nodeset, state
 from clustertool.core.errors import RemoteError, UsageError
 from clustertool.core.model import GroupResult, JobRecord, Reporter, silent
+from clustertool.doctor import checkup
 from clustertool.doctor.bisect import DEFAULT_THRESHOLD
+from clustertool.doctor.doctorrequests import DoctorRequest
 from clustertool.doctor.findings import Diagnosis
 from clustertool.jobs import launch, records
+from clustertool.jobs.follow import follow
+from clustertool.jobs.jobrequests import (
+    KillRequest,
+    LogsRequest,
+    RecoverRequest,
+    RunRequest,
+    StacksRequest,
+    parse_ranks,
+)
 from clustertool.jobs.kill import KillResult
+from clustertool.jobs.launch import Launch
 from clustertool.jobs.logs import find_job, show
-from clustertool.jobs.mpirun import MpiOptions
 from clustertool.jobs.recovery import RecoverResult
 from clustertool.jobs.stacks import StacksResult
 from clustertool.remote import fabricgroup
 from clustertool.remote.execute import execute
-from clustertool.transfer.chain import DEFAULT_CIPHER
+from clustertool.remote.remoterequests import ExecRequest
+from clustertool.transfer.refill import Refilled, replace_and_refill
 from clustertool.transfer.results import CopyResult, ProgressCb
+from clustertool.transfer.s3 import SyncResult
+from clustertool.transfer.transferrequests import CopyRequest, SyncS3Request
 
 LineFn = Callable[[str], None]
+SpecSource = Union[str, "os.PathLike[str]", Mapping[str, Any], ClusterSpec, None]  # a spec file, its keys, a spec
 
 
-def _words(command: str | Sequence[str]) -> list[str]:
-    """A command as the CLI gets it: one string is a shell line, a list is quoted word by word."""
-    if isinstance(command, str):
-        return [command]
-    words = [str(w) for w in command]
-    if not words:
-        raise UsageError("no command given")
-    return words
+R = TypeVar("R")
 
 
-def _env(env: Mapping[str, object] | Iterable[str] | None) -> list[str]:
-    """``{"A": 1}`` or ``["A=1", "B"]`` (B: the leader's value) as run's -x items."""
-    if env is None:
-        return []
-    if isinstance(env, Mapping):
-        return [f"{k}={v}" for k, v in env.items()]
-    return [str(item) for item in env]
+def _request(kind: type[R], given: object, options: dict[str, Any]) -> R:
+    """A whole request as given (keywords beside it are refused)."""
+    if not isinstance(given, kind):
+        raise UsageError(f"give a {kind.__name__} or the arguments that make one")
+    if options:
+        raise UsageError(f"give a {kind.__name__} or keywords, not both")
+    return given
+
+
+def _run_request(command: str | Sequence[str] | RunRequest, options: dict[str, Any]) -> RunRequest:
+    if not isinstance(command, RunRequest):
+        return RunRequest.of(command, **options)
+    return _request(RunRequest, command, options)
 
 
 def _selection(nodes: str | Sequence[str]) -> str:
@@ -106,7 +121,7 @@ class Cluster(ClusterSession):
     # ---- making and finding clusters -------------------------------------------------
 
     @staticmethod
-    def _spec(spec, keywords: dict) -> ClusterSpec:
+    def _spec(spec: SpecSource, keywords: dict[str, Any]) -> ClusterSpec:
         if isinstance(spec, ClusterSpec):
             if keywords:
                 raise UsageError("give a ClusterSpec or keywords, not both")
@@ -116,20 +131,20 @@ class Cluster(ClusterSession):
         return load_spec(os.fspath(spec), keywords)
 
     @classmethod
-    def up(cls, spec: str | os.PathLike | Mapping | ClusterSpec | None = None, *, no_ssh: bool = False,
-           report: Reporter = silent, **keywords) -> "Cluster":
+    def up(cls, spec: SpecSource = None, *, no_ssh: bool = False, report: Reporter = silent,
+           **keywords: Any) -> "Cluster":
         """Bring a cluster up, like `clustertool up`: a spec file's path, a dict of its keys, or keywords
         (``provider="local", nodes=4, name="demo", link_rate="200mbit"``; keywords win over the file).
         ``shared_fs=["local"]`` (or ``["efs", "fsx:fs-...@/data"]``, ``shared_mount="/shared"``): filesystems
         every node mounts, as `up --shared-fs`."""
-        result = lifecycle.up(cls._spec(spec, keywords), no_ssh=no_ssh, report=report)
+        result = lifecycle.up(UpRequest(cls._spec(spec, keywords), no_ssh=no_ssh), report=report)
         assert result.cluster is not None  # only a dry run has none
         return cls(result.cluster, report=report)
 
     @classmethod
-    def plan(cls, spec: str | os.PathLike | Mapping | ClusterSpec | None = None, **keywords) -> list[str]:
+    def plan(cls, spec: SpecSource = None, **keywords: Any) -> list[str]:
         """What `up` would make (`up --dry-run`), creating nothing."""
-        return lifecycle.up(cls._spec(spec, keywords), dry_run=True).plan
+        return lifecycle.up(UpRequest(cls._spec(spec, keywords), dry_run=True)).plan
 
     @classmethod
     def names(cls) -> list[str]:
@@ -156,37 +171,58 @@ class Cluster(ClusterSession):
     def cordon(self, nodes: str | Sequence[str], *, reason: str | None = None) -> CordonResult:
         """Keep nodes out of the hostfiles and every job's default nodes (`cordon`); ``nodes``: "node-5",
         "node-[3-4]" or a list of names.  The leader cannot be cordoned (UsageError)."""
-        return clustertool.cluster.cordon.cordon(self, _selection(nodes), reason=reason, report=self.report)
+        return clustertool.cluster.cordon.cordon(self, _selection(nodes), reason=reason)
 
-    def replace(self, nodes: str | Sequence[str], *, keep_old: bool = False) -> ReplaceResult:
+    def replace(self, nodes: str | Sequence[str] | ReplaceRequest, *, keep_old: bool = False,
+                copy: Sequence[str] = ()) -> Refilled:
         """New machines for dead or bad nodes (`replace`): same name, role, slots and place in the
         hostfiles (local: the same address too); new host keys pinned everywhere; what was on the old
-        disks is gone.  Local and AWS providers; ``keep_old`` (AWS): the old instance is stopped and
-        kept, tagged as replaced, until `down`."""
-        return clustertool.cluster.replace.replace(self, _selection(nodes), keep_old=keep_old, report=self.report)
+        disks is gone.  ``copy``: paths then copied from the leader to the same path on the new nodes,
+        through the relay, verified (`replace --copy`; ``result.copied``).  Local and AWS providers;
+        ``keep_old`` (AWS): the old instance is stopped and kept, tagged as replaced, until `down`.  Or a
+        whole ``ReplaceRequest``."""
+        request = nodes if isinstance(nodes, ReplaceRequest) else ReplaceRequest(
+            _selection(nodes), copy=tuple(copy), keep_old=keep_old)
+        return replace_and_refill(self, request)
 
     def uncordon(self, nodes: str | Sequence[str]) -> CordonResult:
         """Put cordoned nodes back (`uncordon`)."""
-        return clustertool.cluster.cordon.uncordon(self, _selection(nodes), report=self.report)
+        return clustertool.cluster.cordon.uncordon(self, _selection(nodes))
 
-    def doctor(self, checks: str | Sequence[str] | None = None, *, skip: str | Sequence[str] = (), fix: bool = False,
-               threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False, deep: int = 0,
-               since: str | None = None, gpu_timeout: float = 60.0, deep_timeout: float = 600.0,
-               nccl_log: str | None = None) -> Diagnosis:
-        """`doctor`: ``checks`` ("network", "disk,clock" or a list; default all) minus ``skip``; a
-        ``Diagnosis`` (``.checks``, ``.findings``, ``.clean``; each finding's severity, node, message, fix).
-        ``threshold``, ``all_pairs``: the network check's, as `--threshold`, `--all-pairs`; ``deep`` (DCGM
-        diag level, 0 none), ``since``, ``gpu_timeout``, ``deep_timeout``: the gpu check's, as `--deep-level`,
-        `--since`, `--gpu-timeout`, `--deep-timeout`; ``nccl_log``: the efa check's, as `--nccl-log`."""
-        chosen = clustertool.doctor.choose_checks(_names(checks), _names(skip))
-        return clustertool.doctor.run(self, fix=fix, checks=chosen, threshold=threshold, all_pairs=all_pairs,
-                                      report=self.report, deep=deep, since=since, gpu_timeout=gpu_timeout,
-                                      deep_timeout=deep_timeout, nccl_log=nccl_log)
+    def doctor(self, checks: str | Sequence[str] | DoctorRequest | None = None, *, skip: str | Sequence[str] = (),
+               **options: Any) -> Diagnosis:
+        """`doctor`: ``checks`` ("network", "disk,clock" or a list; default all) minus ``skip``, or a whole
+        ``DoctorRequest``; a ``Diagnosis`` (``.checks``, ``.findings``, ``.clean``; each finding's severity,
+        node, message, fix).  Keywords (DoctorRequest.of, as the flags): ``fix``, ``cordon`` (every node found
+        at error severity cordoned: ``.cordoned``), ``plugin_path``, ``disk_paths``, ``threshold``,
+        ``all_pairs`` (the network check's), ``deep`` (DCGM diag level, 0 none), ``since``, ``gpu_timeout``,
+        ``deep_timeout`` (the gpu check's), ``nccl_log`` (the efa check's), ``bisect``."""
+        if isinstance(checks, DoctorRequest):
+            request = _request(DoctorRequest, checks, dict(options, skip=skip) if skip else options)
+        else:
+            request = DoctorRequest.of(_names(checks), _names(skip), **options)
+        return checkup.run(self, request)
 
     def bisect(self, *, threshold: float = DEFAULT_THRESHOLD, all_pairs: bool = False) -> Diagnosis:
         """`doctor --bisect`: the slow node or link in about ceil(log2(n)) + 1 rounds of pairs; the
         ``network`` check's ``data`` holds every measurement (round, pair, bits/s, round trip)."""
-        return clustertool.doctor.bisect(self, threshold=threshold, all_pairs=all_pairs, report=self.report)
+        return self.doctor(bisect=True, threshold=threshold, all_pairs=all_pairs)
+
+    def bench_allreduce(self, request: AllreduceBenchRequest | None = None, *,
+                        on_line: Callable[[str, str, str], None] | None = None, **options: Any) -> AllreduceResult:
+        """`bench allreduce`: collnet_bench on every worker, one rank per node (the plugin deployed first,
+        `plugin deploy`).  Keywords (AllreduceBenchRequest.of, as the flags): ``sizes`` ("1M:256M"), ``algo``
+        ("servers,sharded,ring,mpi" or a list), ``dtype``, ``op``, ``iters``, ``warmup``, ``ifname``, ``env``,
+        ``timeout``, ``tuner_csv`` (a tuner table written from the rows), ``request_size`` ("256K") and
+        ``depth`` (8): NCCL's request stream, or ``one_request=True``; or a whole request.  The result's
+        ``rows`` (all_reduce_perf's columns), ``ok``, ``failure`` (why a run failed), ``wrong`` (a row that
+        differs from MPI_Allreduce), ``link_line``; ``to_dict()`` is its --json.  ``on_line(node, "stdout",
+        line)`` sees collnet_bench's output as it comes."""
+        if request is None:
+            request = AllreduceBenchRequest.of(**options)
+        elif options:
+            raise UsageError("give an AllreduceBenchRequest or keywords, not both")
+        return run_allreduce(self, request, on_line=on_line)
 
     # ---- commands, data, jobs --------------------------------------------------------------
 
@@ -195,65 +231,64 @@ class Cluster(ClusterSession):
         """Run on the selected nodes at once (`exec`): one string is a shell line, a list is quoted word
         by word.  ``on_line(node, "stdout"|"stderr", line)`` sees output as it comes.  ``check``: raise
         RemoteError when a node failed (else failures are values: ``result.failed()``)."""
-        result = execute(self, nodes, _words(command), timeout=timeout, on_line=on_line)
+        result = execute(self, ExecRequest.of(command, nodes=nodes, timeout=timeout), on_line=on_line)
         if check and not result.ok:
             bad = result.failed()
             raise RemoteError(f"{len(bad)} node(s) failed: " + "; ".join(f"{r.node}: {r.reason}" for r in bad),
                               exit_code=result.exit_code)
         return result
 
-    def copy(self, src: str, dest: str, *, source: str = "leader", nodes: str | None = None,
-             strategy: str = "auto", verify: bool = True, delete: bool = False, cipher: str | None = DEFAULT_CIPHER,
-             on_progress: ProgressCb | None = None) -> CopyResult:
+    def copy(self, src: str | CopyRequest, dest: str | None = None, *, on_progress: ProgressCb | None = None,
+             **options: Any) -> CopyResult:
         """SRC onto DEST of the selected nodes (`copy`): from the leader, or with ``source="local"`` from
-        here; incremental, verified by hash.  Check ``result.exit_code`` (0: every node matches)."""
-        return clustertool.transfer.copy.copy(self, src, dest, source=source, selection=nodes, strategy=strategy,
-                         verify_after=verify, delete=delete, cipher=cipher, on_progress=on_progress,
-                         report=self.report)
+        here; incremental, verified by hash.  Keywords (CopyRequest's fields, as the flags): ``source``,
+        ``nodes``, ``strategy`` (auto, chain, fanout), ``verify``, ``verify_only`` (copy nothing, compare),
+        ``delete``, ``cipher``; or a whole ``CopyRequest``.  Check ``result.exit_code`` (0: every node matches)."""
+        request = CopyRequest(src, dest, **options) if isinstance(src, str) and dest is not None else _request(
+            CopyRequest, src, options)
+        return clustertool.transfer.copy.copy(self, request, on_progress=on_progress)
 
-    def run(self, command: str | Sequence[str], *, nodes: str | None = None, np: int | None = None,
-            per_node: int | None = None, env: Mapping[str, object] | Iterable[str] | None = None,
-            sync: str | os.PathLike | bool | None = None, sync_to: str | None = None, workdir: str | None = None,
-            name: str | None = None, plugin: bool = False, nccl_debug: str | None = None,
-            mpi_args: Sequence[str] = (), oversubscribe: bool = False, allow_concurrent: bool = False,
-            tag_output: bool = True, launcher: str | None = None, hang_timeout: float | None = None,
-            hang_action: str = "keep", restarts: int = 0, restart_on_exit_codes: Iterable[int] | None = None,
-            replace_failed: bool = False, replace_wait: float | None = None, on_preempt_signal: str | None = None,
-            on_progress: ProgressCb | None = None, **horovod) -> "Job":
-        """Start a job on the leader, detached (`run`).  ``launcher``: mpirun, torchrun, accelerate, deepspeed
-        or process (None: mpirun, or the launcher the command starts with).  ``hang_timeout`` (seconds):
-        save every rank's stack and mark the job hung when nothing moved that long (``hang_action`` "kill":
-        stop it too).  ``restarts``: start the same command again (same job id, ``CLUSTERTOOL_RESTART_COUNT``
-        1, 2 ... in every rank) when it fails, up to that many times; ``restart_on_exit_codes``: only for these
-        codes (the first failing rank's, 128+signal for a signal).  ``replace_failed``: a lost node is
-        replaced first (the leader waits up to ``replace_wait`` seconds for ``Cluster.recover``, which runs here,
-        where the credentials are); ``on_preempt_signal``: what ranks get on a spot notice (default TERM).
-        ``sync``: a local folder (``True``: the
-        current one) sent first to the same path on the job's nodes, where the job then runs.
-        ``horovod``: fusion_mb, cycle_ms, timeline, autotune (run's --horovod-* flags)."""
-        unknown = set(horovod) - {"fusion_mb", "cycle_ms", "timeline", "autotune"}
-        if unknown:
-            raise UsageError(f"run() got unknown keyword(s): {', '.join(sorted(unknown))}")
-        opts = MpiOptions(command=_words(command), np=np, per_node=per_node, env=_env(env), mpi_args=list(mpi_args),
-                          horovod_fusion_mb=horovod.get("fusion_mb"), horovod_cycle_ms=horovod.get("cycle_ms"),
-                          horovod_timeline=horovod.get("timeline"), horovod_autotune=bool(horovod.get("autotune")),
-                          nccl_debug=nccl_debug, workdir=workdir, oversubscribe=oversubscribe, tag_output=tag_output,
-                          launcher=launcher)
-        folder = None if sync is None or sync is False else ("." if sync is True else os.fspath(sync))
-        started = launch.run(self, opts, selection=nodes, name=name, allow_concurrent=allow_concurrent,
-                             use_plugin=plugin, sync=folder, sync_to=sync_to, on_progress=on_progress,
-                             hang_timeout=hang_timeout, hang_action=hang_action, restarts=restarts,
-                             restart_on_exit_codes=None if restart_on_exit_codes is None else [
-                                 int(c) for c in restart_on_exit_codes], replace_failed=replace_failed,
-                             replace_wait=replace_wait, on_preempt_signal=on_preempt_signal, report=self.report)
+    def sync_s3(self, url: str | SyncS3Request, dest: str | None = None, *, on_progress: ProgressCb | None = None,
+                **options: Any) -> SyncResult:
+        """Every selected node pulls s3://BUCKET/PREFIX into DEST at once (`sync-s3`): this machine lists the
+        prefix with your AWS credentials and hands each node presigned URLs (no credentials reach a node).
+        Keywords (SyncS3Request's fields): ``nodes``, ``shard``, ``endpoint_url``, ``region``, ``threads``,
+        ``url_expiry`` (seconds), ``recheck``, ``timeout``; or a whole ``SyncS3Request``."""
+        request = SyncS3Request(url, dest, **options) if isinstance(url, str) and dest is not None else _request(
+            SyncS3Request, url, options)
+        return clustertool.transfer.s3.sync_s3(self, request, on_progress=on_progress)
+
+    def run(self, command: str | Sequence[str] | RunRequest, *, on_progress: ProgressCb | None = None,
+            **options: Any) -> "Job":
+        """Start a job on the leader, detached (`run`): ``command`` one string (a shell line) or a list of
+        words, with the options as keywords, or a whole ``RunRequest``.  The keywords (RunRequest.of) are
+        run's flags: ``nodes``, ``np``, ``per_node``, ``env`` (``{"A": 1}`` or ``["A=1", "B"]``), ``sync`` (a
+        local folder, ``True``: this one, sent first to the same path on the job's nodes, where the job then
+        runs), ``sync_to``, ``workdir``, ``name``, ``plugin``, ``nccl_debug``, ``mpi_args``, ``oversubscribe``,
+        ``allow_concurrent``, ``tag_output``, ``launcher`` (mpirun, torchrun, accelerate, deepspeed or process;
+        None: mpirun, or the launcher the command starts with), ``hang_timeout`` (seconds: save every rank's
+        stack and mark the job hung when nothing moved that long; ``hang_action="kill"`` stops it too),
+        ``restarts`` (start the same command again, same job id, ``CLUSTERTOOL_RESTART_COUNT`` 1, 2 ... in
+        every rank, when it fails), ``restart_on_exit_codes`` (only for these: the first failing rank's code,
+        128+signal for a signal), ``replace_failed`` (a lost node is replaced first: the leader waits up to
+        ``replace_wait`` seconds for ``Cluster.recover`` or ``Job.follow(recover=True)``, which run here,
+        where the credentials are), ``on_preempt_signal`` (what ranks get on a spot notice, default TERM),
+        ``fusion_mb``, ``cycle_ms``, ``timeline``, ``autotune`` (the --horovod-* flags).  A bad value raises
+        UsageError naming the flag.  ``on_progress(node, done, total)``: the sync's bytes."""
+        started = launch.run(self, _run_request(command, options), on_progress=on_progress)
         return Job(self, started.job, synced=started.synced)
+
+    def plan_run(self, command: str | Sequence[str] | RunRequest, **options: Any) -> Launch:
+        """What `run --dry-run` shows, starting nothing: ``.argv`` (mpirun's), ``.job`` (nodes, ranks,
+        launcher), ``.node_commands`` (a node launcher's); ``to_dict()`` is its --json.  Arguments as ``run``."""
+        return launch.run(self, _run_request(command, options), dry_run=True)
 
     def recover(self, job: str | None = None, *, copy: Sequence[str] = (), poll: float = 2.0,
                 stop: threading.Event | None = None) -> RecoverResult:
         """The recovery loop (`recover`): replace the nodes that jobs run with ``replace_failed`` lost, let
         them go on; until ``job`` (default: every such running job) ended, or ``stop`` is set.  ``copy``:
         paths copied from the leader to each new node."""
-        return clustertool.jobs.recovery.recover(self, job, copy=copy, poll=poll, stop=stop, report=self.report)
+        return clustertool.jobs.recovery.recover(self, RecoverRequest(job, copy=tuple(copy), poll=poll), stop=stop)
 
     def jobs(self) -> list["Job"]:
         """The cluster's jobs, oldest first, with their state as the leader sees it now (`jobs`)."""
@@ -263,14 +298,21 @@ class Cluster(ClusterSession):
         """A job by id, unique id prefix or name."""
         return Job(self, find_job(self, ref)[1])
 
+    def kill(self, job: str | None = None, *, signal: str = "TERM", grace: float = 10.0, all_python: bool = False,
+             nodes: str | None = None) -> KillResult:
+        """`kill`: stop a job's processes on every node and verify (``job``: id, prefix or name; None: the one
+        running job); ``all_python``: the blunt fallback, ``pkill -9 python`` on ``nodes`` (default: all)."""
+        return clustertool.jobs.kill.run(self, KillRequest(job, signal=signal, grace=grace, all_python=all_python,
+                                                           nodes=nodes))
+
     def stacks(self, job_id: str | None = None, *, py_spy: str | bool | None = None,
                timeout: float = 10.0) -> StacksResult:
         """Every rank's Python stack of a running job, identical stacks folded (`stacks`): ``.groups``
         (biggest first; ``label``, ``summary``), ``.ranks`` (threads, frames, the method used),
         ``.problems``; ``to_dict()`` is its --json.  ``py_spy=False``: /proc only."""
-        return clustertool.jobs.stacks.stacks(self, job_id, py_spy=py_spy, timeout=timeout)
+        return clustertool.jobs.stacks.stacks(self, StacksRequest(job_id, py_spy=py_spy, timeout=timeout))
 
-    def fabric(self, nodes: str | None = None):
+    def fabric(self, nodes: str | None = None) -> Any:
         """A ``fabric.ThreadingGroup`` of the selected nodes (leader first) that trusts only the pinned
         host keys (paramiko's RejectPolicy) and offers only the cluster key."""
         self.reload()
@@ -286,13 +328,12 @@ class Cluster(ClusterSession):
     def down(self, *, terminate_adopted: bool = False, keep_shared_fs: bool = False) -> list[str]:
         """Remove everything the cluster made (`down --yes`; ``keep_shared_fs``: `--keep-shared-fs`); what was
         removed, line by line."""
-        return lifecycle.down(self.name, report=self.report, terminate_adopted=terminate_adopted,
-                              keep_shared_fs=keep_shared_fs)
+        return lifecycle.down(self, DownRequest(terminate_adopted=terminate_adopted, keep_shared_fs=keep_shared_fs))
 
     def __enter__(self) -> "Cluster":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if state.exists(self.name):
             self.down()
 
@@ -342,19 +383,30 @@ class Job:
         """The job's output so far in whole lines, as `logs` prints them (``[1,R]<stdout>:text``); ``attempt``:
         a job run with ``restarts``, only that attempt's rank lines (1: the first)."""
         lines: list[str] = []
-        show(self.cluster, self.id, lines.append, node=node, rank=_ranks(rank), lines=tail, attempt=attempt)
+        request = LogsRequest(self.id, node=node, ranks=_ranks(rank), tail=tail, attempt=attempt)
+        show(self.cluster, request, lines.append)
         return lines
 
     def follow(self, on_line: LineFn = print, *, rank: int | str | Iterable[int] | None = None,
-               node: str | None = None) -> int | None:
-        """Hand each line to ``on_line`` as it completes until the job ends (`logs -f`); its exit code."""
-        code = show(self.cluster, self.id, on_line, follow_log=True, node=node, rank=_ranks(rank))
+               node: str | None = None, recover: bool = False) -> int | None:
+        """Hand each line to ``on_line`` as it completes until the job ends (`logs -f`); its exit code.
+        ``recover``: a job run with ``replace_failed`` gets its recovery loop here, beside the stream, as
+        `run --follow` does: a lost node is replaced and the job goes on (a lost leader too: the job starts
+        again on the new one and is followed there); progress lines and what stopped the loop go to the
+        cluster's ``report``."""
+        if recover:
+            if node is not None:
+                self.cluster.record.node(node)  # an unknown node is a clear error
+            code = follow(self.cluster, self.record, on_line, recover=True, ranks=parse_ranks(_ranks(rank)),
+                          node=node)
+        else:
+            code = show(self.cluster, LogsRequest(self.id, follow=True, node=node, ranks=_ranks(rank)), on_line)
         self.refresh()
         return code
 
     def kill(self, signal: str = "TERM", *, grace: float = 10.0) -> KillResult:
         """Stop the job's processes on every node and verify (`kill`); ``result.clean`` says all is gone."""
-        result = clustertool.jobs.kill.kill(self.cluster, self.id, signal=signal, grace=grace)
+        result = clustertool.jobs.kill.run(self.cluster, KillRequest(self.id, signal=signal, grace=grace))
         if result.job is not None:
             self.record = result.job
         return result

@@ -45,7 +45,10 @@ def parse_bytes(text: str) -> int:
 def parse_sizes(text: str) -> tuple[int, int]:
     """'1M:256M' -> (1 MiB, 256 MiB); '64M' -> (64 MiB, 64 MiB)."""
     lo, _, hi = text.partition(":")
-    a, b = parse_bytes(lo), parse_bytes(hi or lo)
+    try:
+        a, b = parse_bytes(lo), parse_bytes(hi or lo)
+    except UsageError as exc:  # the flag named, as every bad value of a request is
+        raise UsageError(f"--sizes {text!r}: {exc.message}", hint=exc.hint) from None
     if a < 1 or a > b:
         raise UsageError(f"--sizes {text!r}: want MIN:MAX with 0 < MIN <= MAX")
     return a, b
@@ -67,16 +70,30 @@ def check_servers(algos: Sequence[str], cluster_name: str, servers: int) -> None
                               "HOST,HOST), or leave servers out of --algo")
 
 
-def bench_argv(bench_path: str, sizes: tuple[int, int], algos: Sequence[str], *, dtype: str = "float",
-               op: str = "sum", iters: int = 5, warmup: int = 1, factor: int = 2, check: bool = True) -> list[str]:
+def check_run(dtype: str, op: str, iters: int, warmup: int, factor: int = 2, request: int = 256 << 10,
+              depth: int = 8, one_request: bool = False) -> None:
+    """collnet_bench's --dtype, --op, --iters, --warmup, --factor, --request and --depth, each a value it takes."""
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} unknown", hint=f"choose from {', '.join(DTYPES)}")
     if op not in ("sum", "prod", "min", "max"):
         raise UsageError(f"--op {op!r} unknown", hint="sum, prod, min or max")
     if iters < 1 or warmup < 0 or factor < 2:
         raise UsageError("--iters must be >= 1, --warmup >= 0, --factor >= 2")
-    return [bench_path, "-b", str(sizes[0]), "-e", str(sizes[1]), "-f", str(factor), "-n", str(iters),
+    if not one_request and (request < 1 or not 1 <= depth <= 1024):
+        raise UsageError("--request must be >= 1 byte and --depth 1..1024",
+                         hint="e.g. --request 256K --depth 8 (NCCL's shape), or --one-request")
+
+
+def bench_argv(bench_path: str, sizes: tuple[int, int], algos: Sequence[str], *, dtype: str = "float",
+               op: str = "sum", iters: int = 5, warmup: int = 1, factor: int = 2, check: bool = True,
+               request: int = 256 << 10, depth: int = 8, one_request: bool = False) -> list[str]:
+    """collnet_bench's command line. By default each allreduce goes to the plugin as NCCL's
+    CollNet proxy sends it: requests of ``request`` bytes, at most ``depth`` outstanding, the
+    oldest tested first; ``one_request`` posts each allreduce as one request instead."""
+    check_run(dtype, op, iters, warmup, factor, request, depth, one_request)
+    argv = [bench_path, "-b", str(sizes[0]), "-e", str(sizes[1]), "-f", str(factor), "-n", str(iters),
             "-w", str(warmup), "-c", "1" if check else "0", "-d", dtype, "-o", op, "-a", ",".join(algos)]
+    return argv if one_request else argv + ["-r", str(request), "-q", str(depth)]
 
 
 def parse_rows(output: str) -> list[Row]:

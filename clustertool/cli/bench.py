@@ -5,11 +5,14 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, cluster_name
+from clustertool.cli.common import ClusterOpt, open_session
+
+if TYPE_CHECKING:  # a fast --help
+    from clustertool.core.model import ClusterRecord
 
 # options `bench scaling` and `bench compare` share (both run a user's job and read its throughput)
 PerNodeOpt = typer.Option(None, "--per-node", help="Ranks per node (default: the nodes' slots).")
@@ -62,13 +65,13 @@ def scaling(
     from clustertool.bench.benchjobs import launcher
     from clustertool.bench.scaling import parse_sizes, run_scaling
     from clustertool.cli import render
-    from clustertool.core import state
 
     sizes = parse_sizes(nodes)
-    c = state.load(cluster_name(cluster))
+    session = open_session(cluster)
+    c = session.record
     _warn_shared_cpus(c, sizes, per_node)
     on_line = None if (quiet or json_output) else render.live_line
-    launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin, launcher_name=launcher_name)
+    launch = launcher(session, env=env, timeout=timeout, on_line=on_line, plugin=plugin, launcher_name=launcher_name)
     result = run_scaling(c, sizes, per_node, command, launch=launch, regex=metric_regex,
                               log_dir=log_dir, repeat=repeat, report=render.info)
     from clustertool.bench.chart import write_chart
@@ -112,29 +115,30 @@ def compare(
     from clustertool.bench.benchjobs import launcher
     from clustertool.bench.compare import parse_variants, run_compare, write_chart
     from clustertool.cli import render
-    from clustertool.core import state
 
     names = parse_variants(variants)
-    c = state.load(cluster_name(cluster))
+    session = open_session(cluster)
+    c = session.record
     on_line = None if (quiet or json_output) else render.live_line
-    launch = launcher(c, env=env, timeout=timeout, on_line=on_line, plugin=plugin, launcher_name=launcher_name)
+    launch = launcher(session, env=env, timeout=timeout, on_line=on_line, plugin=plugin, launcher_name=launcher_name)
     result = run_compare(c, names, command, launch=launch, nodes=nodes, per_node=per_node, regex=metric_regex,
                               repeat=repeat, log_dir=log_dir, report=render.info)
     _finish("compare", result, f"{', '.join(names)} on {c.name} ({result.nodes} nodes): {result.command}", json_output,
             csv_path, json_path, chart, write_chart)
 
 
-def _finish(kind, result, title, json_output, csv_path, json_path, chart, write_chart) -> None:
+def _finish(kind: str, result: Any, title: str, json_output: bool, csv_path: Path | None, json_path: Path | None,
+            chart: Path | None, write_chart: Callable[[Any, Path], Path]) -> None:
     """Print a bench result (table, or JSON on stdout), write its CSV/JSON/chart files, exit 0 or 1.
     ``kind``: the bench (scaling or compare) whose module's COLUMNS, rows, to_csv and to_json fit."""
     from clustertool.cli import render
 
-    kind = importlib.import_module(f"clustertool.bench.{kind}")
+    bench: Any = importlib.import_module(f"clustertool.bench.{kind}")
     if json_output:
-        sys.stdout.write(kind.to_json(result) + "\n")
+        sys.stdout.write(bench.to_json(result) + "\n")
     else:
-        render.table(kind.COLUMNS, kind.rows(result), title=title)
-    for path, text in ((csv_path, kind.to_csv), (json_path, kind.to_json)):
+        render.table(bench.COLUMNS, bench.rows(result), title=title)
+    for path, text in ((csv_path, bench.to_csv), (json_path, bench.to_json)):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text(result))
@@ -144,7 +148,7 @@ def _finish(kind, result, title, json_output, csv_path, json_path, chart, write_
     raise typer.Exit(0 if result.ok else 1)
 
 
-def _warn_shared_cpus(cluster, sizes, per_node) -> None:
+def _warn_shared_cpus(cluster: ClusterRecord, sizes: list[int], per_node: int | None) -> None:
     """Local nodes share this machine's CPUs: past that many ranks, throughput cannot grow."""
     import os
 
@@ -175,6 +179,12 @@ def allreduce(
     tuner_csv: Optional[Path] = typer.Option(None, "--tuner-csv", help="Write a tuner table from the results here "
                                              "(CollNet where the plugin won); deploy it with `plugin deploy "
                                              "--tuner-table`."),
+    request_size: str = typer.Option("256K", "--request", help="Each allreduce goes to the plugin as NCCL's CollNet "
+                                     "proxy sends it: requests of this many bytes (K/M/G) ..."),
+    depth: int = typer.Option(8, "--depth", help="... at most this many outstanding (NCCL_STEPS), the oldest "
+                              "tested first."),
+    one_request: bool = typer.Option(False, "--one-request", help="Post each allreduce as one request instead "
+                                     "(the plugin's own best case, not what NCCL sends)."),
     json_output: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not stream collnet_bench's output."),
     cluster: Optional[str] = ClusterOpt,
@@ -185,67 +195,31 @@ def allreduce(
     same inputs. Needs `clustertool plugin deploy` first. Exit code 1 if the run failed,
     printed no rows, or any row has #wrong > 0.
     """
-    from dataclasses import asdict
-
-    from clustertool.bench.allreduce import (
-        COLUMNS,
-        bench_argv,
-        check_servers,
-        link_ratios,
-        parse_algos,
-        parse_rows,
-        parse_sizes,
-        side_by_side,
-        side_by_side_columns,
-        table_rows,
-        tuner_table,
-    )
-    from clustertool.bench.benchjobs import launcher
+    from clustertool.bench.allreduce import COLUMNS, side_by_side, side_by_side_columns, table_rows
+    from clustertool.bench.allreducerun import run_allreduce
+    from clustertool.bench.benchrequests import AllreduceBenchRequest
     from clustertool.cli import render
-    from clustertool.core import state
     from clustertool.core.errors import ToolError
-    from clustertool.plugin.build import BENCH, load_record
 
-    c = state.load(cluster_name(cluster))
-    deployed = load_record(c.name).get("deployed")
-    if not deployed:
-        raise ToolError(f"the plugin is not deployed on {c.name!r}", hint="clustertool plugin build && clustertool "
-                                                                          "plugin deploy")
-    algos = parse_algos(algo)
-    check_servers(algos, c.name, len(c.servers))
-    if "servers" in algos and c.servers and not c.schedulable_servers:  # cordoned servers get no reducer
-        from clustertool.core.errors import UsageError
-
-        names = ",".join(n.name for n in c.servers)
-        raise UsageError(f"--algo servers: every reduction server of {c.name!r} is cordoned",
-                         hint=f"`clustertool uncordon {names}`, or leave servers out of --algo")
-    argv = bench_argv(f"{deployed['dest'].rstrip('/')}/{BENCH}", parse_sizes(sizes),
-                           algos, dtype=dtype, op=op, iters=iters, warmup=warmup)
-    extra = [f"CLUSTERTOOL_SOCKET_IFNAME={ifname}"] if ifname else []
-    on_line = None if (quiet or json_output) else render.live_line
-    # servers: run as `run --plugin`, which starts this job's reducers on the server nodes
-    launch = launcher(c, env=extra + list(env), timeout=timeout, on_line=on_line, plugin="servers" in algos)
-    code, output, error = launch(c.schedulable, 1, argv)  # every worker not cordoned
-    rows = parse_rows(output)
+    request = AllreduceBenchRequest.of(sizes=sizes, algo=algo, dtype=dtype, op=op, iters=iters, warmup=warmup,
+                                       ifname=ifname, env=env, timeout=timeout, tuner_csv=tuner_csv,
+                                       request_size=request_size, depth=depth, one_request=one_request)
+    result = run_allreduce(open_session(cluster), request,
+                           on_line=None if (quiet or json_output) else render.live_line)
+    rows = result.rows
     if json_output:
-        render.print_json({"exit_code": code, "error": error, "rows": [asdict(r) for r in rows]})
+        render.print_json(result.to_dict())
     elif rows:
-        render.table(COLUMNS, table_rows(rows), title=f"allreduce on {c.name} ({len(c.schedulable)} ranks"
-                     + (f", {len(c.schedulable_servers)} reduction servers)" if "servers" in algos else ")"))
+        render.table(COLUMNS, table_rows(rows), title=f"allreduce on {result.cluster} ({result.ranks} ranks"
+                     + (f", {result.servers} reduction servers)" if result.servers is not None else ")"))
         render.table(side_by_side_columns(rows), side_by_side(rows), title="busbw (GB/s) side by side")
-    rate = c.options.get("link_rate")
-    if rows and rate and not json_output:
-        from clustertool.providers.local.net import rate_bits
-
-        render.info(link_ratios(rows, rate_bits(str(rate))))
-    if tuner_csv is not None and rows:
-        tuner_csv.parent.mkdir(parents=True, exist_ok=True)
-        tuner_csv.write_text(tuner_table(rows, len(c.schedulable)))
-        render.info(f"wrote {tuner_csv}")
-    if error or code != 0 or not rows:
-        raise ToolError(f"allreduce benchmark failed: {error or f'mpirun exit {code}' if code else 'no result rows'}",
-                        hint="run with -x CLUSTERTOOL_DEBUG=1, or check `clustertool plugin status`")
-    raise typer.Exit(1 if any(r.wrong > 0 for r in rows) else 0)
+    if result.link_line and not json_output:
+        render.info(result.link_line)
+    if result.tuner_csv is not None:
+        render.info(f"wrote {result.tuner_csv}")
+    if result.failure:
+        raise ToolError(result.failure, hint="run with -x CLUSTERTOOL_DEBUG=1, or check `clustertool plugin status`")
+    raise typer.Exit(1 if result.wrong else 0)
 
 
 def register(app: typer.Typer) -> None:

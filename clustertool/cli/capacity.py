@@ -4,13 +4,15 @@ cluster's machines that the leader warns jobs of."""
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from clustertool.cli.common import ClusterOpt, JsonOpt, open_session
 from clustertool.core.errors import UsageError
+
+if TYPE_CHECKING:  # a fast --help
+    from clustertool.cluster.bookings import Table
 
 capacity_app = typer.Typer(
     name="capacity", no_args_is_help=True, add_completion=False,
@@ -19,12 +21,6 @@ capacity_app = typer.Typer(
 
 RegionOpt = typer.Option(None, "--region", help="AWS region (default: your profile's / AWS_DEFAULT_REGION).")
 ProfileOpt = typer.Option(None, "--profile", help="AWS profile from ~/.aws/config.")
-
-
-def _money(value: float | None, currency: str = "USD") -> str:
-    if value is None:
-        return "-"
-    return f"${value:,.2f}" if currency == "USD" else f"{value:,.2f} {currency}"
 
 
 @capacity_app.command("offerings")
@@ -42,31 +38,10 @@ def offerings_cmd(
     """The Capacity Block offerings EC2 has for N x TYPE for DAYS (DescribeCapacityBlockOfferings):
     id, zone, start, end, hours, upfront fee, and what that is per instance-hour and per cluster-hour.
     `clustertool capacity buy ID` buys one (it asks EC2 again, shows the fee and asks first)."""
-    from clustertool.cli import render
-    from clustertool.providers.aws import capacity_offers
-    from clustertool.providers.aws.capacity_blocks import utc
-    from clustertool.providers.aws.client import Aws
+    from clustertool.cluster import bookings
 
-    query = capacity_offers.Query(instance_type, nodes, days, start_after, end_before)
-    query.check()  # bad input: one line before any AWS call
-    aws = Aws(region=region, profile=profile)
-    found = capacity_offers.offerings(aws, query)
-    capacity_offers.save_search(aws.region, query, found)
-    if json_output:
-        render.print_json({"region": aws.region, "query": asdict(query),
-                           "offerings": [o.to_dict() for o in found]})
-        return
-    if not found:
-        typer.echo(f"no Capacity Block offerings for {nodes} x {instance_type} for {days} day(s) in {aws.region}"
-                   + (" in that date range" if start_after or end_before else ""))
-        return
-    render.table(["offering", "zone", "start", "end", "hours", "upfront fee", "per instance-hour",
-                  "per cluster-hour"],
-                 [(o.id, o.az, utc(o.start), utc(o.end), o.hours, _money(o.fee, o.currency),
-                   _money(o.per_node_hour, o.currency), _money(o.per_cluster_hour, o.currency)) for o in found],
-                 title=f"Capacity Block offerings: {nodes} x {instance_type} for {days} day(s) in {aws.region}")
-    typer.echo("per instance-hour = fee / hours / instances; per cluster-hour = fee / hours (all instances). "
-               "Buy one with `clustertool capacity buy OFFERING` (asks first).")
+    _show(bookings.offerings(instance_type, nodes, days, start_after, end_before, region=region, profile=profile),
+          json_output)
 
 
 @capacity_app.command("buy")
@@ -82,30 +57,22 @@ def buy_cmd(
     The fee goes into the cost ledger (`clustertool cost`); prints the new reservation id for
     `up --capacity-block`."""
     from clustertool.cli import render
-    from clustertool.cluster import ledger
-    from clustertool.providers.aws import capacity_offers
-    from clustertool.providers.aws.capacity_blocks import reservation_from
+    from clustertool.cluster import bookings
 
-    aws, found = capacity_offers.find_fresh(offering, region, profile)
-    line = capacity_offers.describe(found)
+    offer = bookings.offer(offering, region=region, profile=profile)
     if not yes:
         if not sys.stdin.isatty():
-            raise UsageError(f"refusing to buy {line} without --yes (no terminal to ask on); nothing was bought")
-        typer.echo(line, err=True)
-        typer.confirm(f"Buy it for {_money(found.fee, found.currency)}, paid now and not refundable?", abort=True)
+            raise UsageError(f"refusing to buy {offer.line} without --yes (no terminal to ask on); nothing was bought")
+        typer.echo(offer.line, err=True)
+        typer.confirm(f"Buy it for {offer.price}, paid now and not refundable?", abort=True)
     elif not json_output:
-        typer.echo(f"buying {line}", err=True)
-    bought = reservation_from(capacity_offers.purchase(aws, found))
-    ledger.record_purchase(bought.id, f"capacity block {bought.id}", found.fee, "aws", found.instance_type,
-                           found.count)
+        typer.echo(f"buying {offer.line}", err=True)
+    bought = bookings.buy(offer)
     if json_output:
-        render.print_json({"reservation": bought.to_dict(), "offering": found.to_dict(), "fee": found.fee,
-                           "currency": found.currency, "ledger": True})
+        render.print_json(bought.data)
         return
-    typer.echo(f"bought: {bought.id} ({bought.total} x {bought.instance_type} in {bought.az}, {bought.time_left()}); "
-               f"{_money(found.fee, found.currency)} recorded in the cost ledger")
-    typer.echo(f"launch into it: clustertool up -p aws --capacity-block {bought.id} --nodes {bought.total} "
-               "--name NAME [--wait]")
+    for line in bought.lines:
+        typer.echo(line)
 
 
 @capacity_app.command("ls")
@@ -116,22 +83,24 @@ def ls_cmd(
 ) -> None:
     """The account's Capacity Blocks and Capacity Reservations (DescribeCapacityReservations): state,
     type, zone, instances (free / total), start, end and time left."""
-    from clustertool.cli import render
-    from clustertool.providers.aws import capacity_blocks
-    from clustertool.providers.aws.client import Aws
+    from clustertool.cluster import bookings
 
-    aws = Aws(region=region, profile=profile)
-    found = capacity_blocks.reservations(aws)
+    _show(bookings.reservations(region=region, profile=profile), json_output)
+
+
+def _show(table: Table, json_output: bool) -> None:
+    """A provider's table (providers.base.Table): --json's data, the line for none, or the rows and notes."""
+    from clustertool.cli import render
+
     if json_output:
-        render.print_json({"region": aws.region, "reservations": [r.to_dict() for r in found]})
+        render.print_json(table.data)
         return
-    if not found:
-        typer.echo(f"no capacity reservations or blocks in {aws.region}")
+    if not table.rows:
+        typer.echo(table.empty)
         return
-    render.table(["reservation", "kind", "state", "type", "zone", "free/total", "start", "end", "time left"],
-                 [(r.id, "capacity block" if r.is_block else "ODCR", r.state, r.instance_type, r.az,
-                   f"{r.free}/{r.total}", capacity_blocks.utc(r.start), capacity_blocks.utc(r.end), r.time_left())
-                  for r in found], title=f"capacity reservations in {aws.region}")
+    render.table(table.columns, table.rows, title=table.title)
+    for line in table.notes:
+        typer.echo(line)
 
 
 @capacity_app.command("block-end")

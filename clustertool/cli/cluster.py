@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-from types import ModuleType
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, open_session, reporter
 from clustertool.core.errors import UsageError
+
+if TYPE_CHECKING:  # a fast --help
+    import click
+
 
 ForceOwnerOpt = typer.Option(False, "--force-owner",
                              help="Act even on a cluster whose tags say another owner (AWS identity + "
@@ -44,8 +47,9 @@ def down(
     With --sweep --yes the exit code is 1 when a finished cluster that costs money was kept (another
     home's or another owner's): the last line says which, at what hourly rate, and the flag that deletes it."""
     from clustertool.cli import render
+    from clustertool.cli.common import cluster_exists
     from clustertool.cluster import lifecycle
-    from clustertool.core import state
+    from clustertool.cluster.clusterrequests import DownRequest
 
     if sweep:
         raise typer.Exit(_sweep(sweep_provider, region, profile, yes, json_output, force_owner, any_home))
@@ -55,19 +59,20 @@ def down(
     stopped = _stop_up_in_flight(name, yes, json_output)
     if stopped is not None:
         yes = True  # asked once, for both
-        if not state.exists(name):  # it rolled back everything it had made
+        if not cluster_exists(name):  # it rolled back everything it had made
             if json_output:
                 render.print_json({"cluster": name, "stopped_up": stopped, "removed": []})
             else:
                 typer.echo(f"{stopped}; nothing of cluster {name} is left")
             return
-    c = state.load(name)
+    request = DownRequest(terminate_adopted=terminate_adopted, force_owner=force_owner, keep_shared_fs=keep_shared_fs)
+    session = open_session(name, json_output)
+    c = session.record
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError(f"refusing to tear down {name!r} without --yes (no terminal to ask on)")
         typer.confirm(f"Tear down cluster {name!r} ({len(c.nodes)} {c.provider} node(s))?", abort=True)
-    lines = lifecycle.down(name, report=reporter(json_output), terminate_adopted=terminate_adopted,
-                           force_owner=force_owner, keep_shared_fs=keep_shared_fs)
+    lines = lifecycle.down(session, request)
     if json_output:
         render.print_json({"cluster": name, "removed": lines, **({"stopped_up": stopped} if stopped else {})})
     else:
@@ -95,80 +100,37 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
            force_owner: bool, any_home: bool = False) -> int:
     """The exit code: 1 under --yes when a billable cluster was kept, else 0."""
     from clustertool.cli import render
+    from clustertool.cluster import orphans
 
-    sweep: ModuleType  # providers.local.sweep or providers.aws.sweep (_delete_orphans tells them apart)
-    rows: list[tuple[Any, ...]]
-    if provider == "local":
-        from clustertool.providers.local import strays
-
-        finder = strays
-        orphans = strays.find_orphans(force_owner=force_owner)
-        title = "local clusters no state of this clustertool home knows"
-        rows = [(o.cluster, o.cluster_id or "-", o.id, o.home or "?", f"{o.action}: {o.why}") for o in orphans]
-        columns = ["cluster", "id", "bridge", "home", "action"]
-        to_delete = [o for o in orphans if o.action == strays.DELETE]
-        kept = None
-    elif provider == "aws":
-        from clustertool.cluster import autostop, lifecycle
-        from clustertool.cluster.status import list_all
-        from clustertool.providers.aws import sweep
-
-        finder = sweep
-        for line in autostop.refresh([c for c in list_all() if c.provider == "aws"]):
-            reporter(json_output)(line)
-        ids, names = lifecycle.known()
-        orphans = sweep.find(region=region, profile=profile, known_ids=ids, known_names=names,
-                             force_owner=force_owner, any_home=any_home, report=reporter(json_output))
-        title = "clusters no state of this clustertool home knows"
-        columns = ["cluster", "id", "owner", "age", "resources", "$/h", "action"]
-        rows = [(o.name, o.id or "-", o.owner, _age(o.age_s) if o.age_s is not None else "?", o.summary(),
-                 "?" if o.per_hour is None else f"{o.per_hour:,.2f}", f"{o.action}: {o.why}") for o in orphans]
-        to_delete = [o for o in orphans if o.action == sweep.DELETE]
-        kept = sweep.kept_line(orphans)
-    else:
-        raise UsageError(f"--sweep works for aws and local, not {provider!r}")
-    if any_home and provider != "aws":
-        raise UsageError("--any-home is for --provider aws (a local cluster's home is this machine)")
-    code = 1 if yes and provider == "aws" and kept else 0
-    if not orphans:
+    found = orphans.find(provider, region=region, profile=profile, force_owner=force_owner, any_home=any_home,
+                         report=reporter(json_output))
+    kept = {"kept": found.kept} if found.bills else {}
+    code = 1 if yes and found.kept else 0
+    if not found.orphans:
         render.print_json({"orphans": []}) if json_output else typer.echo("no orphaned clustertool resources")
         return 0
     if not json_output:
-        render.table(columns, rows, title=title)
-    if not to_delete:
+        render.table(found.columns, found.rows, title=found.title)
+    if not found.to_delete:
         if json_output:
-            render.print_json({"orphans": orphans, "removed": [], **({"kept": kept} if provider == "aws" else {})})
+            render.print_json({"orphans": found.orphans, "removed": [], **kept})
         else:
-            typer.echo((kept if provider == "aws" else None) or "nothing to delete")
+            typer.echo(found.kept or "nothing to delete")
         return code
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError("refusing to delete orphaned resources without --yes")
-        typer.confirm(f"Delete the {len(to_delete)} marked for deletion?", abort=True)
-    removed, lines = _delete_orphans(provider, finder, to_delete, reporter(json_output))
+        typer.confirm(f"Delete the {len(found.to_delete)} marked for deletion?", abort=True)
+    removed, lines = orphans.remove(found, reporter(json_output))
     if json_output:
-        render.print_json({"orphans": orphans, "removed": removed, "local": lines,
-                           **({"kept": kept} if provider == "aws" else {})})
+        render.print_json({"orphans": found.orphans, "removed": removed, "local": lines, **kept})
     else:
         for line in lines:
             typer.echo(line)
-        typer.echo(f"removed {len(removed)} {'cluster(s)' if provider == 'aws' else 'resource(s)'}")
-        if provider == "aws" and kept:
-            typer.echo(kept)
+        typer.echo(f"removed {len(removed)} {found.unit}")
+        if found.kept:
+            typer.echo(found.kept)
     return code
-
-
-def _delete_orphans(provider: str, finder, orphans, report) -> tuple[list, list[str]]:
-    """Delete; for clusters of this home, also their key, lock and hostfile on this machine."""
-    from clustertool.cluster import lifecycle
-
-    if provider != "aws":
-        removed = finder.delete_orphans(orphans, report=report)
-        lines = [line for o in orphans if o.ours for line in lifecycle.forget_leftovers(o.cluster, o.cluster_id)]
-        return removed, lines
-    removed = finder.delete(orphans, report=report)
-    lines = [line for o in removed if o.ours for line in lifecycle.forget_leftovers(o.name, o.id)]
-    return [f"{o.name} ({o.id or 'no id'}): {o.count()} resource(s)" for o in removed], lines
 
 
 def status(
@@ -180,7 +142,7 @@ def status(
     from clustertool.cli import render
     from clustertool.cluster.cordon import describe
     from clustertool.cluster.status import status
-    from clustertool.sharedfs.mount import status_lines as shared_status_lines
+    from clustertool.sharedfs import mount
 
     report = status(open_session(cluster, json_output), check_ssh=not no_check)
     c, rows, extra = report.cluster, report.nodes, report.extra
@@ -199,7 +161,7 @@ def status(
     for key, value in extra.items():
         if key not in ("capacity_wait", "shared_fs"):  # data for --json; the "up" line says it in words
             typer.echo(f"{key}: {value}")
-    for line in shared_status_lines(extra.get("shared_fs")):
+    for line in mount.status_lines(extra.get("shared_fs")):
         typer.echo(line)
     if any(r.reachable is False for r in rows):
         raise typer.Exit(255)
@@ -210,6 +172,7 @@ def ls(json_output: bool = JsonOpt) -> None:
     from clustertool.cli import render
     from clustertool.cluster import autostop
     from clustertool.cluster.status import list_all, waiting
+    from clustertool.core.durations import short_age
 
     for line in autostop.refresh(list_all(), report=reporter(json_output)):
         reporter(json_output)(line)
@@ -226,13 +189,7 @@ def ls(json_output: bool = JsonOpt) -> None:
     render.table(["name", "provider", "status", "nodes", "slots", "age"],
                  [(c.name, c.provider, waiting(c, short=True) or c.status,
                    f"{len(c.nodes)} ({len(c.cordoned)} cordoned)" if c.cordoned else len(c.nodes), c.total_slots,
-                   _age(time.time() - c.created)) for c in clusters])
-
-
-def _age(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{int(seconds // 60)}m"
-    return f"{seconds / 3600:.1f}h"
+                   short_age(time.time() - c.created)) for c in clusters])
 
 
 def ssh(
@@ -244,10 +201,10 @@ def ssh(
     """Open a shell on a node (or run one command), with the cluster's pinned keys."""
     import shlex
 
-    from clustertool.core import nodeset, state
+    from clustertool.core import nodeset
     from clustertool.remote import transport
 
-    c = state.load(cluster_name(cluster))
+    c = open_session(cluster).record
     picked = nodeset.select(c, node or "leader")
     if len(picked) != 1:
         raise UsageError("ssh takes exactly one node", hint="use `clustertool exec` for several")
@@ -271,12 +228,12 @@ def hostfile(
 ) -> None:
     """Print (or write) the cluster's hostfile, leader first, private addresses, with slots (cordoned
     nodes left out)."""
-    from clustertool.core import nodeset, state
+    from clustertool.core import nodeset
     from clustertool.core.hostfile import FORMATS, render_cluster
 
     if fmt not in FORMATS:
         raise UsageError(f"unknown hostfile format {fmt!r}", hint=f"choose one of: {', '.join(FORMATS)}")
-    record = state.load(cluster_name(cluster))
+    record = open_session(cluster).record
     text = render_cluster(record, fmt)
     left_out = [n.name for n in record.workers if n.cordoned]
     if left_out:
@@ -292,31 +249,30 @@ def hostfile(
 
 def stop(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt) -> None:
     """Stop the nodes, keeping their disks (the prepared dataset survives)."""
-    from clustertool.cli import render
     from clustertool.cluster import lifecycle
 
-    name = cluster_name(cluster)
-    lifecycle.stop(name, report=render.info, force_owner=force_owner)
+    session = open_session(cluster)
+    lifecycle.stop(session, force_owner=force_owner)
+    name = session.name
     typer.echo(f"cluster {name} stopped (disks kept; `clustertool start -c {name}` resumes)")
 
 
 def start(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt) -> None:
     """Start stopped nodes; refreshes hostfiles and known_hosts, as addresses may change."""
-    from clustertool.cli import render
     from clustertool.cluster import lifecycle
 
-    c = lifecycle.start(cluster_name(cluster), report=render.info, force_owner=force_owner)
+    c = lifecycle.start(open_session(cluster), force_owner=force_owner)
     typer.echo(f"cluster {c.name} started; hostfile {c.hostfile_path}")
 
 
 def repin(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt) -> None:
     """Re-collect host keys of nodes that were legitimately rebuilt, then re-wire."""
     from clustertool.cluster import lifecycle
-    from clustertool.core import nodeset, state
+    from clustertool.core import nodeset
 
-    name = cluster_name(cluster)
-    picked = [n.name for n in nodeset.select(state.load(name), nodes)]
-    changed = lifecycle.repin(name, picked)
+    session = open_session(cluster)
+    picked = [n.name for n in nodeset.select(session.record, nodes)]
+    changed = lifecycle.repin(session, picked)
     typer.echo(f"re-pinned host keys of {nodeset.fold(changed)}")
 
 
@@ -326,7 +282,7 @@ def register(app: typer.Typer) -> None:
     app.command(context_settings={"allow_interspersed_args": False})(ssh)
 
 
-def click_commands():
+def click_commands() -> list[click.Command]:
     from clustertool.cli.up import build_up_command
 
     return [build_up_command()]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -16,7 +16,17 @@ if TYPE_CHECKING:  # a fast --help: the session (and what it imports) loads in t
 
 def complete_cluster(incomplete: str) -> list[str]:
     """Shell completion of -c: the clusters this machine knows (local files only, no network)."""
-    return [n for n in state.list_clusters() if n.startswith(incomplete)]
+    return [n for n in known_clusters() if n.startswith(incomplete)]
+
+
+def known_clusters() -> list[str]:
+    """The clusters this machine has state for (names only; nothing is loaded)."""
+    return state.list_clusters()
+
+
+def cluster_exists(name: str) -> bool:
+    """Whether this machine has state for the cluster ``name`` (after an `up` in flight was stopped)."""
+    return state.exists(name)
 
 
 def complete_job(ctx: typer.Context, incomplete: str) -> list[str]:
@@ -73,14 +83,14 @@ class BareValueCommand(TyperCommand):
 
     bare_values: dict[str, str] = {}
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for param in self.params:
             for opt in getattr(param, "opts", ()):
                 if opt in self.bare_values:
-                    param.bare_value = self.bare_values[opt]
+                    setattr(param, "bare_value", self.bare_values[opt])
 
-    def parse_args(self, ctx, args):
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         takes = {o for p in self.params if getattr(p, "param_type_name", "") == "option"
                  and not getattr(p, "is_flag", False) and not getattr(p, "count", False)
                  for o in list(p.opts) + list(p.secondary_opts)}

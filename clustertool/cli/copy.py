@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, open_session, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, open_session
 
 
 def copy_cmd(
@@ -41,13 +41,13 @@ def copy_cmd(
     """
     from clustertool.cli import progress, render
     from clustertool.transfer.copy import copy
+    from clustertool.transfer.transferrequests import CopyRequest
 
-    name = cluster_name(cluster)
-    bars = progress.NodeProgress([], enabled=not json_output)
-    with bars:
-        result = copy(open_session(name, json_output), src, dest, source=source, selection=nodes, strategy=strategy,
-                      verify_after=verify, delete=delete, cipher=cipher or None,
-                      on_progress=bars.update, report=reporter(json_output), verify_only=verify_only)
+    request = CopyRequest(src, dest, source=source, nodes=nodes, strategy=strategy, verify=verify,
+                          verify_only=verify_only, delete=delete, cipher=cipher)
+    session = open_session(cluster, json_output)
+    with progress.NodeProgress([], enabled=not json_output) as bars:
+        result = copy(session, request, on_progress=bars.update)
     if json_output:
         render.print_json(result.to_dict())
     else:
@@ -89,17 +89,15 @@ def sync_s3_cmd(
     from clustertool.cli import progress, render
     from clustertool.transfer.s3 import sync_s3
     from clustertool.transfer.s3bucket import parse_duration
+    from clustertool.transfer.transferrequests import SyncS3Request
 
     if pass_credentials:
         sys.stderr.write("note: --pass-credentials does nothing now: nodes get presigned URLs, never credentials\n")
-    expiry = parse_duration(url_expiry)
-    name = cluster_name(cluster)
-    bars = progress.NodeProgress([], enabled=not json_output)
-    with bars:
-        result = sync_s3(open_session(name, json_output), url, dest, selection=nodes, shard=shard,
-                         endpoint_url=endpoint_url, region=region, threads=threads, url_expiry=expiry,
-                         recheck=recheck, on_progress=bars.update,
-                         report=reporter(json_output))
+    request = SyncS3Request(url, dest, nodes=nodes, shard=shard, endpoint_url=endpoint_url, region=region,
+                            threads=threads, url_expiry=parse_duration(url_expiry), recheck=recheck)
+    session = open_session(cluster, json_output)
+    with progress.NodeProgress([], enabled=not json_output) as bars:
+        result = sync_s3(session, request, on_progress=bars.update)
     if json_output:
         render.print_json({"exit_code": result.exit_code, **render.to_jsonable(result)})
     else:

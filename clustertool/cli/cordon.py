@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, open_session, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, open_session
+
+if TYPE_CHECKING:  # a fast --help
+    from clustertool.cluster.cordon import CordonResult
 
 NodesArg = typer.Argument(..., metavar="NODE...",
                           help="Nodes by name (node-5), range (node-[3-5]), comma list or group (members, servers).")
@@ -27,10 +30,9 @@ def cordon(
     reduction server gets no reducer in `run --plugin` jobs.  The node itself is not contacted, so a
     node that is down can be cordoned; this machine's hostfile and the leader's ~/hostfile are
     written again."""
-    from clustertool.cluster.cordon import cordon as do_cordon
+    from clustertool.cluster import cordon
 
-    result = do_cordon(open_session(cluster, json_output), ",".join(nodes), reason=reason,
-                       report=reporter(json_output))
+    result = cordon.cordon(open_session(cluster, json_output), ",".join(nodes), reason=reason)
     _show(result, json_output)
 
 
@@ -40,13 +42,13 @@ def uncordon(
     json_output: bool = JsonOpt,
 ) -> None:
     """Put cordoned nodes back into the hostfiles and jobs' default nodes."""
-    from clustertool.cluster.cordon import uncordon as do_uncordon
+    from clustertool.cluster import cordon
 
-    result = do_uncordon(open_session(cluster, json_output), ",".join(nodes), report=reporter(json_output))
+    result = cordon.uncordon(open_session(cluster, json_output), ",".join(nodes))
     _show(result, json_output)
 
 
-def _show(result, json_output: bool) -> None:
+def _show(result: CordonResult, json_output: bool) -> None:
     from clustertool.cli import render
     from clustertool.cluster.cordon import describe
     from clustertool.core import nodeset

@@ -7,12 +7,10 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, open_session, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, open_session
 
 if TYPE_CHECKING:  # a fast --help: the doctor loads in the command
-    from clustertool.cluster.session import ClusterSession
-    from clustertool.doctor.autocordon import AutoCordon
-    from clustertool.doctor.findings import Diagnosis
+    from clustertool.doctor.findings import AutoCordon
 
 
 def doctor(
@@ -73,21 +71,15 @@ def doctor(
     latency in rounds of pairs; --bisect alone), on GPU clusters with the plugin deployed whether NCCL
     uses it (`plugin check`), GPU health (nvidia-smi, Xid events; DCGM with --deep) and EFA."""
     from clustertool.cli import render
-    from clustertool.doctor import check_threshold, choose_checks, run
+    from clustertool.doctor.checkup import run
+    from clustertool.doctor.doctorrequests import DoctorRequest
 
-    check_threshold(threshold)
-    if bisect and (check or skip):
-        from clustertool.core.errors import UsageError
-
-        raise UsageError("--bisect runs the network search alone: leave out --check and --skip",
-                         hint="or add the search to other checks with --check ...,network")
-    checks = ("network",) if bisect else choose_checks(check, skip)
-    session = open_session(cluster, json_output)
-    result = run(session, fix=fix, checks=checks, plugin=plugin_path,
-                 disk_paths=list(disk_path) or None, report=reporter(json_output),
-                 threshold=threshold, all_pairs=all_pairs, deep=deep_level if deep else 0, since=since,
-                 gpu_timeout=gpu_timeout, deep_timeout=deep_timeout, nccl_log=nccl_log)
-    cordoned = _cordon(session, result, json_output) if cordon else None
+    request = DoctorRequest.of(check, skip, bisect=bisect, fix=fix, cordon=cordon, plugin_path=plugin_path,
+                               disk_paths=disk_path, threshold=threshold, all_pairs=all_pairs,
+                               deep=deep_level if deep else 0, since=since, gpu_timeout=gpu_timeout,
+                               deep_timeout=deep_timeout, nccl_log=nccl_log)
+    result = run(open_session(cluster, json_output), request)
+    cordoned = result.cordoned
     if json_output:
         check_dicts = [{**render.to_jsonable(c), "status": c.status} for c in result.checks]
         render.print_json({"cluster": result.cluster, "clean": result.clean, "fixed": result.fixed,
@@ -116,12 +108,6 @@ def doctor(
         sys.stderr.write(f"cluster {result.cluster}: {n} problem(s)"
                          + ("; `clustertool doctor --fix` can fix some\n" if can_fix else "\n"))
     raise typer.Exit(result.exit_code)
-
-
-def _cordon(session: ClusterSession, result: Diagnosis, json_output: bool) -> AutoCordon:
-    from clustertool.doctor.autocordon import cordon_errors
-
-    return cordon_errors(session, result, report=reporter(json_output))
 
 
 def _show_cordon(done: AutoCordon) -> None:

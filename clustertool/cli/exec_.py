@@ -28,11 +28,11 @@ def exec_(
     from clustertool.cli import render
     from clustertool.core import nodeset
     from clustertool.remote.execute import execute
+    from clustertool.remote.remoterequests import ExecRequest
 
-    on_line = None
-    if live and not json_output:
-        on_line = render.live_line
-    result = execute(open_session(cluster), nodes, command, timeout=timeout, on_line=on_line)
+    request = ExecRequest(tuple(command), nodes=nodes, timeout=timeout)
+    on_line = render.live_line if live and not json_output else None
+    result = execute(open_session(cluster), request, on_line=on_line)
     if json_output:
         render.print_json(result.to_dict())
     else:

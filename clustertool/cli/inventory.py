@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, cluster_name
+from clustertool.cli.common import ClusterOpt, open_session
 
 
 def inventory(
@@ -21,9 +21,7 @@ def inventory(
     <cluster>_members and <cluster>. ssh-config: Host blocks for <cluster>-leader, <cluster>-node-K.
     """
     from clustertool.cluster.inventory import render
-    from clustertool.core import state
-
-    text = render(state.load(cluster_name(cluster)), fmt)
+    text = render(open_session(cluster).record, fmt)
     if output is None:
         typer.echo(text, nl=False)
     else:

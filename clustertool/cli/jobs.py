@@ -6,7 +6,7 @@ import os
 import shlex
 import sys
 import time
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -18,12 +18,19 @@ from clustertool.cli.common import (
     cluster_name,
     complete_job,
     open_session,
-    reporter,
 )
+
+if TYPE_CHECKING:  # a fast --help: the core loads in the command
+    from clustertool.core.model import JobRecord
 
 
 class RunCommand(BareValueCommand):
     bare_values = {"--sync": "."}  # `run --sync -- CMD`: this folder
+
+
+def _strip_dashes(command: Optional[List[str]]) -> List[str]:
+    words = list(command or [])
+    return words[1:] if words[:1] == ["--"] else words
 
 
 def _echo_line(text: str) -> None:
@@ -35,24 +42,21 @@ def _warn(text: str) -> None:
     sys.stderr.write(f"warning: {text}\n")
 
 
-def _follow(name: str, job) -> int:
-    from clustertool.jobs.launch import follow
-    from clustertool.jobs.recovery import alongside
+def _follow(name: str, job: JobRecord) -> int:
+    """`run --follow`: the job's lines until it ends (its recovery loop beside, with --replace-failed); its code."""
+    from clustertool.jobs.follow import follow, why_failed
 
+    session = open_session(name)  # the recovery loop's progress on stderr (with --json too)
     try:
-        if job.replace_failed:  # the recovery loop runs here, beside the stream: this machine can replace nodes
-            with alongside(lambda: open_session(name), job.id, reporter(False), _warn) as beside:
-                code = follow(open_session(name), job, _echo_line, warn=_warn)
-                while code is None and beside.started_again():  # a new leader: the stream went with the old one
-                    code = follow(open_session(name), job, _echo_line, warn=_warn)
-        else:
-            code = follow(open_session(name), job, _echo_line, warn=_warn)
+        code = follow(session, job, _echo_line, warn=_warn, recover=True)
     except KeyboardInterrupt:
         sys.stderr.write(f"detached; job {job.id} keeps running (`clustertool logs -f {job.id}`, "
                          f"`clustertool kill {job.id}`)\n")
         return 130
     if code != 0:
-        _say_why(name, job.id)
+        why = why_failed(session, job.id)
+        if why:
+            sys.stderr.write(why + "\n")
     if code is None:
         sys.stderr.write(f"job {job.id} ended without an exit code (killed or lost)\n")
         if job.replace_failed:  # the leader was lost: the stream and its restart loop went with it
@@ -60,21 +64,6 @@ def _follow(name: str, job) -> int:
                              "starts the job again there\n")
         return 1 if job.state != "killed" else 143
     return code
-
-
-def _say_why(name: str, job_id: str) -> None:
-    """After a followed job failed: the rank (or node) that failed first, in one line."""
-    from clustertool.core.errors import ToolError
-    from clustertool.jobs import records
-    from clustertool.jobs.failure import text
-
-    try:
-        job = records.resolve(records.refresh(open_session(name)), job_id)
-    except ToolError:
-        return
-    why = text(job.failure)
-    if why and job.state != "killed":
-        sys.stderr.write(f"job {job_id} {job.state}: {why}\n")
 
 
 def run(
@@ -164,24 +153,20 @@ def run(
     from clustertool.cli import progress, render
     from clustertool.core.durations import parse_duration
     from clustertool.jobs import launch
-    from clustertool.jobs.mpirun import MpiOptions
+    from clustertool.jobs.jobrequests import RunRequest, parse_exit_codes
 
-    command = list(command or [])
-    args = command[1:] if command[:1] == ["--"] else command
-    opts = MpiOptions(command=list(args), np=np, per_node=per_node, env=list(export), mpi_args=list(mpi_arg),
-                      horovod_fusion_mb=fusion_mb, horovod_cycle_ms=cycle_ms, horovod_timeline=timeline,
-                      horovod_autotune=autotune, nccl_debug=nccl_debug, workdir=workdir,
-                      oversubscribe=oversubscribe, tag_output=tag_output, launcher=launcher)
-    name_ = cluster_name(cluster)
+    request = RunRequest.of(
+        _strip_dashes(command), nodes=nodes, name=name, launcher=launcher, np=np, per_node=per_node, env=export,
+        mpi_args=mpi_arg, plugin=plugin, nccl_debug=nccl_debug, workdir=workdir, sync=sync, sync_to=sync_to,
+        oversubscribe=oversubscribe, allow_concurrent=allow_concurrent, tag_output=tag_output,
+        hang_timeout=parse_duration(hang_timeout, "--hang-timeout") if hang_timeout else None,
+        hang_action=hang_action, restarts=restarts, restart_on_exit_codes=parse_exit_codes(restart_on_exit_codes),
+        replace_failed=replace_failed, on_preempt_signal=on_preempt_signal,
+        replace_wait=parse_duration(replace_wait, "--replace-wait") if replace_wait else None,
+        fusion_mb=fusion_mb, cycle_ms=cycle_ms, timeline=timeline, autotune=autotune)
+    session = open_session(cluster, json_output)
     with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
-        started = launch.run(open_session(name_, json_output), opts, selection=nodes, name=name, dry_run=dry_run,
-                             allow_concurrent=allow_concurrent, use_plugin=plugin, sync=sync, sync_to=sync_to,
-                             on_progress=bars.update, report=reporter(json_output),
-                             hang_timeout=parse_duration(hang_timeout, "--hang-timeout") if hang_timeout else None,
-                             hang_action=hang_action, restarts=restarts,
-                             restart_on_exit_codes=launch.parse_exit_codes(restart_on_exit_codes),
-                             replace_failed=replace_failed, on_preempt_signal=on_preempt_signal,
-                             replace_wait=parse_duration(replace_wait, "--replace-wait") if replace_wait else None)
+        started = launch.run(session, request, dry_run=dry_run, on_progress=bars.update)
     if dry_run:
         if json_output:
             render.print_json(started.to_dict())
@@ -201,11 +186,11 @@ def run(
     sys.stderr.write(f"job {job.id} started on {job.leader} ({job.np} ranks, {job.launcher}, in {job.detached}); "
                      f"`clustertool logs -f {job.id}`\n")
     if follow:
-        raise typer.Exit(_follow(name_, job))
+        raise typer.Exit(_follow(session.name, job))
     typer.echo(job.id)
 
 
-def _duration(job) -> str:
+def _duration(job: JobRecord) -> str:
     end = job.ended or (time.time() if job.state == "running" else job.started)
     seconds = max(0, int(end - job.started))
     h, rem = divmod(seconds, 3600)
@@ -213,7 +198,7 @@ def _duration(job) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def _state_text(job) -> str:
+def _state_text(job: JobRecord) -> str:
     from clustertool.jobs.failure import text
 
     lost = getattr(job, "servers_lost", None)
@@ -232,7 +217,7 @@ def _state_text(job) -> str:
     return job.state + (f" ({gone[2:]})" if gone else "") + _restarted(job)
 
 
-def _restarted(job) -> str:
+def _restarted(job: JobRecord) -> str:
     """`` (1 restart: exit code 137)`` for a job whose restart loop started it again."""
     done = [a for a in getattr(job, "attempts", None) or [] if a.get("end") is not None and a.get("cause")]
     if not job.attempts or len(job.attempts) < 2:
@@ -285,7 +270,7 @@ def _waiting_line(w: dict) -> str:
 
 
 def _attempt_line(a: dict) -> str:
-    def at(t) -> str:
+    def at(t: float | str | None) -> str:
         return time.strftime("%H:%M:%S", time.localtime(float(t))) if t else "..."
 
     how = "running" if a.get("end") is None else ("exit code 0" if a.get("code") == 0 else a.get("cause") or "?")
@@ -316,11 +301,12 @@ def logs(
     line waits for its newline or the job's end. After a restart (run --restarts) attempt K's lines are
     tagged [K,rank].
     """
+    from clustertool.jobs.jobrequests import LogsRequest
     from clustertool.jobs.logs import show
 
+    request = LogsRequest(job, follow=follow, node=node, ranks=rank, tail=lines, attempt=attempt)
     try:
-        code = show(open_session(cluster), job, _echo_line, follow_log=follow, node=node, rank=rank,
-                    lines=lines, warn=_warn, attempt=attempt)
+        code = show(open_session(cluster), request, _echo_line, warn=_warn)
     except KeyboardInterrupt:
         raise typer.Exit(130)
     if follow and code is not None:
@@ -354,13 +340,12 @@ def kill(
     json_output: bool = JsonOpt,
 ) -> None:
     """Stop a job's processes on every node (by job, not by name) and verify nothing is left."""
+    import clustertool.jobs.kill
     from clustertool.cli import render
-    from clustertool.jobs.kill import kill, kill_all_python
+    from clustertool.jobs.jobrequests import KillRequest
 
-    name = cluster_name(cluster)
-    session = open_session(name)
-    result = (kill_all_python(session, nodes) if all_python
-              else kill(session, job, signal=signal, grace=grace))
+    request = KillRequest(job, signal=signal, grace=grace, all_python=all_python, nodes=nodes)
+    result = clustertool.jobs.kill.run(open_session(cluster), request)
     if json_output:
         render.print_json(result.to_dict())
     else:
@@ -385,7 +370,7 @@ def reboot(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
         if not sys.stdin.isatty():
             raise UsageError("refusing to reboot without --yes (no terminal to ask on)")
         typer.confirm(f"Reboot {nodes or 'all nodes'} of {name!r}? Running jobs there die.", abort=True)
-    done = manage.reboot(open_session(name), nodes, timeout=timeout, report=reporter(False))
+    done = manage.reboot(open_session(name), nodes, timeout=timeout)
     typer.echo(f"rebooted {nodeset.fold(n.name for n in done)}; SSH and the mesh answer")
 
 

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 import typer
 
 from clustertool.core.errors import UsageError
 from clustertool.playbook.steps import CommandSpec, ParamSpec
 
+if TYPE_CHECKING:  # a fast --help: the playbook runner loads in the command
+    from clustertool.playbook.load import Playbook, Step
+    from clustertool.playbook.run import Outcome, PlayResult
+
 _TYPES = {"integer": "int", "float": "float", "boolean": "bool", "choice": "choice"}
 
 
-def _annotation_type(annotation) -> tuple[str, tuple[str, ...]]:
+def _annotation_type(annotation: Any) -> tuple[str, tuple[str, ...]]:
     """typer's vendored click keeps the Python annotation: unwrap Optional/List to a type name."""
     import enum
     import typing
@@ -28,7 +32,7 @@ def _annotation_type(annotation) -> tuple[str, tuple[str, ...]]:
     return {int: "int", float: "float", bool: "bool"}.get(annotation, "str"), ()
 
 
-def _type_of(param) -> tuple[str, tuple[str, ...]]:
+def _type_of(param: Any) -> tuple[str, tuple[str, ...]]:
     ptype = getattr(param, "type", None)
     if ptype is not None and getattr(ptype, "name", None):
         return _TYPES.get(ptype.name, "str"), tuple(getattr(ptype, "choices", ()) or ())
@@ -38,7 +42,7 @@ def _type_of(param) -> tuple[str, tuple[str, ...]]:
     return "str", ()
 
 
-def _param_spec(param) -> ParamSpec | None:
+def _param_spec(param: Any) -> ParamSpec | None:
     """Describe one click (or typer-vendored click) parameter; duck-typed, as both kinds occur."""
     if param.name in ("help",) or getattr(param, "hidden", False):
         return None
@@ -141,7 +145,7 @@ def _report(paths: List[str]) -> None:
             typer.echo(f"report: {path} ({path.stat().st_size // 1024 or 1} KiB)")
 
 
-def _print_plan(book, json_output: bool) -> None:
+def _print_plan(book: Playbook, json_output: bool) -> None:
     from clustertool.cli import render
 
     rows = [(s.label, s.display if s.run else f"skipped (when: {str(s.when).lower()})")
@@ -159,7 +163,7 @@ class _Progress:
     def __init__(self, total: int, quiet: bool):
         self.total, self.quiet = total, quiet
 
-    def __call__(self, kind, step, outcome) -> None:
+    def __call__(self, kind: str, step: Step, outcome: Outcome) -> None:
         from clustertool.cli import render
 
         if self.quiet:
@@ -175,7 +179,7 @@ class _Progress:
             render.info(f"{where} {step.name}: {outcome.status.upper()} after {outcome.seconds:.1f}s: {outcome.reason}")
 
 
-def _summary(result) -> None:
+def _summary(result: PlayResult) -> None:
     from clustertool.cli import render
 
     render.table(["step", "status", "seconds", "detail"],

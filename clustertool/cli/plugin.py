@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, cluster_name, open_session
+from clustertool.cli.common import ClusterOpt, JsonOpt, open_session
+
+if TYPE_CHECKING:  # a fast --help
+    from clustertool.plugin.deploy import PluginStatus
 
 plugin_app = typer.Typer(name="plugin", no_args_is_help=True, add_completion=False,
                          help="Build the native NCCL plugin (net + CollNet + tuner), put it on every node, check it.")
@@ -24,7 +27,7 @@ def build_cmd(
     from dataclasses import asdict
 
     from clustertool.cli import render
-    from clustertool.core import state
+    from clustertool.cli.common import known_clusters
     from clustertool.core.errors import UsageError
     from clustertool.plugin import build
 
@@ -36,7 +39,7 @@ def build_cmd(
         build.remember_build(session.name, b)
     else:
         b = build.build_local()
-        known = state.list_clusters()
+        known = known_clusters()
         name = cluster or (known[0] if len(known) == 1 else None)
         if name:
             build.remember_build(name, b)
@@ -65,12 +68,10 @@ def deploy_cmd(
     calls are forwarded to libnccl-net-ofi.so when present) and NCCL_TUNER_PLUGIN
     replaces the EFA plugin's own tuner.
     """
-    from clustertool.cli.common import reporter
     from clustertool.plugin import build, deploy
 
     session = open_session(cluster, json_output)
-    rows = deploy.deploy(session, build.current_build(session.name), dest=dest, tuner_table=tuner_table,
-                         report=reporter(json_output))
+    rows = deploy.deploy(session, build.current_build(session.name), dest=dest, tuner_table=tuner_table)
     _show(rows, json_output)
 
 
@@ -93,10 +94,9 @@ def status_cmd(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt)
 @plugin_app.command("env")
 def env_cmd(cluster: Optional[str] = ClusterOpt) -> None:
     """Print the job environment for the deployed plugin (NAME=VALUE lines)."""
-    from clustertool.core import state
     from clustertool.plugin.deploy import plugin_env
 
-    for k, v in plugin_env(state.load(cluster_name(cluster))).items():
+    for k, v in plugin_env(open_session(cluster).record).items():
         typer.echo(f"{k}={v}")
 
 
@@ -125,11 +125,10 @@ def check_cmd(
     plugin, a run failed or #wrong > 0; the plugin must be deployed (and unchanged) on every node.
     """
     from clustertool.cli import render
-    from clustertool.cli.common import reporter
-    from clustertool.plugin import check
+    from clustertool.doctor import plugin_check
 
-    result = check.run(open_session(cluster, json_output), sizes=sizes, iters=iters, warmup=warmup, python=python,
-                       timeout=timeout, report=reporter(json_output))
+    result = plugin_check.run(open_session(cluster, json_output), sizes=sizes, iters=iters, warmup=warmup,
+                              python=python, timeout=timeout)
     if json_output:
         render.print_json({**render.to_jsonable(result), "wrong": result.wrong, "ok": result.ok})
     else:
@@ -137,7 +136,7 @@ def check_cmd(
     raise typer.Exit(result.exit_code)
 
 
-def _show(rows, json_output: bool) -> None:
+def _show(rows: list[PluginStatus], json_output: bool) -> None:
     from dataclasses import asdict
 
     from clustertool.cli import render

@@ -15,6 +15,9 @@ from clustertool.cli import render
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from clustertool.transfer.results import CopyResult
+    from clustertool.transfer.s3 import SyncResult
+
 
 class NodeProgress:
     """A rich progress display with one bar per node; a no-op when disabled or not a tty."""
@@ -58,7 +61,7 @@ class NodeProgress:
             self._progress.start_task(task)
             self._progress.update(task, completed=done, total=total or None)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if self._progress is not None:
             self._progress.__exit__(*exc)
 
@@ -72,7 +75,7 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def copy_table(result) -> None:
+def copy_table(result: CopyResult) -> None:
     """One row per node: verdict, bytes received, files sent/checked, the error if any."""
     rows = []
     for n in result.nodes:
@@ -84,7 +87,7 @@ def copy_table(result) -> None:
                  title=f"{result.strategy}: {result.src} -> {result.dest} (from {result.source})")
 
 
-def copy_summary(result) -> str:
+def copy_summary(result: CopyResult) -> str:
     ok = sum(1 for n in result.nodes if n.status == "ok")
     rate = result.bytes_sent / result.duration if result.duration > 0 else 0.0
     return (f"{ok}/{len(result.nodes)} ok; {human_bytes(result.bytes_sent)} sent for a "
@@ -93,7 +96,7 @@ def copy_summary(result) -> str:
             + (_verify_note(result) if result.verified else "; not verified"))
 
 
-def _verify_note(result) -> str:
+def _verify_note(result: CopyResult) -> str:
     streamed = sum(n.files_verified_in_stream for n in result.nodes)
     checked = sum(n.files_checked for n in result.nodes)
     if result.verify == "reread":
@@ -101,7 +104,7 @@ def _verify_note(result) -> str:
     return f"; verified ({result.hash}): {streamed} of {checked} file checks in the stream, the rest re-read"
 
 
-def mismatch_lines(result, limit: int = 10) -> list[str]:
+def mismatch_lines(result: CopyResult, limit: int = 10) -> list[str]:
     """The files a mismatching node got wrong, for stderr."""
     lines = []
     for n in result.nodes:
@@ -114,7 +117,7 @@ def mismatch_lines(result, limit: int = 10) -> list[str]:
     return lines
 
 
-def sync_table(result) -> None:
+def sync_table(result: SyncResult) -> None:
     """One row per node: its objects, what was fetched and verified, the error if any (details on stderr)."""
     rows = [[n.node, n.status, n.objects, n.up_to_date, n.downloaded, human_bytes(n.bytes_downloaded),
              f"{n.verified}" + (f" +{n.size_only} by size" if n.size_only else ""), render.clip(n.error or "", 40)]
@@ -130,7 +133,7 @@ def sync_table(result) -> None:
         sys.stderr.write(f"skipped (no safe local name): {key!r}\n")
 
 
-def sync_summary(result) -> str:
+def sync_summary(result: SyncResult) -> str:
     ok = sum(1 for n in result.nodes if n.status == "ok")
     rate = result.bytes_downloaded / result.duration if result.duration > 0 else 0.0
     renewals = sum(n.renewals for n in result.nodes)

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, complete_job, open_session, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, complete_job, open_session
 
 
 def recover(
@@ -31,14 +31,15 @@ def recover(
     credentials: the replacing happens here. `run --follow --replace-failed` runs this loop for its
     own job. Exit code: the job's (with JOB), else 0; 1 when the leader itself is lost."""
     from clustertool.cli import render
-    from clustertool.jobs.recovery import recover as do_recover
+    from clustertool.jobs import recovery
+    from clustertool.jobs.jobrequests import RecoverRequest
 
+    request = RecoverRequest(job, copy=tuple(copy), poll=poll)
     session = open_session(cluster, json_output)
-    say = reporter(json_output)
-    say(f"recovery loop on {session.name}: watching {job or 'every running job run with --replace-failed'} "
+    session.report(f"recovery loop on {session.name}: watching {job or 'every running job run with --replace-failed'} "
         "(Ctrl-C stops watching; the jobs keep running)")
     try:
-        result = do_recover(session, job, copy=copy, poll=poll, report=say)
+        result = recovery.recover(session, request)
     except KeyboardInterrupt:
         raise typer.Exit(130)
     if json_output:

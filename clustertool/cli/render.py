@@ -9,9 +9,16 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from clustertool.core.model import GroupResult, jsonable
+
+if TYPE_CHECKING:  # rich and the reports load when something is shown
+    from rich.console import Console
+
+    from clustertool.doctor.plugin_check_report import CheckReport
+
+Fold = Callable[[Iterable[str]], str]  # node names -> node-[1-3,5]
 
 _lock = threading.Lock()
 
@@ -29,7 +36,7 @@ def is_terminal(stderr: bool = False) -> bool:
         return False
 
 
-def _console(stderr: bool = False):
+def _console(stderr: bool = False) -> "Console":
     from rich.console import Console
 
     if is_terminal(stderr):
@@ -101,7 +108,7 @@ def live_line(node: str, stream: str, line: str, width: int = 0) -> None:
         out.flush()
 
 
-def folded_output(group: GroupResult, fold, only_if_folds: bool = False) -> None:
+def folded_output(group: GroupResult, fold: Fold, only_if_folds: bool = False) -> None:
     """Identical output printed once per node set: ``---- node-[1-3,5] (exit 0)``.
 
     ``only_if_folds``: after live output, print nothing when no two nodes had the same output.
@@ -119,7 +126,7 @@ def folded_output(group: GroupResult, fold, only_if_folds: bool = False) -> None
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
-def group_summary(group: GroupResult, fold) -> None:
+def group_summary(group: GroupResult, fold: Fold) -> None:
     ok = [r.node for r in group.results if r.ok]
     bad = [r for r in group.results if not r.ok]
     durations = [r.duration for r in group.results]
@@ -143,7 +150,7 @@ def plain_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
         sys.stdout.write("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n")
 
 
-def check_report(report) -> None:
+def check_report(report: CheckReport) -> None:
     """`plugin check`: what ran, what NCCL said it loaded, the per-size table, problems with fixes."""
     from clustertool.bench.allreduce import size_text
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, open_session, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, open_session
 from clustertool.core.errors import UsageError
 
 
@@ -40,8 +40,10 @@ def replace(
     Elastic IP.  No capacity in the zone: one line, nothing made, the node unchanged.  Static /
     adopted machines are not ours to replace: `cordon` them."""
     from clustertool.cli import render
-    from clustertool.cluster.replace import replace as do_replace
+    from clustertool.cluster.clusterrequests import ReplaceRequest, selection
+    from clustertool.transfer.refill import replace_and_refill
 
+    request = ReplaceRequest(selection(nodes), copy=tuple(copy), keep_old=keep_old)
     session = open_session(cluster, json_output)
     if not yes:
         if not sys.stdin.isatty():
@@ -49,18 +51,9 @@ def replace(
                              hint="everything on the old machine's disk is lost; add --yes to go ahead")
         typer.confirm(f"Replace {', '.join(nodes)} of {session.name!r}? Everything on the old disk is lost",
                       abort=True)
-    if copy:
-        from clustertool.jobs.recovery import check_copy
-
-        check_copy(session, ",".join(nodes), copy)
-    result = do_replace(session, ",".join(nodes), keep_old=keep_old, report=reporter(json_output))
-    copied = []
-    if copy:
-        from clustertool.jobs.recovery import copy_back
-
-        copied = copy_back(session, [r.node for r in result.replaced], copy, reporter(json_output))
+    result = replace_and_refill(session, request)
     if json_output:
-        render.print_json(dict(result.to_dict(), copied=[c.to_dict() for c in copied]))
+        render.print_json(result.to_dict())
         return
     for r in result.replaced:
         keys = (f"host key {r.new_host_key} pinned (was {r.old_host_key})" if r.new_host_key
@@ -71,8 +64,8 @@ def replace(
             typer.echo(f"  {r.new_instance} took the place of {r.old_instance}"
                        + (", which is stopped and kept (tagged clustertool:replaced-by; `down` removes it)"
                           if r.kept_old else ", which is terminated"))
-    typer.echo(result.disk if not copied else f"what was on the old disk is gone; {', '.join(copy)} copied back "
-               f"from {session.record.leader.name}")
+    typer.echo(result.disk if not result.copied else f"what was on the old disk is gone; {', '.join(copy)} copied "
+               f"back from {session.record.leader.name}")
     leaders = "" if session.record.no_ssh else " and the leader's ~/hostfile"  # --no-ssh: nothing pushed to nodes
     typer.echo(f"hostfile {result.hostfile}{leaders} written ({result.seconds:.1f}s in all)")
 

@@ -29,11 +29,13 @@ def stacks(
     """
     from clustertool.cli import render
     from clustertool.core.errors import UsageError
-    from clustertool.jobs.stacks import stacks as dump
+    from clustertool.jobs import stacks
+    from clustertool.jobs.jobrequests import StacksRequest
 
     if py_spy and no_py_spy:
         raise UsageError("--py-spy and --no-py-spy exclude each other")
-    result = dump(open_session(cluster, json_output), job, py_spy=False if no_py_spy else py_spy, timeout=timeout)
+    request = StacksRequest(job, py_spy=False if no_py_spy else py_spy, timeout=timeout)
+    result = stacks.stacks(open_session(cluster, json_output), request)
     if json_output:
         render.print_json(result.to_dict())
     else:

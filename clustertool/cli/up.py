@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from clustertool.providers.base import REGISTRY, OptionSpec, provider_class
+from clustertool.cluster.spec import PROVIDERS, OptionSpec, every_provider_option
 
 _TYPES = {int: click.INT, float: click.FLOAT, str: click.STRING}
-
-
-def _provider_options() -> dict[str, tuple[OptionSpec, list[str]]]:
-    merged: dict[str, tuple[OptionSpec, list[str]]] = {}
-    for name in REGISTRY:
-        try:
-            options = provider_class(name).OPTIONS
-        except (ImportError, AttributeError):  # a provider module not importable here
-            continue
-        for key, spec in options.items():
-            merged.setdefault(key, (spec, []))[1].append(name)
-    return merged
 
 
 def _click_option(key: str, spec: OptionSpec, providers: list[str]) -> click.Option:
@@ -34,7 +24,7 @@ def build_up_command() -> click.Command:
     params: list[click.Parameter] = [
         click.Argument(["spec_file"], required=False, metavar="[SPEC.yaml]"),
         click.Option(["--name"], help="Cluster name (lowercase letters, digits, '-')."),
-        click.Option(["--provider", "-p"], type=click.Choice(sorted(REGISTRY)),
+        click.Option(["--provider", "-p"], type=click.Choice(list(PROVIDERS)),
                      help="Where the nodes come from (default: local)."),
         click.Option(["--nodes", "-N", "nodes"], type=int, help="Number of nodes."),
         click.Option(["--slots"], type=int, help="Slots (GPUs / ranks) per node; default: the provider's GPU count, "
@@ -60,7 +50,7 @@ def build_up_command() -> click.Command:
                           "ones /shared2, /shared3 ...)."),
         click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
-    for key, (spec, providers) in sorted(_provider_options().items()):
+    for key, (spec, providers) in sorted(every_provider_option().items()):
         params.append(_click_option(key, spec, providers))
     return click.Command(
         "up", params=params, callback=_up,
@@ -71,19 +61,21 @@ def build_up_command() -> click.Command:
     )
 
 
-def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_output, autostop, autodown, wait_for,
-        shared_fs, shared_mount, **options):
+def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: int | None, slots: int | None,
+        user: str | None, dry_run: bool, no_ssh: bool, json_output: bool, autostop: str | None,
+        autodown: bool | None, wait_for: str | None, shared_fs: tuple[str, ...], shared_mount: str | None,
+        **options: Any) -> int:
     from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.cluster import lifecycle, spec
+    from clustertool.cluster.clusterrequests import UpRequest
     from clustertool.remote import access
 
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user,
                  "autostop": autostop, "autodown": autodown, "wait_for": wait_for,
                  "shared_fs": list(shared_fs) or None, "shared_mount": shared_mount, **options}
-    cluster_spec = spec.load_spec(spec_file, overrides)
-    report = reporter(json_output)
-    result = lifecycle.up(cluster_spec, dry_run=dry_run, no_ssh=no_ssh, report=report)
+    request = UpRequest(spec.load_spec(spec_file, overrides), dry_run=dry_run, no_ssh=no_ssh)
+    result = lifecycle.up(request, report=reporter(json_output))
     if dry_run:
         if json_output:
             render.print_json(result.to_dict())
@@ -92,6 +84,7 @@ def _up(spec_file, name, provider, nodes, slots, user, dry_run, no_ssh, json_out
                 click.echo(line)
         return 0
     cluster = result.cluster
+    assert cluster is not None  # only a dry run has none
     if json_output:
         render.print_json(result.to_dict())
         return 0

@@ -10,9 +10,10 @@ its metavar, else as the option's name in capitals (``--timeout TIMEOUT``); choi
 from __future__ import annotations
 
 import types
+from typing import Any
 
 
-def argument_label(param) -> str:
+def argument_label(param: Any) -> str:
     """A metavar as written (it says itself whether it is optional); else NAME, [NAME], NAME..."""
     if param.metavar:
         return param.metavar
@@ -21,27 +22,27 @@ def argument_label(param) -> str:
     return label + "..." if param.nargs != 1 else label
 
 
-def _usage_pieces(self, ctx) -> list[str]:
+def _usage_pieces(self: Any, ctx: Any) -> list[str]:
     return [argument_label(self)]
 
 
-def _help_record(self, ctx):
+def _help_record(self: Any, ctx: Any) -> tuple[str, str]:
     text = (getattr(self, "help", None) or "").strip()
     return argument_label(self).strip("[]"), text
 
 
-def _is_choice(param) -> bool:
+def _is_choice(param: Any) -> bool:
     if type(getattr(param, "type", None)).__name__ == "Choice":
         return True
     return bool(getattr(getattr(param, "type_descriptor", None), "is_choice", False))
 
 
-def _value_name(param) -> str:
+def _value_name(param: Any) -> str:
     longs = [o for o in param.opts if o.startswith("--")]
     return (max(longs, key=len)[2:] if longs else param.name or "value").replace("-", "_").upper()
 
 
-def name_params(command) -> None:
+def name_params(command: Any) -> None:
     """Readable names for the arguments and option values of ``command`` and its subcommands.
 
     Works on click's and on typer's own (bundled click) parameters alike, by their kind.

@@ -23,8 +23,7 @@ from clustertool.cluster import autostop
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.durations import format_duration, parse_duration
 from clustertool.core.errors import UsageError
-from clustertool.core.model import ClusterRecord, JobRecord
-from clustertool.providers.aws.capacity_blocks import DEFAULT_WARNING, SIGNALS
+from clustertool.core.model import BLOCK_END_SIGNALS, BLOCK_END_WARNING, ClusterRecord, JobRecord
 
 
 def utc(t: float | None) -> str:
@@ -46,8 +45,8 @@ def parse_at(text: str, now: float | None = None) -> float:
 
 def signal_name(value: str | None) -> str:
     sig = str(value or "TERM").upper().removeprefix("SIG")
-    if sig not in SIGNALS:
-        raise UsageError(f"--block-end-signal {value!r}: use one of {', '.join(SIGNALS)}")
+    if sig not in BLOCK_END_SIGNALS:
+        raise UsageError(f"--block-end-signal {value!r}: use one of {', '.join(BLOCK_END_SIGNALS)}")
     return sig
 
 
@@ -122,7 +121,7 @@ def request(cluster: ClusterRecord, at: str | None, warning: str | None, signal:
     if at is not None:
         new.update(at=parse_at(at, now), source=f"an end set by `clustertool capacity block-end` ({at})")
     new["warning_s"] = parse_duration(warning, "--block-end-warning") if warning else int(
-        old.get("warning_s") or parse_duration(DEFAULT_WARNING))
+        old.get("warning_s") or parse_duration(BLOCK_END_WARNING))
     new["signal"] = signal_name(signal or old.get("signal"))
     return new
 

@@ -25,7 +25,7 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset, state
 from clustertool.core.errors import UsageError
 from clustertool.core.hostfile import render_cluster
-from clustertool.core.model import ClusterRecord, Node, Reporter, jsonable, silent
+from clustertool.core.model import ClusterRecord, ClusterState, Node, jsonable
 from clustertool.remote.group import run_on_node
 
 REASON_MAX = 200  # characters of a cordon's reason kept
@@ -74,30 +74,28 @@ def leader_refused(node: Node) -> UsageError:
              f"{node.name} --yes`); a leader that stays bad needs a new cluster (`down`, then `up`)")
 
 
-def cordon(session: ClusterSession, selection: str, *, reason: str | None = None,
-           report: Reporter = silent) -> CordonResult:
+def cordon(session: ClusterSession, selection: str, *, reason: str | None = None) -> CordonResult:
     """Cordon the selected nodes (all or none: a selection with the leader changes nothing)."""
     def pick(record: ClusterRecord) -> dict[str, dict[str, Any] | None]:
         nodes = nodeset.select(record, selection)
         return _checked({n.name: mark(reason) for n in nodes}, record)
-    return _apply(session, "cordon", pick, report)
+    return _apply(session, "cordon", pick)
 
 
-def cordon_nodes(session: ClusterSession, reasons: dict[str, str], *, by: str = "user",
-                 report: Reporter = silent) -> CordonResult:
+def cordon_nodes(session: ClusterSession, reasons: dict[str, str], *, by: str = "user") -> CordonResult:
     """Cordon each named node with its own reason (`doctor --cordon`: the finding)."""
     def pick(record: ClusterRecord) -> dict[str, dict[str, Any] | None]:
         for name in reasons:
             record.node(name)  # an unknown name is a UsageError
         return _checked({name: mark(why, by) for name, why in reasons.items()}, record)
-    return _apply(session, "cordon", pick, report)
+    return _apply(session, "cordon", pick)
 
 
-def uncordon(session: ClusterSession, selection: str, *, report: Reporter = silent) -> CordonResult:
+def uncordon(session: ClusterSession, selection: str) -> CordonResult:
     """Put the selected nodes back into the hostfiles and jobs' default nodes."""
     def pick(record: ClusterRecord) -> dict[str, dict[str, Any] | None]:
         return {n.name: None for n in nodeset.select(record, selection)}
-    return _apply(session, "uncordon", pick, report)
+    return _apply(session, "uncordon", pick)
 
 
 def _checked(wanted: dict[str, dict[str, Any] | None], record: ClusterRecord) -> dict[str, dict[str, Any] | None]:
@@ -107,8 +105,8 @@ def _checked(wanted: dict[str, dict[str, Any] | None], record: ClusterRecord) ->
     return wanted
 
 
-def _apply(session: ClusterSession, verb: str, pick: Callable[[ClusterRecord], dict[str, dict[str, Any] | None]],
-           report: Reporter) -> CordonResult:
+def _apply(session: ClusterSession, verb: str,
+           pick: Callable[[ClusterRecord], dict[str, dict[str, Any] | None]]) -> CordonResult:
     with session.locked(purpose=verb) as record:
         wanted = pick(record)
         out = CordonResult(record.name, verb)
@@ -122,7 +120,7 @@ def _apply(session: ClusterSession, verb: str, pick: Callable[[ClusterRecord], d
         if out.changed:
             state.save(record)
             out.hostfile = str(write_local_hostfile(record))
-            out.leader_hostfile = _write_leader(session, record, report)
+            out.leader_hostfile = _write_leader(session, record)
         out.cordons = {name: record.node(name).cordon for name in wanted}
         out.cordoned = [n.name for n in record.cordoned]
         return out
@@ -155,13 +153,13 @@ def leader_hostfile_script(text: str) -> str:
             f'printf %s {data} | base64 -d > "$t" && mv -f "$t" "$HOME/hostfile"\n')
 
 
-def _write_leader(session: ClusterSession, record: ClusterRecord, report: Reporter) -> str:
-    if record.status != "ready":
+def _write_leader(session: ClusterSession, record: ClusterRecord) -> str:
+    if record.status != ClusterState.READY:
         return f"not written: the cluster is {record.status} (`start` writes it)"
     result = run_on_node(session, record.leader, "sh -s", timeout=30,
                          stdin_data=leader_hostfile_script(render_cluster(record, "openmpi")).encode())
     if not result.ok:
         why = f"not written: {record.leader.name}: {result.reason}"
-        report(f"the leader's ~/hostfile was {why}")
+        session.report(f"the leader's ~/hostfile was {why}")
         return why
     return "written"

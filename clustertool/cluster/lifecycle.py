@@ -16,10 +16,13 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from clustertool import nodeprogs
 from clustertool.cluster import autostop, ledger, topology_order
+from clustertool.cluster.clusterrequests import DownRequest, UpRequest
 from clustertool.cluster.session import ClusterSession
+from clustertool.cluster.spec import ClusterSpec
 from clustertool.cluster.status import list_all
 from clustertool.core import interrupts, state
 from clustertool.core.errors import RemoteError, ToolError, UsageError
@@ -39,7 +42,7 @@ class UpResult:
     plan: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """What `up --json` prints: the plan (a dry run), else the cluster, its hostfile and timings."""
         if self.cluster is None:
             return {"plan": self.plan}
@@ -50,7 +53,8 @@ def hostfile_dir() -> Path:
     return Path(os.environ.get("CLUSTERTOOL_HOSTFILE_DIR") or Path.cwd() / "hostfiles")
 
 
-def _new_cluster(spec, report: Reporter = silent) -> tuple[ClusterRecord, Provider]:
+def _new_session(spec: ClusterSpec, report: Reporter) -> ClusterSession:
+    """The session `up` makes: a new record (its id: the name and a random suffix), the spec's provider."""
     provider = get_provider(spec.provider, report=report)
     cluster = ClusterRecord(
         name=spec.name, provider=spec.provider, user=spec.user or provider.default_user,
@@ -58,7 +62,7 @@ def _new_cluster(spec, report: Reporter = silent) -> tuple[ClusterRecord, Provid
     )
     if spec.autostop:
         cluster.autostop = dict(spec.autostop)
-    return cluster, provider
+    return ClusterSession(cluster, report=report, provider=provider)
 
 
 def _already(name: str) -> ToolError:
@@ -68,45 +72,51 @@ def _already(name: str) -> ToolError:
     return UsageError(f"cluster {name!r} already exists", hint=f"use it, or `clustertool down -c {name}` first")
 
 
-def up(spec, *, dry_run: bool = False, no_ssh: bool = False, report: Reporter = silent) -> UpResult:
-    cluster, provider = _new_cluster(spec, report)
-    if no_ssh:
+def up(request: UpRequest, *, report: Reporter = silent) -> UpResult:
+    """`clustertool up`: all or nothing (see the module's docstring); the session it makes reports to
+    ``report``.  A dry run makes nothing and returns the plan."""
+    session = _new_session(request.spec, report)
+    cluster, provider = session.record, session.provider
+    if request.no_ssh:
         cluster.no_ssh = True  # providers wait for "running", not for SSH
     paths = state.ClusterPaths(cluster.name)
 
     def save() -> None:
         state.save(cluster)
 
-    request = ProvisionRequest(cluster=cluster, count=spec.nodes, slots=spec.slots,
-                               public_key="", key_path=paths.key, files_dir=paths.root,
-                               save=save, report=report, dry_run=dry_run)
+    # ProvisionRequest.count says int, yet a provider that counts what it adopts gets None (static, aws adopt):
+    # the providers' own types need that fixed; the value passed on is unchanged
+    provision = ProvisionRequest(cluster=cluster, count=cast(int, request.spec.nodes), slots=request.spec.slots,
+                                 public_key="", key_path=paths.key, files_dir=paths.root,
+                                 save=save, report=report, dry_run=request.dry_run)
     if state.exists(cluster.name):  # refused without touching the home; checked again under the lock
         raise _already(cluster.name)
     setting = autostop.setting_of(cluster)
     if setting:
         autostop.check_allowed(cluster, provider, setting)
     mount.check_kinds(provider, cluster)
-    if dry_run:
-        provider.check(request)
-        plan = provider.plan(request) + mount.plan_lines(cluster)
+    if request.dry_run:
+        provider.check(provision)
+        plan = provider.plan(provision) + mount.plan_lines(cluster)
         return UpResult(None, plan=plan + ([autostop.plan_line(setting, cluster.provider)] if setting else []))
     with state.locked(cluster.name, purpose="up"):
         if state.exists(cluster.name):  # under the lock: a second `up` of the name makes nothing
             raise _already(cluster.name)
         try:
-            provider.check(request)
+            provider.check(provision)
             keys.ensure_keypair(cluster.name, provider.key_type or keys.KEYGEN_TYPE)
-            request.public_key = paths.pubkey.read_text().strip()
+            provision.public_key = paths.pubkey.read_text().strip()
             state.save(cluster)
             state.write_marker(cluster.name, cluster.id)
         except interrupts.Terminated as exc:  # nothing made yet: nothing to remember
             state.delete(cluster.name)
             raise interrupts.Terminated(exc.signum, f"up stopped by {interrupts.signal_name(exc.signum)} before "
                                                     "it made anything") from None
-        return _provision(cluster, provider, request, no_ssh, report)
+        return _provision(session, provision, request.no_ssh)
 
 
-def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> UpResult:
+def _provision(session: ClusterSession, request: ProvisionRequest, no_ssh: bool) -> UpResult:
+    cluster, provider, report = session.record, session.provider, session.report
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     try:
@@ -125,15 +135,15 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
         if not no_ssh:
             t1 = time.monotonic()
             report("pinning host keys and wiring cluster SSH")
-            wire(ClusterSession(cluster, report=report))
+            wire(session)
             timings["wire"] = time.monotonic() - t1
-            mount.mount_phase(ClusterSession(cluster, report=report), cluster, report)
+            mount.mount_phase(session, cluster, report)
         autostop.install_at_up(cluster, provider, no_ssh, report)
         provider.finish(cluster)
         cluster.status = ClusterState.READY if not no_ssh else ClusterState.PROVISIONED
         state.save(cluster)
     except BaseException as exc:
-        _rollback(cluster, provider, report, exc)
+        _rollback(session, exc)
         if isinstance(exc, interrupts.Terminated):
             raise interrupts.Terminated(exc.signum, f"up stopped by {interrupts.signal_name(exc.signum)}; "
                                                     "everything it had made was removed") from None
@@ -144,7 +154,8 @@ def _provision(cluster, provider, request, no_ssh: bool, report: Reporter) -> Up
     return UpResult(cluster, hostfile=path, timings=timings)
 
 
-def _rollback(cluster, provider, report: Reporter, exc: BaseException) -> None:
+def _rollback(session: ClusterSession, exc: BaseException) -> None:
+    cluster, provider, report = session.record, session.provider, session.report
     why = exc.message if isinstance(exc, (ToolError, interrupts.Terminated)) else f"{type(exc).__name__}: {exc}"
     if isinstance(exc, KeyboardInterrupt):
         why = "interrupted (Ctrl-C)"
@@ -197,7 +208,7 @@ def wire(session: ClusterSession) -> GroupResult:
     member_script = keys.wire_script(cluster, private, public, None).encode()
     leader_script = keys.wire_script(cluster, private, public, render_cluster(cluster, "openmpi")).encode()
 
-    def script(node) -> bytes:
+    def script(node: Node) -> bytes:
         return leader_script if node.name == leader else member_script
 
     result = run_on_nodes(session, cluster.nodes, "sh -s", stdin_data=script, timeout=60)
@@ -310,28 +321,27 @@ def stop_up(name: str, pid: int, *, report: Reporter = silent, wait_s: float = U
     return f"stopped the `up` of {name!r} (pid {pid}) after {time.monotonic() - started:.1f}s of rollback"
 
 
-def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = False,
-         force_owner: bool = False, keep_shared_fs: bool = False) -> list[str]:
+def down(session: ClusterSession, request: DownRequest = DownRequest()) -> list[str]:
     """Remove everything the cluster made (by its id); forget machines it adopted. Idempotent.
 
     A SIGTERM/SIGHUP lets the delete in progress finish, then stops with the state kept, so a
     second `down` completes the job."""
-    with state.locked(name, purpose="down"):
-        cluster = state.load(name)
-        provider = get_provider(cluster.provider, report=report)
+    name, report = session.name, session.report
+    with session.locked(purpose="down") as cluster:
+        provider = session.provider
         lines: list[str] = []
-        if terminate_adopted:
+        if request.terminate_adopted:
             cluster.terminate_adopted = True
-        cluster.keep_shared_fs = keep_shared_fs  # the file systems `up` made stay (the provider says what stays)
+        cluster.keep_shared_fs = request.keep_shared_fs  # the file systems `up` made stay (the provider says what)
         try:
             with interrupts.deferred():
-                _confirm_owner(provider, cluster, force_owner, "down")
+                _confirm_owner(provider, cluster, request.force_owner, "down")
                 if autostop.setting_of(cluster) and cluster.status in autostop.UP:
                     lines += autostop.reconcile(cluster, provider, provider.query_instances(cluster))
-                if cluster.status == "ready":  # before the nodes go: no mount or sshfs left behind
-                    lines += mount.unmount_phase(ClusterSession(cluster, report=report), cluster, report)
-                if not _owns(provider, cluster) and cluster.nodes and cluster.status == "ready":
-                    lines += unwire(ClusterSession(cluster, report=report))
+                if cluster.status == ClusterState.READY:  # before the nodes go: no mount or sshfs left behind
+                    lines += mount.unmount_phase(session, cluster, report)
+                if not _owns(provider, cluster) and cluster.nodes and cluster.status == ClusterState.READY:
+                    lines += unwire(session)
                 close_masters(cluster)
                 for line in provider.terminate_instances(cluster):
                     report(line)
@@ -340,14 +350,14 @@ def down(name: str, *, report: Reporter = silent, terminate_adopted: bool = Fals
             raise interrupts.Terminated(exc.signum, f"down stopped by {interrupts.signal_name(exc.signum)} after "
                                                     "its current step; the state is kept",
                                         hint=f"run `clustertool down -c {name} --yes` again to finish") from None
-        if cluster.status not in ("autodowned", "provisioning", "failed"):
+        if cluster.status not in (ClusterState.AUTODOWNED, ClusterState.PROVISIONING, ClusterState.FAILED):
             ledger.record("down", cluster)
         _forget(cluster)
         lines.append(f"cluster {name!r} forgotten")
         return lines
 
 
-def _confirm_owner(provider, cluster: ClusterRecord, force: bool, verb: str) -> None:
+def _confirm_owner(provider: Provider, cluster: ClusterRecord, force: bool, verb: str) -> None:
     provider.confirm_owner(cluster, force, verb)
 
 
@@ -372,7 +382,7 @@ def known() -> tuple[set[str], set[str]]:
     return {c.id for c in clusters if c.id}, {c.name for c in clusters}
 
 
-def _owns(provider, cluster: ClusterRecord) -> bool:
+def _owns(provider: Provider, cluster: ClusterRecord) -> bool:
     """Whether down terminates the machines (False for adopted / static ones)."""
     return provider.owns_cluster(cluster)
 
@@ -390,13 +400,13 @@ def unwire(session: ClusterSession) -> list[str]:
             for r in result.results]
 
 
-def stop(name: str, *, report: Reporter = silent, force_owner: bool = False) -> None:
-    with state.locked(name, purpose="stop"):
-        cluster = state.load(name)
-        provider = get_provider(cluster.provider, report=report)
+def stop(session: ClusterSession, *, force_owner: bool = False) -> None:
+    """Stop the nodes, keeping their disks (shared filesystems unmounted first)."""
+    with session.locked(purpose="stop") as cluster:
+        provider = session.provider
         _confirm_owner(provider, cluster, force_owner, "stop")
-        if cluster.status == "ready":
-            mount.unmount_phase(ClusterSession(cluster, report=report), cluster, report)
+        if cluster.status == ClusterState.READY:
+            mount.unmount_phase(session, cluster, session.report)
         close_masters(cluster)
         provider.stop_instances(cluster)
         was = cluster.status
@@ -404,15 +414,14 @@ def stop(name: str, *, report: Reporter = silent, force_owner: bool = False) -> 
         for node in cluster.nodes:
             node.state = "stopped"
         state.save(cluster)
-        if was != "stopped":
+        if was != ClusterState.STOPPED:
             ledger.record("stop", cluster)
 
 
-def start(name: str, *, report: Reporter = silent, force_owner: bool = False) -> ClusterRecord:
+def start(session: ClusterSession, *, force_owner: bool = False) -> ClusterRecord:
     """Start stopped nodes; addresses may change, so hostfile, config and keys are refreshed."""
-    with state.locked(name, purpose="start"):
-        cluster = state.load(name)
-        provider = get_provider(cluster.provider, report=report)
+    with session.locked(purpose="start") as cluster:
+        provider = session.provider
         _confirm_owner(provider, cluster, force_owner, "start")
         cordons = {n.name: n.cordon for n in cluster.nodes}  # a provider may hand back new Node objects
         cluster.nodes = provider.start_instances(cluster)
@@ -423,27 +432,26 @@ def start(name: str, *, report: Reporter = silent, force_owner: bool = False) ->
         if cluster.no_ssh:  # brought up with --no-ssh: nothing to re-wire
             cluster.status = ClusterState.PROVISIONED
         else:
-            wire(ClusterSession(cluster, report=report))
+            wire(session)
             cluster.status = ClusterState.READY
             setting = autostop.setting_of(cluster)
             if setting or cluster.block_end:  # addresses may have changed; the idle count starts again
-                autostop.install(ClusterSession(cluster, report=report), setting, autostop.poweroff_command(provider))
+                autostop.install(session, setting, autostop.poweroff_command(provider))
         state.save(cluster)
         ledger.record("start", cluster)
         if cluster.status == ClusterState.READY:
-            mount.mount_phase(ClusterSession(cluster, report=report), cluster, report)
+            mount.mount_phase(session, cluster, session.report)
         return cluster
 
 
-def repin(name: str, node_names: list[str] | None = None) -> list[str]:
+def repin(session: ClusterSession, node_names: list[str] | None = None) -> list[str]:
     """Forget and re-collect host keys (after a node was legitimately rebuilt)."""
-    with state.locked(name, purpose="repin"):
-        cluster = state.load(name)
+    with session.locked(purpose="repin") as cluster:
         changed = []
         for node in cluster.nodes:
             if node_names is None or node.name in node_names:
                 node.host_keys = []
                 changed.append(node.name)
-        wire(ClusterSession(cluster))
+        wire(session)
         state.save(cluster)
         return changed

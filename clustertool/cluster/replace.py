@@ -26,7 +26,7 @@ from clustertool.cluster.lifecycle import close_masters, wire
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import interrupts, nodeset, state
 from clustertool.core.errors import NotSupported, ToolError, UsageError
-from clustertool.core.model import ClusterRecord, Node, Reporter, jsonable, silent
+from clustertool.core.model import ClusterRecord, ClusterState, Node, jsonable
 from clustertool.remote.keys import fingerprint
 from clustertool.sharedfs import mount
 
@@ -70,17 +70,16 @@ def targets(record: ClusterRecord, selection: str, owns: bool) -> list[Node]:
             f"cluster {record.name!r} is made of machines clustertool did not make ({record.provider}): "
             "it cannot replace them",
             hint=f"`clustertool cordon {selection}` keeps a bad one out of hostfiles and jobs")
-    if record.status != "ready" and not (record.no_ssh and record.status == "provisioned"):
+    if record.status != ClusterState.READY and not (record.no_ssh and record.status == ClusterState.PROVISIONED):
         raise UsageError(f"cluster {record.name!r} is {record.status}: replace needs a ready cluster",
                          hint=f"`clustertool start -c {record.name}` first")
     return nodeset.select(record, selection)
 
 
-def replace(session: ClusterSession, selection: str, *, keep_old: bool = False,
-            report: Reporter = silent) -> ReplaceResult:
+def replace(session: ClusterSession, selection: str, *, keep_old: bool = False) -> ReplaceResult:
     """Replace the selected nodes (each all or nothing), then pin, wire and write hostfiles once (a cluster
     brought up with --no-ssh: hostfiles only).  ``keep_old``: the provider keeps the old machine stopped."""
-    t0 = time.monotonic()
+    t0, report = time.monotonic(), session.report
     with session.locked(purpose="replace") as record:
         provider = session.provider
         picked = targets(record, selection, provider.owns_cluster(record))
@@ -95,7 +94,7 @@ def replace(session: ClusterSession, selection: str, *, keep_old: bool = False,
             record, nodes=picked, options={k: v for k, v in record.options.items() if k != "jump"}))
         out = ReplaceResult(record.name)
         for node in picked:
-            out.replaced.append(_replace_one(session, record, node, report, keep_old))
+            out.replaced.append(_replace_one(session, record, node, keep_old))
         out.hostfile = str(write_local_hostfile(record))
         if record.no_ssh:  # brought up with --no-ssh: nothing is wired (as `start` does)
             state.save(record)
@@ -103,7 +102,7 @@ def replace(session: ClusterSession, selection: str, *, keep_old: bool = False,
             return out
         report("pinning the new host key(s); pushing the cluster key, known_hosts and hostfile to every node")
         try:
-            wire(ClusterSession(record, session.transport, report))
+            wire(session)
         except ToolError as exc:
             raise ToolError(f"{exc.message} (the new node(s) {nodeset.fold(n.node for n in out.replaced)} are made "
                             "and their keys pinned here)",
@@ -111,18 +110,17 @@ def replace(session: ClusterSession, selection: str, *, keep_old: bool = False,
                                  "hostfiles again") from exc
         if any(r.role == "leader" for r in out.replaced) and autostop.setting_of(record):
             report("installing the autostop watcher on the new leader")
-            autostop.install(ClusterSession(record, session.transport, report), autostop.setting_of(record),
+            autostop.install(session, autostop.setting_of(record),
                              autostop.poweroff_command(provider))
         state.save(record)
-        mount.mount_phase(ClusterSession(record, session.transport, report), record, report)  # new nodes: shared fs
+        mount.mount_phase(session, record, report)  # new nodes: shared fs
     out.seconds = round(time.monotonic() - t0, 2)
     return out
 
 
-def _replace_one(session: ClusterSession, record: ClusterRecord, node: Node, report: Reporter,
-                 keep_old: bool = False) -> ReplacedNode:
+def _replace_one(session: ClusterSession, record: ClusterRecord, node: Node, keep_old: bool = False) -> ReplacedNode:
     t = time.monotonic()
-    report(f"replacing {node.name} ({node.role}, {node.address})")
+    session.report(f"replacing {node.name} ({node.role}, {node.address})")
     try:
         new = session.provider.replace_node(record, node.name, keep_old=keep_old)
     except (NotSupported, UsageError):  # refused before anything was touched
@@ -144,8 +142,8 @@ def _replace_one(session: ClusterSession, record: ClusterRecord, node: Node, rep
     record.nodes[[n.name for n in record.nodes].index(node.name)] = new
     state.save(record)
     if lifted:
-        report(f"{node.name}: its cordon is lifted (the machine it marked is gone)")
-    report(f"{node.name}: replaced; {DISK_GONE}")
+        session.report(f"{node.name}: its cordon is lifted (the machine it marked is gone)")
+    session.report(f"{node.name}: replaced; {DISK_GONE}")
     return ReplacedNode(node.name, node.role, new.address, fingerprint(node.host_keys), fingerprint(new.host_keys),
                         round(time.monotonic() - t, 2), lifted, node.instance_id, new.instance_id,
                         keep_old and bool(node.instance_id))

@@ -20,16 +20,22 @@ from clustertool.remote.transport import SSH, Link, Transport
 class ClusterSession(Link):
     """The cluster record, its provider, the transport and the reporter, for one command."""
 
-    def __init__(self, record: ClusterRecord, transport: Transport = SSH, report: Reporter = silent) -> None:
+    def __init__(self, record: ClusterRecord, transport: Transport = SSH, report: Reporter = silent,
+                 provider: Provider | None = None) -> None:
         super().__init__(record, transport)
         self.report = report
-        self._provider: Provider | None = None
+        self._provider = provider  # made when first asked for, unless given
 
     @classmethod
     def load(cls, name: str | None = None, *, transport: Transport = SSH,
              report: Reporter = silent) -> "ClusterSession":
         """The cluster named (default: the only one this machine knows), from its state file."""
         return cls(state.load(state.resolve_name(name)), transport, report)
+
+    def fresh(self) -> "ClusterSession":
+        """Another session of the same cluster, transport and reporter, its record read again (for a
+        thread of its own: a session's record is not shared between threads)."""
+        return type(self)(state.load(self.name), self.transport, self.report)
 
     @property
     def provider(self) -> Provider:

@@ -157,6 +157,24 @@ def read_file(path: str) -> dict[str, Any]:
     return normalised
 
 
+PROVIDERS = tuple(sorted(base.REGISTRY))  # what --provider / provider: takes
+OptionSpec = base.OptionSpec  # one provider option, as `up` turns it into a flag
+
+
+def every_provider_option() -> dict[str, tuple[OptionSpec, list[str]]]:
+    """Each option a provider takes (a spec key; with '-' for '_' an `up` flag), with the providers
+    that take it; a provider whose module cannot load here is left out."""
+    merged: dict[str, tuple[OptionSpec, list[str]]] = {}
+    for name in base.REGISTRY:
+        try:
+            options = base.provider_class(name).OPTIONS
+        except (ImportError, AttributeError):  # a provider module not importable here
+            continue
+        for key, spec in options.items():
+            merged.setdefault(key, (spec, []))[1].append(name)
+    return merged
+
+
 def _provider_options(provider: str) -> tuple[dict[str, base.OptionSpec], type[base.Provider]]:
     try:
         cls = base.provider_class(provider)

@@ -11,7 +11,7 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import ToolError
 from clustertool.core.model import ClusterRecord, jsonable
-from clustertool.providers.aws import capacity_wait
+from clustertool.providers.base import Provider, get_provider
 from clustertool.remote import access
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.keys import fingerprint
@@ -77,30 +77,32 @@ def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 
     extra.update(mount.status_extra(session, cluster, check_ssh))
     extra.update(blockend.status_extra(session, check_ssh))  # when the machines go; jobs warned of it
     if unfinished:
-        extra["up"] = _unfinished(cluster)
-        if waiting(cluster):
-            extra[capacity_wait.KEY] = cluster.provider_state[capacity_wait.KEY]  # --json; the text is in "up"
+        extra["up"] = _unfinished(cluster, provider)
+        wait = provider.up_waiting(cluster) if cluster.status == "provisioning" else None
+        if wait:
+            extra["capacity_wait"] = wait.record  # --json; the text is in "up"
     extra.update(replacements(cluster))
     extra.update(topology_order.status_extra(cluster))  # nodes by network node, where `up` learned them
     return ClusterStatus(cluster, rows, extra)
 
 
-def _unfinished(cluster: ClusterRecord) -> str:
+def _unfinished(cluster: ClusterRecord, provider: Provider) -> str:
     held = state.holder(cluster.name)
     if held and held[1] == "up":
-        return f"in progress (pid {held[0]})" + (f"; {waiting(cluster)}" if waiting(cluster) else "")
+        line = waiting(cluster, provider=provider)
+        return f"in progress (pid {held[0]})" + (f"; {line}" if line else "")
     live = [n for n in cluster.nodes if n.state not in ("terminated", "missing")]
     what = "did not finish (its process is gone)" if cluster.status == "provisioning" else "and its cleanup failed"
     return (f"{what}: {len(live)} node(s) still exist; `clustertool down -c {cluster.name} --yes` removes them "
             "and everything else it made")
 
 
-def waiting(cluster: ClusterRecord, short: bool = False) -> str | None:
+def waiting(cluster: ClusterRecord, short: bool = False, provider: Provider | None = None) -> str | None:
     """What an `up --retry-until-up` in flight is doing: waiting for capacity (attempt N, next try at T)."""
-    wait = cluster.provider_state.get(capacity_wait.KEY)
-    if not wait or cluster.status != "provisioning":
+    if cluster.status != "provisioning":
         return None
-    return capacity_wait.waiting_line(wait, short=short)
+    wait = (provider or get_provider(cluster.provider)).up_waiting(cluster)
+    return None if wait is None else wait.short if short else wait.line
 
 
 def replacements(cluster: ClusterRecord, now: float | None = None) -> dict[str, str]:

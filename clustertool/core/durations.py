@@ -32,3 +32,10 @@ def format_duration(seconds: float) -> str:
     m, s = divmod(rest, 60)
     parts = [f"{h}h" if h else "", f"{m}m" if m else "", f"{s}s" if s or not (h or m) else ""]
     return "".join(parts)
+
+
+def short_age(seconds: float) -> str:
+    """``42m`` under an hour, else ``3.5h``: a cluster's age in a table."""
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds / 3600:.1f}h"

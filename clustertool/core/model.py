@@ -13,6 +13,9 @@ LEADER = "leader"
 MEMBER = "member"
 SERVER = "server"  # a reduction server: reached by ssh like any node, but never a rank
 REASON_MAX = 200  # characters of a command's last stderr line kept in a node's failure reason
+# ClusterRecord.block_end: how long before the machines go running jobs are signalled, and with what
+BLOCK_END_WARNING = "30m"  # --block-end-warning's default
+BLOCK_END_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2", "QUIT")  # --block-end-signal's choices
 
 Reporter = Callable[[str], None]  # progress lines for the user; the CLI prints them, --json drops them
 
@@ -82,9 +85,6 @@ class Node:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Node":
         known = {f.name for f in dataclasses.fields(cls)}
-        data = dict(data)
-        if data.get("launcher") in ("tmux", "setsid", "pending") and "detached" not in data:
-            data["detached"] = data.pop("launcher")  # a record from before launchers: its detacher
         return cls(**{k: v for k, v in data.items() if k in known})
 
 

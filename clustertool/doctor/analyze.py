@@ -9,7 +9,7 @@ from typing import AbstractSet, Iterable
 from clustertool.bench.allreduce import size_text
 from clustertool.cluster.facts import Disk, NodeFacts
 from clustertool.doctor.findings import Finding
-from clustertool.plugin.check_report import CheckReport
+from clustertool.doctor.plugin_check_report import CheckReport
 
 DISK_ERROR_PCT, DISK_ERROR_KB = 5.0, 512 * 1024
 DISK_WARN_PCT, DISK_WARN_KB = 15.0, 5 * 1024 * 1024

@@ -10,13 +10,10 @@ only this machine's record and hostfile and the leader (cluster/cordon.py), neve
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from clustertool.cluster.cordon import CordonResult, cordon_nodes, describe
 from clustertool.cluster.session import ClusterSession
-from clustertool.core.model import ClusterRecord, Reporter, jsonable, silent
-from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
+from clustertool.core.model import ClusterRecord
+from clustertool.doctor.findings import AutoCordon, CheckResult, Diagnosis, Finding
 
 LINK_KEYS = ("link", "pair", "peer")
 
@@ -45,26 +42,12 @@ def reasons(cluster: ClusterRecord, diagnosis: Diagnosis) -> tuple[dict[str, str
     return out, skipped
 
 
-@dataclass
-class AutoCordon:
-    """What `doctor --cordon` did (its --json "cordon")."""
-
-    cordoned: dict[str, str] = field(default_factory=dict)  # node -> reason, cordoned now
-    already: list[str] = field(default_factory=list)  # found at error severity, cordoned before
-    skipped: list[dict[str, str]] = field(default_factory=list)  # {node, why}: the leader
-    hostfile: str | None = None
-    leader_hostfile: str = "unchanged"
-
-    def to_dict(self) -> dict[str, Any]:
-        return jsonable(self)
-
-
-def cordon_errors(session: ClusterSession, diagnosis: Diagnosis, report: Reporter = silent) -> AutoCordon:
+def cordon_errors(session: ClusterSession, diagnosis: Diagnosis) -> AutoCordon:
     wanted, skipped = reasons(session.record, diagnosis)
     out = AutoCordon(skipped=skipped)
     if not wanted:
         return out
-    result: CordonResult = cordon_nodes(session, wanted, by="doctor", report=report)
+    result: CordonResult = cordon_nodes(session, wanted, by="doctor")
     out.cordoned = {name: wanted[name] for name in result.changed}
     out.already = list(result.unchanged)
     out.hostfile, out.leader_hostfile = result.hostfile, result.leader_hostfile

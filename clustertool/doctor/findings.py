@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from clustertool.core.model import jsonable
+
 SEVERITIES = ("info", "warning", "error")
 
 
@@ -40,12 +42,27 @@ class CheckResult:
 
 
 @dataclass
+class AutoCordon:
+    """What `doctor --cordon` did (its --json "cordon")."""
+
+    cordoned: dict[str, str] = field(default_factory=dict)  # node -> reason, cordoned now
+    already: list[str] = field(default_factory=list)  # found at error severity, cordoned before
+    skipped: list[dict[str, str]] = field(default_factory=list)  # {node, why}: the leader
+    hostfile: str | None = None
+    leader_hostfile: str = "unchanged"
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(self)
+
+
+@dataclass
 class Diagnosis:
     """What `doctor` found on a cluster: every check's result, and the fixes applied."""
 
     cluster: str
     checks: list[CheckResult] = field(default_factory=list)
     fixed: list[str] = field(default_factory=list)
+    cordoned: AutoCordon | None = None  # doctor --cordon: what it cordoned
 
     @property
     def findings(self) -> list[Finding]:

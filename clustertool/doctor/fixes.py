@@ -13,7 +13,6 @@ import shlex
 
 from clustertool.cluster import lifecycle
 from clustertool.cluster.session import ClusterSession
-from clustertool.core.model import Reporter, silent
 from clustertool.doctor.findings import Finding
 from clustertool.jobs import scripts
 from clustertool.jobs.records import running_job_ids
@@ -28,8 +27,8 @@ def kill_pids_line(comms: dict[str, str]) -> str:
     return "; ".join(parts + ["true"])
 
 
-def apply_fixes(session: ClusterSession, findings: list[Finding], report: Reporter = silent) -> list[str]:
-    cluster = session.record
+def apply_fixes(session: ClusterSession, findings: list[Finding]) -> list[str]:
+    cluster, report = session.record, session.report
     done: list[str] = []
     running = None
     for f in findings:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from clustertool.doctor import xid as xids
+from clustertool.doctor import xid
 from clustertool.doctor.findings import Finding
 from clustertool.doctor.smi import Gpu, SmiError, parse_apps, parse_csv, parse_xml
 
@@ -128,10 +128,10 @@ def parse_dcgm(text: str) -> tuple[list[DcgmResult], str]:
 def fix_for(action: str, node: str, gpu: int | None, then: str = "") -> str:
     reset = (f"reset GPU {gpu} while no job uses it (`clustertool exec -n {node} -- sudo nvidia-smi -r -i {gpu}`) "
              f"or `clustertool reboot --nodes {node}`" if gpu is not None else f"`clustertool reboot --nodes {node}`")
-    text = {xids.RESTART_APP: "restart the job; if it recurs on this node only: " + reset,
-            xids.RESET_GPU: reset,
-            xids.REBOOT: f"`clustertool reboot --nodes {node}`",
-            xids.REPLACE: replace_fix(node)}[action]
+    text = {xid.RESTART_APP: "restart the job; if it recurs on this node only: " + reset,
+            xid.RESET_GPU: reset,
+            xid.REBOOT: f"`clustertool reboot --nodes {node}`",
+            xid.REPLACE: replace_fix(node)}[action]
     return text + (f"; {then}: {replace_fix(node)}" if then else "")
 
 
@@ -215,7 +215,7 @@ def gpu_findings(node: str, g: Gpu) -> list[Finding]:
                           if g.ecc.get(k := f"volatile.{m}.uncorrected"))
         out.append(_f(node, "error", f"{name}: {vol_unc} uncorrectable ECC error(s) since the driver loaded"
                                      + (f" ({split})" if split else ""),
-                      fix_for(xids.RESET_GPU, node, g.index, "if they come back"),
+                      fix_for(xid.RESET_GPU, node, g.index, "if they come back"),
                       gpu=g.index, volatile_uncorrected=vol_unc, aggregate_uncorrected=agg_unc))
     if g.flags.get("sram_threshold_exceeded") or g.flags.get("unrepairable_memory"):
         what = "SRAM error threshold exceeded" if g.flags.get("sram_threshold_exceeded") else "unrepairable memory"
@@ -228,9 +228,9 @@ def gpu_findings(node: str, g: Gpu) -> list[Finding]:
         what = ("row remapping pending" if g.remap_pending else "page retirement pending" if g.retired_pending
                 else "memory repair pending")
         out.append(_f(node, "warning", f"{name}: {what}: it takes effect at the next GPU reset",
-                      fix_for(xids.RESET_GPU, node, g.index), gpu=g.index))
+                      fix_for(xid.RESET_GPU, node, g.index), gpu=g.index))
     if g.recovery_action and g.recovery_action.lower() not in ("none", "n/a"):
-        action = xids.REBOOT if "reboot" in g.recovery_action.lower() else xids.RESET_GPU
+        action = xid.REBOOT if "reboot" in g.recovery_action.lower() else xid.RESET_GPU
         out.append(_f(node, "error", f"{name}: the driver asks for recovery: {g.recovery_action}",
                       fix_for(action, node, g.index), gpu=g.index))
     out += _clock_findings(node, name, g)
@@ -297,7 +297,7 @@ def _pcie_findings(node: str, name: str, g: Gpu) -> list[Finding]:
     return out
 
 
-def _xids(node: str, steps: dict[str, Step], opt: Options, out: list[Finding]) -> list[xids.XidEvent]:
+def _xids(node: str, steps: dict[str, Step], opt: Options, out: list[Finding]) -> list[xid.XidEvent]:
     step = steps.get("xid")
     if step is None:
         return []
@@ -309,22 +309,22 @@ def _xids(node: str, steps: dict[str, Step], opt: Options, out: list[Finding]) -
                                        "Xid events not checked",
                       "give the node's user read access to the kernel log (group adm or systemd-journal, or "
                       "sudo without a password)", step="xid"))
-    return xids.parse_kernel_log(step.text)
+    return xid.parse_kernel_log(step.text)
 
 
-def xid_findings(node: str, events: list[xids.XidEvent], gpus: list[Gpu]) -> list[Finding]:
+def xid_findings(node: str, events: list[xid.XidEvent], gpus: list[Gpu]) -> list[Finding]:
     """One finding per (Xid, GPU), with how often and when last, the catalogue's meaning and action."""
-    index = {xids.bus_device(g.bus_id): g.index for g in gpus}
-    groups: dict[tuple[int, str], list[xids.XidEvent]] = {}
+    index = {xid.bus_device(g.bus_id): g.index for g in gpus}
+    groups: dict[tuple[int, str], list[xid.XidEvent]] = {}
     for e in events:
         groups.setdefault((e.xid, e.pci), []).append(e)
     out = []
     for (number, pci), group in sorted(groups.items()):
         last, info = group[-1], group[-1].info
-        gpu = index.get(xids.bus_device(pci))
+        gpu = index.get(xid.bus_device(pci))
         action = info.action
         if number == 154 and "reboot" in last.message.lower():
-            action = xids.REBOOT
+            action = xid.REBOOT
         where = f"GPU {gpu} ({pci})" if gpu is not None else f"PCI {pci}"
         when = f", last at {last.when}" if last.when else ""
         proc = f" (process {last.process or '?'} pid {last.pid})" if last.pid else ""
@@ -364,7 +364,7 @@ def _dcgm(node: str, steps: dict[str, Step], opt: Options) -> list[Finding]:
     for r in results:
         where = f"GPU {r.gpu}" if r.gpu is not None else "the node"
         area = DCGM_FIX.get(r.error_category or -1)
-        fix = (fix_for(xids.RESET_GPU, node, r.gpu, "if it fails again") if area else
+        fix = (fix_for(xid.RESET_GPU, node, r.gpu, "if it fails again") if area else
                f"fix the software it names (driver, CUDA, DCGM); `clustertool reboot --nodes {node}`")
         out.append(_f(node, "error" if r.status == "Fail" else "warning",
                       f"{what}: {r.test} {'failed' if r.status == 'Fail' else 'warned'} on {where}"

@@ -21,7 +21,7 @@ import shlex
 
 from clustertool.bench.allreduce import bench_argv, parse_rows
 from clustertool.cluster.session import ClusterSession
-from clustertool.core.model import Node, Reporter, silent
+from clustertool.core.model import Node
 from clustertool.doctor import bisect_report
 from clustertool.doctor.bisect import DEFAULT_THRESHOLD, Measurement, Pair, SearchResult, search
 from clustertool.doctor.findings import CheckResult, Finding
@@ -29,7 +29,6 @@ from clustertool.doctor.netchecks import iperf_client_line, parse_iperf
 from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.plugin.build import BENCH, load_record
-from clustertool.providers.local.net import rate_bits
 from clustertool.remote.group import run_on_nodes
 
 RTT_COUNT = 20
@@ -103,13 +102,8 @@ def expected_bits(session: ClusterSession) -> float | None:
     """The rate every link should reach, where the cluster declares one (the local provider's
     ``link_rate``).  EC2's rated bandwidth is not used: one TCP flow there is capped well below it
     (5 Gbit/s, 10 inside a cluster placement group), so it is no floor for iperf3's figure."""
-    rate = session.record.options.get("link_rate")
-    if not rate:
-        return None
-    try:
-        return float(rate_bits(str(rate)))
-    except ValueError:
-        return None
+    rate = session.provider.link_rate(session.record)
+    return None if rate is None else float(rate)
 
 
 def _halves(workers: list[str], named: list[str]) -> tuple[list[str], list[str]] | None:
@@ -167,8 +161,9 @@ def _with_allreduce(found: list[Finding], halves: dict) -> None:
 
 
 def network_check(session: ClusterSession, nodes: list[Node], *, threshold: float = DEFAULT_THRESHOLD,
-                  all_pairs: bool = False, report: Reporter = silent) -> CheckResult:
+                  all_pairs: bool = False) -> CheckResult:
     """The search (or every pair) over ``nodes``, as doctor's ``network`` check."""
+    report = session.report
     if len(nodes) < 2:
         return CheckResult("network", skipped="fewer than two reachable nodes")
     # Local nodes without link_rate share this machine's CPUs and their links have no rate of their own:

@@ -15,6 +15,7 @@ from clustertool.core import nodeset
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, jsonable
 from clustertool.jobs import records, scripts
+from clustertool.jobs.jobrequests import KillRequest
 from clustertool.remote.group import run_on_nodes
 
 
@@ -118,3 +119,10 @@ def kill_all_python(session: ClusterSession, selection: str | None = None) -> Ki
     if all(n.error for n in out):
         raise ToolError("no node could be reached", exit_code=255)
     return KillResult(None, out)
+
+
+def run(session: ClusterSession, request: KillRequest) -> KillResult:
+    """`clustertool kill`: the request's job by its processes (or, ``all_python``, every python process)."""
+    if request.all_python:
+        return kill_all_python(session, request.nodes)
+    return kill(session, request.job, signal=request.signal, grace=request.grace)

@@ -1,8 +1,8 @@
-"""`clustertool run`: preflight, then mpirun on the leader, detached (tmux, else setsid).
+"""`clustertool run`: a request (jobs/jobrequests.py), its plan (jobs/jobplan.py), preflight, then mpirun
+on the leader, detached (tmux, else setsid).
 
 The job survives the user's connection: the leader's tmux server (or a setsid'd shell)
-owns it, not our ssh session.  ``follow`` streams the job's lines (jobs/output.py) until
-it ends and returns the exit code mpirun gave.
+owns it, not our ssh session.  jobs/follow.py streams the job's lines until it ends.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import json
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Iterable
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.jobpaths import JOBS_DIR
-from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, silent
-from clustertool.jobs import logs, output, records, recovery, reducers, scripts, stacks, syncdir
+from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Node
+from clustertool.jobs import output, records, recovery, reducers, scripts, stacks, syncdir
 from clustertool.jobs.jobplan import JobPlan, plan_job
-from clustertool.jobs.mpirun import MpiOptions
+from clustertool.jobs.jobrequests import RunRequest
 from clustertool.nodeprogs import program_text
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
@@ -79,7 +79,7 @@ def rank_nodes(cluster: ClusterRecord, selection: str | None) -> list[Node]:
 ENDING_GRACE_S = 10.0  # how long a job that has ended may take to lose its last processes
 
 
-def _scan(session: ClusterSession, nodes: list[Node]):
+def _scan(session: ClusterSession, nodes: list[Node]) -> tuple[GroupResult, dict[str, list[str]]]:
     """(the scan's result, {job id: [nodes with its processes]})."""
     result = run_on_nodes(session, nodes, "sh -s", timeout=20, stdin_data=scripts.scan_script().encode())
     down = result.failed()
@@ -95,7 +95,7 @@ def _scan(session: ClusterSession, nodes: list[Node]):
     return result, busy
 
 
-def _ended(session: ClusterSession, job_ids) -> bool:
+def _ended(session: ClusterSession, job_ids: Iterable[str]) -> bool:
     """Every one of these jobs has its exit recorded on the leader (it ended; its last processes
     may still be exiting, e.g. ranks after mpirun returned)."""
     cluster = session.record
@@ -132,62 +132,42 @@ def _fallback_port(job_id: str) -> int:
     return 29500 + int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % 10000
 
 
-def _sync_target(sync: str | None, sync_to: str | None) -> tuple[str, str] | None:
-    """(local folder, folder on the nodes) for --sync, which becomes the job's working directory."""
-    if sync is None:
-        if sync_to is not None:
-            raise UsageError("--sync-to goes with --sync", hint="clustertool run --sync [DIR] --sync-to PATH -- CMD")
-        return None
-    return syncdir.resolve(sync, sync_to)
+def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
+        on_progress: ProgressCb | None = None) -> Launch:
+    """Start the job ``request`` asks for (after sending its ``sync`` folder to the job's nodes); ``dry_run``:
+    only plan it.  Progress lines go to the session's reporter, the sync's bars to ``on_progress``.
 
-
-def run(session: ClusterSession, opts: MpiOptions, *, selection: str | None = None, name: str | None = None,
-        dry_run: bool = False, allow_concurrent: bool = False, use_plugin: bool = False,
-        sync: str | None = None, sync_to: str | None = None, on_progress: ProgressCb | None = None,
-        hang_timeout: float | None = None, hang_action: str = "keep", restarts: int = 0,
-        restart_on_exit_codes: list[int] | None = None, replace_failed: bool = False,
-        replace_wait: float | None = None, on_preempt_signal: str | None = None,
-        report: Reporter = silent) -> Launch:
-    """Start the job (after sending ``sync``, a local folder, to ``sync_to`` or its own path on the nodes).
-
-    ``hang_timeout``: seconds without a byte of output or CPU time moved on any rank before the
-    supervisor saves every rank's stack and marks the job hung (``hang_action`` "kill" also stops it).
-    ``restarts``: when the job fails (with ``restart_on_exit_codes``: only with one of those codes), the
-    leader starts the same command again, up to that many times (nodeprogs/restarts.py).
-    ``replace_failed``: a lost node is first replaced by the recovery loop on this machine (jobs/recovery.py),
-    within ``replace_wait`` seconds.  ``on_preempt_signal``: what the ranks get on a spot notice."""
-    _check_hang(hang_timeout, hang_action)
-    restart = restart_policy(restarts, restart_on_exit_codes)
-    recovery_opts = recovery.options(restarts, replace_failed, replace_wait, on_preempt_signal)
-    synced_dir = _sync_target(sync, sync_to)
+    The plan holds what the nodes run; the job's record (what `jobs` shows, what the leader's
+    supervisor, restart loop and spot watcher read) is derived from the request and the plan."""
     cluster = session.ready()
-    nodes = rank_nodes(cluster, selection)
-    servers = cluster.schedulable_servers if use_plugin else []  # a cordoned server gets no reducer
-    env = plugin_env(cluster) if use_plugin else {}
+    report = session.report
+    nodes = rank_nodes(cluster, request.nodes)
+    servers = cluster.schedulable_servers if request.plugin else []  # a cordoned server gets no reducer
+    env = plugin_env(cluster) if request.plugin else {}
     if servers:  # the real ports are known once the reducers listen (after preflight)
         env[reducers.ENV_LIST] = ",".join(f"{n.address}:PORT" for n in servers)
-    plan = plan_job(cluster, nodes, opts, records.new_id(), sync=synced_dir, plugin_env=env, servers=servers)
-    recovery_opts = recovery.for_cluster(cluster, recovery_opts)
+    synced_dir = request.sync.target() if request.sync is not None else None
+    plan = plan_job(cluster, nodes, request.mpi_options(), records.new_id(), sync=synced_dir, plugin_env=env,
+                    servers=servers)
+    preempt = recovery.preempt_signal(cluster, request.recovery)
     if dry_run:
         commands = [(n.name, argv) for n, argv in plan.node_commands()] if plan.spec.node_launcher else None
-        return Launch(_record(cluster, plan, name, hang_timeout, hang_action, restart, recovery_opts), plan.argv,
-                      dry_run=True,
-                      sync=synced_dir, node_commands=commands)
+        return Launch(job_record(cluster, plan, request, preempt), plan.argv, dry_run=True, sync=synced_dir,
+                      node_commands=commands)
     report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
-    home, port = preflight(session, list(plan.nodes), allow_concurrent)
+    home, port = preflight(session, list(plan.nodes), request.allow_concurrent)
     synced = None
     if synced_dir is not None:
         report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(n.name for n in plan.nodes)}")
-        synced = syncdir.sync(session, *synced_dir, list(plan.nodes), report=report, on_progress=on_progress)
+        synced = syncdir.sync(session, *synced_dir, list(plan.nodes), on_progress=on_progress)
     started = []
     if servers:
-        started = reducers.start(session, plan.job_id, plugin_env_dest(cluster), report=report)
+        started = reducers.start(session, plan.job_id, plugin_env_dest(cluster))
     plan = plan.with_facts(home, reducers.env(started) if started else None, port or _fallback_port(plan.job_id))
     try:
         if plan.spec.node_launcher:
-            _install_agent(session, plan, report)
-        return _start(session, plan, _record(cluster, plan, name, hang_timeout, hang_action, restart, recovery_opts),
-                      started, synced, report)
+            _install_agent(session, plan)
+        return _start(session, plan, job_record(cluster, plan, request, preempt), started, synced)
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
@@ -208,7 +188,7 @@ def _supervisor(plan: JobPlan, job: JobRecord) -> bytes | None:
                                       "all_nodes": [[n.name, n.address] for n in plan.nodes]})
 
 
-def _node_ports(nodes) -> list[list]:
+def _node_ports(nodes: Iterable[Node]) -> list[list[object]]:
     """[name, address, ssh port as the leader reaches it] of each node (the leader asks their ssh ports)."""
     return [[n.name, n.address, n.ssh_port if n.ssh_host in (None, n.address) else 22] for n in nodes]
 
@@ -220,52 +200,16 @@ def _hang_stacks(plan: JobPlan, job: JobRecord) -> bytes | None:
     return program_text("stacks", stacks.node_args(plan.job_id, None, 10.0))
 
 
-def _install_agent(session: ClusterSession, plan: JobPlan, report: Reporter) -> None:
+def _install_agent(session: ClusterSession, plan: JobPlan) -> None:
     """The job agent and its plan, in the job's folder on every node that runs ranks."""
     nodes = [n for n, _ in plan.layout]
-    report(f"{plan.launcher}: one launcher on each of {nodeset.fold(n.name for n in nodes)}")
+    session.report(f"{plan.launcher}: one launcher on each of {nodeset.fold(n.name for n in nodes)}")
     script = scripts.agent_install_script(plan.job_id, json.dumps(plan.agent_plan()))
     result = run_on_nodes(session, nodes, "sh -s", timeout=30, stdin_data=script.encode())
     down = result.failed()
     if down:
         detail = ", ".join(f"{r.node} ({r.reason})" for r in down)
         raise RemoteError(f"could not put the job agent on {len(down)} node(s): {detail}")
-
-
-def _check_hang(timeout: float | None, action: str) -> None:
-    if timeout is not None and timeout < 1:
-        raise UsageError(f"--hang-timeout {timeout:g}s is too short: give at least 1s (e.g. 10m)")
-    if action not in ("keep", "kill"):
-        raise UsageError(f"--hang-action {action!r}: use keep (say so, leave it running) or kill")
-    if action == "kill" and timeout is None:
-        raise UsageError("--hang-action kill goes with --hang-timeout", hint="clustertool run --hang-timeout 10m "
-                         "--hang-action kill -- CMD")
-
-
-def restart_policy(restarts: int, codes: list[int] | None) -> tuple[int, list[int] | None]:
-    """(restarts, the exit codes that restart or None for any), checked."""
-    if restarts < 0:
-        raise UsageError(f"--restarts {restarts}: give 0 or more (how many times a failed job starts again)")
-    if codes is not None:
-        if not restarts:
-            raise UsageError("--restart-on-exit-codes goes with --restarts N",
-                             hint="clustertool run --restarts 2 --restart-on-exit-codes 137 -- CMD")
-        bad = [c for c in codes if not 1 <= c <= 255]
-        if bad or not codes:
-            raise UsageError(f"--restart-on-exit-codes: {bad[0] if bad else 'nothing'} is not an exit code "
-                             "that fails (1-255)", hint="e.g. --restart-on-exit-codes 1,137 (137: killed by "
-                                                        "signal 9, 128+signal)")
-    return restarts, sorted(set(codes)) if codes is not None else None
-
-
-def parse_exit_codes(text: str | None) -> list[int] | None:
-    """``--restart-on-exit-codes``: "1,137" (None: not given)."""
-    if text is None:
-        return None
-    words = [w.strip() for w in str(text).split(",") if w.strip()]
-    if not words or not all(w.isdigit() for w in words):
-        raise UsageError(f"--restart-on-exit-codes {text!r}: give exit codes separated by commas, e.g. 1,137")
-    return [int(w) for w in words]
 
 
 def _restarter(plan: JobPlan, job: JobRecord) -> bytes | None:
@@ -278,23 +222,27 @@ def _restarter(plan: JobPlan, job: JobRecord) -> bytes | None:
                                      "replace_failed": job.replace_failed, "replace_wait": job.replace_wait})
 
 
-def _record(cluster: ClusterRecord, plan: JobPlan, name: str | None, hang_timeout: float | None = None,
-            hang_action: str = "keep", restart: tuple[int, list[int] | None] = (0, None),
-            recovery_opts: dict | None = None) -> JobRecord:
-    return JobRecord(id=plan.job_id, launcher=plan.launcher, cluster=cluster.name, **(recovery_opts or {}),
-                     hang_timeout=hang_timeout, hang_action=hang_action,
-                     restarts=restart[0], restart_on_exit_codes=restart[1],
-                     command=list(plan.options.command), argv=plan.argv,
-                     nodes=[n.name for n in plan.nodes], np=plan.np, name=name, leader=cluster.leader.name,
-                     workdir=plan.options.workdir, started=time.time(), output_dir=plan.options.output_dir,
-                     tag_output=plan.options.tag_output, servers=[n.name for n in plan.servers])
+def job_record(cluster: ClusterRecord, plan: JobPlan, request: RunRequest, preempt: str | None) -> JobRecord:
+    """The job's record: what the request asked, what the plan made (``preempt``: the signal a spot
+    notice sends, where notices are watched)."""
+    return JobRecord(id=plan.job_id, cluster=cluster.name, command=list(plan.options.command), argv=plan.argv,
+                     nodes=[n.name for n in plan.nodes], np=plan.np, name=request.name, leader=cluster.leader.name,
+                     workdir=plan.options.workdir, launcher=plan.launcher, started=time.time(),
+                     output_dir=plan.options.output_dir, tag_output=plan.options.tag_output,
+                     servers=[n.name for n in plan.servers], hang_timeout=request.hang.timeout,
+                     hang_action=request.hang.action, restarts=request.restarts.count,
+                     restart_on_exit_codes=None if request.restarts.exit_codes is None
+                     else list(request.restarts.exit_codes),
+                     replace_failed=request.recovery.replace_failed, replace_wait=request.recovery.wait_s,
+                     on_preempt_signal=preempt)
 
 
 def plugin_env_dest(cluster: ClusterRecord) -> str:
     return load_record(cluster.name)["deployed"]["dest"]
 
 
-def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started, synced, report) -> Launch:
+def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list[reducers.Reducer],
+           synced: CopyResult | None) -> Launch:
     cluster = session.record
     launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir,
                                       epilogue=reducers.epilogue_lines(plan.job_id, started),
@@ -305,7 +253,7 @@ def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started, sync
                                               hangstacks=_hang_stacks(plan, job), restarter=_restarter(plan, job),
                                               spot=recovery.spot_program(plan, job))
     recovery.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
-    report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
+    session.report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
     if not result.ok:
         raise RemoteError(f"could not start the job on the leader: {result.reason}")
@@ -329,10 +277,3 @@ def wait(session: ClusterSession, job_id: str, *, timeout: float | None = None, 
                                  f"(`clustertool kill {job.id}`)")
         time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
         delay = min(poll, delay * 2)
-
-
-def follow(session: ClusterSession, job: JobRecord, on_line: Callable[[str], None], *,
-           warn: Callable[[str], None] | None = None) -> int | None:
-    """Stream the job's lines until it ends; return its exit code (None: ended without one)."""
-    session.reload()
-    return logs.job_lines(session, job, on_line, follow=True, warn=warn or (lambda _t: None))

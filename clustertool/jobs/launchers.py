@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Iterable
 
 from clustertool.core.errors import UsageError
 
@@ -256,7 +257,7 @@ def _runner_args(spec: LaunchSpec) -> list[str]:
     return list(spec.program[1:])
 
 
-def _value_of(options, names) -> str | None:
+def _value_of(options: Iterable[str], names: tuple[str, ...]) -> str | None:
     return _take_value(list(options), names)[1]
 
 

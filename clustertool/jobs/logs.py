@@ -13,6 +13,7 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, JobRecord
 from clustertool.jobs import output, records
+from clustertool.jobs.jobrequests import LogsRequest
 
 
 def find_job(session: ClusterSession, ref: str, refresh: bool = True) -> tuple[ClusterRecord, JobRecord]:
@@ -21,37 +22,19 @@ def find_job(session: ClusterSession, ref: str, refresh: bool = True) -> tuple[C
     return cluster, records.resolve(jobs, ref)
 
 
-def parse_ranks(text: str | None) -> set[int] | None:
-    """``--rank``: "3", "0,2" or "4-7" (None: every rank)."""
-    if text is None:
-        return None
-    ranks: set[int] = set()
-    for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise UsageError(f"--rank {text!r}: use a rank, a list or a range, e.g. 0, 0,3 or 4-7")
-        ranks.update(range(int(lo), int(hi if sep else lo) + 1))
-    return ranks
-
-
-def show(session: ClusterSession, ref: str, on_line: Callable[[str], None], *, follow_log: bool = False,
-         node: str | None = None, rank: str | None = None, lines: int | None = None,
-         warn: Callable[[str], None] = lambda _t: None, attempt: int | None = None) -> int | None:
-    """Print the job's lines (or follow them); returns the exit code when following to the end.
-    ``attempt``: a job run with --restarts, only that attempt's rank lines (1: the first)."""
-    ranks = parse_ranks(rank)
-    cluster, job = find_job(session, ref)
-    if node is not None:
-        cluster.node(node)  # an unknown node is a clear error
-    if attempt is not None:
-        if follow_log:
-            raise UsageError("--attempt shows one attempt as it is: leave out -f (which follows every attempt)")
+def show(session: ClusterSession, request: LogsRequest, on_line: Callable[[str], None], *,
+         warn: Callable[[str], None] = lambda _t: None) -> int | None:
+    """Hand the job's lines to ``on_line`` (or follow them); the exit code when following to the end."""
+    cluster, job = find_job(session, request.job)
+    if request.node is not None:
+        cluster.node(request.node)  # an unknown node is a clear error
+    if request.attempt is not None:
         known = len(job.attempts) or 1
-        if not 1 <= attempt <= known:
-            raise UsageError(f"job {job.id} has no attempt {attempt}",
+        if not 1 <= request.attempt <= known:
+            raise UsageError(f"job {job.id} has no attempt {request.attempt}",
                              hint=f"its attempts: 1-{known}" if known > 1 else "it ran once (attempt 1)")
-    return job_lines(session, job, on_line, follow=follow_log, ranks=ranks, node=node, tail=lines, warn=warn,
-                     attempt=attempt)
+    return job_lines(session, job, on_line, follow=request.follow, ranks=request.rank_set, node=request.node,
+                     tail=request.tail, warn=warn, attempt=request.attempt)
 
 
 def job_lines(session: ClusterSession, job: JobRecord, on_line: Callable[[str], None], *, follow: bool = False,

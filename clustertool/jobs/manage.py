@@ -22,7 +22,7 @@ from clustertool.cluster.lifecycle import check_leader_mesh, close_masters
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset, state
 from clustertool.core.errors import ToolError, UsageError
-from clustertool.core.model import GroupResult, Node, Reporter, silent
+from clustertool.core.model import GroupResult, Node
 from clustertool.jobs import records, scripts
 from clustertool.remote.group import run_on_nodes
 from clustertool.sharedfs import mount
@@ -52,8 +52,10 @@ def _wait_ssh(session: ClusterSession, nodes: list[Node], timeout: float, down_f
             time.sleep(1)
 
 
-def reboot(session: ClusterSession, selection: str | None, *, timeout: float = 600.0,
-           report: Reporter = silent) -> list[Node]:
+def reboot(session: ClusterSession, selection: str | None, *, timeout: float = 600.0) -> list[Node]:
+    """Reboot the selected nodes (local: restart their processes and sshd), wait for SSH, check the mesh
+    again and mount the shared filesystems (progress lines: the session's reporter)."""
+    report = session.report
     with session.locked() as cluster:
         nodes = nodeset.select(cluster, selection)
         provider = session.provider

@@ -137,10 +137,12 @@ class _Recording(Transport):
         self.inner = inner
         self.procs: list[subprocess.Popen] = []
 
-    def argv(self, cluster_name, node, command=None, *, extra=None):
+    def argv(self, cluster_name: str, node: Node, command: str | None = None, *,
+             extra: list[str] | None = None) -> list[str]:
         return self.inner.argv(cluster_name, node, command, extra=extra)
 
-    def spawn(self, cluster_name, node, command, stdin, *, extra=None):
+    def spawn(self, cluster_name: str, node: Node, command: str, stdin: bytes | None, *,
+              extra: list[str] | None = None) -> subprocess.Popen:
         proc = self.inner.spawn(cluster_name, node, command, stdin, extra=extra)
         self.procs.append(proc)
         return proc

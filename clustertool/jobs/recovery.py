@@ -28,6 +28,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from clustertool.cluster.replace import replace
@@ -35,15 +36,14 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.jobpaths import JOBS_DIR
-from clustertool.core.model import ClusterRecord, JobRecord, Node, Reporter, jsonable, silent
+from clustertool.core.model import ClusterRecord, JobRecord, Node, jsonable
 from clustertool.jobs import records, scripts
+from clustertool.jobs.jobplan import JobPlan
+from clustertool.jobs.jobrequests import RecoverRequest, RecoveryPolicy
 from clustertool.nodeprogs import program_text
 from clustertool.remote.group import run_on_node, run_on_nodes
-from clustertool.transfer.copy import copy as copy_path
-from clustertool.transfer.results import CopyResult
+from clustertool.transfer.refill import copy_back
 
-SIGNALS = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2")
-DEFAULT_WAIT_S = 600.0
 IMDS_ENV = "CLUSTERTOOL_IMDS_URL"  # only tests set it: the metadata's base URL ({node}: the node's name)
 IMDS_URL = "http://169.254.169.254"
 SPOT_POLL_S = 2.0  # how often each node asks its metadata for a notice
@@ -52,36 +52,18 @@ LEADER_MISSES = 3  # polls in a row without the leader's answer before it counts
 RETRY_S = 30.0  # after a replacement failed (no capacity ...), the next try
 
 
-def options(restarts: int, replace_failed: bool, replace_wait: float | None,
-            on_preempt_signal: str | None) -> dict[str, Any]:
-    """run's --replace-failed, --replace-wait and --on-preempt-signal, checked (JobRecord fields)."""
-    if replace_failed and restarts < 1:
-        raise UsageError("--replace-failed goes with --restarts N (the restart after the replacement is one of them)",
-                         hint="clustertool run --restarts 2 --replace-failed --follow -- CMD")
-    if replace_wait is not None and not replace_failed:
-        raise UsageError("--replace-wait goes with --replace-failed")
-    if replace_wait is not None and replace_wait < 10:
-        raise UsageError(f"--replace-wait {replace_wait:g}s is too short: a replacement takes longer (e.g. 10m)")
-    sig = None
-    if on_preempt_signal is not None:
-        sig = on_preempt_signal.strip().upper().removeprefix("SIG")
-        if sig not in SIGNALS:
-            raise UsageError(f"--on-preempt-signal {on_preempt_signal!r}: use {', '.join(SIGNALS)}")
-    return {"replace_failed": bool(replace_failed),
-            "replace_wait": (replace_wait or DEFAULT_WAIT_S) if replace_failed else None,
-            "on_preempt_signal": sig}
-
-
-def for_cluster(cluster: ClusterRecord, opts: dict[str, Any]) -> dict[str, Any]:
-    """Spot notices are watched on spot clusters (and where a test points the metadata elsewhere)."""
+def preempt_signal(cluster: ClusterRecord, policy: RecoveryPolicy) -> str | None:
+    """The signal a spot notice sends the job's ranks: spot notices are watched on spot clusters (and where
+    a test points the metadata elsewhere), TERM unless run --on-preempt-signal says otherwise; None
+    where nothing watches.  A signal asked for on a cluster that gets no notices is refused."""
     watched = bool(cluster.options.get("spot")) or bool(os.environ.get(IMDS_ENV))
-    if opts.get("on_preempt_signal") and not watched:
+    if policy.on_preempt_signal and not watched:
         raise UsageError(f"--on-preempt-signal: cluster {cluster.name!r} is not made of spot instances: "
                          "no notice comes", hint="leave it out (spot clusters: `up --spot`)")
-    return dict(opts, on_preempt_signal=(opts.get("on_preempt_signal") or "TERM") if watched else None)
+    return (policy.on_preempt_signal or "TERM") if watched else None
 
 
-def spot_program(plan, job: JobRecord) -> bytes | None:
+def spot_program(plan: JobPlan, job: JobRecord) -> bytes | None:
     """The leader's spot-notice watcher for the job (nodeprogs/spot.py), where notices are watched."""
     if not job.on_preempt_signal:
         return None
@@ -130,9 +112,9 @@ def _watched(jobs: list[JobRecord], job_id: str | None) -> list[JobRecord]:
 class Loop:
     """One recovery loop over a cluster's jobs (``job_id``: that one only)."""
 
-    def __init__(self, session: ClusterSession, job_id: str | None, copy: Sequence[str], report: Reporter,
-                 relaunched: threading.Event | None = None):
-        self.session, self.job_id, self.copy, self.report = session, job_id, list(copy), report
+    def __init__(self, session: ClusterSession, job_id: str | None, copy: Sequence[str],
+                 relaunched: threading.Event | None = None) -> None:
+        self.session, self.job_id, self.copy, self.report = session, job_id, list(copy), session.report
         self.relaunched = relaunched or threading.Event()  # set when a job was started again on a new leader
         self.retry_at: dict[str, float] = {}  # job id -> when to try a replacement that failed again
         self.result = RecoverResult(session.name)
@@ -151,10 +133,10 @@ class Loop:
         self.report(f"the leader {leader} does not answer: replacing it (the restart loop of "
                     f"{', '.join(j.id for j in jobs)} ran there)")
         t0, since, address = time.monotonic(), time.time(), self.session.record.leader.address
-        replace(self.session, leader, report=self.report)
+        replace(self.session, leader)
         self.misses = 0
         for job in jobs:
-            why = relaunch(self.session, job, f"{leader} lost (the leader)", self.report, address)
+            why = relaunch(self.session, job, f"{leader} lost (the leader)", address)
             if why:
                 self.result.problem = why
                 return False
@@ -203,7 +185,7 @@ class Loop:
         self.report(f"job {job.id}: {cause}; replacing {nodeset.fold(nodes)} (the job waits on {leader.name})")
         t0 = time.monotonic()
         try:
-            replace(self.session, ",".join(nodes), report=self.report)
+            replace(self.session, ",".join(nodes))
         except BaseException as exc:
             run_on_node(self.session, self.session.record.leader, f"rmdir {d}/replacing.{number}", timeout=20)
             if not isinstance(exc, ToolError):
@@ -238,7 +220,7 @@ class Loop:
             if agent.ok:
                 script = scripts.agent_install_script(job.id, agent.stdout)
                 run_on_nodes(self.session, new, "sh -s", timeout=30, stdin_data=script.encode())
-        copy_back(self.session, [n.name for n in new], self.copy, self.report)
+        copy_back(self.session, [n.name for n in new], self.copy)
 
 
 def _claim(job: JobRecord) -> bool:
@@ -252,7 +234,7 @@ def _claim(job: JobRecord) -> bool:
         return False
 
 
-def _launch_path(job: JobRecord):
+def _launch_path(job: JobRecord) -> Path:
     return records.jobs_dir(job.cluster) / f"{job.id}.launch"
 
 
@@ -267,7 +249,7 @@ def keep_launch(job: JobRecord, script: str) -> None:
         fh.write(script)
 
 
-def relaunch(session: ClusterSession, job: JobRecord, cause: str, report: Reporter, address: str) -> str | None:
+def relaunch(session: ClusterSession, job: JobRecord, cause: str, address: str) -> str | None:
     """Start ``job`` again on a new leader: what is left of it on the members stopped, its files sent
     again with its attempts so far (the last one ended by ``cause``).  None, or why it could not (the
     files name the old leader's ``address``: a new leader elsewhere needs a new `run`)."""
@@ -286,7 +268,7 @@ def relaunch(session: ClusterSession, job: JobRecord, cause: str, report: Report
     d = scripts.job_dir_sh(job.id)
     doc = {"restarts": job.restarts, "codes": job.restart_on_exit_codes, "attempts": attempts, "verdict": None}
     prefix = f"mkdir -p {d} && printf %s {shlex.quote(json.dumps(doc))} > {d}/attempts.json\n"
-    report(f"job {job.id}: starting it again on the new {record.leader.name} (CLUSTERTOOL_RESTART_COUNT="
+    session.report(f"job {job.id}: starting it again on the new {record.leader.name} (CLUSTERTOOL_RESTART_COUNT="
            f"{len(attempts)}; a checkpoint on the old leader's disk is gone)")
     started = run_on_node(session, record.leader, "sh -s", timeout=30, stdin_data=(prefix + path.read_text()).encode())
     if not started.ok:
@@ -294,52 +276,22 @@ def relaunch(session: ClusterSession, job: JobRecord, cause: str, report: Report
     return None
 
 
-def check_copy(session: ClusterSession, selection: str, paths: Sequence[str]) -> None:
-    """Before a `replace --copy`: the leader keeps its disk (it gives the copy) and holds every path."""
-    leader = session.record.leader
-    if leader.name in {n.name for n in nodeset.select(session.record, selection)}:
-        raise UsageError(f"--copy: the leader {leader.name} is being replaced, so no disk of the cluster keeps the "
-                         "copy to give",
-                         hint="replace it without --copy, then `clustertool copy --from local SRC DEST`")
-    missing = run_on_node(session, leader, " && ".join(f"test -e {shlex.quote(p)}" for p in paths), timeout=20)
-    if not missing.ok:
-        raise UsageError(f"--copy: {', '.join(paths)}: not (all) on the leader {leader.name}",
-                         hint="give paths as they are on the leader (relative: to its home)")
-
-
-def copy_back(session: ClusterSession, nodes: list[str], paths: Sequence[str], report: Reporter) -> list[CopyResult]:
-    """Each of ``paths`` from the leader to the same path on ``nodes`` (new disks), through the relay."""
-    leader = session.record.leader.name
-    if paths and leader in nodes:
-        raise UsageError(f"--copy: the leader {leader} is new too, so it has no copy to give",
-                         hint="copy from your machine: `clustertool copy --from local SRC DEST`")
-    done = []
-    for path in paths:
-        report(f"copying {path} from {leader} to {nodeset.fold(nodes)}")
-        result = copy_path(session, path, path, source="leader", selection=",".join(nodes), report=report)
-        if result.exit_code != 0:
-            raise ToolError(f"--copy {path}: the copy to {nodeset.fold(nodes)} did not complete "
-                            f"(exit {result.exit_code})", hint=f"`clustertool copy {path} {path} -n "
-                                                               f"{nodeset.fold(nodes)}` again")
-        done.append(result)
-    return done
-
-
-def recover(session: ClusterSession, job_id: str | None = None, *, copy: Sequence[str] = (), poll: float = 2.0,
-            stop: threading.Event | None = None, report: Reporter = silent,
-            relaunched: threading.Event | None = None) -> RecoverResult:
-    """Watch the cluster's running jobs run with --replace-failed (``job_id``: that job, until it ends),
-    replace the nodes their leader waits for, tell it to go on; return what was done."""
+def recover(session: ClusterSession, request: RecoverRequest = RecoverRequest(), *,
+            stop: threading.Event | None = None, relaunched: threading.Event | None = None) -> RecoverResult:
+    """Watch the cluster's running jobs run with --replace-failed (``request.job``: that job, until it ends),
+    replace the nodes their leader waits for, tell it to go on; return what was done (``stop``: set to end
+    the loop early; ``relaunched``: set when a job was started again on a new leader)."""
+    job_id = request.job
     if job_id is not None:
         job = records.resolve(records.refresh(session), job_id)
         if not job.replace_failed:
             raise UsageError(f"job {job.id} was not run with --replace-failed: its leader does not wait for a "
                              "replacement", hint="run it with --restarts N --replace-failed")
         job_id = job.id
-    loop = Loop(session, job_id, copy, report, relaunched)
+    loop = Loop(session, job_id, request.copy, relaunched)
     stop = stop or threading.Event()
     while not stop.is_set() and loop.round():
-        stop.wait(poll)
+        stop.wait(request.poll)
     if job_id is not None and loop.result.states.get(job_id) not in (None, "running"):
         job = records.resolve(records.load_all(session.name), job_id)
         loop.result.exit_code = job.exit_code
@@ -347,19 +299,17 @@ def recover(session: ClusterSession, job_id: str | None = None, *, copy: Sequenc
 
 
 class Beside:
-    """A recovery loop for one job in a thread, beside the stream that follows it (run --follow)."""
+    """A recovery loop for one job in a thread, with a session of its own, beside the stream that follows it."""
 
-    def __init__(self, open_session: Callable[[], ClusterSession], job_id: str, report: Reporter,
-                 warn: Callable[[str], None]):
+    def __init__(self, session: ClusterSession, job_id: str, warn: Callable[[str], None]) -> None:
         self.stop, self.relaunched = threading.Event(), threading.Event()
         self.result = RecoverResult("")
-        self.thread = threading.Thread(target=self.work, args=(open_session, job_id, report, warn), name="recovery",
+        self.thread = threading.Thread(target=self.work, args=(session.fresh(), job_id, warn), name="recovery",
                                        daemon=True)
 
-    def work(self, open_session: Callable[[], ClusterSession], job_id: str, report: Reporter,
-             warn: Callable[[str], None]) -> None:
+    def work(self, session: ClusterSession, job_id: str, warn: Callable[[str], None]) -> None:
         try:
-            self.result = recover(open_session(), job_id, stop=self.stop, report=report, relaunched=self.relaunched)
+            self.result = recover(session, RecoverRequest(job_id), stop=self.stop, relaunched=self.relaunched)
             if self.result.problem:
                 warn(self.result.problem)
         except ToolError as exc:
@@ -376,10 +326,9 @@ class Beside:
 
 
 @contextmanager
-def alongside(open_session: Callable[[], ClusterSession], job_id: str, report: Reporter,
-              warn: Callable[[str], None]) -> Iterator[Beside]:
+def alongside(session: ClusterSession, job_id: str, warn: Callable[[str], None]) -> Iterator[Beside]:
     """A recovery loop for ``job_id`` in a thread while the caller follows the job (run --follow)."""
-    beside = Beside(open_session, job_id, report, warn)
+    beside = Beside(session, job_id, warn)
     beside.thread.start()
     try:
         yield beside

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import RemoteError
 from clustertool.core.jobpaths import JOB_ENV
-from clustertool.core.model import Node, Reporter, silent
+from clustertool.core.model import Node
 from clustertool.jobs.scripts import check_id, job_dir_sh
 from clustertool.plugin.build import REDUCER
 from clustertool.remote.group import run_on_nodes
@@ -93,13 +93,12 @@ def parse_started(node: Node, stdout: str) -> Reducer | None:
     return None
 
 
-def start(session: ClusterSession, job_id: str, dest: str, *, io_timeout_ms: int | None = None,
-          report: Reporter = silent) -> list[Reducer]:
+def start(session: ClusterSession, job_id: str, dest: str, *, io_timeout_ms: int | None = None) -> list[Reducer]:
     """One reducer per server node, all or none: a server that fails stops the others and raises."""
     cluster = session.record
     servers = cluster.schedulable_servers  # a cordoned server gets no reducer
     binary = f"{dest.rstrip('/')}/{REDUCER}"
-    report(f"starting {len(servers)} reducer(s) for job {job_id} on {', '.join(n.name for n in servers)}")
+    session.report(f"starting {len(servers)} reducer(s) for job {job_id} on {', '.join(n.name for n in servers)}")
     by_node = {n.name: n for n in servers}
     group = run_on_nodes(session, servers, "sh -s", timeout=30,
                          stdin_data=lambda n: start_script(job_id, binary, n.address, io_timeout_ms).encode())

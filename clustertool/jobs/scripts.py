@@ -26,9 +26,9 @@ import re
 import shlex
 from typing import Sequence
 
+from clustertool import nodeprogs
 from clustertool.core.errors import UsageError
 from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR, MPI_COMMS
-from clustertool.nodeprogs import DIR as NODEPROGS
 from clustertool.nodeprogs import shell_script
 
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
@@ -139,7 +139,7 @@ def agent_install_script(job_id: str, agent_json: str) -> str:
         "set -e",
         f"d={d}",
         'mkdir -p "$d/ranks" "$d/exits"',
-        _write_file('"$d/jobagent.py"', (NODEPROGS / "jobagent.py").read_text(), "755"),
+        _write_file('"$d/jobagent.py"', (nodeprogs.DIR / "jobagent.py").read_text(), "755"),
         _write_file('"$d/agent.json"', agent_json),
         "",
     ])

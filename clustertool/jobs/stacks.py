@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from clustertool import nodeprogs
 from clustertool.cluster.session import ClusterSession
@@ -24,6 +25,7 @@ from clustertool.core import nodeset
 from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 from clustertool.core.model import JobRecord, jsonable
 from clustertool.jobs import records, scripts
+from clustertool.jobs.jobrequests import StacksRequest
 from clustertool.jobs.kill import pick_running
 from clustertool.remote.group import run_on_node, run_on_nodes
 
@@ -109,7 +111,7 @@ class StacksResult:
                 "problems": self.problems}
 
 
-def fold_ranks(ranks) -> str:
+def fold_ranks(ranks: Iterable[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
     runs: list[list[int]] = []
     for r in sorted(set(ranks)):
@@ -240,11 +242,11 @@ def _problems(job: JobRecord, found: list[RankStack], unanswered: list[str], emp
     return out
 
 
-def stacks(session: ClusterSession, ref: str | None = None, *, py_spy: str | bool | None = None,
-           timeout: float = 10.0) -> StacksResult:
-    """Every rank's stack of a running job (``ref``: id, prefix or name; None: the one running job)."""
+def stacks(session: ClusterSession, request: StacksRequest) -> StacksResult:
+    """Every rank's stack of a running job (``request.job``: id, prefix or name; None: the one running job)."""
+    py_spy, timeout = request.py_spy, request.timeout
     cluster = session.reload()
-    job = pick_running(records.refresh(session), ref)
+    job = pick_running(records.refresh(session), request.job)
     known = {n.name for n in cluster.nodes}
     nodes = [cluster.node(n) for n in job.nodes if n in known]
     program = nodeprogs.program_text("stacks", node_args(job.id, py_spy, timeout))

@@ -14,10 +14,11 @@ import os
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import ToolError, UsageError
-from clustertool.core.model import Node, Reporter, silent
+from clustertool.core.model import Node
 from clustertool.transfer import ignore
 from clustertool.transfer.copy import copy
 from clustertool.transfer.results import CopyResult, ProgressCb
+from clustertool.transfer.transferrequests import CopyRequest
 
 
 def resolve(directory: str | None, dest: str | None = None) -> tuple[str, str]:
@@ -34,15 +35,15 @@ def resolve(directory: str | None, dest: str | None = None) -> tuple[str, str]:
     return local, os.path.normpath(target)
 
 
-def sync(session: ClusterSession, directory: str, dest: str, nodes: list[Node], *, report: Reporter = silent,
+def sync(session: ClusterSession, directory: str, dest: str, nodes: list[Node], *,
          on_progress: ProgressCb | None = None) -> CopyResult:
     """Send ``directory`` (less what its ignore rules leave out) to ``dest`` on ``nodes``.
 
     Raises when a node did not end up with the folder exactly (it then names the node and why).
     """
     matcher = ignore.Matcher(directory)
-    result = copy(session, directory, dest, source="local", selection=",".join(n.name for n in nodes),
-                  strategy="auto", keep=matcher.keep, on_progress=on_progress, report=report)
+    request = CopyRequest(directory, dest, source="local", nodes=",".join(n.name for n in nodes))
+    result = copy(session, request, keep=matcher.keep, on_progress=on_progress)
     bad = [n for n in result.nodes if n.status != "ok"]
     if bad:
         by_reason: dict[str, list[str]] = {}

@@ -16,7 +16,7 @@ from typing import Callable
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError
-from clustertool.core.model import ClusterRecord, GroupResult, HostResult, Reporter, silent
+from clustertool.core.model import ClusterRecord, GroupResult, HostResult
 from clustertool.plugin.build import (
     ARTEFACTS,
     NET_LIB,
@@ -82,14 +82,14 @@ def _failures(group: GroupResult, check: Callable[[HostResult], str | None]) -> 
 
 
 def deploy(session: ClusterSession, build: Build, dest: str | None = None, tuner_table: Path | None = None,
-           report: Reporter = silent, timeout: float = 300) -> list[PluginStatus]:
+           timeout: float = 300) -> list[PluginStatus]:
     """Put the same build on every node; all nodes or none.
 
     1. stage: unpack into DEST/.staging-TOKEN on every node, compare sums with the build;
     2. any failure: remove the staging folders everywhere, raise naming the nodes;
     3. commit: rename into DEST on every node and compare the sums again.
     """
-    cluster = session.record
+    cluster, report = session.record, session.report
     dest = dest or default_dest(cluster)
     nodes = cluster.ordered_nodes()
     files = list(ARTEFACTS) + ([TUNER_TABLE] if tuner_table else [])

@@ -24,12 +24,18 @@ Lifecycle, as driven by ``clustertool.cluster.lifecycle``::
     terminate_instances(cluster)       remove everything the provider made; idempotent,
                                        safe on half-created clusters; returns lines saying
                                        what was removed
+
+Beside the lifecycle, what only a provider knows reaches the rest through hooks here too:
+``sweep``/``remove_swept`` (`down --sweep`: what no state of this home knows), the capacity verbs
+(`clustertool capacity`: offerings, buying one, reservations), ``up_waiting`` (an `up` that waits
+for capacity, for `status`/`ls`) and ``link_rate`` (the speed links are shaped to, for the network
+checks). What they return is data (rows, lines, records); the CLI renders it.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
@@ -61,6 +67,93 @@ class ProvisionRequest:
 
 
 Reboot = Literal["ssh", "restart", "provider"]
+
+
+@dataclass
+class Table:
+    """Rows a provider found, as the CLI shows them: ``title``, ``columns`` and ``rows``; ``empty``:
+    the line when there are none; ``notes``: lines under the table; ``data``: what --json prints."""
+
+    title: str
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    data: dict[str, Any]
+    empty: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SweepRequest:
+    """`down --sweep`: what to look for."""
+
+    known: Callable[[], tuple[set[str], set[str]]]  # (ids, names) of the clusters this home has state for
+    region: str | None = None
+    profile: str | None = None
+    force_owner: bool = False  # also delete what another owner (or home) made
+    any_home: bool = False  # also delete what this identity made from another clustertool home
+    report: Reporter = silent
+
+
+@dataclass
+class Sweep:
+    """What a sweep found: the table the CLI shows, and the orphans themselves (data for --json)."""
+
+    provider: str
+    title: str
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    orphans: list[Any]  # the provider's own records, one per row
+    to_delete: list[Any]  # those marked for deletion
+    kept: str | None = None  # one line on what is kept and costs money
+    bills: bool = False  # what this provider leaves costs money: --json always says what was kept
+    unit: str = "resource(s)"  # what `removed N ...` counts
+
+
+@dataclass
+class SweepRemoved:
+    removed: list[str]  # one line each, as --json lists them
+    forget: list[tuple[str, str | None]]  # (name, id) of this home's clusters: their files here go too
+
+
+@dataclass(frozen=True)
+class CapacityQuery:
+    """`capacity offerings`: ``nodes`` machines of one type for ``days``, between two dates (text, UTC)."""
+
+    instance_type: str
+    nodes: int
+    days: int
+    start_after: str | None = None
+    end_before: str | None = None
+
+
+@dataclass
+class Offer:
+    """An offering as the provider offers it now, about to be bought (`capacity buy`)."""
+
+    id: str
+    line: str  # what it is and what it costs, in one line
+    price: str  # the fee, as a user reads it
+    fee: float
+    node_type: str
+    count: int
+    handle: Any = None  # the provider's own (AWS: the session and the offering)
+
+
+@dataclass
+class Purchase:
+    id: str  # what was bought (a reservation id)
+    what: str  # the cost ledger's words for it
+    data: dict[str, Any]  # what --json prints
+    lines: list[str]  # what the user reads
+
+
+@dataclass(frozen=True)
+class UpWaiting:
+    """An `up` in flight that waits for capacity: what `status` and `ls` say, and its record (--json)."""
+
+    line: str
+    short: str
+    record: dict[str, Any]
 
 
 class Provider:
@@ -152,19 +245,56 @@ class Provider:
         raise NotSupported(f"the {self.name} provider has no shared filesystem",
                            hint="copy the data to every node with `clustertool copy`")
 
-    def reservations(self, request: ProvisionRequest) -> list[dict[str, Any]]:
-        """Capacity reservations / blocks the request may launch into."""
-        return []
-
     def topology(self, cluster: ClusterRecord) -> dict[str, list[str]]:
         """Network topology per node, outermost layer first (empty: unknown)."""
         return {}
 
+    def link_rate(self, cluster: ClusterRecord) -> int | None:
+        """Bits/s every link between two nodes is shaped to (the local provider's ``link_rate``); None:
+        not set. The network checks measure against it; EC2's rated bandwidth is no floor for one flow."""
+        return None
+
+    def up_waiting(self, cluster: ClusterRecord) -> UpWaiting | None:
+        """What an `up` of ``cluster`` still in flight waits for (capacity it retries for); None: nothing."""
+        return None
+
+    # ---- `down --sweep`: what a killed `up` or a lost state left -----------------------------
+    def sweep(self, request: SweepRequest) -> Sweep:
+        """This provider's clusters that no state of this home knows, each marked delete or keep."""
+        raise NotSupported(f"--sweep works for aws and local, not {self.name!r}",
+                           hint="`clustertool ls` lists the clusters this home knows; `clustertool down -c NAME` "
+                                "removes one")
+
+    def remove_swept(self, sweep: Sweep, report: Reporter = silent) -> SweepRemoved:
+        """Delete ``sweep.to_delete``."""
+        raise NotSupported(f"the {self.name} provider has no sweep to remove")
+
+    # ---- `clustertool capacity`: machines booked ahead (EC2 Capacity Blocks) ------------------
+    def capacity_offerings(self, query: CapacityQuery, region: str | None, profile: str | None) -> Table:
+        """The offerings for ``query`` (and remember them for ``capacity_offer``)."""
+        raise NotSupported(f"the {self.name} provider has no capacity to book",
+                           hint="Capacity Blocks are EC2's: `clustertool capacity` works with AWS")
+
+    def capacity_offer(self, offer_id: str, region: str | None, profile: str | None) -> Offer:
+        """One offering of the last ``capacity_offerings``, as offered now (its fee asked again)."""
+        raise NotSupported(f"the {self.name} provider has no capacity to book",
+                           hint="Capacity Blocks are EC2's: `clustertool capacity` works with AWS")
+
+    def buy_capacity(self, offer: Offer) -> Purchase:
+        """Buy ``offer`` (money: the caller asked first)."""
+        raise NotSupported(f"the {self.name} provider has no capacity to book",
+                           hint="Capacity Blocks are EC2's: `clustertool capacity` works with AWS")
+
+    def reservations(self, region: str | None, profile: str | None) -> Table:
+        """The account's capacity reservations and blocks (what `up` may launch into)."""
+        raise NotSupported(f"the {self.name} provider has no capacity reservations",
+                           hint="Capacity Blocks are EC2's: `clustertool capacity` works with AWS")
+
 
 REGISTRY: dict[str, str] = {
-    "local": "clustertool.providers.local:LocalProvider",
+    "local": "clustertool.providers.local.local_provider:LocalProvider",
     "static": "clustertool.providers.static:StaticProvider",
-    "aws": "clustertool.providers.aws:AwsProvider",
+    "aws": "clustertool.providers.aws.aws_provider:AwsProvider",
 }
 
 

@@ -24,7 +24,7 @@ from clustertool.core.nodeset import fold
 from clustertool.providers.base import Provider, ProvisionRequest
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.transport import Link
-from clustertool.sharedfs import argv as fsargv
+from clustertool.sharedfs import argv
 from clustertool.sharedfs.specs import describe
 
 MOUNT_TIMEOUT = 60.0
@@ -105,9 +105,9 @@ ct_say() { printf 'ct-fs %s %s %s\\n' "$1" "$2" "$(printf %s "$3" | tr '\\n' ' '
 """
 
 
-def target_for(cluster: ClusterRecord, node: Node, fs: dict[str, Any]) -> fsargv.MountTarget:
+def target_for(cluster: ClusterRecord, node: Node, fs: dict[str, Any]) -> argv.MountTarget:
     leader = cluster.leader
-    return fsargv.MountTarget(fs=fs, cluster=cluster.name, node=node.name, is_leader=node.name == leader.name,
+    return argv.MountTarget(fs=fs, cluster=cluster.name, node=node.name, is_leader=node.name == leader.name,
                               leader_address=leader.address, user=cluster.user)
 
 
@@ -116,7 +116,7 @@ def mount_script(cluster: ClusterRecord, node: Node, entries: list[dict[str, Any
     sudo = _sudo(cluster)
     lines = [_FUNCS]
     for fs in entries:
-        cmd = fsargv.mount_command(target_for(cluster, node, fs))
+        cmd = argv.mount_command(target_for(cluster, node, fs))
         m = shlex.quote(fs["mount"])
         before = "".join(f"{sudo}{_q(b)} && " for b in cmd.before)
         fstab = ""

@@ -16,12 +16,13 @@ import time
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import UsageError
-from clustertool.core.model import ClusterRecord, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, Node
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.sharedfs import mount
-from clustertool.transfer import chain, drive, manifest, plan, stations, verify
+from clustertool.transfer import drive, manifest, plan, stations, verify
 from clustertool.transfer.results import CopyResult, CopyRun, NodeCopy, ProgressCb, relative_remote
+from clustertool.transfer.transferrequests import CopyRequest
 
 AUTO_CHAIN_MIN_BYTES = 32 << 20
 AUTO_CHAIN_MIN_NODES = 3
@@ -153,24 +154,19 @@ def choose_strategy(strategy: str, n_nodes: int, payload: int, filtered: bool = 
     return "chain" if n_nodes >= AUTO_CHAIN_MIN_NODES and payload >= AUTO_CHAIN_MIN_BYTES else "fanout"
 
 
-def copy(session: ClusterSession, src: str, dest: str, *, source: str = "leader", selection: str | None = None,
-         strategy: str = "auto", verify_after: bool = True, delete: bool = False,
-         cipher: str | None = chain.DEFAULT_CIPHER, on_progress: ProgressCb | None = None,
-         report: Reporter = silent, verify_only: bool = False,
+def copy(session: ClusterSession, request: CopyRequest, *, on_progress: ProgressCb | None = None,
          keep: manifest.Keep | None = None) -> CopyResult:
-    """Copy, or with ``verify_only`` only compare every node's DEST with SRC (re-reading both).
+    """Copy, or with ``request.verify_only`` only compare every node's DEST with SRC (re-reading both).
+    Progress lines go to the session's reporter, each node's bytes to ``on_progress``.
 
     ``keep(rel, is_dir)`` (a local SRC only) picks the entries that are part of the source: the rest
     is neither sent nor verified (nor deletable)."""
-    transport = session.transport
+    transport, report = session.transport, session.report
     started = time.monotonic()
-    if source not in ("leader", "local"):
-        raise UsageError(f"--from must be leader or local, not {source!r}")
-    if verify_only and not verify_after:
-        raise UsageError("--verify-only and --no-verify contradict each other")
-    if keep is not None and (source != "local" or delete):
+    src, dest, source, selection = request.src, request.dest, request.source, request.nodes
+    if keep is not None and (source != "local" or request.delete):
         raise UsageError("a file filter works on a local SRC only (--from local), without --delete")
-    choose_strategy(strategy, 0, 0, keep is not None)  # reject a bad strategy before touching any node
+    choose_strategy(request.strategy, 0, 0, keep is not None)  # reject a bad strategy before touching any node
     cluster = session.ready()
     from_local = source == "local"
     src = os.path.abspath(os.path.expanduser(src)) if from_local else relative_remote(src)
@@ -179,15 +175,15 @@ def copy(session: ClusterSession, src: str, dest: str, *, source: str = "leader"
         selection = "leader"
         report(mount.write_once_line(cluster, dest, shared))
     run = CopyRun(cluster, src, relative_remote(dest), from_local, _targets(cluster, selection, from_local),
-                  delete, cipher, on_progress, report, transport, keep=keep, verify=verify_after)
+                  request.delete, request.cipher, on_progress, report, transport, keep=keep, verify=request.verify)
     if not from_local and src == run.dest and any(n.is_leader for n in run.targets):
         raise UsageError("SRC and DEST are the same path on the leader", hint="use --nodes members")
     timings: dict[str, float] = {}
-    if verify_only:
+    if request.verify_only:
         run.source = _source_manifest(run)
         return _verify_only(run, started, timings)
     try:
-        return _copy(run, strategy, started, timings)
+        return _copy(run, request.strategy, started, timings)
     except BaseException:  # a stop of any kind: no station of this run stays on a node
         stations.abort(run, [cluster.leader] + run.targets)
         raise

@@ -14,20 +14,19 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import ToolError
-from clustertool.core.model import HostResult, Reporter, silent
+from clustertool.core.model import HostResult, Node
 from clustertool.nodeprogs import program_stream, stream_command
 from clustertool.remote.dialog import run_sessions
 from clustertool.sharedfs import mount
 from clustertool.transfer import manifest
 from clustertool.transfer.results import ProgressCb, relative_remote
 from clustertool.transfer.s3bucket import Bucket, S3Object, folder_prefix, local_name, parse_url, shard_of
-
-DEFAULT_THREADS = 8
-DEFAULT_EXPIRY = 900
+from clustertool.transfer.transferrequests import SyncS3Request
 
 
 @dataclass
@@ -149,7 +148,7 @@ class _Conversation:
         self.bucket.checks(objs)
         return {str(i): [self.bucket.url(o.key, renewal=renewal), self.bucket.check(o)] for i, o in zip(indices, objs)}
 
-    def __call__(self, node: str, msg: dict, reply) -> None:
+    def __call__(self, node: str, msg: dict[str, Any], reply: Callable[[dict[str, Any]], None]) -> None:
         talk = self.talks[node]
         if "p" in msg:
             if self.on_progress is not None:
@@ -166,11 +165,11 @@ class _Conversation:
             talk.result = msg["result"]
 
 
-def sync_s3(session: ClusterSession, url: str, dest: str, *, selection: str | None = None, shard: bool = False,
-            endpoint_url: str | None = None, region: str | None = None, threads: int = DEFAULT_THREADS,
-            url_expiry: int = DEFAULT_EXPIRY, recheck: bool = False, timeout: float | None = None,
-            on_progress: ProgressCb | None = None, report: Reporter = silent) -> SyncResult:
+def sync_s3(session: ClusterSession, request: SyncS3Request, *, on_progress: ProgressCb | None = None) -> SyncResult:
+    """Every selected node pulls the request's prefix (progress lines: the session's reporter)."""
     started = time.monotonic()
+    report, url, dest, shard, selection = session.report, request.url, request.dest, request.shard, request.nodes
+    threads, url_expiry, recheck = request.threads, request.url_expiry, request.recheck
     bucket_name, prefix = parse_url(url)
     cluster = session.ready()
     shared = mount.mount_under(cluster, dest)
@@ -178,8 +177,8 @@ def sync_s3(session: ClusterSession, url: str, dest: str, *, selection: str | No
         selection = "leader"
         report(mount.write_once_line(cluster, dest, shared))
     nodes = sorted(nodeset.select(cluster, selection), key=lambda n: n.index)
-    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    endpoint = request.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+    region = request.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     remote_dest = relative_remote(dest)
     bucket = Bucket(bucket_name, endpoint, region, url_expiry)
     bucket.locate()
@@ -196,13 +195,13 @@ def sync_s3(session: ClusterSession, url: str, dest: str, *, selection: str | No
            + (" (sharded)" if shard else "") + (f" at {endpoint}" if endpoint else "")
            + f"; presigned URLs live {url_expiry}s")
 
-    def opening(node) -> bytes:
+    def opening(node: Node) -> bytes:
         rows = [o.row(checks.get(o.key)) for o in talks[node.name].objects]
         return program_stream("s3", node_args(remote_dest, threads, url_expiry, recheck), lib=("s3lib",)) + \
             (json.dumps({"objects": rows}) + "\n").encode()
 
     group = run_sessions(session, nodes, stream_command(), opening=opening,
-                         on_message=_Conversation(bucket, talks, on_progress), timeout=timeout)
+                         on_message=_Conversation(bucket, talks, on_progress), timeout=request.timeout)
     return SyncResult(url, dest, shard, len(objects), total, url_expiry, threads,
                       [_verdict(r, talks[r.node], shards[r.node]) for r in group.results],
                       skipped, time.monotonic() - started)

@@ -1,7 +1,12 @@
-/* collnet_bench: drives the CollNet plugin the way NCCL's proxy would (dlopen,
+/* collnet_bench: drives the CollNet plugin the way NCCL's proxy does (dlopen,
  * listen, handles swapped with MPI_Allgather, connect, regMr, iallreduce/test)
  * and prints an all_reduce_perf-style table. -a mpi times MPI_Allreduce instead.
- *   mpirun -np 4 collnet_bench -b 1M -e 64M -f 2 -d float -o sum -a servers,sharded,ring,mpi
+ *   mpirun -np 4 collnet_bench -b 1M -e 64M -f 2 -d float -o sum -a servers,sharded,ring,mpi -r 256K -q 8
+ * -r BYTES -q N: NCCL's shape. Each allreduce is cut into requests of BYTES, at most N
+ * outstanding, posted and tested from one thread: post while fewer than N are out (a
+ * NULL request from the plugin: its window is full, try again on the next pass), test
+ * only the oldest, sched_yield() when a pass moved nothing (src/transport/coll_net.cc
+ * and src/proxy.cc). Without -r: one request per allreduce, waited for (the old form).
  * -a servers needs CLUSTERTOOL_REDUCERS (addr:port of running clustertool-reducers). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -23,6 +28,9 @@ typedef struct {
   size_t minb, maxb;
   double factor;
   int iters, warmup, check;
+  size_t request;      /* -r: bytes per request, 0 = one request per allreduce */
+  int depth;           /* -q: requests outstanding at most */
+  int idle_us;         /* -i: sleep this long when a pass moved nothing, 0 = sched_yield() (NCCL's proxy) */
   ncclDataType_t dt;
   ncclRedOp_t op;
   char algos[128];
@@ -61,7 +69,10 @@ static void usage(void) {
   if (rank == 0)
     fprintf(stderr, "usage: collnet_bench [-b minbytes] [-e maxbytes] [-f factor] [-n iters] [-w warmup]\n"
                     "  [-c 0|1 check] [-d float|half|bfloat16|double|int32|uint32|int64|uint64|int8|uint8]\n"
-                    "  [-o sum|prod|min|max] [-a servers,sharded,ring,mpi] [-p plugin.so]\n"
+                    "  [-o sum|prod|min|max] [-a servers,sharded,ring,mpi] [-p plugin.so] [-r request_bytes] [-q depth]\n"
+                    "  [-i idle_us]\n"
+                    "  -r/-q: requests of that size, at most depth outstanding, tested oldest first (NCCL's proxy)\n"
+                    "  -i: sleep that long when a pass moved nothing (default 0: sched_yield, as NCCL's proxy)\n"
                     "  -a servers needs CLUSTERTOOL_REDUCERS=addr:port,... (running clustertool-reducers)\n");
   MPI_Finalize();
   exit(2);
@@ -69,7 +80,7 @@ static void usage(void) {
 
 static void parse(int argc, char** argv, opts_t* o) {
   *o = (opts_t){.minb = 1 << 20, .maxb = 64 << 20, .factor = 2, .iters = 5, .warmup = 1, .check = 1,
-                .dt = ncclFloat32, .op = ncclSum};
+                .dt = ncclFloat32, .op = ncclSum, .request = 0, .depth = 8};
   snprintf(o->algos, sizeof o->algos, "sharded");
   char self[PATH_MAX];
   ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -78,7 +89,7 @@ static void parse(int argc, char** argv, opts_t* o) {
   const char* env = getenv("CLUSTERTOOL_PLUGIN");
   if (env) snprintf(o->plugin, sizeof o->plugin, "%s", env);
   int c;
-  while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:a:p:h")) != -1) {
+  while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:a:p:r:q:i:h")) != -1) {
     switch (c) {
       case 'b': o->minb = parse_bytes(optarg); break;
       case 'e': o->maxb = parse_bytes(optarg); break;
@@ -90,10 +101,15 @@ static void parse(int argc, char** argv, opts_t* o) {
       case 'o': if (parse_op(optarg, &o->op)) usage(); break;
       case 'a': snprintf(o->algos, sizeof o->algos, "%s", optarg); break;
       case 'p': snprintf(o->plugin, sizeof o->plugin, "%s", optarg); break;
+      case 'r': o->request = parse_bytes(optarg); break;
+      case 'q': o->depth = atoi(optarg); break;
+      case 'i': o->idle_us = atoi(optarg); break;
       default: usage();
     }
   }
-  if (o->factor <= 1 || o->iters < 1 || o->minb > o->maxb) usage();
+  if (o->factor <= 1 || o->iters < 1 || o->minb > o->maxb || o->depth < 1 || o->depth > 1024 || o->idle_us < 0 ||
+      o->idle_us > 100000)
+    usage();
 }
 
 /* Small integers: every dtype sums them exactly for up to 8 ranks. */
@@ -197,14 +213,57 @@ static int coll_open(coll_t* c, const char* algo) {
   return rc;
 }
 
+/* A pass that moved nothing: give the CPU away, as NCCL's proxy does (sched_yield), or with
+ * -i sleep that long (on a box with fewer cores than threads, a thread that keeps yielding
+ * takes turns from the plugin's progress threads; NCCL's proxy has a core of its own). */
+static void idle(const opts_t* o) {
+  if (o->idle_us) usleep((useconds_t)o->idle_us);
+  else sched_yield();
+}
+
 static int run_plugin_once(coll_t* c, const opts_t* o, void* sb, void* rb, size_t count, void* smh, void* rmh) {
   void* req = NULL;
-  while (!req)
+  while (!req) {
     if (c->cn->iallreduce(c->comm, sb, rb, count, o->dt, o->op, smh, rmh, &req) != ncclSuccess) return -1;
+    if (!req) idle(o);
+  }
   int done = 0, size = 0;
-  while (!done)
+  for (;;) {
     if (c->cn->test(req, &done, &size) != ncclSuccess) return -1;
+    if (done) return 0;
+    idle(o);
+  }
+}
+
+/* NCCL's proxy loop for one allreduce cut into requests of o->request bytes. */
+static int run_plugin_stream(coll_t* c, const opts_t* o, char* sb, char* rb, size_t count, void* smh, void* rmh) {
+  size_t esz = ct_dtype_size(o->dt), per = o->request / esz ? o->request / esz : 1;
+  size_t nreq = (count + per - 1) / per, posted = 0, done_n = 0;
+  void* fifo[1024];
+  while (done_n < nreq) {
+    int moved = 0;
+    while (posted < nreq && posted - done_n < (size_t)o->depth) {
+      size_t first = posted * per, n = count - first < per ? count - first : per;
+      void* req = NULL;
+      if (c->cn->iallreduce(c->comm, sb + first * esz, rb + first * esz, n, o->dt, o->op, smh, rmh, &req) != ncclSuccess)
+        return -1;
+      if (!req) break;   /* the plugin's window is full: again on the next pass */
+      fifo[posted++ % 1024] = req;
+      moved = 1;
+    }
+    if (done_n < posted) {
+      int done = 0, size = 0;
+      if (c->cn->test(fifo[done_n % 1024], &done, &size) != ncclSuccess) return -1;
+      if (done) { done_n++; moved = 1; }
+    }
+    if (!moved) idle(o);   /* no request progressed: let others run */
+  }
   return 0;
+}
+
+static int run_plugin(coll_t* c, const opts_t* o, void* sb, void* rb, size_t count, void* smh, void* rmh) {
+  if (o->request && count) return run_plugin_stream(c, o, sb, rb, count, smh, rmh);
+  return run_plugin_once(c, o, sb, rb, count, smh, rmh);
 }
 
 static int bench_algo(const opts_t* o, coll_t* c, const char* algo, double* busbw_sum, int* nsizes) {
@@ -231,13 +290,13 @@ static int bench_algo(const opts_t* o, coll_t* c, const char* algo, double* busb
     int err = 0;
     for (int it = 0; it < o->warmup && !err; it++) {
       if (is_mpi) MPI_Allreduce(sb, rb, (int)count, mpi_type(o->dt), mpi_op(o->op), MPI_COMM_WORLD);
-      else err = run_plugin_once(c, o, sb, rb, count, smh, rmh);
+      else err = run_plugin(c, o, sb, rb, count, smh, rmh);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     for (int it = 0; it < o->iters && !err; it++) {
       if (is_mpi) MPI_Allreduce(sb, rb, (int)count, mpi_type(o->dt), mpi_op(o->op), MPI_COMM_WORLD);
-      else err = run_plugin_once(c, o, sb, rb, count, smh, rmh);
+      else err = run_plugin(c, o, sb, rb, count, smh, rmh);
     }
     double el = (MPI_Wtime() - t0) / o->iters, elmax = 0;
     int anyerr = 0;
@@ -302,6 +361,11 @@ int main(int argc, char** argv) {
     printf("# collnet_bench: %d ranks, plugin %s\n", nranks, need_plugin ? o.plugin : "(none)");
     const char* red = getenv("CLUSTERTOOL_REDUCERS");
     if (red && *red && strstr(o.algos, "servers")) printf("# reduction servers: %s\n", red);
+    if (need_plugin && o.request)
+      printf("# requests of %zu bytes, at most %d outstanding, oldest tested first (NCCL's proxy)", o.request, o.depth);
+    else if (need_plugin)
+      printf("# one request per allreduce");
+    if (need_plugin) printf(o.idle_us ? "; idle passes sleep %d us\n" : "; idle passes sched_yield()%.0d\n", o.idle_us);
     if (need_plugin) {
       ncclNetProperties_v12_t p;
       if (c.cn->getProperties(0, &p) == ncclSuccess) printf("# device %s speed %d Mbps\n", p.name, p.speed);

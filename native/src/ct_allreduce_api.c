@@ -11,6 +11,7 @@
  * 0 on success and -1 on failure, with a one-line reason from ct_allreduce_error(ar). */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,14 +75,11 @@ EXPORT int ct_allreduce(void* p, const void* send, void* recv, size_t count, int
   if (!ar->comm) return fail(ar, "%s", "not connected");
   if (!ct_reduce_supported((ncclDataType_t)dtype, (ncclRedOp_t)op))
     return fail(ar, "%s", "unsupported dtype or op");
-  void* req = NULL;
-  ncclResult_t r = ncclCollNetPlugin_v12.iallreduce(ar->comm, (void*)send, recv, count, (ncclDataType_t)dtype,
-                                                     (ncclRedOp_t)op, NULL, NULL, &req);
-  if (r != ncclSuccess || !req) return fail(ar, "%s", "allreduce failed (see the WARN above)");
-  int done = 0, size = 0;
-  while (!done)
-    if (ncclCollNetPlugin_v12.test(req, &done, &size) != ncclSuccess)
-      return fail(ar, "%s", "allreduce failed (see the WARN above)");
+  ct_req_t* req = NULL;
+  int rc;
+  while ((rc = ct_coll_allreduce(ar->comm, send, recv, count, (ncclDataType_t)dtype, (ncclRedOp_t)op, &req)) == 1)
+    sched_yield();   /* the window is full (not from this blocking caller alone): wait for a slot */
+  if (rc != 0 || ct_coll_wait(req, NULL) != 0) return fail(ar, "%s", "allreduce failed (see the WARN above)");
   return 0;
 }
 

@@ -1,7 +1,9 @@
-/* CollNet engine: mesh setup, op construction, completion. */
+/* CollNet engine, the API side: mesh setup, posting collectives into the window,
+ * test() (atomics only) and close. The progress thread is in ct_coll_engine.c. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -13,36 +15,29 @@
 
 typedef struct { uint32_t magic, rank, sock, pad; uint64_t nonce; } ct_hello_t;
 
-static int start_threads(ct_coll_t* c) {
-  int n = c->nranks, ns = c->nsocks, k = c->nserv;
-  if (n == 1) return 0; /* single rank: ops complete when posted */
-  c->nthreads = 2 * (n - 1) * ns + 1 + (k ? 1 + k : 0);
-  c->threads = calloc((size_t)c->nthreads, sizeof(pthread_t));
-  c->workers = calloc((size_t)c->nthreads, sizeof(ct_worker_t));
-  if (!c->threads || !c->workers) return -1;
-  int i = 0;
-  for (int p = 0; p < n; p++) {
-    if (p == c->rank) continue;
-    for (int s = 0; s < ns; s++)
-      for (int role = 0; role < 2; role++) c->workers[i++] = (ct_worker_t){c, role, p, s, NULL, ""};
+static int mesh(ct_coll_t* c, ct_handle_t* const* handles, int lfd, int tmo) {
+  int rank = c->rank, nranks = c->nranks;
+  /* Lower rank connects to higher; the kernel completes these against the
+   * listen backlog, so accepting afterwards cannot deadlock. */
+  for (int p = rank + 1; p < nranks; p++) {
+    for (int s = 0; s < c->nsocks; s++) {
+      int fd = ct_connect_socket(&handles[p]->addr, tmo);
+      ct_hello_t h = {CT_HANDLE_MAGIC, (uint32_t)rank, (uint32_t)s, 0, handles[p]->nonce};
+      if (fd < 0 || ct_send_all(fd, &h, sizeof h)) { if (fd >= 0) close(fd); return -1; }
+      c->fds[p * c->nsocks + s] = fd;
+    }
   }
-  c->workers[i++] = (ct_worker_t){c, CT_ROLE_REDUCE, c->rank, 0, NULL, ""};
-  if (k) {
-    c->workers[i++] = (ct_worker_t){c, CT_ROLE_SSEND, 0, 0, NULL, ""};
-    for (int s = 0; s < k; s++) c->workers[i++] = (ct_worker_t){c, CT_ROLE_SRECV, s, 0, NULL, ""};
-  }
-  int started = 0;
-  for (i = 0; i < c->nthreads; i++) {
-    int role = c->workers[i].role;
-    if ((role == CT_ROLE_RECV || role == CT_ROLE_REDUCE) && !(c->workers[i].tmp = malloc(c->chunk_cfg))) break;
-    if (pthread_create(&c->threads[i], NULL, ct_worker_main, &c->workers[i])) break;
-    started++;
-  }
-  if (started < c->nthreads) {
-    /* threads already running wait for ops; close() stops and joins them */
-    for (int j = started; j < c->nthreads; j++) free(c->workers[j].tmp), c->workers[j].tmp = NULL;
-    c->nthreads = started;
-    return -1;
+  for (int need = rank * c->nsocks; need > 0;) {
+    int fd = ct_accept_timeout(lfd, tmo);
+    ct_hello_t h;
+    if (fd < 0) { CT_WARN("rank %d: timed out waiting for %d connections", rank, need); return -1; }
+    if (ct_recv_all(fd, &h, sizeof h) || h.magic != CT_HANDLE_MAGIC || h.nonce != handles[rank]->nonce ||
+        h.rank >= (uint32_t)rank || h.sock >= (uint32_t)c->nsocks || c->fds[h.rank * (uint32_t)c->nsocks + h.sock] >= 0) {
+      close(fd);  /* a stray or stale connection: ignore it */
+      continue;
+    }
+    c->fds[h.rank * (uint32_t)c->nsocks + h.sock] = fd;
+    need--;
   }
   return 0;
 }
@@ -57,40 +52,19 @@ ct_coll_t* ct_coll_connect(ct_handle_t* const* handles, int nranks, int rank, in
   c->nranks = nranks;
   c->algo = (int)handles[0]->algo;              /* rank 0's settings win, so all agree */
   c->nsocks = (int)handles[0]->nsocks;
+  if (c->nsocks < 1 || c->nsocks > CT_MAX_SOCKS) c->nsocks = 1;
   c->chunk_cfg = handles[0]->chunk_bytes;
   c->lockstep = handles[0]->sched == 0;
-  pthread_mutex_init(&c->mu, NULL);
-  pthread_cond_init(&c->cv, NULL);
+  c->epfd = c->evfd = -1;
+  pthread_mutex_init(&c->req_mu, NULL);
   size_t nfd = (size_t)nranks * (size_t)c->nsocks;
   c->fds = malloc(nfd * sizeof(int));
   if (!c->fds) { free(c); return NULL; }
   for (size_t i = 0; i < nfd; i++) c->fds[i] = -1;
   int tmo = (int)ct_env_long("CLUSTERTOOL_CONNECT_TIMEOUT_MS", 120000, 100, 3600000);
-  /* Lower rank connects to higher; the kernel completes these against the
-   * listen backlog, so accepting afterwards cannot deadlock. */
-  for (int p = rank + 1; p < nranks; p++) {
-    for (int s = 0; s < c->nsocks; s++) {
-      int fd = ct_connect_socket(&handles[p]->addr, tmo);
-      ct_hello_t h = {CT_HANDLE_MAGIC, (uint32_t)rank, (uint32_t)s, 0, handles[p]->nonce};
-      if (fd < 0 || ct_send_all(fd, &h, sizeof h)) { if (fd >= 0) close(fd); goto fail; }
-      c->fds[p * c->nsocks + s] = fd;
-    }
-  }
-  for (int need = rank * c->nsocks; need > 0;) {
-    int fd = ct_accept_timeout(lfd, tmo);
-    ct_hello_t h;
-    if (fd < 0) { CT_WARN("rank %d: timed out waiting for %d connections", rank, need); goto fail; }
-    if (ct_recv_all(fd, &h, sizeof h) || h.magic != CT_HANDLE_MAGIC || h.nonce != handles[rank]->nonce ||
-        h.rank >= (uint32_t)rank || h.sock >= (uint32_t)c->nsocks || c->fds[h.rank * (uint32_t)c->nsocks + h.sock] >= 0) {
-      close(fd);  /* a stray or stale connection: ignore it */
-      continue;
-    }
-    c->fds[h.rank * (uint32_t)c->nsocks + h.sock] = fd;
-    need--;
-  }
-  /* A small send buffer makes send() return only as the data leaves, so the
-   * lock-step order (peer me+1, me+2, ...) is the order on the wire: every node
-   * talks to one peer at a time and no receiver is flooded by all at once. */
+  if (mesh(c, handles, lfd, tmo)) goto fail;
+  /* A small send buffer makes the lock-step order of phase-1 chunks (peer me+1, me+2, ...)
+   * the order on the wire: every node talks to one peer at a time. */
   long sndbuf = ct_env_long("CLUSTERTOOL_SNDBUF", 128 * 1024, 0, 1L << 30);
   if (sndbuf > 0 && !getenv("CLUSTERTOOL_SOCKBUF")) {
     int b = (int)sndbuf;
@@ -101,10 +75,11 @@ ct_coll_t* ct_coll_connect(ct_handle_t* const* handles, int nranks, int rank, in
     CT_WARN("rank %d: CollNet setup with rank 0 failed (%s)", rank, strerror(errno));
     goto fail;
   }
-  if (start_threads(c)) goto fail;
-  CT_INFO("collnet rank %d/%d connected: algo=%s%s%s socks/peer=%d chunk=%zu%s", rank, nranks, ct_algo_name(c->algo),
-          c->nserv ? " reducers=" : "", c->nserv ? ct_env_str("CLUSTERTOOL_REDUCERS", "(rank 0's)") : "", c->nsocks,
-          c->chunk_cfg, c->nrules ? " (per-size collnet_algo rules from rank 0's tuner table)" : "");
+  if (ct_engine_start(c)) { CT_WARN("rank %d: cannot start the CollNet progress thread", rank); goto fail; }
+  CT_INFO("collnet rank %d/%d connected: algo=%s%s%s socks/peer=%d chunk=%zu window=%d stage=%d%s", rank, nranks,
+          ct_algo_name(c->algo), c->nserv ? " reducers=" : "",
+          c->nserv ? ct_env_str("CLUSTERTOOL_REDUCERS", "(rank 0's)") : "", c->nsocks, c->chunk_cfg, c->W,
+          c->stage_slots, c->nrules ? " (per-size collnet_algo rules from rank 0's tuner table)" : "");
   return c;
 fail:
   ct_coll_close(c);
@@ -113,36 +88,76 @@ fail:
 
 void ct_coll_close(ct_coll_t* c) {
   if (!c) return;
-  pthread_mutex_lock(&c->mu);
-  c->shutdown = 1;
-  pthread_cond_broadcast(&c->cv);
-  pthread_mutex_unlock(&c->mu);
+  ct_engine_stop(c);   /* joins the thread, frees the engine's memory */
+  ct_stats_report(c);
   size_t nfd = (size_t)c->nranks * (size_t)c->nsocks;
-  for (size_t i = 0; i < nfd; i++)
-    if (c->fds[i] >= 0) shutdown(c->fds[i], SHUT_RDWR);
-  for (int s = 0; s < c->nserv; s++)
-    if (c->sfds[s] >= 0) shutdown(c->sfds[s], SHUT_RDWR);
-  for (int i = 0; i < c->nthreads; i++) pthread_join(c->threads[i], NULL);
   for (size_t i = 0; i < nfd; i++)
     if (c->fds[i] >= 0) close(c->fds[i]);
   ct_servers_close(c);
-  if (c->workers)
-    for (int i = 0; i < c->nthreads; i++) free(c->workers[i].tmp);
-  while (c->head) {
-    ct_op_t* op = c->head;
-    c->head = op->next;
-    ct_op_free(op);
-  }
-  free(c->workers);
-  free(c->threads);
+  for (int i = 0; i < c->nreq_blocks; i++) free(c->req_blocks[i]);
+  free(c->req_blocks);
   free(c->fds);
-  pthread_mutex_destroy(&c->mu);
-  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->req_mu);
   free(c);
 }
 
-/* Chunk size for an op: the configured chunk, smaller for small shards so each
- * socket still sees a few chunks to pipeline; a multiple of the element size. */
+/* ---------------- requests (API threads only) ---------------- */
+static ct_req_t* req_alloc(ct_coll_t* c) {
+  pthread_mutex_lock(&c->req_mu);
+  if (!c->req_free) {
+    enum { N = 64 };
+    ct_req_t* blk = calloc(N, sizeof *blk);
+    void** blocks = blk ? realloc(c->req_blocks, sizeof(void*) * (size_t)(c->nreq_blocks + 1)) : NULL;
+    if (!blocks) { free(blk); pthread_mutex_unlock(&c->req_mu); return NULL; }
+    c->req_blocks = blocks;
+    c->req_blocks[c->nreq_blocks++] = blk;
+    for (int i = 0; i < N; i++) { blk[i].c = c; blk[i].next_free = c->req_free; c->req_free = &blk[i]; }
+  }
+  ct_req_t* r = c->req_free;
+  c->req_free = r->next_free;
+  pthread_mutex_unlock(&c->req_mu);
+  return r;
+}
+
+static void req_release(ct_req_t* r) {
+  ct_coll_t* c = r->c;
+  pthread_mutex_lock(&c->req_mu);
+  r->next_free = c->req_free;
+  c->req_free = r;
+  pthread_mutex_unlock(&c->req_mu);
+}
+
+int ct_coll_test(ct_req_t* r, size_t* bytes) {
+  long long t0 = ct_now_ns();
+  ct_coll_t* c = r->c;
+  int st = atomic_load_explicit(&r->state, memory_order_acquire);
+  if (st == CT_REQ_PENDING) {
+    /* a caller polling in a tight loop (NCCL's proxy yields when idle; many callers don't)
+     * gives the CPU away now and then, so the progress thread runs where cores are few */
+    if ((atomic_fetch_add_explicit(&c->idle_tests, 1, memory_order_relaxed) & 7) == 7) sched_yield();
+    ct_hist_add(&c->stats.test, (uint64_t)(ct_now_ns() - t0));
+    return 0;
+  }
+  atomic_store_explicit(&c->idle_tests, 0, memory_order_relaxed);
+  if (bytes) *bytes = r->bytes;
+  req_release(r);
+  ct_hist_add(&c->stats.test, (uint64_t)(ct_now_ns() - t0));
+  return st == CT_REQ_DONE ? 1 : -1;
+}
+
+int ct_coll_wait(ct_req_t* r, size_t* bytes) {
+  for (int i = 0;; i++) {
+    int s = ct_coll_test(r, bytes);
+    if (s) return s > 0 ? 0 : -1;
+    if (i < 64) { sched_yield(); continue; }
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* ---------------- posting ---------------- */
+/* Chunk size for an op: the configured chunk, smaller for large shards' pipelining
+ * (at least 16 chunks per socket, not below 64 KiB); a multiple of the element size. */
 static size_t op_chunk(const ct_coll_t* c, size_t maxlen, size_t esz) {
   size_t want = maxlen / (size_t)(16 * c->nsocks);
   if (want < 65536) want = 65536;
@@ -151,64 +166,81 @@ static size_t op_chunk(const ct_coll_t* c, size_t maxlen, size_t esz) {
   return ch ? ch : esz;
 }
 
-/* Common part: layout arrays, progress arrays, queueing. The algorithm: servers only
- * for allreduce (and only while the servers are up), the default otherwise. */
-static ct_op_t* op_new(ct_coll_t* c, int kind, size_t esz, int algo) {
-  ct_op_t* op = calloc(1, sizeof *op);
-  if (!op) return NULL;
+/* rank 0's collnet_algo rules by size, else the communicator's default */
+static int pick_algo(const ct_coll_t* c, size_t bytes) {
+  for (int i = 0; i < c->nrules; i++)
+    if (bytes >= c->rules[i].min && bytes <= c->rules[i].max) return (int)c->rules[i].algo;
+  return c->algo;
+}
+
+/* A free slot for the next collective, reset; NULL with *rc = 1 (window full) or -1. */
+static ct_op_t* op_claim(ct_coll_t* c, int kind, size_t esz, int algo, int* rc) {
+  if (atomic_load(&c->error)) { *rc = -1; return NULL; }
+  ct_op_t* op = &c->ops[c->next_seq & (uint64_t)(c->W - 1)];   /* nranks == 1: never leaves FREE */
+  if (atomic_load_explicit(&op->state, memory_order_acquire) != CT_OP_FREE) { *rc = 1; return NULL; }
+  size_t *off = op->off, *len = op->len;
+  long* need = op->need;
+  memset((char*)op + sizeof op->state, 0, sizeof *op - sizeof op->state);
+  op->off = off;
+  op->len = len;
+  op->need = need;
   op->kind = kind;
   op->algo = algo == CT_ALGO_SERVERS && (!c->nserv || kind != CT_KIND_ALLREDUCE) ? CT_ALGO_SHARDED : algo;
   op->esz = esz;
   op->nparts = op->algo == CT_ALGO_SERVERS ? c->nserv : c->nranks;
-  op->off = calloc((size_t)op->nparts, sizeof(size_t));
-  op->len = calloc((size_t)op->nparts, sizeof(size_t));
-  if (!op->off || !op->len) { ct_op_free(op); return NULL; }
   return op;
 }
 
-static int op_prepare(ct_coll_t* c, ct_op_t* op) {
-  int n = c->nranks, me = c->rank;
+static void op_drop(ct_op_t* op) {
+  for (int i = 0; i < 2; i++) { free(op->owned[i]); op->owned[i] = NULL; }
+  free(op->scatter.addr);
+  free(op->scatter.size);
+  op->scatter.addr = NULL;
+  op->scatter.size = NULL;
+}
+
+/* Layout done: chunk size, then hand the slot to the progress thread. */
+static int op_publish(ct_coll_t* c, ct_op_t* op, ct_req_t** out) {
   size_t maxlen = 0;
   for (int r = 0; r < op->nparts; r++) maxlen = op->len[r] > maxlen ? op->len[r] : maxlen;
   op->chunk = op_chunk(c, maxlen, op->esz);
   if (op->algo == CT_ALGO_SERVERS && op->chunk > CT_RMAX_CHUNK) op->chunk = CT_RMAX_CHUNK - CT_RMAX_CHUNK % op->esz;
-  op->maxch = (int)((maxlen + op->chunk - 1) / op->chunk) + 1;
-  if (op->algo == CT_ALGO_SERVERS) {
-    /* nothing staged: chunks go from the source and come back into the result */
-  } else if (op->algo == CT_ALGO_RING) {
-    op->nsteps = (op->has_p1 ? n - 1 : 0) + (op->has_p2 ? n - 1 : 0);
-    op->recvd = calloc((size_t)op->nsteps * (size_t)op->maxch + 1, 1);
-    if (!op->recvd) return -1;
-    if (op->has_p1 && !op->acc) {
-      size_t tot = op->off[n - 1] + op->len[n - 1];
-      if (!(op->acc = op->owned[2] = malloc(tot ? tot : 1))) return -1;
+  op->maxch = (maxlen + op->chunk - 1) / op->chunk;
+  if (op->algo == CT_ALGO_RING && op->kind == CT_KIND_REDUCESCATTER) {
+    size_t tot = op->off[c->nranks - 1] + op->len[c->nranks - 1];
+    if (!(op->acc = op->owned[1] = malloc(tot ? tot : 1))) { op_drop(op); return -1; }
+  }
+  ct_req_t* r = req_alloc(c);
+  if (!r) { op_drop(op); return -1; }
+  atomic_store_explicit(&r->state, CT_REQ_PENDING, memory_order_relaxed);
+  r->bytes = op->total;
+  atomic_fetch_add_explicit(&c->stats.requests, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->stats.bytes, op->total, memory_order_relaxed);
+  c->nops++;
+  c->nbytes += op->total;
+  *out = r;
+  if (c->nranks == 1) {    /* done at once: the data was placed while building the op */
+    for (int i = 0; i < op->scatter.n; i++) {
+      memcpy(op->scatter.addr[i], op->p2_dst, op->scatter.size[i]);
+      op->p2_dst += op->scatter.size[i];
     }
-  } else if (op->has_p1 && n > 1) {
-    op->arrived = calloc((size_t)op->maxch, sizeof(int));
-    op->stage = op->owned[2] = malloc((size_t)(n - 1) * op->len[me] + 1);
-    if (!op->arrived || !op->stage) return -1;
+    op_drop(op);
+    atomic_fetch_add_explicit(&c->stats.inflight_sum, 1, memory_order_relaxed);
+    if (atomic_load(&c->stats.inflight_max) < 1) atomic_store(&c->stats.inflight_max, 1);
+    ct_hist_add(&c->stats.post_to_done, 0);
+    atomic_store_explicit(&r->state, CT_REQ_DONE, memory_order_release);
+    return 0;
   }
-  return 0;
-}
-
-static void op_finish_local(ct_op_t* op) {
-  for (int i = 0; i < op->scatter.n; i++) {
-    memcpy(op->scatter.addr[i], op->scatter.from, op->scatter.size[i]);
-    op->scatter.from += op->scatter.size[i];
-  }
-}
-
-static ct_op_t* op_queue(ct_coll_t* c, ct_op_t* op) {
-  if (op_prepare(c, op)) { ct_op_free(op); return NULL; }
-  pthread_mutex_lock(&c->mu);
+  op->req = r;
   op->seq = c->next_seq++;
-  op->threads_left = c->nthreads;
-  if (c->nranks == 1) op->done = 1;
-  if (c->tail) c->tail->next = op; else c->head = op;
-  c->tail = op;
-  pthread_cond_broadcast(&c->cv);
-  pthread_mutex_unlock(&c->mu);
-  return op;
+  op->t_post_ns = ct_now_ns();
+  uint64_t inflight = c->next_seq - atomic_load_explicit(&c->ncompleted, memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->stats.inflight_sum, inflight, memory_order_relaxed);
+  if (inflight > atomic_load_explicit(&c->stats.inflight_max, memory_order_relaxed))
+    atomic_store_explicit(&c->stats.inflight_max, inflight, memory_order_relaxed);
+  atomic_store(&op->state, CT_OP_POSTED);       /* seq_cst: pairs with the thread's `sleeping` */
+  if (atomic_load(&c->sleeping)) ct_engine_wake(c);
+  return 0;
 }
 
 static void split_even(ct_op_t* op, int n, size_t count) {
@@ -219,22 +251,17 @@ static void split_even(ct_op_t* op, int n, size_t count) {
   }
 }
 
-/* rank 0's collnet_algo rules by size, else the communicator's default */
-static int pick_algo(const ct_coll_t* c, size_t bytes) {
-  for (int i = 0; i < c->nrules; i++)
-    if (bytes >= c->rules[i].min && bytes <= c->rules[i].max) return (int)c->rules[i].algo;
-  return c->algo;
-}
-
-ct_op_t* ct_coll_allreduce(ct_coll_t* c, const void* src, void* dst, size_t count, ncclDataType_t dt,
-                           ncclRedOp_t rop) {
-  if (!ct_reduce_supported(dt, rop)) return NULL;
+int ct_coll_allreduce(ct_coll_t* c, const void* src, void* dst, size_t count, ncclDataType_t dt, ncclRedOp_t rop,
+                      ct_req_t** req) {
+  *req = NULL;
+  if (!ct_reduce_supported(dt, rop)) return -1;
   size_t esz = ct_dtype_size(dt);
-  ct_op_t* op = op_new(c, CT_KIND_ALLREDUCE, esz, pick_algo(c, count * esz));
-  if (!op) return NULL;
+  int rc = 0;
+  ct_op_t* op = op_claim(c, CT_KIND_ALLREDUCE, esz, pick_algo(c, count * esz), &rc);
+  if (!op) return rc;
   op->dt = dt;
   op->rop = rop;
-  op->total = count * op->esz;
+  op->total = count * esz;
   split_even(op, op->nparts, count);
   op->has_p1 = op->has_p2 = 1;
   op->p1_src = src;
@@ -243,7 +270,7 @@ ct_op_t* ct_coll_allreduce(ct_coll_t* c, const void* src, void* dst, size_t coun
   op->p2_src = op->p1_out;
   op->p2_dst = dst;
   if (c->nranks == 1 && src != dst) memcpy(dst, src, op->total);
-  return op_queue(c, op);
+  return op_publish(c, op, req);
 }
 
 /* Window layout shared by reduce-scatter and allgather: rank r's block is
@@ -266,11 +293,13 @@ static const char* gather_parts(ct_op_t* op, int n, ncclNetSGE_v12_t* parts, siz
   return buf;
 }
 
-ct_op_t* ct_coll_reducescatter(ct_coll_t* c, int nparts, ncclNetSGE_v12_t* parts, void* dst, size_t bpr,
-                               size_t woff, size_t wbytes, ncclDataType_t dt, ncclRedOp_t rop) {
-  if (!ct_reduce_supported(dt, rop) || nparts < 1) return NULL;
-  ct_op_t* op = op_new(c, CT_KIND_REDUCESCATTER, ct_dtype_size(dt), c->algo);
-  if (!op) return NULL;
+int ct_coll_reducescatter(ct_coll_t* c, int nparts, ncclNetSGE_v12_t* parts, void* dst, size_t bpr, size_t woff,
+                          size_t wbytes, ncclDataType_t dt, ncclRedOp_t rop, ct_req_t** req) {
+  *req = NULL;
+  if (!ct_reduce_supported(dt, rop) || nparts < 1) return -1;
+  int rc = 0;
+  ct_op_t* op = op_claim(c, CT_KIND_REDUCESCATTER, ct_dtype_size(dt), c->algo, &rc);
+  if (!op) return rc;
   op->dt = dt;
   op->rop = rop;
   op->total = wbytes;
@@ -278,16 +307,18 @@ ct_op_t* ct_coll_reducescatter(ct_coll_t* c, int nparts, ncclNetSGE_v12_t* parts
   op->has_p1 = 1;
   op->p1_src = gather_parts(op, nparts, parts, wbytes);
   op->p1_out = dst;
-  if (!op->p1_src) { ct_op_free(op); return NULL; }
+  if (!op->p1_src) { op_drop(op); return -1; }
   if (c->nranks == 1) memcpy(dst, op->p1_src + op->off[0], op->len[0]);
-  return op_queue(c, op);
+  return op_publish(c, op, req);
 }
 
-ct_op_t* ct_coll_allgather(ct_coll_t* c, const void* src, int nparts, ncclNetSGE_v12_t* parts, size_t bpr,
-                           size_t woff, size_t wbytes) {
-  if (nparts < 1) return NULL;
-  ct_op_t* op = op_new(c, CT_KIND_ALLGATHER, 1, c->algo);
-  if (!op) return NULL;
+int ct_coll_allgather(ct_coll_t* c, const void* src, int nparts, ncclNetSGE_v12_t* parts, size_t bpr, size_t woff,
+                      size_t wbytes, ct_req_t** req) {
+  *req = NULL;
+  if (nparts < 1) return -1;
+  int rc = 0;
+  ct_op_t* op = op_claim(c, CT_KIND_ALLGATHER, 1, c->algo, &rc);
+  if (!op) return rc;
   op->dt = ncclUint8;
   op->total = wbytes;
   split_window(op, c->nranks, bpr, woff, wbytes);
@@ -299,45 +330,12 @@ ct_op_t* ct_coll_allgather(ct_coll_t* c, const void* src, int nparts, ncclNetSGE
     op->p2_dst = op->owned[0] = malloc(wbytes ? wbytes : 1);
     op->scatter.addr = malloc(sizeof(void*) * (size_t)nparts);
     op->scatter.size = malloc(sizeof(size_t) * (size_t)nparts);
-    if (!op->p2_dst || !op->scatter.addr || !op->scatter.size) { ct_op_free(op); return NULL; }
+    if (!op->p2_dst || !op->scatter.addr || !op->scatter.size) { op_drop(op); return -1; }
     op->scatter.n = nparts;
-    op->scatter.from = op->p2_dst;
     for (int i = 0; i < nparts; i++) { op->scatter.addr[i] = parts[i].address; op->scatter.size[i] = parts[i].size; }
   }
   int me = c->rank;
   if (op->p2_dst + op->off[me] != (const char*)src) memcpy(op->p2_dst + op->off[me], src, op->len[me]);
-  return op_queue(c, op);
-}
-
-int ct_coll_test(ct_coll_t* c, ct_op_t* op, size_t* bytes) {
-  pthread_mutex_lock(&c->mu);
-  if (!op->done && !op->error && !c->error) {
-    /* Callers poll test() in a tight loop; sleeping briefly on the progress
-     * condition instead of spinning leaves the CPU to the worker threads. */
-    static long wait_ns = -1;
-    if (wait_ns < 0) wait_ns = 1000L * ct_env_long("CLUSTERTOOL_TEST_WAIT_US", 200, 0, 100000);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += wait_ns;
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-    pthread_cond_timedwait(&c->cv, &c->mu, &ts);
-  }
-  int done = op->done, err = op->error || c->error;
-  if (done || err) {
-    /* ops finish in order; unlink this one only when every thread is past it */
-    if (!done) { pthread_mutex_unlock(&c->mu); return -1; }
-    ct_op_t** pp = &c->head;
-    while (*pp && *pp != op) pp = &(*pp)->next;
-    if (*pp) *pp = op->next;
-    if (c->tail == op) {
-      c->tail = NULL;
-      for (ct_op_t* o = c->head; o; o = o->next) c->tail = o;
-    }
-  }
-  pthread_mutex_unlock(&c->mu);
-  if (!done) return err ? -1 : 0;
-  if (!err) op_finish_local(op);
-  if (bytes) *bytes = op->total;
-  ct_op_free(op);
-  return err ? -1 : 1;
+  op->p2_src = op->p2_dst + op->off[me];
+  return op_publish(c, op, req);
 }

@@ -1,18 +1,18 @@
 /* The `servers` algorithm, worker side: the buffer is cut into K shards, one per
- * reduction server (clustertool-reducer); shard k goes to server k in chunks and
- * comes back reduced (protocol in ct_reducer_proto.h).
+ * reduction server (clustertool-reducer); shard k goes to server k in chunks and comes
+ * back reduced (protocol in ct_reducer_proto.h), straight into the output.
  *
- * One sender thread serves all servers in lock-step: chunk c of every shard, starting
- * at server (rank + c) mod K and going round, so that at any moment the ranks send to
- * different servers (K >= n) or spread evenly over them (K < n) and no server's
- * receive link takes every rank's stream at once. A small send buffer
- * (CLUSTERTOOL_SNDBUF) keeps the order on the wire the order of the calls. One
- * receiver thread per server writes the reduced chunks straight into the result.
+ * Requests are pipelined: the progress thread streams the DATA chunks of every posted
+ * collective in order (collective, then chunk c of every shard starting at server
+ * (rank + c) mod K, going round), so each server sees every rank's chunks in the same
+ * order (the g-th DATA of every rank forms reduction g) and, with depth 1
+ * (CLUSTERTOOL_COLLNET_DEPTH), the ranks send to different servers at any moment (K >= n)
+ * or spread evenly over them (K < n). A small send buffer (CLUSTERTOOL_SNDBUF) keeps the
+ * order on the wire the order of the calls. RESULT messages are routed by (seq, chunk).
  *
- * A server that dies closes its sockets: every rank's receiver sees it at once. A
- * server that hangs stops its heartbeats: every rank's receiver gives up after
- * io_timeout_ms without a byte from it. Either way the communicator fails (the WARN
- * names the server) and its sockets are shut down, so no thread stays blocked. */
+ * A server that dies closes its sockets: every rank sees it at once. A server that hangs
+ * stops its heartbeats: every rank gives up after io_timeout_ms without a byte from it.
+ * Either way the communicator fails (the WARN names the server), never a hang. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -26,11 +26,6 @@
 #include "ct_coll.h"
 #include "ct_reducer_proto.h"
 
-static size_t nch(const ct_op_t* op, size_t len) { return (len + op->chunk - 1) / op->chunk; }
-static size_t clen(const ct_op_t* op, size_t len, size_t c) {
-  size_t b = c * op->chunk;
-  return len - b < op->chunk ? len - b : op->chunk;
-}
 
 /* Non-blocking connect bounded by tmo_ms; refused connections are retried (a server
  * restarting), anything else fails at once. Returns a blocking socket or -1 (errno). */
@@ -120,79 +115,83 @@ void ct_servers_close(ct_coll_t* c) {
   c->nserv = 0;
 }
 
-static int send_chunk(int fd, const ct_rmsg_t* h, const void* p, size_t len) {
-  struct iovec iov[2] = {{(void*)h, sizeof *h}, {(void*)p, len}};
-  struct msghdr m = {.msg_iov = iov, .msg_iovlen = len ? 2 : 1};
-  size_t left = sizeof *h + len;
-  while (left) {
-    ssize_t r = sendmsg(fd, &m, MSG_NOSIGNAL);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return -1;
-    left -= (size_t)r;
-    while (r > 0) {
-      if ((size_t)r >= m.msg_iov[0].iov_len) { r -= (ssize_t)m.msg_iov[0].iov_len; m.msg_iov++; m.msg_iovlen--; }
-      else { m.msg_iov[0].iov_base = (char*)m.msg_iov[0].iov_base + r; m.msg_iov[0].iov_len -= (size_t)r; r = 0; }
-    }
+void ct_servers_activate(ct_coll_t* c, ct_op_t* op) {
+  for (int k = 0; k < c->nserv; k++) {
+    size_t m = ct_nch(op, op->len[k]);
+    op->pending += 2 * (long)m;   /* DATA out, RESULT in */
+    op->need[k] = (long)m;
   }
-  return 0;
 }
 
-int ct_servers_send(ct_worker_t* w, ct_op_t* op) {
-  ct_coll_t* c = w->c;
-  int k = c->nserv, me = c->rank;
-  size_t nmax = 0;
-  for (int s = 0; s < k; s++) nmax = nch(op, op->len[s]) > nmax ? nch(op, op->len[s]) : nmax;
-  for (size_t ch = 0; ch < nmax; ch++) {
-    for (int j = 0; j < k; j++) {
-      int s = (int)(((size_t)me + ch + (size_t)j) % (size_t)k);
-      if (ch >= nch(op, op->len[s])) continue;
-      size_t l = clen(op, op->len[s], ch);
-      ct_rmsg_t h = {CT_RMSG_MAGIC, CT_RMSG_DATA, (uint8_t)op->dt, (uint8_t)op->rop, 0, (uint32_t)op->seq,
-                     (uint32_t)ch, (uint32_t)l, 0};
-      if (send_chunk(c->sfds[s], &h, op->p1_src + op->off[s] + ch * op->chunk, l)) {
-        snprintf(w->why, sizeof w->why, "reduction server %s (server %d of %d): send: %s", c->saddr[s], s + 1, k,
-                 errno == EPIPE || errno == ECONNRESET ? "connection closed" : strerror(errno));
-        return -1;
-      }
+int ct_servers_generate(ct_coll_t* c) {
+  int K = c->nserv, me = c->rank, any = 0;
+  ct_gen_t* g = &c->sgen;
+  while (K && g->inflight < c->depth) {
+    if (g->seq >= c->activated) break;
+    ct_op_t* op = ct_op_at(c, g->seq);
+    if (!op || op->algo != CT_ALGO_SERVERS || g->c >= op->maxch) {
+      g->seq++;
+      g->c = 0;
+      g->j = 0;
+      continue;
     }
+    int s = (int)(((size_t)me + g->c + (size_t)g->j) % (size_t)K);
+    if (g->c < ct_nch(op, op->len[s])) {
+      ct_out_t* o = ct_out_new(c);
+      if (!o) { ct_fail(c, "rank %d: out of memory for a message descriptor", me); return 1; }
+      size_t l = ct_clen(op, op->len[s], g->c);
+      o->h.r = (ct_rmsg_t){CT_RMSG_MAGIC, CT_RMSG_DATA, (uint8_t)op->dt, (uint8_t)op->rop, 0, (uint32_t)op->seq,
+                           (uint32_t)g->c, (uint32_t)l, 0};
+      o->hlen = sizeof(ct_rmsg_t);
+      o->payload = op->p1_src + op->off[s] + g->c * op->chunk;
+      o->plen = l;
+      o->op = op;
+      o->gen = 1;
+      g->inflight += l;
+      ct_emit(c, &c->ssocks[s], o, 1);
+      any = 1;
+    }
+    if (++g->j == K) { g->j = 0; g->c++; }
   }
-  return 0;
+  return any;
 }
 
-int ct_servers_recv(ct_worker_t* w, ct_op_t* op) {
-  ct_coll_t* c = w->c;
-  int s = w->peer, fd = c->sfds[s];
-  size_t n = nch(op, op->len[s]);
-  const char* what = NULL;
-  char abort_why[CT_RMAX_REASON + 40];
-  for (size_t i = 0; i < n && !what; i++) {
-    ct_rmsg_t h;
-    do {
-      if (recv_tmo(fd, &h, sizeof h, c->io_timeout_ms)) what = "";
-    } while (!what && h.magic == CT_RMSG_MAGIC && h.type == CT_RMSG_HEARTBEAT);
-    size_t l = clen(op, op->len[s], i);
-    if (what) break;
-    if (h.magic == CT_RMSG_MAGIC && h.type == CT_RMSG_ABORT && h.len < CT_RMAX_REASON) {
-      char text[CT_RMAX_REASON] = "";
-      if (recv_tmo(fd, text, h.len, 1000) == 0) text[h.len] = 0;
-      snprintf(abort_why, sizeof abort_why, "the server ended the session: %s", text[0] ? text : "(no reason)");
-      what = abort_why;
-      break;
-    }
-    if (h.magic != CT_RMSG_MAGIC || h.type != CT_RMSG_RESULT || h.seq != (uint32_t)op->seq || h.chunk != i ||
-        h.len != l) {
-      what = "unexpected message (protocol error)";
-      break;
-    }
-    if (recv_tmo(fd, op->p2_dst + op->off[s] + i * op->chunk, l, c->io_timeout_ms)) what = "";
-  }
-  if (!what) return 0;
-  char reason[CT_RMAX_REASON + 40];
-  if (*what) snprintf(reason, sizeof reason, "%s", what);
-  else if (errno == ETIMEDOUT) snprintf(reason, sizeof reason, "no data for %d ms (io timeout)", c->io_timeout_ms);
-  else if (errno == ECONNRESET) snprintf(reason, sizeof reason, "connection closed");
-  else snprintf(reason, sizeof reason, "%s", strerror(errno));
-  snprintf(w->why, sizeof w->why, "reduction server %s (server %d of %d): receive: %s", c->saddr[s], s + 1,
-           c->nserv, reason);
+static int server_fail(ct_coll_t* c, ct_sock_t* s, const char* what) {
+  ct_fail(c, "rank %d: reduction server %s (server %d of %d): receive: %s", c->rank, c->saddr[s->peer], s->peer + 1,
+          c->nserv, what);
   return -1;
+}
+
+int ct_servers_header(ct_coll_t* c, ct_sock_t* s) {
+  const ct_rmsg_t* h = &s->ih.r;
+  if (h->magic != CT_RMSG_MAGIC) return server_fail(c, s, "unexpected message (protocol error)");
+  if (h->type == CT_RMSG_HEARTBEAT) return h->len ? server_fail(c, s, "unexpected message (protocol error)") : 0;
+  if (h->type == CT_RMSG_ABORT) {
+    if (h->len >= CT_RMAX_REASON) return server_fail(c, s, "the server ended the session: (no reason)");
+    s->idst = s->tmp;
+    s->ilen = h->len;
+    return 0;
+  }
+  ct_op_t* op = h->type == CT_RMSG_RESULT ? ct_op_at(c, ct_seq_extend(c->activated, h->seq)) : NULL;
+  size_t k = h->chunk;
+  if (!op || op->algo != CT_ALGO_SERVERS || k >= ct_nch(op, op->len[s->peer]) ||
+      h->len != ct_clen(op, op->len[s->peer], k))
+    return server_fail(c, s, "unexpected message (protocol error)");
+  s->iop = op;
+  s->idst = op->p2_dst + op->off[s->peer] + k * op->chunk;
+  s->ilen = h->len;
+  return 0;
+}
+
+int ct_servers_payload(ct_coll_t* c, ct_sock_t* s) {
+  const ct_rmsg_t* h = &s->ih.r;
+  if (h->type == CT_RMSG_ABORT) {
+    char why[CT_RMAX_REASON + 64];
+    s->tmp[h->len] = 0;
+    snprintf(why, sizeof why, "the server ended the session: %s", h->len ? s->tmp : "(no reason)");
+    return server_fail(c, s, why);
+  }
+  s->iop->need[s->peer]--;
+  ct_op_step(c, s->iop);
+  return 0;
 }

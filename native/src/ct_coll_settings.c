@@ -3,8 +3,9 @@
  *
  * Rank 0's handle already carries the algorithm, sockets per peer and chunk. What does
  * not fit there travels over the mesh once it is up: the collnet_algo rules of rank 0's
- * tuner table, rank 0's CLUSTERTOOL_REDUCERS, its CLUSTERTOOL_REDUCER_TIMEOUT_MS and a
- * random session id. Then, when servers are wanted, every rank connects to every
+ * tuner table, rank 0's CLUSTERTOOL_REDUCERS, its CLUSTERTOOL_REDUCER_TIMEOUT_MS (the io
+ * timeout for peers and servers), its CLUSTERTOOL_COLLNET_STAGE (staging slots per
+ * connection: the credits every sender counts on) and a random session id. Then, when servers are wanted, every rank connects to every
  * server and sends its hello; each rank tells rank 0 whether that worked, rank 0 tells
  * everyone the outcome (and who failed), and only then do ranks wait for the servers'
  * acks, followed by a second such round. So either every rank uses the servers or
@@ -30,7 +31,7 @@ typedef struct {
   uint32_t magic, nrules;
   uint64_t session;
   uint32_t io_timeout_ms, want_servers;
-  uint32_t list_len, pad;
+  uint32_t list_len, stage_slots;   /* phase-1 staging slots per connection (credits) */
 } set_hdr_t;
 
 typedef struct { uint32_t magic; int32_t ok, rank, server, err, pad; } status_t;
@@ -165,7 +166,17 @@ static void warn_fallback(ct_coll_t* c, const status_t* st, const char* stage) {
           st->err ? strerror(st->err) : "refused");
 }
 
+/* Staging slots: CLUSTERTOOL_COLLNET_STAGE, at most 64 MiB of them per connection. */
+static uint32_t stage_slots(size_t chunk) {
+  long t = ct_env_long("CLUSTERTOOL_COLLNET_STAGE", 16, 1, 1024);
+  long cap = (long)((64UL << 20) / (chunk ? chunk : 1));
+  if (t > cap) t = cap < 2 ? 2 : cap;
+  return (uint32_t)t;
+}
+
 int ct_coll_settings(ct_coll_t* c, int tmo) {
+  c->io_timeout_ms = (int)ct_env_long("CLUSTERTOOL_REDUCER_TIMEOUT_MS", 30000, 100, 3600000);
+  c->stage_slots = (int)stage_slots(c->chunk_cfg);
   if (c->nranks < 2) { if (c->algo == CT_ALGO_SERVERS) c->algo = CT_ALGO_SHARDED; return 0; }
   set_hdr_t h = {SET_MAGIC, 0, 0, 30000, 0, 0, 0};
   char list[4096] = "";
@@ -176,6 +187,7 @@ int ct_coll_settings(ct_coll_t* c, int tmo) {
     h.nrules = (uint32_t)c->nrules;
     h.io_timeout_ms = (uint32_t)ct_env_long("CLUSTERTOOL_REDUCER_TIMEOUT_MS", 30000, 100, 3600000);
     h.list_len = (uint32_t)strlen(list);
+    h.stage_slots = (uint32_t)c->stage_slots;
     int want = c->algo == CT_ALGO_SERVERS;
     for (int i = 0; i < c->nrules; i++) want |= c->rules[i].algo == CT_ALGO_SERVERS;
     h.want_servers = (uint32_t)(want && *list);
@@ -188,7 +200,7 @@ int ct_coll_settings(ct_coll_t* c, int tmo) {
         return -1;
   } else {
     if (xfer(peer_fd(c, 0), &h, sizeof h, tmo, 0) || h.magic != SET_MAGIC || h.nrules > CT_MAX_ALGO_RULES ||
-        h.list_len >= sizeof list)
+        h.list_len >= sizeof list || h.stage_slots < 1 || h.stage_slots > 1024)
       return -1;
     c->nrules = (int)h.nrules;
     if ((h.nrules && xfer(peer_fd(c, 0), c->rules, sizeof(ct_algo_rule_t) * h.nrules, tmo, 0)) ||
@@ -198,6 +210,7 @@ int ct_coll_settings(ct_coll_t* c, int tmo) {
   }
   c->session = h.session;
   c->io_timeout_ms = (int)h.io_timeout_ms;
+  c->stage_slots = (int)h.stage_slots;
   if (!h.want_servers) {
     if (c->algo == CT_ALGO_SERVERS) {
       if (c->rank == 0) CT_WARN("CLUSTERTOOL_COLLNET_ALGO=servers but CLUSTERTOOL_REDUCERS is empty; using sharded");

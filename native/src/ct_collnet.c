@@ -9,7 +9,6 @@
 #include "ct_reduce.h"
 
 typedef struct { int fd; ct_handle_t h; } ct_clisten_t;
-typedef struct { ct_coll_t* coll; ct_op_t* op; } ct_creq_t;
 
 /* Settings taken from the environment at listen time; rank 0's reach everyone.
  * The default algorithm is servers when CLUSTERTOOL_REDUCERS names any, else sharded. */
@@ -84,6 +83,22 @@ static ncclResult_t cn_listen(void* ctx, int dev, void* handle, void** lc) {
 /* Exported for collnet_bench and tests: what a connected comm really runs. */
 __attribute__((visibility("default"))) const char* ct_collnet_comm_algo(void* cc) { return cc ? ct_algo_name(((ct_coll_t*)cc)->algo) : "?"; }
 __attribute__((visibility("default"))) int ct_collnet_comm_servers(void* cc) { return cc ? ((ct_coll_t*)cc)->nserv : 0; }
+/* For tests: the window; stop (1) or resume (0) the progress thread between passes, as a
+ * progress thread busy for a long time would be; bytes this comm moved through ct_pace. */
+__attribute__((visibility("default"))) int ct_collnet_comm_window(void* cc) { return cc ? ((ct_coll_t*)cc)->W : 0; }
+__attribute__((visibility("default"))) void ct_collnet_debug_freeze(void* cc, int on) {
+  ct_coll_t* c = cc;
+  if (!c || !c->thread_started) return;
+  atomic_store(&c->freeze, on);
+  if (!on) return;
+  ct_engine_wake(c);
+  for (int i = 0; i < 10000 && !atomic_load(&c->frozen); i++) usleep(1000);   /* held at the top of a pass */
+}
+__attribute__((visibility("default"))) void ct_collnet_comm_paced(void* cc, uint64_t* tx, uint64_t* rx) {
+  ct_coll_t* c = cc;
+  *tx = c ? atomic_load(&c->paced_tx) : 0;
+  *rx = c ? atomic_load(&c->paced_rx) : 0;
+}
 
 /* Unlike the net connect, NCCL calls CollNet connect once per group and takes a NULL
  * comm as "CollNet setup failed" (src/transport/coll_net.cc sharedConnect, then
@@ -126,35 +141,38 @@ static ncclResult_t cn_regmr_dmabuf(void* cc, void* data, size_t size, int type,
 }
 static ncclResult_t cn_deregmr(void* cc, void* mh) { (void)cc; (void)mh; return ncclSuccess; }
 
-static ncclResult_t wrap(ct_coll_t* c, ct_op_t* op, void** request) {
-  if (!op) return c->error ? ncclSystemError : ncclInvalidArgument;
-  ct_creq_t* r = malloc(sizeof *r);
-  if (!r) return ncclSystemError;
-  r->coll = c;
-  r->op = op;
-  *request = r;
+/* A post beyond the window (CLUSTERTOOL_COLLNET_WINDOW collectives in flight) returns
+ * ncclSuccess with a NULL request: every NCCL release's CollNet proxy then calls again on
+ * its next progress pass (src/transport/coll_net.cc), by which time the progress thread
+ * has completed some. Requests that finished but were not tested yet do not count. */
+static ncclResult_t wrap(ct_coll_t* c, int rc, ct_req_t* req, void** request) {
+  *request = rc == 0 ? req : NULL;
+  if (rc < 0) return atomic_load(&c->error) ? ncclSystemError : ncclInvalidArgument;
   return ncclSuccess;
 }
 
 static void count_op(ct_coll_t* c, const char* what, size_t bytes) {
-  if (c->nops++ == 0)
+  if (c->nops == 0)
     CT_INFO("CollNet rank %d/%d: first %s (%zu bytes) running, algorithm %s%s", c->rank, c->nranks, what, bytes,
             ct_algo_name(c->algo), c->nrules ? " (collnet_algo rules may pick another per size)" : "");
-  c->nbytes += bytes;
 }
 
 static ncclResult_t cn_iallreduce(void* cc, void* send, void* recv, size_t count, ncclDataType_t t,
                                   ncclRedOp_t op, void* smh, void* rmh, void** request) {
   (void)smh; (void)rmh;
   count_op(cc, "iallreduce", count * ct_dtype_size(t));
-  return wrap(cc, ct_coll_allreduce(cc, send, recv, count, t, op), request);
+  ct_req_t* r = NULL;
+  int rc = ct_coll_allreduce(cc, send, recv, count, t, op, &r);
+  return wrap(cc, rc, r, request);
 }
 
 static ncclResult_t cn_iallgather(void* cc, void* send, int nparts, ncclNetSGE_v12_t* parts, size_t bpr,
                                   size_t woff, size_t wbytes, void* smh, void** request) {
   (void)smh;
   count_op(cc, "iallgather", wbytes);
-  return wrap(cc, ct_coll_allgather(cc, send, nparts, parts, bpr, woff, wbytes), request);
+  ct_req_t* r = NULL;
+  int rc = ct_coll_allgather(cc, send, nparts, parts, bpr, woff, wbytes, &r);
+  return wrap(cc, rc, r, request);
 }
 
 static ncclResult_t cn_ireducescatter(void* cc, int nparts, ncclNetSGE_v12_t* parts, void* recv, size_t bpr,
@@ -162,7 +180,9 @@ static ncclResult_t cn_ireducescatter(void* cc, int nparts, ncclNetSGE_v12_t* pa
                                       void** request) {
   (void)rmh;
   count_op(cc, "ireducescatter", wbytes);
-  return wrap(cc, ct_coll_reducescatter(cc, nparts, parts, recv, bpr, woff, wbytes, t, op), request);
+  ct_req_t* r = NULL;
+  int rc = ct_coll_reducescatter(cc, nparts, parts, recv, bpr, woff, wbytes, t, op, &r);
+  return wrap(cc, rc, r, request);
 }
 
 static ncclResult_t cn_iflush(void* cc, void* data, int size, void* mh, void** request) {
@@ -171,12 +191,11 @@ static ncclResult_t cn_iflush(void* cc, void* data, int size, void* mh, void** r
   return ncclSuccess;
 }
 
+/* Never blocks: an atomic load, and for a finished request its release. */
 static ncclResult_t cn_test(void* request, int* done, int* size) {
-  ct_creq_t* r = request;
   size_t bytes = 0;
-  int s = ct_coll_test(r->coll, r->op, &bytes);
+  int s = ct_coll_test(request, &bytes);
   *done = s != 0;
-  if (s != 0) free(r);
   if (s < 0) return ncclSystemError;
   if (s > 0 && size) *size = bytes > (size_t)0x7fffffff ? 0x7fffffff : (int)bytes;
   return ncclSuccess;

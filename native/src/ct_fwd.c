@@ -4,7 +4,9 @@
  * for NCCL 2.24-2.27, v11 later), not necessarily v12, so the newest of v12 .. v9 it
  * exports is taken and adapted: v11 differs only in its properties; v10 has no
  * per-communicator context (init once, listen/connect without ctx, a comm config on
- * connect); v9 also lacks the profiler callback and the isend/irecv phandles. */
+ * connect); v9 also lacks the profiler callback and the isend/irecv phandles.
+ * Nothing here opens a socket: what the OFI plugin moves (EFA) is not paced by
+ * CLUSTERTOOL_LINK_RATE (ct_net.c says so at init when a rate is set). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>

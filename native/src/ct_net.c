@@ -5,7 +5,12 @@
  * connect and accept never block NCCL's proxy thread: they return ncclSuccess
  * with a NULL comm until the connection is ready and NCCL calls again (the
  * contract in NCCL's net headers; NCCL's own socket transport keeps its progress
- * in the handle and the listen comm the same way). */
+ * in the handle and the listen comm the same way).
+ *
+ * Every byte these sockets move (nonces, headers, data) goes through CLUSTERTOOL_LINK_RATE's
+ * pacer (ct_pace.h) without ever sleeping: bytes the pacer does not grant yet are left for a
+ * later call, as bytes a full socket does not take are, and test() answers not-done. What is
+ * forwarded to the OFI plugin (EFA) is not our sockets' and is not paced. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -16,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
+#include "ct_pace.h"
 #include "ct_plugin.h"
 
 static ncclNet_v12_t* g_fwd;   /* set by init when forwarding to the OFI plugin */
@@ -48,6 +54,22 @@ typedef struct {
 enum { ST_START = 0, ST_CONNECTING = 1, ST_SENDING = 2, ST_DONE = 3 };
 #define RETRY_MS 20
 
+/* One non-blocking send or recv of at most len bytes, as many as the pacer grants now; what the
+ * socket does not take goes back to the pacer. -1 with errno EAGAIN when either has nothing now. */
+static ssize_t paced_io(int fd, int is_send, void* p, size_t len) {
+  int dir = is_send ? CT_PACE_TX : CT_PACE_RX;
+  size_t n = ct_pace_take(dir, len, NULL);
+  if (n == 0) { errno = EAGAIN; return -1; }
+  ssize_t k = is_send ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
+  size_t used = k > 0 ? (size_t)k : 0;
+  if (used < n) {
+    int err = errno;
+    ct_pace_refund(dir, n - used);
+    errno = err;
+  }
+  return k;
+}
+
 static long connect_timeout_ms(void) {
   return ct_env_long("CLUSTERTOOL_CONNECT_TIMEOUT_MS", 120000, 100, 3600000);
 }
@@ -60,8 +82,12 @@ static ncclResult_t net_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_
     ncclResult_t r = ct_fwd_init(ctx, commId, cfg, log, prof);
     if (r == ncclSuccess) {
       g_fwd = ct_fwd();
-      if (!said++) CT_INFO("net plugin %s: point-to-point forwarded to %s (%d devices)", CT_VERSION, g_fwd->name,
-                           ct_net_ndevs());
+      if (!said++) {
+        CT_INFO("net plugin %s: point-to-point forwarded to %s (%d devices)", CT_VERSION, g_fwd->name, ct_net_ndevs());
+        if (ct_pace_rate_bits())
+          CT_WARN("CLUSTERTOOL_LINK_RATE paces the CollNet's sockets only: point-to-point goes through %s, "
+                  "whose traffic is not ours to pace", g_fwd->name);
+      }
       return r;
     }
     CT_WARN("%s init failed (%d); using TCP for point-to-point", ct_fwd() ? ct_fwd()->name : "OFI plugin", (int)r);
@@ -70,7 +96,10 @@ static ncclResult_t net_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_
   struct sockaddr_in a;
   if (ct_plugin_addr(&a)) return ncclSystemError;
   *ctx = calloc(1, 1);
-  if (!said++) CT_INFO("net plugin %s: TCP on %s, device %s", CT_VERSION, ct_plugin_ifname(), CT_TCP_DEV_NAME);
+  if (!said++) {
+    CT_INFO("net plugin %s: TCP on %s, device %s", CT_VERSION, ct_plugin_ifname(), CT_TCP_DEV_NAME);
+    ct_pace_rate_bits();   /* a rate in force is logged now, not at the first message */
+  }
   return *ctx ? ncclSuccess : ncclSystemError;
 }
 
@@ -153,8 +182,7 @@ static ncclResult_t connect_step(ct_handle_t* h, void** sc) {
     h->stage.sent = 0;
   }
   if (h->stage.state == ST_SENDING) {
-    ssize_t n = send(h->stage.fd, (char*)&h->nonce + h->stage.sent, sizeof h->nonce - h->stage.sent,
-                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = paced_io(h->stage.fd, 1, (char*)&h->nonce + h->stage.sent, sizeof h->nonce - h->stage.sent);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return ncclSuccess;
     if (n <= 0) { close(h->stage.fd); h->stage.fd = -1; h->stage.state = ST_START; goto failed; }
     h->stage.sent += (uint32_t)n;
@@ -204,7 +232,7 @@ static ncclResult_t net_accept(void* lc, void** rc, ncclNetDeviceHandle_v12_t** 
   }
   for (int i = 0; i < l->npend; i++) {
     ct_pending_t* p = &l->pend[i];
-    ssize_t n = recv(p->fd, (char*)&p->nonce + p->got, sizeof p->nonce - p->got, MSG_DONTWAIT);
+    ssize_t n = paced_io(p->fd, 0, (char*)&p->nonce + p->got, sizeof p->nonce - p->got);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (n <= 0) { drop_pending(l, i--); continue; }   /* closed or failed: a stray */
     p->got += (uint32_t)n;
@@ -269,7 +297,7 @@ static int step(ct_p2p_comm_t* c, ct_req_t* r) {
   while (r->hdr_done < sizeof r->hdr) {
     char* h = (char*)&r->hdr + r->hdr_done;
     size_t left = sizeof r->hdr - r->hdr_done;
-    ssize_t n = r->is_send ? send(c->fd, h, left, MSG_NOSIGNAL) : recv(c->fd, h, left, 0);
+    ssize_t n = paced_io(c->fd, r->is_send, h, left);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
     if (n <= 0) return -1;
     r->hdr_done += (size_t)n;
@@ -279,8 +307,7 @@ static int step(ct_p2p_comm_t* c, ct_req_t* r) {
     }
   }
   while (r->done < r->size) {
-    ssize_t n = r->is_send ? send(c->fd, r->data + r->done, r->size - r->done, MSG_NOSIGNAL)
-                           : recv(c->fd, r->data + r->done, r->size - r->done, 0);
+    ssize_t n = paced_io(c->fd, r->is_send, r->data + r->done, r->size - r->done);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
     if (n <= 0) return -1;
     r->done += (size_t)n;

@@ -49,9 +49,10 @@ static void usage(FILE* f) {
           "  --port-file PATH    write ADDR:PORT and a newline here once listening (removed at exit)\n"
           "  --io-timeout-ms T   drop a session whose worker stalls mid-message or stops reading (30000)\n"
           "  --threads N         reduction threads per session (1)\n"
-          "  --window CHUNKS     chunks buffered per worker and session (8)\n"
+          "  --window CHUNKS     chunks buffered per worker and session (16)\n"
           "  --sndbuf BYTES      socket send buffer towards workers, 0 = kernel default (0)\n"
-          "Exits 0 on SIGTERM/SIGINT; logs one line per session start, end and error on stderr.\n");
+          "Exits 0 on SIGTERM/SIGINT; logs one line per session start, end and error on stderr.\n"
+          "CLUSTERTOOL_LINK_RATE (e.g. 1gbit) paces all its traffic, one bucket per direction.\n");
 }
 
 static long arg_long(const char* opt, const char* v, long lo, long hi) {
@@ -124,7 +125,7 @@ static void drop_session(ct_rsession_t** sessions, ct_rsession_t* s, const char*
 }
 
 int main(int argc, char** argv) {
-  ct_rconfig_t cfg = {30000, 1, 8, 0};
+  ct_rconfig_t cfg = {30000, 1, 16, 0};
   const char *bind_addr = NULL, *port_file = NULL;
   long port = 0;
   static const struct option opts[] = {

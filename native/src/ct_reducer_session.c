@@ -7,7 +7,11 @@
  * Flow control is the window: a receiver reads chunk g only once reduction g-W is done
  * (TCP holds the rest back at the worker); a reduction writes its output slot only once
  * every sender has sent reduction g-W. While a sender has nothing to send it sends a
- * heartbeat every hb_ms, so a worker tells a waiting server from a dead one. */
+ * heartbeat every hb_ms, so a worker tells a waiting server from a dead one.
+ * Workers stream the chunks of many collectives back to back (the plugin's window); each
+ * connection is one ordered stream, so the contract above holds whatever their size.
+ * Every byte in and out goes through the process's pacer (CLUSTERTOOL_LINK_RATE,
+ * ct_pace.h): the server's NIC is one link whatever the number of workers. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,6 +24,7 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#include "ct_pace.h"
 #include "ct_reduce.h"
 #include "ct_reducer.h"
 
@@ -74,7 +79,10 @@ void ct_rsession_abort(ct_rsession_t* s, const char* why) {
 }
 
 /* Full transfers with a bound on each wait: -1 and errno ETIMEDOUT after timeout_ms
- * without progress; 0 for a connection closed before the first byte (recv only). */
+ * without progress; 0 for a connection closed before the first byte (recv only).
+ * Received bytes are paid for after they arrived (ct_pace_wait sleeps off the debt): a
+ * thread that took tokens first and then waited for its worker's data would hold the
+ * other ranks' receivers back for nothing. Sends take their tokens first. */
 static int recv_full(int fd, void* buf, size_t len, int timeout_ms, int first_blocks) {
   char* p = buf;
   size_t got = 0;
@@ -90,6 +98,7 @@ static int recv_full(int fd, void* buf, size_t len, int timeout_ms, int first_bl
     if (k == 0) { if (got == 0) return 0; errno = ECONNRESET; return -1; }
     if (k < 0) return -1;
     got += (size_t)k;
+    ct_pace_wait(CT_PACE_RX, (size_t)k);
   }
   return 1;
 }
@@ -266,12 +275,14 @@ static void* send_main(void* arg) {
     if (!ready) {
       /* heartbeat: only when the worker's socket has room; a worker not reading is not waiting on us */
       ct_rmsg_t hb = {CT_RMSG_MAGIC, CT_RMSG_HEARTBEAT, 0, 0, 0, 0, 0, 0, 0};
+      ct_pace_wait(CT_PACE_TX, sizeof hb);
       ssize_t k = send(c->fd, &hb, sizeof hb, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (k == (ssize_t)sizeof hb || (k < 0 && (errno == EAGAIN || errno == EINTR))) rc = 0;
       else rc = k < 0 ? -1 : send_full(c->fd, (char*)&hb + k, sizeof hb - (size_t)k, NULL, 0, s->cfg->io_timeout_ms);
       what = "heartbeat";
     } else {
       size_t slot = g % (uint64_t)s->W;
+      ct_pace_wait(CT_PACE_TX, sizeof(ct_rmsg_t) + s->ohdr[slot].len);
       rc = send_full(c->fd, &s->ohdr[slot], sizeof(ct_rmsg_t), s->out + slot * s->chunk, s->ohdr[slot].len,
                      s->cfg->io_timeout_ms);
     }

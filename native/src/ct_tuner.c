@@ -1,5 +1,7 @@
 /* ncclTunerPlugin_v6 .. _v1: picks algorithm/protocol/channels from the CSV table at
- * $CLUSTERTOOL_TUNER_CONFIG. No table, or no matching rule: NCCL's own choice.
+ * $CLUSTERTOOL_TUNER_CONFIG. No table, or no matching rule: NCCL's own choice. CollNet rules get
+ * no more channels than NCCL surely has (ct_tune_limit_channels). v6 (NCCL 2.30) also sets the
+ * chunk: a chunk row's, else for COLLNET_CHAIN ct_tune_default_chunk (larger CollNet requests).
  * NCCL looks for (src/misc/tuner.cc up to 2.25, src/plugin/tuner.cc after):
  *   2.19-2.20 v1; 2.21 v2; 2.22-2.23 v3, v2; 2.24-2.27 v4..v2; 2.28-2.29 v5..v2; 2.30 v6..v2.
  * v3 on share the cost-table interface; v1/v2 return one algorithm and protocol,
@@ -13,7 +15,7 @@
 #include "ct_nccl_abi_compat.h"
 #include "ct_tuner.h"
 
-typedef struct { ct_tune_table_t t; size_t nodes, ranks; } ct_tuner_ctx_t;
+typedef struct { ct_tune_table_t t; size_t nodes, ranks; int said_chunk; } ct_tuner_ctx_t;
 
 static ncclResult_t tn_init(void** ctx, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t log,
                             ncclNvlDomainInfo_v5_t* nvl, ncclTunerConstants_v5_t* constants) {
@@ -31,6 +33,7 @@ static ncclResult_t tn_init(void** ctx, uint64_t commId, size_t nRanks, size_t n
       ct_tune_load(f, path, &c->t);
       fclose(f);
       CT_INFO("tuner: %d rules from %s (%d malformed lines skipped)", c->t.n, path, c->t.bad);
+      ct_tune_limit_channels(&c->t, ct_tune_sure_channels(), path);
     }
   }
   *ctx = c;
@@ -43,6 +46,27 @@ static ncclResult_t tn_get(void* ctx, ncclFunc_t coll, size_t nBytes, int numPip
   ct_tuner_ctx_t* c = ctx;
   const ct_tune_rule_t* r = ct_tune_match(&c->t, (int)coll, nBytes, c->nodes, c->ranks);
   if (r) ct_tune_apply(r, table, numAlgo, numProto, nChannels);
+  return ncclSuccess;
+}
+
+/* v6: NCCL 2.30 asks after its own chunking (src/enqueue.cc calcCollChunking) and clamps the
+ * answer to its buffer's step (NCCL_BUFFSIZE / NCCL_STEPS), then to its protocol grain. For
+ * COLLNET_CHAIN the proxy folds up to 8 channels' chunks of a step into one CollNet request. */
+static ncclResult_t tn_chunk(void* ctx, ncclFunc_t coll, size_t nBytes, int algo, int proto, int nChannels,
+                             size_t* chunkSize) {
+  ct_tuner_ctx_t* c = ctx;
+  if (!c || !chunkSize || *chunkSize == 0) return ncclSuccess;
+  const ct_tune_rule_t* r = ct_tune_match_chunk(&c->t, (int)coll, nBytes, algo);
+  size_t want;
+  if (r && r->chunk == 0) return ncclSuccess;   /* "nccl": NCCL's own */
+  if (r && r->chunk != CT_CHUNK_AUTO) want = r->chunk;
+  else if (r || (algo == NCCL_ALGO_COLLNET_CHAIN && proto == NCCL_PROTO_SIMPLE))
+    want = ct_tune_default_chunk(nBytes, nChannels, c->nodes ? (int)(c->ranks / c->nodes) : 1, *chunkSize);
+  else return ncclSuccess;
+  if (want != *chunkSize && !c->said_chunk++)
+    CT_INFO("tuner: chunk %zu instead of NCCL's %zu for %zu bytes on %d channels (algorithm %d%s)", want, *chunkSize,
+            nBytes, nChannels, algo, r ? ", a chunk row" : "");
+  *chunkSize = want;
   return ncclSuccess;
 }
 
@@ -133,7 +157,7 @@ EXPORT ncclTuner_v1_t ncclTunerPlugin_v1 = {
     .name = "clustertool", .init = tn_init_v1, .getCollInfo = tn_get_v1, .destroy = tn_destroy_v1};
 
 __attribute__((visibility("default"))) ncclTuner_v6_t ncclTunerPlugin_v6 = {
-    .name = "clustertool", .init = tn_init, .getCollInfo = tn_get, .finalize = tn_finalize, .getChunkSize = NULL};
+    .name = "clustertool", .init = tn_init, .getCollInfo = tn_get, .finalize = tn_finalize, .getChunkSize = tn_chunk};
 
 __attribute__((visibility("default"))) ncclTuner_v5_t ncclTunerPlugin_v5 = {
     .name = "clustertool", .init = tn_init, .getCollInfo = tn_get, .finalize = tn_finalize};

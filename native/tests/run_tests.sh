@@ -25,6 +25,7 @@ run test_reduce "$B/test_reduce"
 run test_tuner "$B/test_tuner" "$B"
 run test_net "$B/test_net" "$B"
 run test_net_forward "$B/test_net" "$B" "$B/fake/libnccl-net-ofi.so"
+run test_net_paced "$B/test_net" "$B" paced   # every byte through CLUSTERTOOL_LINK_RATE's pacer, test() never waits
 run test_net_nonblocking "$B/test_net_nonblocking" "$B"
 run test_collnet_pairing "$B/test_collnet_pairing" "$B"
 run test_collnet_pairing_forward "$B/test_collnet_pairing" "$B" "$B/fake/libnccl-net-ofi.so"
@@ -34,12 +35,19 @@ for v in 11 10 9; do   # OFI plugins exporting only an older net ABI are forward
 done
 run test_abi_versions "$B/test_abi_versions" "$B"
 run test_reducer "$B/test_reducer" "$B"
+run test_pace "$B/test_pace"   # CLUSTERTOOL_LINK_RATE's token buckets
 for np in $NPS; do
   run "test_coll_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_coll_mpi" "$B"
 done
 for np in $NPS; do   # K = 1, 2, n, n+1 reduction servers (real clustertool-reducers), fallback, a server dying
   run "test_servers_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_servers_mpi" "$B"
 done
+for np in $NPS; do   # the pipelined engine: requests out of order, the window full, credits, stats
+  run "test_pipeline_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_pipeline_mpi" "$B"
+done
+# the engine paced by CLUSTERTOOL_LINK_RATE (80 Mbit/s = 10^7 bytes/s)
+run "test_pipeline_mpi paced" env ASAN_OPTIONS=detect_leaks=0 CLUSTERTOOL_LINK_RATE=80mbit CT_TEST_RATE_BYTES=10000000 \
+  timeout 600 $MPIRUN -x ASAN_OPTIONS -x CLUSTERTOOL_LINK_RATE -x CT_TEST_RATE_BYTES -np 2 "$B/test_pipeline_mpi" "$B" paced
 for np in 2 3; do
   run "test_coll_versions_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np \
     "$B/test_coll_versions_mpi" "$B"

@@ -1,10 +1,12 @@
 #define _GNU_SOURCE
 /* Net plugin point-to-point over loopback TCP, and forwarding to an OFI plugin.
  *   test_net BUILD_DIR            plain TCP checks
- *   test_net BUILD_DIR FAKE_OFI   forwarding checks against a fake libnccl-net-ofi.so */
+ *   test_net BUILD_DIR FAKE_OFI   forwarding checks against a fake libnccl-net-ofi.so
+ *   test_net BUILD_DIR paced      the TCP checks again under CLUSTERTOOL_LINK_RATE=80mbit */
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "ct_nccl_abi.h"
 #include "ct_test.h"
 
@@ -25,7 +27,17 @@ static int finish(ncclNet_v12_t* n, void* a, void* b, int* sa, int* sb) {
   return da && db ? 0 : -1;
 }
 
-static void test_tcp(ncclNet_v12_t* n) {
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* CLUSTERTOOL_LINK_RATE=80mbit: 10 MB/s per direction, a bucket of 64 KiB (ct_pace.h). */
+#define PACED_BYTES_PER_S 10e6
+#define PACED_BURST 65536.0
+
+static void test_tcp(ncclNet_v12_t* n, int paced) {
   void* ctx = NULL;
   ncclNetCommConfig_v12_t cfg = {-1};
   CHECK(n->init(&ctx, 1, &cfg, NULL, NULL) == ncclSuccess, "init");
@@ -56,8 +68,23 @@ static void test_tcp(ncclNet_v12_t* n) {
   CHECK(n->irecv(rc, 1, &d, &rsize, &tag, &rmh, NULL, &rreq) == ncclSuccess && rreq, "irecv posted");
   CHECK(n->isend(sc, src, big, 0, smh, NULL, &sreq) == ncclSuccess && sreq, "isend posted");
   int ss = -1, rs = -1;
+  double t0 = now_s();
   CHECK(finish(n, sreq, rreq, &ss, &rs) == 0, "3 MiB transfer completes");
+  double took = now_s() - t0, floor_s = ((double)big - PACED_BURST) / PACED_BYTES_PER_S;
   CHECK(rs == (int)big && memcmp(src, dst, big) == 0, "data and size arrive intact");
+  if (paced) {
+    /* a lower bound only: a busy box makes it slower, never faster than the rate */
+    CHECK(took >= floor_s, "paced at 80 Mbit/s, 3 MiB take at least %.3f s (%.3f s)", floor_s, took);
+    /* the bucket is drained now: one test() call cannot finish 1 MiB, since it never waits for
+     * tokens (it would stall NCCL's proxy thread); it answers not-done and the rest follows */
+    size_t mib = 1 << 20;
+    CHECK(n->irecv(rc, 1, &d, &mib, &tag, &rmh, NULL, &rreq) == ncclSuccess &&
+          n->isend(sc, src, 1 << 20, 0, smh, NULL, &sreq) == ncclSuccess, "1 MiB posted");
+    int sdone = -1;
+    CHECK(n->test(sreq, &sdone, NULL) == ncclSuccess && sdone == 0, "paced test() without tokens answers not-done");
+    CHECK(finish(n, sreq, rreq, &ss, &rs) == 0 && rs == 1 << 20 && memcmp(src, dst, 1 << 20) == 0,
+          "...and the message completes over later calls");
+  }
   /* several in flight, including an empty message and a short one into a big buffer */
   size_t sizes[5] = {0, 1, 4096, 100000, 17};
   void *sr[5], *rr[5];
@@ -116,10 +143,13 @@ static void test_forward(ncclNet_v12_t* n) {
 int main(int argc, char** argv) {
   const char* dir = argc > 1 ? argv[1] : "build";
   setenv("CLUSTERTOOL_SOCKET_ADDR", "127.0.0.1", 1);
-  if (argc > 2) setenv("CLUSTERTOOL_OFI_LIB", argv[2], 1);
+  int paced = argc > 2 && !strcmp(argv[2], "paced");
+  if (argc > 2 && !paced) setenv("CLUSTERTOOL_OFI_LIB", argv[2], 1);
   else setenv("CLUSTERTOOL_OFI_LIB", "/nonexistent/libnccl-net-ofi.so", 1);
+  if (paced) setenv("CLUSTERTOOL_LINK_RATE", "80mbit", 1);
   ncclNet_v12_t* n = load(dir);
   CHECK(n != NULL, "load net plugin");
-  if (n) (argc > 2 ? test_forward : test_tcp)(n);
+  if (n && argc > 2 && !paced) test_forward(n);
+  else if (n) test_tcp(n, paced);
   return CT_SUMMARY();
 }

@@ -3,7 +3,7 @@
  * by rank 0 on 127.0.0.1), under mpirun -np 2..4: allreduce for every dtype/op at
  * K = 1, 2, n and n+1 servers (chunks of 4 KiB and 512 KiB), float sums bit-identical
  * to the rank-order reduction on every rank, the default algorithm when
- * CLUSTERTOOL_REDUCERS is set, the fallback to sharded (with a WARN naming the server)
+ * CLUSTERTOOL_REDUCERS is set, a stream of requests in NCCL's shape (many in flight), the fallback to sharded (with a WARN naming the server)
  * when a server does not answer, and failure: a server killed (SIGKILL) or frozen
  * (SIGSTOP) mid-allreduce makes every rank fail within the IO timeout, never hang. */
 #include <arpa/inet.h>
@@ -38,9 +38,6 @@ static void set_reducers(int from, int k, const char* extra) {
   setenv("CLUSTERTOOL_REDUCERS", list, 1);
 }
 
-/* float inputs whose sum depends on the order of the additions */
-static float fvalue(int r, size_t i) { return (float)(sin((double)(r * 7919 + (int)i)) * pow(10.0, (double)((int)(i % 7) - 3))); }
-
 static void test_bit_identical(comm_t* c, const char* label) {
   size_t n = 300001;
   float* in = malloc(n * 4);
@@ -60,6 +57,20 @@ static void test_bit_identical(comm_t* c, const char* label) {
   free(in); free(out); free(want); free(tmp);
 }
 
+/* NCCL's shape: 4 MiB in 64 requests of 64 KiB, 8 outstanding, oldest tested first: each
+ * server takes every rank's pipelined stream; rank-order sums, bit-identical everywhere. */
+static void test_stream(comm_t* c, const char* label) {
+  size_t n = 1u << 20;
+  float* in = malloc(n * 4);
+  float* out = malloc(n * 4);
+  for (size_t i = 0; i < n; i++) in[i] = fvalue(rank, i);
+  float* want = fexpected(n);
+  int ok = run_stream(c->comm, in, out, n, 16384, 8) == 0 && memcmp(out, want, n * 4) == 0;
+  ok = agree(ok);
+  if (rank == 0) CHECK(ok, "%s: 64 requests, 8 in flight, tested oldest first: rank-order sums on every rank", label);
+  free(in); free(out); free(want);
+}
+
 static void run_servers(int k, const char* chunk) {
   char label[96];
   snprintf(label, sizeof label, "servers K=%d chunk=%s np=%d", k, chunk, nranks);
@@ -74,6 +85,7 @@ static void run_servers(int k, const char* chunk) {
   test_many_in_flight(&c, label);
   test_nan_across_ranks(&c, label);
   test_bit_identical(&c, label);
+  test_stream(&c, label);
   close_comm(&c);
 }
 

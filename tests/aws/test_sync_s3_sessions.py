@@ -22,6 +22,7 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError
 from clustertool.nodeprogs.s3lib import partial_name
 from clustertool.transfer.s3 import sync_s3
+from clustertool.transfer.transferrequests import SyncS3Request
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.s3proxy import S3Proxy
 from tests.fakes.transport import ScriptedTransport
@@ -63,8 +64,9 @@ def s3(moto_url, ct_env, tmp_path, monkeypatch):
     saved_cluster("s3", 3)
     fake = ScriptedTransport(tmp_path / "nodes")
     with S3Proxy("127.0.0.1", moto_url, client) as proxy:
-        def run(url="s3://data/ds", dest="ds", **kw):
-            return sync_s3(ClusterSession.load("s3", transport=fake), url, dest, endpoint_url=proxy.url, **kw)
+        def run(url="s3://data/ds", dest="ds", on_progress=None, selection=None, **kw):
+            request = SyncS3Request(url, dest, nodes=selection, endpoint_url=proxy.url, **kw)
+            return sync_s3(ClusterSession.load("s3", transport=fake), request, on_progress=on_progress)
         yield SimpleNamespace(client=client, fake=fake, proxy=proxy, run=run, home=fake.home)
 
 

@@ -125,7 +125,7 @@ def test_terminate_is_idempotent_on_the_provider(aws):
     name = unique("idem")
     assert aws.ct("up", "-p", "aws", "-N", "1", "--instance-type", "g4dn.xlarge", "--name", name, "--no-ssh")[0] == 0
     from clustertool.core import state
-    from clustertool.providers.aws import AwsProvider
+    from clustertool.providers.aws.aws_provider import AwsProvider
 
     cluster = state.load(name)
     first = AwsProvider().terminate_instances(cluster)

@@ -15,6 +15,7 @@ from clustertool.cli.app import run
 from clustertool.cli.common import fill_bare_values
 from clustertool.cluster import lifecycle, status
 from clustertool.core.model import ClusterRecord, GroupResult, HostResult, JobRecord, Node
+from clustertool.jobs.jobrequests import SyncPolicy
 from clustertool.jobs.launch import Launch
 from clustertool.transfer.results import CopyResult, NodeCopy
 from tests.conftest import REPO, run_cli
@@ -70,15 +71,15 @@ def test_run_json_is_the_launchs_to_dict_with_what_sync_sent(monkeypatch, capsys
     synced = CopyResult("/p", "/p", "local", "chain", [NodeCopy("node-1", files_sent=2)], bytes_sent=9)
     seen = {}
 
-    def fake_run(session, opts, **kwargs):
-        seen.update(kwargs, command=opts.command)
+    def fake_run(session, request, **kwargs):
+        seen.update(request=request)
         return Launch(job, ["mpirun"], sync=("/p", "/p"), synced=synced)
 
     monkeypatch.setattr("clustertool.jobs.launch.run", fake_run)
     code, data = printed(capsys, "run", "-c", "x", "--sync", "--json", "--", "python", "t.py")
     assert code == 0 and data == Launch(job, ["mpirun"], synced=synced).to_dict()
     assert data["sync"]["bytes_sent"] == 9 and data["id"] == "j1"
-    assert (seen["sync"], seen["sync_to"], seen["command"]) == (".", None, ["python", "t.py"])
+    assert seen["request"].sync == SyncPolicy(".", None) and seen["request"].command == ("python", "t.py")
 
 
 def test_kill_json_is_the_kill_results_to_dict(monkeypatch, capsys, x_cluster):
@@ -200,13 +201,13 @@ def test_import_clustertool_is_cheap_and_help_loads_no_fabric():
     assert proc.stderr.strip().splitlines()[-1] == repr((["clustertool"], [], "clustertool.api", False))
 
 
-def test_the_readmes_api_section_compiles_and_names_only_real_methods():
-    """Every `.name(` the README's API section shows exists on Cluster, Job or the results."""
+def test_the_api_page_compiles_and_names_only_real_methods():
+    """Every `.name(` the Python API page (docs/python-api.md) shows exists on Cluster, Job or the results."""
     from clustertool.api import Cluster, Job
 
-    section = (REPO / "README.md").read_text().split("## Python API", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "python-api.md").read_text()
     script = section.split("```python\n", 1)[1].split("```", 1)[0]
-    compile(script, "README.md", "exec")
+    compile(script, "docs/python-api.md", "exec")
     named = set(re.findall(r"[`,] ?`?(?:Cluster|Job)?\.(\w+)\(", section))
     owners = (Cluster, Job, GroupResult, status.ClusterStatus)
     assert named >= {"up", "load", "status", "exec", "copy", "run", "wait", "logs", "kill", "fabric", "down"}

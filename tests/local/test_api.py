@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from clustertool import Cluster, StateError, ToolError, UsageError
 from clustertool.core import state
+from clustertool.core.jobpaths import JOBS_DIR
 from tests.conftest import REPO, run_cli, unique
 from tests.local.conftest import local_leftovers
 
@@ -153,6 +155,45 @@ def test_fabric_refuses_a_changed_or_an_unknown_host_key(api_cluster):
     finally:
         known_hosts.write_text(original)
     assert len(cluster.fabric().run("true", hide=True, in_stream=False).succeeded) == 3
+
+
+def test_replace_with_copy_puts_the_path_back_on_the_new_node(api_cluster):
+    """Cluster.replace(copy=...), as `replace --copy`: a new machine, then the path from the leader's disk."""
+    cluster, _, said = api_cluster
+    cluster.exec("mkdir -p dataset/sub && printf abc > dataset/sub/part.bin && touch /scratch/old-disk",
+                 nodes="leader,node-3", check=True)
+    with pytest.raises(UsageError, match="--copy: the leader node-1 is being replaced"):
+        cluster.replace("node-1", copy=["dataset"])
+    result = cluster.replace("node-3", copy=["dataset"])
+    assert [r.node for r in result.replaced] == ["node-3"] and [c.exit_code for c in result.copied] == [0]
+    assert result.to_dict()["copied"][0]["exit_code"] == 0 and result.to_dict()["replaced"][0]["node"] == "node-3"
+    assert any("copying dataset from node-1 to node-3" in line for line in said)
+    new = cluster.exec("cat dataset/sub/part.bin; test -e /scratch/old-disk || echo ' gone'", nodes="node-3",
+                       check=True).results[0].stdout
+    assert new == "abc gone\n"  # the copy is back, what else was on the old disk is gone
+
+
+def test_follow_with_recover_replaces_a_lost_node_and_the_job_goes_on(api_cluster):
+    """Job.follow(recover=True), as `run --follow --replace-failed`: the recovery loop runs beside the stream."""
+    from clustertool.providers.local import net, sysops
+
+    cluster, _, said = api_cluster
+    line = ('[ "$CLUSTERTOOL_RESTART_COUNT" = 0 ] && exec sleep 300; '
+            'echo "attempt $CLUSTERTOOL_RESTART_COUNT rank $OMPI_COMM_WORLD_RANK on $(hostname)"')
+    job = cluster.run(["sh", "-c", line], restarts=1, replace_failed=True, tag_output=False)
+    deadline = time.monotonic() + 60
+    ranks = f'test -n "$(ls "$HOME/{JOBS_DIR}/{job.id}/ranks" 2>/dev/null)"'
+    while not cluster.exec(ranks, nodes="node-2").ok:  # its rank started there
+        assert time.monotonic() < deadline, "the job's rank did not start on node-2"
+        time.sleep(0.2)
+    ns = net.netns_name(cluster.name, 2)
+    sysops.kill_all(sysops.pids_in_netns([ns])[ns])  # node-2 dies, sshd and rank with it
+    lines: list[str] = []
+    assert job.follow(lines.append, recover=True) == 0
+    assert sorted(ln for ln in lines if ln.startswith("attempt")) == [
+        f"attempt 1 rank {r} on node-{r + 1}" for r in range(3)]
+    assert job.state == "succeeded" and [a["cause"] for a in job.attempts] == ["node-2 lost", None]
+    assert any("replacing node-2" in ln for ln in said) and any("node-2 replaced" in ln for ln in said)
 
 
 def test_the_scaling_loop_example_brings_up_runs_compares_and_tears_down(ct_env):

@@ -20,7 +20,8 @@ from clustertool.core.errors import MissingPrerequisite, ProviderError
 from clustertool.core.model import ClusterRecord
 from clustertool.providers import local
 from clustertool.providers.base import ProvisionRequest
-from clustertool.providers.local import LocalProvider, net, nodes, sysops
+from clustertool.providers.local import net, nodes, sysops
+from clustertool.providers.local.local_provider import LocalProvider
 from tests.conftest import unique
 from tests.local.conftest import local_leftovers
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from clustertool import Cluster
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.local
@@ -68,6 +69,10 @@ def test_leader_build_deploys_and_bench_allreduce_is_correct(local_cluster, ct_e
     assert {r["size"] for r in rows} == {65536, 131072, 262144}
     assert all(r["wrong"] == 0 and r["busbw"] > 0 for r in rows)
     assert table.read_text().startswith("collective,min_bytes,max_bytes")
+    # the same benchmark from Python: Cluster.bench_allreduce, the rows the command prints with --json
+    result = Cluster.load(name).bench_allreduce(sizes="64K", algo=["ring", "mpi"], iters=2)
+    assert result.ok and {(r.algo, r.size) for r in result.rows} == {("ring", 65536), ("mpi", 65536)}
+    assert result.to_dict()["exit_code"] == 0 and all(r.busbw > 0 for r in result.rows)
     # the table goes out with the plugin and the job environment points at it
     assert run_cli("plugin", "deploy", "-c", name, "--tuner-table", str(table), env=ct_env).returncode == 0
     assert f"CLUSTERTOOL_TUNER_CONFIG={LIB}/tuner.csv" in run_cli("plugin", "env", "-c", name, env=ct_env).stdout

@@ -44,9 +44,21 @@ def test_parse_algos_names_the_unknown_one():
 def test_bench_argv_carries_every_flag():
     argv = allreduce.bench_argv("/opt/x/collnet_bench", (1024, 4096), ["sharded", "mpi"], dtype="bfloat16", iters=3)
     assert argv == ["/opt/x/collnet_bench", "-b", "1024", "-e", "4096", "-f", "2", "-n", "3", "-w", "1",
-                    "-c", "1", "-d", "bfloat16", "-o", "sum", "-a", "sharded,mpi"]
+                    "-c", "1", "-d", "bfloat16", "-o", "sum", "-a", "sharded,mpi", "-r", "262144", "-q", "8"]
     with pytest.raises(UsageError):
         allreduce.bench_argv("b", (1, 2), ["ring"], dtype="complex")
+
+
+def test_bench_argv_streams_requests_like_nccl_unless_one_request():
+    """The default is NCCL's CollNet shape (256 KiB requests, 8 outstanding); the old form,
+    one request per allreduce, stays available."""
+    stream = allreduce.bench_argv("b", (1, 2), ["ring"], request=64 << 10, depth=16)
+    assert stream[-4:] == ["-r", "65536", "-q", "16"]
+    one = allreduce.bench_argv("b", (1, 2), ["ring"], one_request=True)
+    assert "-r" not in one and "-q" not in one and one[-2:] == ["-a", "ring"]
+    for bad in ({"request": 0}, {"depth": 0}, {"depth": 2000}):
+        with pytest.raises(UsageError, match="--request"):
+            allreduce.bench_argv("b", (1, 2), ["ring"], **bad)
 
 
 def test_parse_rows_reads_tagged_and_plain_lines():
@@ -75,3 +87,73 @@ def test_tuner_csv_picks_collnet_only_where_the_plugin_won():
     assert lines[0].startswith("collective,min_bytes")
     assert lines[1] == "allreduce,0,67108863,ring,simple,-1,4,-1"
     assert lines[2] == f"allreduce,67108864,{1 << 40},collnet_direct,simple,-1,4,-1"
+
+
+# ---- Cluster.bench_allreduce: the command's work in the core, the API's verb ----------------------------
+
+@pytest.fixture
+def bench_cluster(ct_env, monkeypatch):
+    """Cluster b (4 nodes, node-4 cordoned, 200mbit links) with the plugin deployed; its launches scripted:
+    each returns collnet_bench's OUTPUT and keeps what it was asked (nodes, ranks per node, argv, env)."""
+    from clustertool.core import state
+    from clustertool.plugin.build import save_record
+    from tests.fakes.cluster import saved_cluster
+
+    record = saved_cluster("b", 4, provider="local")  # the local provider shapes links to link_rate
+    record.options["link_rate"] = "200mbit"
+    record.node("node-4").cordon = {"reason": "flaky"}
+    state.save(record)
+    save_record("b", {"deployed": {"dest": "/opt/ct/lib/", "sha256": "0" * 64, "version": "0.1.0"}})
+    asked: dict = {}
+
+    def launcher(session, **kw):
+        asked.update(kw, session=session)
+
+        def launch(nodes, per_node, argv):
+            asked.update(nodes=[n.name for n in nodes], per_node=per_node, argv=argv)
+            return asked.get("code", 0), OUTPUT, asked.get("error")
+        return launch
+    monkeypatch.setattr("clustertool.bench.allreducerun.launcher", launcher)
+    return asked
+
+
+def test_bench_allreduce_runs_collnet_bench_on_every_worker_and_writes_the_tuner_table(bench_cluster, tmp_path):
+    from clustertool import Cluster
+
+    seen: list = []
+    result = Cluster.load("b").bench_allreduce(sizes="1M:64M", algo="sharded,ring,mpi", iters=3, ifname="eth1",
+                                               env=["A=1"], tuner_csv=tmp_path / "t" / "tuner.csv", on_line=seen.append)
+    asked = bench_cluster
+    assert asked["nodes"] == ["node-1", "node-2", "node-3"] and asked["per_node"] == 1  # not the cordoned node
+    assert asked["argv"][:3] == ["/opt/ct/lib/collnet_bench", "-b", str(1 << 20)]
+    argv = asked["argv"]
+    assert argv[argv.index("-n") + 1] == "3" and argv[argv.index("-a") + 1] == "sharded,ring,mpi"
+    assert argv[-4:] == ["-r", str(256 << 10), "-q", "8"]   # NCCL's request stream by default
+    assert asked["env"] == ["CLUSTERTOOL_SOCKET_IFNAME=eth1", "A=1"] and asked["plugin"] is False
+    assert asked["on_line"] == seen.append and asked["session"].name == "b"
+    assert (result.ranks, result.servers, len(result.rows)) == (3, None, 6)
+    assert result.failure is None and result.wrong and not result.ok  # a ring row has #wrong 2
+    assert result.link_line.startswith("busbw/B at 64M (B = link rate, 200 Mbit/s): sharded 0.88")
+    assert (tmp_path / "t" / "tuner.csv").read_text() == allreduce.tuner_table(result.rows, 3)
+    assert result.tuner_csv == str(tmp_path / "t" / "tuner.csv")
+    assert result.to_dict()["rows"][0] == {"size": 1048576, "count": 262144, "dtype": "float", "redop": "sum",
+                                           "algo": "sharded", "time_us": 65713.7, "algbw": 0.016, "busbw": 0.0239,
+                                           "wrong": 0}
+
+
+def test_bench_allreduce_failures_are_values_and_a_cluster_that_cannot_run_it_refuses(bench_cluster):
+    from clustertool import Cluster
+    from clustertool.core.errors import ToolError
+    from clustertool.plugin.build import save_record
+
+    bench_cluster.update(code=137, error="timed out after 60s (job j1 killed)")
+    result = Cluster.load("b").bench_allreduce(sizes="64K")
+    assert result.failure == "allreduce benchmark failed: timed out after 60s (job j1 killed)" and not result.ok
+    assert result.to_dict()["exit_code"] == 137 and len(result.rows) == 6  # the rows that came are kept
+    bench_cluster.update(code=3, error=None)
+    assert Cluster.load("b").bench_allreduce().failure == "allreduce benchmark failed: mpirun exit 3"
+    with pytest.raises(UsageError, match="--algo servers: cluster 'b' has no reduction servers"):
+        Cluster.load("b").bench_allreduce(algo="servers")
+    save_record("b", {})
+    with pytest.raises(ToolError, match="the plugin is not deployed on 'b'"):
+        Cluster.load("b").bench_allreduce()

@@ -201,7 +201,7 @@ def test_the_watcher_tick_is_a_no_op_without_config(tmp_path, monkeypatch):
 
 
 def test_a_local_node_powers_off_by_ending_its_own_sshd_never_by_shutdown():
-    from clustertool.providers.local import LocalProvider
+    from clustertool.providers.local.local_provider import LocalProvider
 
     command = autostop.poweroff_command(LocalProvider())
     assert command == 'kill -TERM "$(cat /etc/ssh/sshd.pid)"'  # the node's own /etc/ssh, its init then exits

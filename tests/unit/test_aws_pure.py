@@ -114,7 +114,7 @@ def test_every_error_class_has_a_hint(code, words):
 
 
 def test_help_and_provider_import_do_not_import_boto3():
-    code = ("import sys; from clustertool.cli import app; import clustertool.providers.aws; "
+    code = ("import sys; from clustertool.cli import app; import clustertool.providers.aws.aws_provider; "
             "app.run(['up', '--help']); print('boto3' in sys.modules, file=sys.stderr)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stderr.strip().splitlines()[-1] == "False"

@@ -22,6 +22,7 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.nodeprogs import manifest
 from clustertool.transfer import chain
 from clustertool.transfer.copy import copy
+from clustertool.transfer.transferrequests import CopyRequest
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Call, Reply, ScriptedTransport
 
@@ -112,7 +113,8 @@ def test_a_hop_that_dies_mid_chain_is_routed_around_and_the_nodes_behind_it_are_
     fake.on(lambda c: not surveys(c), Reply.unreachable("10.0.0.3"), node="node-3")  # died after the survey
     chain_of(fake, {"node-2": "ok", "node-4": "cut"}, {"node-4": "ok", "node-5": "ok"})
     lines = []
-    result = copy(ClusterSession.load("cp", transport=fake), "data", "data", strategy="chain", report=lines.append)
+    result = copy(ClusterSession.load("cp", transport=fake, report=lines.append),
+                  CopyRequest("data", "data", strategy="chain"))
 
     verdicts = {n.node: (n.status, n.exit_code) for n in result.nodes}
     assert verdicts == {"node-2": ("ok", 0), "node-3": ("unreachable", 255),
@@ -133,7 +135,7 @@ def test_a_hop_that_dies_mid_chain_is_routed_around_and_the_nodes_behind_it_are_
 
 def test_a_hop_whose_disk_fills_fails_alone_and_is_not_retried(fake):
     chain_of(fake, {"node-2": "ok", "node-3": "full", "node-4": "ok", "node-5": "ok"})
-    result = copy(ClusterSession.load("cp", transport=fake), "data", "data", strategy="chain")
+    result = copy(ClusterSession.load("cp", transport=fake), CopyRequest("data", "data", strategy="chain"))
 
     node3 = next(n for n in result.nodes if n.node == "node-3")
     assert (node3.status, node3.exit_code) == ("failed", 1)
@@ -144,8 +146,8 @@ def test_a_hop_whose_disk_fills_fails_alone_and_is_not_retried(fake):
 
 def test_a_second_copy_sends_nothing_and_verifies(fake):
     chain_of(fake, {f"node-{i}": "ok" for i in range(2, 6)})
-    first = copy(ClusterSession.load("cp", transport=fake), "data", "data", strategy="chain")
-    again = copy(ClusterSession.load("cp", transport=fake), "data", "data", strategy="chain")
+    first = copy(ClusterSession.load("cp", transport=fake), CopyRequest("data", "data", strategy="chain"))
+    again = copy(ClusterSession.load("cp", transport=fake), CopyRequest("data", "data", strategy="chain"))
     assert first.exit_code == 0 and first.passes == 1
     assert again.exit_code == 0 and again.passes == 0 and again.bytes_sent == 0 and again.verified
     assert len([c for c in fake.calls if heads(c)]) == 1
@@ -158,18 +160,18 @@ def _hashing_reads(fake: ScriptedTransport) -> list[Call]:
 
 def test_a_verified_copy_reads_nothing_twice_and_a_rerun_rereads_everything(fake):
     chain_of(fake, {f"node-{i}": "ok" for i in range(2, 6)})
-    first = copy(ClusterSession.load("cp", transport=fake), "data", "data", strategy="chain")
+    first = copy(ClusterSession.load("cp", transport=fake), CopyRequest("data", "data", strategy="chain"))
     assert first.exit_code == 0 and first.verify == "stream" and first.hash in ("sha256", "blake2b-128")
     assert [n.files_verified_in_stream for n in first.nodes] == [2] * 4
     assert _hashing_reads(fake) == []  # neither the source nor a node read a file again
-    again = copy(ClusterSession.load("cp", transport=fake), "data", "data", strategy="chain")
+    again = copy(ClusterSession.load("cp", transport=fake), CopyRequest("data", "data", strategy="chain"))
     assert again.exit_code == 0 and [n.files_checked for n in again.nodes] == [2] * 4
     assert {c.node for c in _hashing_reads(fake)} == {f"node-{i}" for i in range(1, 6)}
 
 
 def test_a_file_a_hop_got_wrong_in_the_stream_makes_that_node_a_mismatch_naming_it(fake):
     chain_of(fake, {"node-2": "ok", "node-3": "corrupt", "node-4": "ok", "node-5": "ok"})
-    result = copy(ClusterSession.load("cp", transport=fake), "data", "data", strategy="chain")
+    result = copy(ClusterSession.load("cp", transport=fake), CopyRequest("data", "data", strategy="chain"))
     by = {n.node: n for n in result.nodes}
     assert result.exit_code == 1 and by["node-3"].status == "mismatch"
     assert by["node-3"].problems == ["content differs (written bytes do not hash as sent): a.bin"]
@@ -178,12 +180,12 @@ def test_a_file_a_hop_got_wrong_in_the_stream_makes_that_node_a_mismatch_naming_
 
 def test_verify_only_rereads_every_node_and_names_a_byte_changed_on_disk(fake):
     chain_of(fake, {f"node-{i}": "ok" for i in range(2, 6)})
-    assert copy(ClusterSession.load("cp", transport=fake), "data", "data", strategy="chain").exit_code == 0
+    assert copy(ClusterSession.load("cp", transport=fake), CopyRequest("data", "data", strategy="chain")).exit_code == 0
     target = fake.home("node-4") / "data" / "a.bin"
     st = target.stat()
     target.write_bytes(b"\1" + target.read_bytes()[1:])  # same size, same mtime: only a hash sees it
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
-    result = copy(ClusterSession.load("cp", transport=fake), "data", "data", verify_only=True)
+    result = copy(ClusterSession.load("cp", transport=fake), CopyRequest("data", "data", verify_only=True))
     by = {n.node: n for n in result.nodes}
     assert result.exit_code == 1 and result.verify == "reread" and result.strategy == "none"
     assert by["node-4"].problems == ["content differs: a.bin"] and by["node-4"].status == "mismatch"

@@ -18,8 +18,8 @@ from clustertool.core.errors import UsageError
 from clustertool.core.model import SERVER, ClusterRecord, Node
 from clustertool.doctor import autocordon
 from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
+from clustertool.doctor.plugin_check import in_use
 from clustertool.jobs import launch
-from clustertool.plugin.check import in_use
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Reply, ScriptedTransport
 
@@ -206,8 +206,8 @@ def test_a_cordon_survives_start_even_when_the_provider_hands_back_new_nodes(ct_
         def wait_instances(self, cluster):
             return cluster.nodes
 
-    monkeypatch.setattr(lifecycle, "get_provider", lambda *a, **k: Fresh())
+    monkeypatch.setattr("clustertool.cluster.session.get_provider", lambda *a, **k: Fresh())
     monkeypatch.setattr(lifecycle, "wire", lambda session: None)
-    started = lifecycle.start("cc")
+    started = lifecycle.start(ClusterSession.load("cc"))
     assert [n.name for n in started.cordoned] == ["node-2"] and started.node("node-2").cordon["reason"] == "PCIe x8"
     assert "10.0.0.2 " not in (tmp_path / "hostfiles" / "cc").read_text()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool import doctor
 from clustertool.cluster.session import ClusterSession
+from clustertool.doctor import checkup
+from clustertool.doctor.doctorrequests import DoctorRequest
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Call, Reply, ScriptedTransport
 
@@ -48,7 +49,7 @@ def test_findings_name_the_unreachable_node_the_odd_one_out_and_the_stray(fake):
     fake.on(asks_facts, facts(procs="proc 4242 python3 - python3 train.py --lr 0.1\n", avail_kb=2_000_000),
             node="node-3")
     fake.on(asks_facts, facts())
-    result = doctor.run(ClusterSession.load("dr", transport=fake), checks=CHECKS)
+    result = checkup.run(ClusterSession.load("dr", transport=fake), DoctorRequest(checks=CHECKS))
 
     found = {(f.check, f.node, f.severity) for f in result.findings}
     assert ("reach", "node-4", "error") in found
@@ -67,7 +68,8 @@ def test_fix_kills_the_stray_by_pid_and_command_then_checks_again(fake):
     fake.on(asks_facts, facts(procs="proc 4242 python3 - python3 train.py\n"), node="node-3", times=1)
     fake.on(asks_facts, facts())
     fake.on("kill -9", Reply())
-    result = doctor.run(ClusterSession.load("dr", transport=fake), checks=("disk", "sameness", "strays"), fix=True)
+    result = checkup.run(ClusterSession.load("dr", transport=fake),
+                        DoctorRequest(checks=("disk", "sameness", "strays"), fix=True))
 
     kills = [c for c in fake.calls if "kill -9" in c.command]
     assert [c.node for c in kills] == ["node-3"]

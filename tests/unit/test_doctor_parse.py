@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 
-from clustertool import doctor
 from clustertool.cluster.facts import facts_script, parse_facts
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.doctor import fixes, netchecks
+from clustertool.doctor.doctorrequests import choose_checks
 from clustertool.remote.mesh import mesh_peers, mesh_script
 
 pytestmark = pytest.mark.unit
@@ -138,9 +138,9 @@ def test_a_sampled_mesh_says_no_node_can_reach_a_target_when_all_that_tried_it_f
     (["shared"], [], ("shared-fs",)),
 ])
 def test_checks_come_repeated_or_comma_separated_with_short_names(check, skip, want):
-    assert doctor.choose_checks(check, skip) == want
+    assert choose_checks(check, skip) == want
 
 
 def test_an_unknown_check_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown check 'meshh'"):
-        doctor.choose_checks(["reach,meshh"], [])
+        choose_checks(["reach,meshh"], [])

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from clustertool import doctor
 from clustertool.cluster.session import ClusterSession
-from clustertool.plugin import check
+from clustertool.doctor import checkup, plugin_check
+from clustertool.doctor.doctorrequests import DoctorRequest
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Reply, ScriptedTransport
 from tests.unit.test_nccl_log import LOG_2_26, info
@@ -40,7 +40,7 @@ def fake(tmp_path, ct_env):
 def recorded(monkeypatch, logs: list[str]):
     """What NCCL would have printed: the launch returns this output instead of starting mpirun."""
     out = job_output(logs, [[(MB, 300.0, 0)]] * len(logs))
-    monkeypatch.setattr(check, "_default_launch", lambda cluster, timeout, on_line: (
+    monkeypatch.setattr(plugin_check, "_default_launch", lambda cluster, timeout, on_line: (
         lambda env, argv, plugin, per_node: (0, out, None)))
 
 
@@ -51,13 +51,14 @@ def plugin_nccl(result):
 def test_cpu_cluster_skips_with_no_gpu(fake):
     deployed("dn")
     fake.on("nproc=", facts("none"))
-    c = plugin_nccl(doctor.run(ClusterSession.load("dn", transport=fake), checks=("reach", "plugin-nccl")))
+    c = plugin_nccl(checkup.run(ClusterSession.load("dn", transport=fake),
+                               DoctorRequest(checks=("reach", "plugin-nccl"))))
     assert (c.status, c.skipped, c.findings) == ("skipped", "no GPU", [])
 
 
 def test_gpu_cluster_without_a_deploy_skips(fake):
     fake.on("nproc=", facts("1"))
-    c = plugin_nccl(doctor.run(ClusterSession.load("dn", transport=fake), checks=("plugin-nccl",)))
+    c = plugin_nccl(checkup.run(ClusterSession.load("dn", transport=fake), DoctorRequest(checks=("plugin-nccl",))))
     assert c.skipped == "plugin not deployed"
 
 
@@ -68,7 +69,7 @@ def test_nccl_on_its_own_net_is_an_error_finding_with_the_fix(fake, monkeypatch)
                      info("NET/Plugin: Could not find: libnccl-net-clustertool.so libnccl-net-clustertool.so"),
                      info("Using network Socket")])
     recorded(monkeypatch, [log, log])
-    result = doctor.run(ClusterSession.load("dn", transport=fake), checks=("plugin-nccl",))
+    result = checkup.run(ClusterSession.load("dn", transport=fake), DoctorRequest(checks=("plugin-nccl",)))
     c = plugin_nccl(result)
     assert c.status == "error" and result.exit_code == 1
     summary, problem = c.findings
@@ -81,7 +82,7 @@ def test_plugin_loaded_with_collnet_is_clean_and_names_the_algorithm(fake, monke
     deployed("dn")
     fake.on("nproc=", facts("1"))
     recorded(monkeypatch, [LOG_2_26, LOG_2_26])
-    result = doctor.run(ClusterSession.load("dn", transport=fake), checks=("plugin-nccl",))
+    result = checkup.run(ClusterSession.load("dn", transport=fake), DoctorRequest(checks=("plugin-nccl",)))
     assert result.clean and plugin_nccl(result).status == "ok"
     assert plugin_nccl(result).findings[0].message == (
         "NCCL 2.26.6 on clustertool (plugin ABI v10); CollNet on; allreduce 1M COLLNET_CHAIN/SIMPLE; #wrong 0")
@@ -90,7 +91,7 @@ def test_plugin_loaded_with_collnet_is_clean_and_names_the_algorithm(fake, monke
 def test_a_running_job_skips_the_check_instead_of_competing_for_its_gpus(fake, monkeypatch):
     deployed("dn")
     fake.on("nproc=", facts("1"))
-    monkeypatch.setattr(doctor, "running_job_ids", lambda session: {"j0712-abcdef"})
-    monkeypatch.setattr(check, "_default_launch", lambda *a: pytest.fail("the check must not start a job"))
-    c = plugin_nccl(doctor.run(ClusterSession.load("dn", transport=fake), checks=("plugin-nccl",)))
+    monkeypatch.setattr(checkup, "running_job_ids", lambda session: {"j0712-abcdef"})
+    monkeypatch.setattr(plugin_check, "_default_launch", lambda *a: pytest.fail("the check must not start a job"))
+    c = plugin_nccl(checkup.run(ClusterSession.load("dn", transport=fake), DoctorRequest(checks=("plugin-nccl",))))
     assert c.skipped == "job j0712-abcdef is running"

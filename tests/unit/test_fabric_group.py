@@ -11,7 +11,9 @@ from clustertool import api
 from clustertool.core import state
 from clustertool.core.errors import StateError
 from clustertool.core.model import ClusterRecord, Node
+from clustertool.jobs.jobrequests import RunRequest
 from clustertool.remote import fabricgroup
+from clustertool.remote.remoterequests import ExecRequest
 from tests.fakes.cluster import saved_cluster
 
 pytestmark = pytest.mark.unit
@@ -87,7 +89,10 @@ def test_a_cluster_without_pinned_keys_is_said_so(ct_env):
 
 
 def test_the_apis_commands_environment_and_ranks_read_as_the_clis():
-    assert api._words("python t.py --lr 0.1") == ["python t.py --lr 0.1"]
-    assert api._words(["python", "t.py", 3]) == ["python", "t.py", "3"]
-    assert api._env({"A": 1, "B": "x y"}) == ["A=1", "B=x y"] and api._env(["A=1", "HOME"]) == ["A=1", "HOME"]
+    assert ExecRequest.of("python t.py --lr 0.1").command == ("python t.py --lr 0.1",)
+    assert ExecRequest.of(["python", "t.py", 3]).command == ("python", "t.py", "3")
+    assert RunRequest.of("x", env={"A": 1, "B": "x y"}).launch.env == ("A=1", "B=x y")
+    assert RunRequest.of("x", env=["A=1", "HOME"]).launch.env == ("A=1", "HOME")
+    assert RunRequest.of("python t.py --lr 0.1").command == ("python t.py --lr 0.1",)
+    assert RunRequest.of(["python", "t.py", 3]).command == ("python", "t.py", "3")
     assert (api._ranks(2), api._ranks([0, 3]), api._ranks("4-7"), api._ranks(None)) == ("2", "0,3", "4-7", None)

@@ -6,6 +6,11 @@ modules load the core only when a command runs) or for a heavy optional library 
 matplotlib, yaml); a core module never uses one to reach another clustertool module, so that a
 cycle cannot hide there.  Modules loaded by name (the provider registry, the CLI's command list)
 are not imports and are not walked.
+
+Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first, so a statement that names
+``clustertool.x.y`` imports ``clustertool``, ``clustertool.x`` and ``clustertool.x.y``: a package
+whose ``__init__`` imports its own modules is a loop (each of them runs that ``__init__``), and
+the walk sees it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "clustertool"
 # Core modules allowed to import clustertool modules inside functions, and why.
 LAZY_ALLOWED = {
     # `clustertool up --help` builds the aws provider's options without loading its modules
-    "clustertool.providers.aws": "the provider's verbs load their modules (and so boto3) on first use",
+    "clustertool.providers.aws.aws_provider": "the provider's verbs load their modules (and so boto3) on first use",
 }
 
 
@@ -66,15 +71,23 @@ def _targets(module: str, node: ast.AST) -> list[str]:
     return out
 
 
+def _packages(module: str) -> list[str]:
+    """The packages whose ``__init__`` runs before ``module``: ``a.b.c`` -> ``a``, ``a.b``."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def _imports(module: str) -> list[tuple[str, bool]]:
-    """(imported clustertool module, inside a function?) for every import statement."""
+    """(imported clustertool module, inside a function?) for every import statement, with the
+    packages each import runs on its way (their ``__init__``)."""
     tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
     found: list[tuple[str, bool]] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                found.extend((t, in_function) for t in _targets(module, child) if t != module)
+                landed = {p for t in _targets(module, child) for p in (*_packages(t), t)}
+                found.extend((t, in_function) for t in sorted(landed) if t != module)
             visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
     visit(tree, False)
@@ -113,6 +126,16 @@ def test_the_walk_sees_the_package():
     assert "clustertool.remote.group" in GRAPH["clustertool.cluster.lifecycle"]
 
 
+def test_the_walk_counts_the_packages_an_import_runs():
+    # `from clustertool.providers.local import net` runs clustertool/__init__ and providers/__init__
+    # and providers/local/__init__ before net
+    assert {"clustertool", "clustertool.providers", "clustertool.providers.local",
+            "clustertool.providers.local.net"} <= set(GRAPH["clustertool.providers.local.sysops"])
+    # so a package whose __init__ imports one of its modules is a loop
+    graph = {**GRAPH, "clustertool.providers.local": ["clustertool.providers.local.nodes"]}
+    assert _cycle(graph) is not None
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == ["a", "b", "c", "a"]
     assert _cycle({"a": ["b"], "b": [], "c": ["a", "b"]}) is None
@@ -129,51 +152,108 @@ def test_core_modules_import_clustertool_modules_at_the_top():
     assert lazy == []
 
 
-# The layers, lowest first: a module imports only modules of its own layer or below. A module's
-# layer is its longest prefix here. The plugin has two sides: what jobs need (the built and
-# deployed files, NCCL's log) sits below jobs; `plugin check`, which runs a job and reads a
-# bench, sits above bench.
-LAYERS = (
-    ("core", ("clustertool.core", "clustertool.nodeprogs", "clustertool.workloads",
-              "clustertool.sharedfs.specs", "clustertool.sharedfs.argv")),
-    ("remote", ("clustertool.remote",)),
-    ("providers", ("clustertool.providers", "clustertool.sharedfs",  # shared fs: made by providers, mounted over ssh
-                   "clustertool.slurm")),  # Slurm: config written from the record, started over ssh
-    ("cluster", ("clustertool.cluster",)),
-    ("transfer", ("clustertool.transfer",)),
-    ("plugin files", ("clustertool.plugin.build", "clustertool.plugin.deploy", "clustertool.plugin.remote",
-                      "clustertool.plugin.nccl_log", "clustertool.plugin")),
-    ("jobs", ("clustertool.jobs",)),
-    ("bench", ("clustertool.bench",)),
-    ("plugin check", ("clustertool.plugin.check", "clustertool.plugin.check_report")),
-    ("doctor", ("clustertool.doctor",)),
-    ("playbook", ("clustertool.playbook",)),
-    ("api", ("clustertool.api", "clustertool")),
-    ("cli", ("clustertool.cli", "clustertool.__main__")),
-)
+# The layers, lowest first: each package of clustertool/ (and each module at its root) once, in one
+# order; a module imports only modules of its own package or of one below.  ``clustertool`` is the
+# package's own __init__: importing any module runs it, so it sits under all of them and imports
+# nothing (its names load by name on first use).
+LAYERS = ("clustertool", "nodeprogs", "workloads", "core", "remote", "providers", "sharedfs", "slurm", "cluster",
+          "transfer", "plugin", "jobs", "bench", "doctor", "playbook", "api", "cli", "__main__")
 
 
-def layer_of(module: str) -> tuple[int, str]:
-    best = max(((len(p), i, name) for i, (name, prefixes) in enumerate(LAYERS) for p in prefixes
-                if module == p or module.startswith(p + ".")), default=None)
-    assert best is not None, f"{module} is in no layer: add its package to LAYERS"
-    return best[1], best[2]
+def package_of(module: str) -> str:
+    """``clustertool.jobs.launch`` -> ``jobs``; ``clustertool.api`` -> ``api``; ``clustertool`` -> itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
 
 
-def test_every_module_has_a_layer_and_the_layers_are_folders():
-    assert layer_of("clustertool.core.state") == (0, "core")
-    assert layer_of("clustertool.plugin.check") == (8, "plugin check")
-    assert layer_of("clustertool.plugin.deploy") == (5, "plugin files")
-    roots = {p.name for p in PACKAGE.iterdir() if p.suffix == ".py"}
-    assert roots == {"__init__.py", "__main__.py", "api.py"}, "modules at the package root: " + ", ".join(roots)
-    for module in MODULES:
-        layer_of(module)
+def layer_of(module: str) -> int:
+    assert package_of(module) in LAYERS, f"{module} is in no layer: add its package to LAYERS"
+    return LAYERS.index(package_of(module))
+
+
+def test_every_package_has_one_layer_and_every_layer_a_package():
+    assert len(set(LAYERS)) == len(LAYERS)
+    assert {package_of(m) for m in MODULES} == set(LAYERS)
+    assert layer_of("clustertool.doctor.plugin_check") > layer_of("clustertool.bench.allreduce")
+    assert layer_of("clustertool.plugin.deploy") < layer_of("clustertool.jobs.launch")
+
+
+def test_the_package_face_imports_nothing():
+    assert GRAPH["clustertool"] == []
 
 
 def test_imports_run_down_the_layers():
-    upward = sorted(f"{m} ({layer_of(m)[1]}) imports {t} ({layer_of(t)[1]})"
-                    for m, targets in GRAPH.items() for t in targets if layer_of(t)[0] > layer_of(m)[0])
+    upward = sorted(f"{m} ({package_of(m)}) imports {t} ({package_of(t)})"
+                    for m, targets in GRAPH.items() for t in targets if layer_of(t) > layer_of(m))
     assert upward == [], "imports that point up:\n" + "\n".join(upward)
+
+
+def test_provider_code_reaches_the_rest_only_through_the_declared_hooks():
+    """Outside providers/, a provider is its interface (providers/base.py: every hook with its
+    default); its own modules are loaded by name through the registry."""
+    reach = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if package_of(m) != "providers"
+                   for t in targets if t.startswith("clustertool.providers.")
+                   and t not in ("clustertool.providers", "clustertool.providers.base"))
+    assert reach == []
+
+
+def test_the_cli_imports_no_provider():
+    """cli/ parses, calls the core and renders: what a provider knows reaches it through the core.
+    (Its other half, "and no state loading" outside cli/common.py's one helper, comes with the
+    typed requests, which move the loading out of cli/: its test belongs there.)"""
+    found = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if package_of(m) == "cli"
+                   for t in targets if t == "clustertool.providers" or t.startswith("clustertool.providers."))
+    assert found == []
+
+
+def test_cli_loads_no_state():
+    """A command opens its session through cli/common.py's one helper (open_session); no other cli/
+    module reads the state files or makes a session itself."""
+    found = sorted(f"{m} imports {t}" for m, targets in GRAPH.items()
+                   if package_of(m) == "cli" and m != "clustertool.cli.common"
+                   for t in targets if t in ("clustertool.core.state", "clustertool.cluster.session"))
+    assert found == []
+
+
+def _aliased(module: str) -> list[str]:
+    """`import clustertool.x as y`, `from clustertool.x import y as z` (also relative) in ``module``."""
+    out = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text(), str(MODULES[module]))):
+        internal = (isinstance(node, ast.ImportFrom) and (node.level > 0 or _known(node.module or "")))
+        for alias in getattr(node, "names", []) if isinstance(node, (ast.Import, ast.ImportFrom)) else []:
+            if alias.asname and (internal or (isinstance(node, ast.Import) and _known(alias.name))):
+                out.append(f"{module}:{node.lineno}: {alias.name} as {alias.asname}")
+    return out
+
+
+def test_the_alias_finder_finds_aliases():
+    assert _aliased("clustertool.core.model") == []
+    source = ("import os as o\nimport clustertool.core.state as st\nfrom clustertool.core import nodeset as ns\n"
+              "from clustertool.core.model import Node as N\nfrom . import errors as e\nfrom json import dumps as d\n")
+    MODULES["clustertool.core.fake"] = _Source(source)
+    try:
+        assert [a.split(": ")[1] for a in _aliased("clustertool.core.fake")] == [
+            "clustertool.core.state as st", "nodeset as ns", "Node as N", "errors as e"]
+    finally:
+        del MODULES["clustertool.core.fake"]
+
+
+def test_internal_imports_have_no_alias():
+    """Every internal name reads the same wherever it is imported (module names are unique for that)."""
+    assert [a for m in sorted(MODULES) for a in _aliased(m)] == []
+
+
+class _Source:
+    """A stand-in for a file's Path in the alias finder's own test."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.name = text, "fake.py"
+
+    def read_text(self) -> str:
+        return self.text
+
+    def __str__(self) -> str:
+        return self.name
 
 
 def test_module_names_are_unique():

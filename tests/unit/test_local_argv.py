@@ -230,8 +230,8 @@ def test_init_config_binds_private_dirs_over_the_node_view_and_runs_sshd():
 
 from clustertool.core.errors import MissingPrerequisite, UsageError  # noqa: E402
 from clustertool.core.model import ClusterRecord  # noqa: E402
-from clustertool.providers import local  # noqa: E402
 from clustertool.providers.base import ProvisionRequest  # noqa: E402
+from clustertool.providers.local import local_provider  # noqa: E402
 
 
 def _request(count: int = 3, **options) -> ProvisionRequest:
@@ -242,25 +242,25 @@ def _request(count: int = 3, **options) -> ProvisionRequest:
 
 @pytest.fixture
 def as_root_with_tools(monkeypatch):
-    monkeypatch.setattr(local.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(local, "_which", lambda tool: f"/usr/bin/{tool}")
-    monkeypatch.setattr(local.sysops, "netns_list", lambda: [])
+    monkeypatch.setattr(local_provider.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(local_provider, "_which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(local_provider.sysops, "netns_list", lambda: [])
 
 
 def test_check_as_non_root_says_root_is_needed_in_one_line(monkeypatch):
-    monkeypatch.setattr(local.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(local_provider.os, "geteuid", lambda: 1000)
     request = _request()
     with pytest.raises(MissingPrerequisite) as info:
-        local.LocalProvider().check(request)
+        local_provider.LocalProvider().check(request)
     assert "root" in info.value.message and "\n" not in info.value.message
     assert request.cluster.provider_state == {}
 
 
 def test_check_names_missing_programs_and_their_apt_packages(monkeypatch):
-    monkeypatch.setattr(local.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(local, "_which", lambda tool: None if tool in ("/usr/sbin/sshd", "tc") else tool)
+    monkeypatch.setattr(local_provider.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(local_provider, "_which", lambda tool: None if tool in ("/usr/sbin/sshd", "tc") else tool)
     with pytest.raises(MissingPrerequisite) as info:
-        local.LocalProvider().check(_request())
+        local_provider.LocalProvider().check(_request())
     message = info.value.message
     assert "/usr/sbin/sshd" in message and "tc" in message
     assert "openssh-server" in message and "iproute2" in message
@@ -270,19 +270,19 @@ def test_check_names_missing_programs_and_their_apt_packages(monkeypatch):
 @pytest.mark.parametrize("count", [0, -1, 255])
 def test_check_refuses_node_counts_outside_the_subnet(as_root_with_tools, count):
     with pytest.raises(UsageError) as info:
-        local.LocalProvider().check(_request(count=count))
+        local_provider.LocalProvider().check(_request(count=count))
     assert str(count) in info.value.message
 
 
 @pytest.mark.parametrize("options,key", [({"link_rate": "fast"}, "link_rate"), ({"link_delay": "soon"}, "link_delay")])
 def test_check_names_the_bad_link_option(as_root_with_tools, options, key):
     with pytest.raises(UsageError) as info:
-        local.LocalProvider().check(_request(**options))
+        local_provider.LocalProvider().check(_request(**options))
     assert info.value.message.startswith(f"option {key}:")
 
 
 def test_plan_describes_namespaces_addresses_sshd_and_shaping():
-    lines = local.LocalProvider().plan(_request(count=4, link_rate="200mbit"))
+    lines = local_provider.LocalProvider().plan(_request(count=4, link_rate="200mbit"))
     text = "\n".join(lines)
     assert "node-1..node-4" in text and "ct-unit-local-<i>" in text and "10.213.<k>.<i>" in text
     assert "sshd" in text and "rate 200mbit" in text

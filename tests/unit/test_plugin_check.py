@@ -21,8 +21,8 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import ToolError
 from clustertool.core.model import SERVER, Node
+from clustertool.doctor import plugin_check, plugin_check_report
 from clustertool.jobs import launch
-from clustertool.plugin import check, check_report
 from clustertool.plugin.build import ARTEFACTS, save_record
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import Reply, ScriptedTransport
@@ -77,7 +77,7 @@ def result_line(rank: int, world: int, rows: list[tuple[int, float, int]], nccl:
     doc = {"rank": rank, "nccl": nccl, "results": [
         {"size": s, "time_us": t, "algbw": s / t / 1e3, "busbw": s / t / 1e3 * 2 * (world - 1) / world, "wrong": w,
          "rank": rank, "world": world} for s, t, w in rows]}
-    return check_report.RESULT_MARK + json.dumps(doc)
+    return plugin_check_report.RESULT_MARK + json.dumps(doc)
 
 
 def job_output(logs: list[str], rows: list[list[tuple[int, float, int]]]) -> str:
@@ -91,12 +91,12 @@ def test_gpu_run_is_one_rank_per_slot_with_the_plugin_env_and_nccls_info_log(gpu
     """The real path down to mpirun's argv: check -> jobs_launcher -> `run --plugin` (dry run)."""
     real_run, seen = launch.run, {}
 
-    def dry(session, opts, **kw):
-        seen["launch"] = real_run(session, opts, dry_run=True, **kw)
+    def dry(session, request, **kw):
+        seen["launch"] = real_run(session, request, dry_run=True, **kw)
         raise ToolError("dry run: nothing started")
 
     monkeypatch.setattr(launch, "run", dry)
-    report = check.check(ClusterSession(gpu_cluster, fake), sizes="1M:4M", gpus={"node-1": 8, "node-2": 8})
+    report = plugin_check.check(ClusterSession(gpu_cluster, fake), sizes="1M:4M", gpus={"node-1": 8, "node-2": 8})
     argv = seen["launch"].argv
     assert argv[argv.index("-np") + 1] == "16" and seen["launch"].job.name == "plugin-check"
     xs = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
@@ -105,7 +105,7 @@ def test_gpu_run_is_one_rank_per_slot_with_the_plugin_env_and_nccls_info_log(gpu
             f"LD_LIBRARY_PATH={DEST}:/usr/local/cuda/lib64"} <= set(xs)
     assert "MASTER_ADDR=10.0.0.1" in xs and any(x.startswith("MASTER_PORT=") for x in xs)
     tail = argv[argv.index("ct-nccl-check") - 3:]
-    assert tail == ["sh", "-c", check.RANK_SCRIPT, "ct-nccl-check", "/opt/pytorch/bin/python3",
+    assert tail == ["sh", "-c", plugin_check.RANK_SCRIPT, "ct-nccl-check", "/opt/pytorch/bin/python3",
                     "--sizes", f"{MB},{2 * MB},{4 * MB}", "--iters", "5", "--warmup", "2"]
     # the worker went to every node with the probe, and the failed start is the report's error
     probes = [c for c in fake.calls if "nccl_gpu_worker.py" in c.command]
@@ -123,7 +123,7 @@ def _fake_worker(home, body: str) -> None:
 def _run_wrapper(home, rank: int, world: int, local: int):
     env = dict(os.environ, HOME=str(home), OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE=str(world),
                OMPI_COMM_WORLD_LOCAL_RANK=str(local))
-    argv = check.worker_argv(sys.executable, [MB, 2 * MB], iters=3, warmup=1)
+    argv = plugin_check.worker_argv(sys.executable, [MB, 2 * MB], iters=3, warmup=1)
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -136,7 +136,7 @@ def test_rank_wrapper_gives_torch_open_mpis_rank_and_prints_the_result_on_one_li
         "print('NCCL INFO stand-in line')\n"))
     proc = _run_wrapper(tmp_path, rank=5, world=16, local=1)
     assert proc.returncode == 0, proc.stderr
-    doc = check_report.result_doc(proc.stdout)
+    doc = plugin_check_report.result_doc(proc.stdout)
     assert doc["env"] == ["5", "16", "1"]
     assert doc["argv"][:6] == ["--sizes", f"{MB},{2 * MB}", "--iters", "3", "--warmup", "1"]
     assert doc["argv"][-2] == "--out" and doc["argv"][-1].endswith("/.clustertool/plugin-check/result.5.json")
@@ -146,7 +146,7 @@ def test_rank_wrapper_passes_the_workers_failure_and_prints_no_stale_result(tmp_
     _fake_worker(tmp_path, "import sys\nsys.exit(3)\n")
     (tmp_path / ".clustertool" / "plugin-check" / "result.0.json").write_text('{"old": true}')
     proc = _run_wrapper(tmp_path, rank=0, world=2, local=0)
-    assert proc.returncode == 3 and check_report.RESULT_MARK not in proc.stdout
+    assert proc.returncode == 3 and plugin_check_report.RESULT_MARK not in proc.stdout
 
 
 def test_python_probe_saves_the_worker_and_finds_the_first_python_with_torch(tmp_path):
@@ -159,20 +159,22 @@ def test_python_probe_saves_the_worker_and_finds_the_first_python_with_torch(tmp
     without.write_text(f"#!/bin/sh\nPYTHONPATH= exec {sys.executable} -S \"$@\"\n")
     for p in (with_torch, without):
         p.chmod(0o755)
-    line = check.python_probe([str(tmp_path / "missing"), str(without), str(with_torch)])
+    line = plugin_check.python_probe([str(tmp_path / "missing"), str(without), str(with_torch)])
     env = dict(os.environ, HOME=str(tmp_path))
     proc = subprocess.run(["sh", "-c", line], input="WORKER SOURCE", env=env, capture_output=True, text=True)
-    assert check.parse_python(proc.stdout) == str(with_torch)
+    assert plugin_check.parse_python(proc.stdout) == str(with_torch)
     assert (tmp_path / ".clustertool" / "plugin-check" / "nccl_gpu_worker.py").read_text() == "WORKER SOURCE"
-    proc = subprocess.run(["sh", "-c", check.python_probe([str(without)])], input="", env=env,
+    proc = subprocess.run(["sh", "-c", plugin_check.python_probe([str(without)])], input="", env=env,
                           capture_output=True, text=True)
-    assert check.parse_python(proc.stdout) is None
+    assert plugin_check.parse_python(proc.stdout) is None
 
 
 # ---- the report from NCCL's log (recorded: NCCL cannot run here) ------------------------------
 
-def report_of(output: str, ranks: int, code: int | None = 0, error: str | None = None) -> check_report.CheckReport:
-    return check_report.nccl_report("gc", ["node-1", "node-2"], ranks, output, code, error, {"dest": DEST}, "note")
+def report_of(output: str, ranks: int, code: int | None = 0,
+              error: str | None = None) -> plugin_check_report.CheckReport:
+    return plugin_check_report.nccl_report("gc", ["node-1", "node-2"], ranks, output, code, error, {"dest": DEST},
+                                           "note")
 
 
 def test_plugin_loaded_collnet_on_and_the_algorithm_per_size_from_2_26():
@@ -249,12 +251,13 @@ STANDIN_OUT = "\n".join(tagged(0, line) for line in [
 
 
 def test_standin_report_reads_collnet_bench_rows_and_its_header():
-    r = check_report.standin_report("lc", ["node-1"], STANDIN_OUT, 0, None, {"dest": DEST}, "no GPU")
+    r = plugin_check_report.standin_report("lc", ["node-1"], STANDIN_OUT, 0, None, {"dest": DEST}, "no GPU")
     assert r.mode == "standin" and r.ranks == 4 and r.nccl is None and r.exit_code == 0
     assert [(x.algo, x.size, x.wrong) for x in r.rows] == [("sharded", 65536, 0), ("mpi", 65536, 0)]
     assert r.evidence[1] == "# device clustertool-tcp speed 10000 Mbps"
-    bad = check_report.standin_report("lc", ["node-1"], STANDIN_OUT.replace("0.0983       0", "0.0983       3"), 0,
-                                      None, {}, "no GPU")
+    bad = plugin_check_report.standin_report("lc", ["node-1"],
+                                             STANDIN_OUT.replace("0.0983       0", "0.0983       3"), 0,
+                                             None, {}, "no GPU")
     assert bad.wrong == 3 and bad.exit_code == 1
 
 
@@ -274,7 +277,7 @@ def test_no_gpu_anywhere_runs_the_standin_one_rank_per_node(ct_env, fake):
     deployed("cpu")
     fake.on("nproc=", facts("none"))
     launcher, calls = launch_recorder(STANDIN_OUT)
-    r = check.check(ClusterSession(c, fake), sizes="64K:256K", launch=launcher)
+    r = plugin_check.check(ClusterSession(c, fake), sizes="64K:256K", launch=launcher)
     assert r.note == "no GPU on node-[1-4]: running the collnet_bench stand-in (not NCCL)"
     env, argv, plugin, per_node = calls[0]
     assert argv[:5] == [f"{DEST}/collnet_bench", "-b", "65536", "-e", "262144"]
@@ -286,7 +289,7 @@ def test_gpu_cluster_runs_nccl_with_the_plugin_and_reports_it(gpu_cluster, fake)
     fake.on("nproc=", facts("8"))
     out = job_output([LOG_2_26] * 16, [[(MB, 300.0, 0)]] * 16)
     launcher, calls = launch_recorder(out)
-    r = check.check(ClusterSession(gpu_cluster, fake), sizes="1M:1M", launch=launcher)
+    r = plugin_check.check(ClusterSession(gpu_cluster, fake), sizes="1M:1M", launch=launcher)
     env, argv, plugin, per_node = calls[0]
     assert plugin and per_node is None and "NCCL_DEBUG=INFO" in env
     assert r.mode == "nccl" and r.ranks == 16 and r.nccl.plugin_loaded and r.exit_code == 0
@@ -300,14 +303,14 @@ def test_gpu_cluster_runs_nccl_with_the_plugin_and_reports_it(gpu_cluster, fake)
 def test_nodes_that_cannot_give_every_rank_a_gpu_stop_before_the_run(gpu_cluster, fake, gpus, words):
     launcher, calls = launch_recorder()
     with pytest.raises(ToolError, match=re.escape(words)):
-        check.check(ClusterSession(gpu_cluster, fake), gpus=gpus, launch=launcher)
+        plugin_check.check(ClusterSession(gpu_cluster, fake), gpus=gpus, launch=launcher)
     assert calls == []
 
 
 def test_not_deployed_is_one_error_before_any_node_is_asked(ct_env, fake):
     c = saved_cluster("nd", 2)
     with pytest.raises(ToolError, match="not deployed") as exc:
-        check.check(ClusterSession(c, fake), launch=launch_recorder()[0])
+        plugin_check.check(ClusterSession(c, fake), launch=launch_recorder()[0])
     assert "plugin deploy" in exc.value.hint and fake.calls == []
 
 
@@ -315,7 +318,7 @@ def test_a_node_whose_files_differ_from_the_deploy_stops_the_check(gpu_cluster, 
     fake.sums["node-2"] = {k: ("f" * 64 if k == ARTEFACTS[0] else v) for k, v in SUMS.items() if k != ARTEFACTS[2]}
     launcher, calls = launch_recorder()
     with pytest.raises(ToolError) as exc:
-        check.check(ClusterSession(gpu_cluster, fake), gpus={"node-1": 8, "node-2": 8}, launch=launcher)
+        plugin_check.check(ClusterSession(gpu_cluster, fake), gpus={"node-1": 8, "node-2": 8}, launch=launcher)
     assert exc.value.message == ("the plugin on the nodes is not the one deployed: node-2: "
                                  "libnccl-net-clustertool.so differs, collnet_bench missing")
     assert calls == []
@@ -345,18 +348,18 @@ def test_with_servers_the_standin_runs_servers_too_on_the_workers_only(served, f
     fake.on("nproc=", facts("none"))
     real_run, seen = launch.run, {}
 
-    def dry(session, opts, **kw):
-        seen["launch"], seen["kw"] = real_run(session, opts, dry_run=True, **kw), kw
+    def dry(session, request, **kw):
+        seen["launch"], seen["request"] = real_run(session, request, dry_run=True, **kw), request
         raise ToolError("dry run: nothing started")
 
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(launch, "run", dry)
     try:
-        r = check.check(ClusterSession(served, fake), sizes="64K:64K")
+        r = plugin_check.check(ClusterSession(served, fake), sizes="64K:64K")
     finally:
         monkeypatch.undo()
     argv = seen["launch"].argv
-    assert seen["kw"]["selection"] == "node-1,node-2" and seen["kw"]["use_plugin"]
+    assert seen["request"].nodes == "node-1,node-2" and seen["request"].plugin
     assert argv[argv.index("-np") + 1] == "2" and argv[argv.index("-a") + 1] == "servers,sharded,ring,mpi"
     xs = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
     assert "CLUSTERTOOL_REDUCERS=10.0.0.11:PORT,10.0.0.12:PORT" in xs, xs
@@ -370,7 +373,7 @@ def test_a_standin_whose_servers_did_not_answer_says_so_with_the_fix(served, fak
     out = "\n".join([tagged(0, "# collnet_bench: 2 ranks, plugin /x/libnccl-net-clustertool.so"),
                      "[1,0]<stderr>:collnet_bench: asked for servers, the plugin runs sharded (see the WARN above)"])
     launcher, calls = launch_recorder(out, code=1)
-    r = check.check(ClusterSession(served, fake), sizes="64K:64K", launch=launcher)
+    r = plugin_check.check(ClusterSession(served, fake), sizes="64K:64K", launch=launcher)
     assert calls[0][2] is True  # plugin: the reducers start with the job
     assert r.exit_code == 1 and r.problems[0].message.startswith(
         "the reduction servers did not answer: the plugin ran sharded instead of servers (mpirun exit 1)")
@@ -381,7 +384,7 @@ def test_gpu_workers_with_cpu_servers_run_nccl_and_name_the_plugins_algorithm(se
     fake.on("nproc=", facts("8"))  # asked of workers only: a server without GPU stops nothing
     out = job_output([LOG_2_26 + "\n" + first_op("servers")] * 16, [[(MB, 300.0, 0)]] * 16)
     launcher, calls = launch_recorder(out)
-    r = check.check(ClusterSession(served, fake), sizes="1M:1M", launch=launcher)
+    r = plugin_check.check(ClusterSession(served, fake), sizes="1M:1M", launch=launcher)
     assert calls[0][2] is True and r.ranks == 16 and r.servers == 2
     assert r.note.startswith("NCCL allreduce on 16 GPU rank(s) over 2 node(s) and 2 reduction server(s)")
     assert r.nccl.plugin_algorithm == "servers" and r.problems == [] and r.exit_code == 0
@@ -392,11 +395,11 @@ def test_gpu_ranks_that_fell_back_from_servers_are_a_warning_with_the_plugins_re
     why = ("clustertool: rank 1/16: reduction server 10.0.0.12:4001 (server 2 of 2) unreachable from rank 1 "
            "(Connection refused); CollNet uses sharded instead of servers on every rank")
     log = LOG_2_26 + "\n" + warn(why, "ct_coll_settings.c:149") + "\n" + first_op("sharded")
-    r = check_report.nccl_report("rs", ["node-1", "node-2"], 2, job_output([log] * 2, [[(MB, 300.0, 0)]] * 2), 0, None,
-                       {"dest": DEST}, "note", servers=2)
+    r = plugin_check_report.nccl_report("rs", ["node-1", "node-2"], 2, job_output([log] * 2, [[(MB, 300.0, 0)]] * 2),
+                                        0, None, {"dest": DEST}, "note", servers=2)
     assert r.nccl.plugin_algorithm == "sharded" and r.exit_code == 0   # right sums, slower: a warning
     assert [(p.severity, p.message) for p in r.problems] == [
         ("warning", f"the cluster has 2 reduction server(s) but the plugin's CollNet ran sharded (rank 0): {why}")]
-    plain = check_report.nccl_report("gc", ["node-1"], 2, job_output([log] * 2, [[(MB, 300.0, 0)]] * 2), 0, None,
-                           {"dest": DEST}, "note")
+    plain = plugin_check_report.nccl_report("gc", ["node-1"], 2, job_output([log] * 2, [[(MB, 300.0, 0)]] * 2), 0, None,
+                                            {"dest": DEST}, "note")
     assert plain.problems == []   # no servers in the cluster: sharded is the plugin's default

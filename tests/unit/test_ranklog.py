@@ -163,7 +163,7 @@ def test_a_follower_whose_reader_went_away_ends(tmp_path):
 @pytest.mark.parametrize("text,ranks", [("3", {3}), ("0,2", {0, 2}), ("4-7", {4, 5, 6, 7}), ("1, 3-4", {1, 3, 4}),
                                         (None, None)])
 def test_rank_selections_read_as_lists_and_ranges(text, ranks):
-    from clustertool.jobs.logs import parse_ranks
+    from clustertool.jobs.jobrequests import parse_ranks
 
     assert parse_ranks(text) == ranks
 
@@ -171,7 +171,7 @@ def test_rank_selections_read_as_lists_and_ranges(text, ranks):
 @pytest.mark.parametrize("text", ["x", "1-", "-2", "1,,2", "a-b"])
 def test_a_bad_rank_selection_is_a_usage_error(text):
     from clustertool.core.errors import UsageError
-    from clustertool.jobs.logs import parse_ranks
+    from clustertool.jobs.jobrequests import parse_ranks
 
     with pytest.raises(UsageError, match="--rank"):
         parse_ranks(text)

@@ -15,7 +15,7 @@ from clustertool.cluster.status import replacements
 from clustertool.core import state
 from clustertool.core.errors import NotSupported, UsageError
 from clustertool.core.model import ClusterRecord, Node
-from clustertool.providers.aws import AwsProvider
+from clustertool.providers.aws.aws_provider import AwsProvider
 from clustertool.remote.keys import fingerprint
 from tests.fakes.cluster import saved_cluster
 

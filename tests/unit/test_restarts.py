@@ -15,8 +15,9 @@ import pytest
 
 from clustertool import nodeprogs
 from clustertool.core.errors import UsageError
-from clustertool.jobs import launch, records, scripts
+from clustertool.jobs import records, scripts
 from clustertool.jobs.failure import last_attempt
+from clustertool.jobs.jobrequests import RestartPolicy, parse_exit_codes
 from clustertool.nodeprogs import restarts
 from tests.unit.test_jobs_scripts import new_id, sh, wait_for
 
@@ -69,14 +70,14 @@ def test_each_attempt_forwards_the_restart_count_and_writes_its_own_output_folde
 
 def test_bad_restart_options_are_one_clear_line():
     with pytest.raises(UsageError, match="goes with --restarts"):
-        launch.restart_policy(0, [137])
+        RestartPolicy(0, (137,))
     with pytest.raises(UsageError, match="not an exit code"):
-        launch.restart_policy(2, [0])
+        RestartPolicy(2, (0,))
     with pytest.raises(UsageError, match="0 or more"):
-        launch.restart_policy(-1, None)
+        RestartPolicy(-1, None)
     with pytest.raises(UsageError, match="separated by commas"):
-        launch.parse_exit_codes("1;137")
-    assert launch.parse_exit_codes("137, 1") == [137, 1] and launch.restart_policy(2, [137, 1, 1]) == (2, [1, 137])
+        parse_exit_codes("1;137")
+    assert parse_exit_codes("137, 1") == [137, 1] and RestartPolicy(2, (137, 1, 1)) == RestartPolicy(2, (1, 137))
 
 
 def fake_mpirun(tmp_path):

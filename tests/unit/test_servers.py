@@ -110,3 +110,11 @@ def test_bench_servers_needs_servers_and_ratios_use_the_link_rate():
     rows = allreduce.parse_rows(out)
     assert rows[0].algo == "servers" and rows[0].busbw == 0.0284
     assert allreduce.link_ratios(rows, 200_000_000) == "busbw/B at 64M (B = link rate, 200 Mbit/s): servers 1.14"
+    # the rate comes from the cluster's provider: the local one shapes links to --link-rate; others say none
+    from clustertool.bench.benchjobs import link_line
+
+    shaped = ClusterRecord(name="c", provider="local", user="root", options={"link_rate": "200mbit"})
+    assert link_line(shaped, rows) == allreduce.link_ratios(rows, 200_000_000)
+    assert link_line(ClusterRecord(name="c", provider="local", user="root"), rows) is None
+    assert link_line(ClusterRecord(name="c", provider="static", user="u", options={"link_rate": "200mbit"}),
+                     rows) is None

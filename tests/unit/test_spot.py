@@ -23,6 +23,7 @@ import pytest
 from clustertool import nodeprogs
 from clustertool.core.errors import UsageError
 from clustertool.jobs import recovery
+from clustertool.jobs.jobrequests import RunRequest
 
 
 class Metadata(BaseHTTPRequestHandler):
@@ -123,14 +124,19 @@ def test_the_poller_asks_again_while_the_metadata_does_not_answer_and_ends_when_
     assert proc.wait(10) == 0 and proc.stdout.read() == b""
 
 
+def options(restarts: int, replace_failed: bool, replace_wait: float | None, signal: str | None) -> RunRequest:
+    return RunRequest.of("x", restarts=restarts, replace_failed=replace_failed, replace_wait=replace_wait,
+                         on_preempt_signal=signal)
+
+
 def test_recovery_options_are_checked_and_one_clear_line():
-    assert recovery.options(2, True, None, "sigusr1") == {"replace_failed": True, "replace_wait": 600.0,
-                                                          "on_preempt_signal": "USR1"}
-    assert recovery.options(0, False, None, None)["replace_wait"] is None
+    asked = options(2, True, None, "sigusr1").recovery
+    assert (asked.replace_failed, asked.wait_s, asked.on_preempt_signal) == (True, 600.0, "USR1")
+    assert options(0, False, None, None).recovery.wait_s is None
     for args, words in [((0, True, None, None), "goes with --restarts"), ((1, False, 60.0, None), "goes with"),
                         ((1, True, 2.0, None), "too short"), ((1, True, None, "KILLME"), "--on-preempt-signal")]:
         with pytest.raises(UsageError, match=words):
-            recovery.options(*args)
+            options(*args)
 
 
 def test_the_ranks_get_the_grace_but_never_past_ten_seconds_before_the_machine_goes():
@@ -151,10 +157,10 @@ def test_notices_are_watched_on_spot_clusters_and_a_signal_for_another_cluster_i
     monkeypatch.delenv(recovery.IMDS_ENV, raising=False)
     spot = ClusterRecord(name="s", provider="aws", options={"spot": True})
     plain = ClusterRecord(name="p", provider="aws", options={})
-    opts = recovery.options(1, True, None, None)
-    assert recovery.for_cluster(spot, opts)["on_preempt_signal"] == "TERM"  # the default signal
-    assert recovery.for_cluster(plain, opts)["on_preempt_signal"] is None  # nothing watches
+    policy = options(1, True, None, None).recovery
+    assert recovery.preempt_signal(spot, policy) == "TERM"  # the default signal
+    assert recovery.preempt_signal(plain, policy) is None  # nothing watches
     with pytest.raises(UsageError, match="not made of spot instances"):
-        recovery.for_cluster(plain, recovery.options(1, True, None, "USR1"))
+        recovery.preempt_signal(plain, options(1, True, None, "USR1").recovery)
     monkeypatch.setenv(recovery.IMDS_ENV, "http://127.0.0.1:9/{node}")  # a test's stand-in: watched anywhere
-    assert recovery.for_cluster(plain, recovery.options(1, True, None, "USR1"))["on_preempt_signal"] == "USR1"
+    assert recovery.preempt_signal(plain, options(1, True, None, "USR1").recovery) == "USR1"

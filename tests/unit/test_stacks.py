@@ -21,6 +21,7 @@ from clustertool.core.errors import UsageError
 from clustertool.core.model import JobRecord
 from clustertool.jobs import records
 from clustertool.jobs import stacks as js
+from clustertool.jobs.jobrequests import StacksRequest
 from clustertool.nodeprogs import stacks as prog
 from tests.fakes.cluster import saved_job
 from tests.fakes.transport import Reply, ScriptedTransport
@@ -217,7 +218,7 @@ def test_every_node_is_asked_and_one_that_does_not_answer_is_named(tmp_path, job
     fake.on(asks_stacks, answer("node-1", [entry(0, waiting, 10), entry(1, stuck, 11)]), node="node-1")
     fake.on(asks_stacks, answer("node-2", [entry(2, waiting, 12), entry(3, waiting, 13)]), node="node-2")
     fake.on(asks_stacks, Reply.unreachable("10.0.0.3"), node="node-3")
-    result = js.stacks(ClusterSession.load("st", transport=fake), JOB, py_spy=False)
+    result = js.stacks(ClusterSession.load("st", transport=fake), StacksRequest(JOB, py_spy=False))
 
     assert [g.label for g in result.groups] == ["ranks 0,2-3 (node-[1-2])", "rank 1 (node-1)"]
     assert result.problems == ["node-3: unreachable: connection refused"]
@@ -235,7 +236,7 @@ def test_ranks_nobody_reported_are_named(tmp_path, job):
     fake.on(lambda c: 'echo "J $j' in (c.stdin or ""), status_reply(job))
     fake.on(asks_stacks, answer("node-1", [entry(0, recorded("dump-event.json"), 10)]), node="node-1")
     fake.on(asks_stacks, answer("node-x", []))
-    result = js.stacks(ClusterSession.load("st", transport=fake), JOB)
+    result = js.stacks(ClusterSession.load("st", transport=fake), StacksRequest(JOB))
     assert result.problems == ["node-[2-3]: no rank of this job recorded there",
                                "ranks 1-5: no node reported them (not started yet, or gone)"]
     assert result.exit_code == 0
@@ -247,7 +248,7 @@ def test_a_job_that_has_ended_is_a_one_line_error(tmp_path, job):
     fake = ScriptedTransport(tmp_path / "nodes")
     fake.on(lambda c: 'echo "J $j' in (c.stdin or ""), Reply(""))
     with pytest.raises(UsageError, match=f"job {JOB} is not running: it succeeded with exit code 0"):
-        js.stacks(ClusterSession.load("st", transport=fake), JOB)
+        js.stacks(ClusterSession.load("st", transport=fake), StacksRequest(JOB))
 
 
 def test_local_py_spy_lists_only_paths_that_exist():

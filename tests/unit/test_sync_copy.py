@@ -20,6 +20,7 @@ from clustertool.core.errors import UsageError
 from clustertool.transfer import chain, drive
 from clustertool.transfer.copy import choose_strategy, copy
 from clustertool.transfer.ignore import Matcher
+from clustertool.transfer.transferrequests import CopyRequest
 from tests.fakes.cluster import saved_cluster
 from tests.fakes.transport import ScriptedTransport
 
@@ -71,7 +72,7 @@ def files_on(fake, node: str) -> list[str]:
 
 def sync(fake, src: Path):
     session = ClusterSession.load("sy", transport=fake)
-    return copy(session, str(src), "proj", source="local", keep=Matcher(str(src)).keep)
+    return copy(session, CopyRequest(str(src), "proj", source="local"), keep=Matcher(str(src)).keep)
 
 
 def test_ignored_files_are_never_streamed_and_the_rest_is_verified_on_every_node(setup):
@@ -111,7 +112,8 @@ def test_files_only_on_the_nodes_are_left_alone(setup):
 def test_a_filter_is_refused_where_it_cannot_hold(setup, kwargs, needle):
     fake, src, streamed = setup
     with pytest.raises(UsageError, match=needle):
-        copy(ClusterSession.load("sy", transport=fake), str(src), "proj", keep=lambda rel, is_dir: True, **kwargs)
+        copy(ClusterSession.load("sy", transport=fake), CopyRequest(str(src), "proj", **kwargs),
+             keep=lambda rel, is_dir: True)
     assert fake.calls == [] and streamed == []
 
 

@@ -65,7 +65,7 @@ def test_a_new_cluster_key_is_p256_and_an_older_clusters_ed25519_key_is_kept(ct_
 
 
 def test_an_aws_cluster_key_is_ed25519_because_ec2_imports_no_ecdsa_key_pair(ct_env):
-    from clustertool.providers.aws import AwsProvider
+    from clustertool.providers.aws.aws_provider import AwsProvider
 
     paths = keys.ensure_keypair("onaws", AwsProvider.key_type)
     assert paths.key.name == "id_ed25519" and paths.pubkey.read_text().startswith("ssh-ed25519 ")

@@ -27,12 +27,10 @@ from typing import Any, Callable
 
 from clustertool.core.durations import format_duration, parse_duration
 from clustertool.core.errors import ProviderError, ToolError, UsageError
-from clustertool.core.model import ClusterRecord, Reporter, silent
+from clustertool.core.model import BLOCK_END_SIGNALS, BLOCK_END_WARNING, ClusterRecord, Reporter, silent
 from clustertool.providers.aws.client import Aws, aws_errors, poll_interval
 
 RECLAIM_BEFORE_END_S = 30 * 60  # EC2 starts terminating a block's instances this long before its end
-DEFAULT_WARNING = "30m"  # --block-end-warning: how long before EC2 takes the instances back jobs are signalled
-SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2", "QUIT")  # --block-end-signal choices
 MAX_DAYS = 182
 WAIT_REPORT_S = 600.0  # while `up --wait` sleeps: a line this often
 STARTED_GRACE_S = 900.0  # after the start time: how long `up` waits for EC2 to call the block active
@@ -189,13 +187,14 @@ def validate(options: dict) -> None:
 
 
 def warning_s(options: dict) -> int:
-    return parse_duration(str(options.get("block_end_warning") or DEFAULT_WARNING), "--block-end-warning")
+    return parse_duration(str(options.get("block_end_warning") or BLOCK_END_WARNING), "--block-end-warning")
 
 
 def signal_of(options: dict) -> str:
     sig = str(options.get("block_end_signal") or "TERM").upper().removeprefix("SIG")
-    if sig not in SIGNALS:
-        raise UsageError(f"--block-end-signal {options.get('block_end_signal')!r}: use one of {', '.join(SIGNALS)}")
+    if sig not in BLOCK_END_SIGNALS:
+        raise UsageError(f"--block-end-signal {options.get('block_end_signal')!r}: "
+                         f"use one of {', '.join(BLOCK_END_SIGNALS)}")
     return sig
 
 

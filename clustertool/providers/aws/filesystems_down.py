@@ -19,12 +19,10 @@ from typing import Callable
 
 from clustertool.core.errors import ToolError
 from clustertool.core.model import ClusterRecord, Reporter
-from clustertool.providers.aws import efs, fsx, tags
+from clustertool.providers.aws import efs, fsx, tags, teardown
 from clustertool.providers.aws.client import Aws, EndpointLacksApi, aws_errors, wait_timeout
 from clustertool.providers.aws.filesystems import KEPT, ROLE, price_line
-from clustertool.providers.aws.teardown import Owned, tagged_security_groups, terminate_and_wait
-from clustertool.providers.aws.teardown import _delete as delete_resource
-from clustertool.providers.aws.teardown import owned as teardown_owned
+from clustertool.providers.aws.teardown import Owned, delete_resource, tagged_security_groups, terminate_and_wait
 
 
 def _merge(*lists) -> list[str]:
@@ -69,7 +67,7 @@ def before_groups(aws: Aws, cluster: ClusterRecord, owned: Owned, report: Report
         terminate_and_wait(aws, owned.instances, report)
         lines.append(f"terminated {len(owned.instances)} instance(s): {', '.join(owned.instances)}")
     lines += remove(aws, cluster, cluster.keep_shared_fs, report)
-    return lines, teardown_owned(aws, cluster)
+    return lines, teardown.owned(aws, cluster)
 
 
 def remove(aws: Aws, cluster: ClusterRecord, keep: bool, report: Reporter) -> list[str]:

@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from clustertool.core.durations import short_age
 from clustertool.core.model import Reporter, silent
 from clustertool.providers.aws import census, filesystems_down, lease, owner, tags, teardown
 from clustertool.providers.aws.client import Aws
+from clustertool.providers.base import Sweep, SweepRemoved, SweepRequest
 
 DELETE, KEEP = "delete", "keep"
 
@@ -128,3 +130,21 @@ def kept_line(swept: list[Swept]) -> str | None:
     flags += ("; " if flags else "") + "--force-owner deletes any" if any(not s.mine for s in kept) else ""
     word = "cluster" if len(kept) == 1 else "clusters"
     return f"kept {len(kept)} {word} running at {rate}: {whose}; {flags or '--force-owner deletes it'}"
+
+
+def sweep(request: SweepRequest) -> Sweep:
+    """`down --sweep` (the provider's hook): what :func:`find` found, as the table the CLI shows."""
+    ids, names = request.known()
+    found = find(region=request.region, profile=request.profile, known_ids=ids, known_names=names,
+                 force_owner=request.force_owner, any_home=request.any_home, report=request.report)
+    rows = [(o.name, o.id or "-", o.owner, short_age(o.age_s) if o.age_s is not None else "?", o.summary(),
+             "?" if o.per_hour is None else f"{o.per_hour:,.2f}", f"{o.action}: {o.why}") for o in found]
+    return Sweep("aws", "clusters no state of this clustertool home knows",
+                 ["cluster", "id", "owner", "age", "resources", "$/h", "action"], rows, found,
+                 [o for o in found if o.action == DELETE], kept_line(found), bills=True, unit="cluster(s)")
+
+
+def remove(swept: Sweep, report: Reporter = silent) -> SweepRemoved:
+    removed = delete(swept.to_delete, report=report)
+    return SweepRemoved([f"{o.name} ({o.id or 'no id'}): {o.count()} resource(s)" for o in removed],
+                        [(o.name, o.id) for o in removed if o.ours])

@@ -122,16 +122,16 @@ def remove(aws: Aws, what: Owned, report: Reporter) -> list[str]:
         if _delete_interface(aws, eni, deadline):
             done(f"deleted network interface {eni}")
     for allocation in what.addresses:
-        if _delete(aws, "address", allocation, deadline, op="release_address", AllocationId=allocation):
+        if delete_resource(aws, "address", allocation, deadline, op="release_address", AllocationId=allocation):
             done(f"released Elastic IP {allocation}")
     for name in what.placement_groups:
-        if _delete(aws, "placement_group", name, deadline, GroupName=name):
+        if delete_resource(aws, "placement_group", name, deadline, GroupName=name):
             done(f"deleted placement group {name}")
     for gid in what.security_groups:
-        if _delete(aws, "security_group", gid, deadline, GroupId=gid):
+        if delete_resource(aws, "security_group", gid, deadline, GroupId=gid):
             done(f"deleted security group {gid}")
     for name in what.key_pairs:
-        if _delete(aws, "key_pair", name, deadline, KeyName=name):
+        if delete_resource(aws, "key_pair", name, deadline, KeyName=name):
             done(f"deleted key pair {name}")
     return lines
 
@@ -178,10 +178,10 @@ def _delete_interface(aws: Aws, eni: str, deadline: float) -> bool:
             if not is_code(exc, "InvalidAttachmentID", "OperationNotPermitted", *GONE["network_interface"]):
                 with aws_errors(f"detaching network interface {eni}"):
                     raise
-    return _delete(aws, "network_interface", eni, deadline, NetworkInterfaceId=eni)
+    return delete_resource(aws, "network_interface", eni, deadline, NetworkInterfaceId=eni)
 
 
-def _delete(aws: Aws, kind: str, rid: str, deadline: float, op: str | None = None, **kwargs) -> bool:
+def delete_resource(aws: Aws, kind: str, rid: str, deadline: float, op: str | None = None, **kwargs) -> bool:
     """Delete one resource; False when it was already gone; retries while it is still in use."""
     from botocore.exceptions import ClientError
 

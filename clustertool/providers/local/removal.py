@@ -18,8 +18,7 @@ from clustertool.core import state
 from clustertool.core.errors import ProviderError
 from clustertool.core.model import ClusterRecord
 from clustertool.core.nodeset import fold
-from clustertool.providers.local import net, sysops
-from clustertool.sharedfs import localfs
+from clustertool.providers.local import localfs, net, sysops
 
 _RECORDED = ("token", "slot", "bridge", "route", "count", "netns", "veths", "pids", "nodes_dir")
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clustertool.core import state
-from clustertool.core.errors import ToolError
+from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord, Reporter, silent
+from clustertool.providers.base import Sweep, SweepRemoved, SweepRequest
 from clustertool.providers.local import net, sysops
 from clustertool.providers.local.removal import teardown
 
@@ -109,3 +110,19 @@ def delete_orphans(orphans: list[LocalOrphan], report: Reporter = silent) -> lis
             report(f"{orphan.cluster}: {line}")
         removed.append(orphan.id)
     return removed
+
+
+def sweep(request: SweepRequest) -> Sweep:
+    """`down --sweep --provider local` (the provider's hook): the orphans, as the table the CLI shows."""
+    if request.any_home:
+        raise UsageError("--any-home is for --provider aws (a local cluster's home is this machine)")
+    orphans = find_orphans(force_owner=request.force_owner)
+    rows = [(o.cluster, o.cluster_id or "-", o.id, o.home or "?", f"{o.action}: {o.why}") for o in orphans]
+    return Sweep("local", "local clusters no state of this clustertool home knows",
+                 ["cluster", "id", "bridge", "home", "action"], rows, orphans,
+                 [o for o in orphans if o.action == DELETE])
+
+
+def remove(swept: Sweep, report: Reporter = silent) -> SweepRemoved:
+    removed = delete_orphans(swept.to_delete, report=report)
+    return SweepRemoved(removed, [(o.cluster, o.cluster_id) for o in swept.to_delete if o.ours])

@@ -12,7 +12,7 @@
    Reduction servers run no rank: ranks are the workers; with servers the job is a `run --plugin`
    job in both modes (its reducers start on the servers), and the stand-in runs `servers` too.
    Cordoned nodes (`clustertool cordon`) take no part, as in every job.
-4. The report (check_report.py): NCCL version, plugin and ABI, CollNet on or why not, algorithm
+4. The report (plugin_check_report.py): NCCL version, plugin and ABI, CollNet on or why not, algorithm
    and protocol per size, busbw, #wrong, problems with fixes. doctor's `plugin-nccl` reuses it.
 """
 
@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Callable
 
 from clustertool.bench.allreduce import bench_argv, parse_sizes
-from clustertool.bench.benchjobs import jobs_launcher
+from clustertool.bench.benchjobs import OnLine, jobs_launcher
 from clustertool.cluster.facts import facts_script, gpu_count, parse_facts
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import MissingPrerequisite, RemoteError, ToolError, UsageError
-from clustertool.core.model import ClusterRecord, Node, Reporter, silent
+from clustertool.core.model import ClusterRecord, Node
+from clustertool.doctor.plugin_check_report import RESULT_MARK, CheckReport, nccl_report, standin_report
 from clustertool.plugin.build import ARTEFACTS, BENCH, NET_LIB, load_record
-from clustertool.plugin.check_report import RESULT_MARK, CheckReport, nccl_report, standin_report
 from clustertool.plugin.remote import mismatched, parse_sums, status_command
 from clustertool.remote.group import run_on_nodes
 
@@ -179,18 +179,18 @@ def find_python(session: ClusterSession, python: str | None) -> str:
     return paths[0]
 
 
-def _default_launch(cluster: ClusterRecord, timeout: float, on_line) -> Launch:
+def _default_launch(session: ClusterSession, timeout: float, on_line: OnLine | None) -> Launch:
     def launch(env, argv, plugin, per_node):
-        run = jobs_launcher(cluster, env=env, timeout=timeout, on_line=on_line, plugin=plugin, name="plugin-check")
-        return run(cluster.schedulable, per_node, argv)  # `run --plugin` starts the servers' reducers
+        run = jobs_launcher(session, env=env, timeout=timeout, on_line=on_line, plugin=plugin, name="plugin-check")
+        return run(session.record.schedulable, per_node, argv)  # `run --plugin` starts the servers' reducers
     return launch
 
 
 def check(session: ClusterSession, *, sizes: str = "1M:64M", iters: int = 5, warmup: int = 2,
           python: str | None = None, timeout: float = 600, gpus: dict[str, int] | None = None,
-          report: Reporter = silent, launch: Launch | None = None) -> CheckReport:
+          launch: Launch | None = None) -> CheckReport:
     """Run the check on ``cluster`` (``gpus``: per node, when the caller knows them already)."""
-    cluster = session.record
+    cluster, report = session.record, session.report
     size_values = size_list(sizes)
     if iters < 1 or warmup < 0:
         raise UsageError("--iters must be >= 1 and --warmup >= 0")
@@ -202,7 +202,7 @@ def check(session: ClusterSession, *, sizes: str = "1M:64M", iters: int = 5, war
     report(f"comparing the plugin on {nodeset.fold([n.name for n in in_use(cluster)])} with the deploy")
     verify_deployed(session, deployed)
     gpus = gpus if gpus is not None else probe_gpus(session, deployed["dest"])
-    launch = launch or _default_launch(cluster, timeout, None)
+    launch = launch or _default_launch(session, timeout, None)
     if not any(gpus.get(n, 0) for n in names):
         note = f"no GPU on {nodeset.fold(names)}: running the collnet_bench stand-in (not NCCL){with_servers}"
         report(f"no GPU: collnet_bench on {len(names)} rank(s){with_servers}, {sizes}, as job plugin-check")
