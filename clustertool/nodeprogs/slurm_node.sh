@@ -1,7 +1,7 @@
 #!/bin/sh
 # Slurm on this node, for clustertool (slurm/bringup.py).
 # MODE=probe: with STANDIN set, first run it (the stand-in GPU script's text, base64; local nodes
-#   only); then print `size <slurmd -C's first line>`, `version <slurmd -V>` and `gpus <N>` (the
+#   only); where cloud-init runs, wait until it is done (it installs the packages); then print `size <slurmd -C's first line>`, `version <slurmd -V>` and `gpus <N>` (the
 #   character devices /dev/nvidia<k>).
 # MODE=install: make DIRS (0755) and SECRET_DIR (0700); write every file the arguments name, as
 #   PATH MODE BASE64 triples; write the munge key KEY_B64 (base64) to KEY_FILE, 0400; then, with
@@ -18,6 +18,10 @@ probe)
     mkdir -p "$TOOLS_DIR" || exit 1
     printf %s "$STANDIN" | base64 -d > "$TOOLS_DIR/gpu-standin.sh" || exit 1
     sh "$TOOLS_DIR/gpu-standin.sh" || exit 3
+  fi
+  # a machine of its own installs the packages at its first boot (cloud-init): wait for that to end
+  if [ -d /run/cloud-init ] && command -v cloud-init >/dev/null 2>&1; then
+    cloud-init status --wait >/dev/null 2>&1 || true
   fi
   command -v slurmd >/dev/null 2>&1 || { echo "error: slurmd is not installed on $(uname -n)"; exit 4; }
   echo "size $(slurmd -C | head -n 1)"

@@ -15,6 +15,7 @@ Nothing here prints: progress goes to ``report``; a node's failure is a SlurmErr
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ def probe(link: Link, nodes: Sequence[Node], layout: Layout, standin_gpus: int =
           timeout: float = 60) -> dict[str, Probe]:
     """Each node's size, Slurm release and GPU count (``standin_gpus``: make that many stand-ins first)."""
     script = nodescript.probe_script(layout, standin_gpus).encode()
-    result = run_on_nodes(link, nodes, "sh -s", timeout=timeout, stdin_data=script)
+    result = run_on_nodes(link, nodes, root_shell(link), timeout=timeout, stdin_data=script)
     for failed in result.failed():
         raise _failure("the Slurm probe failed", failed)
     probes = {r.node: parse_probe(r.node, r.stdout) for r in result.results}
@@ -69,28 +70,42 @@ def probe(link: Link, nodes: Sequence[Node], layout: Layout, standin_gpus: int =
     return probes
 
 
+def root_shell(link: Link) -> str:
+    """The remote shell that runs a node program as root: ``sh -s``, with ``sudo -n`` for another user."""
+    return "sh -s" if link.record.user == "root" else "sudo -n sh -s"
+
+
 def install(link: Link, settings: SlurmSettings, key: bytes, *, standin_gpus: int = 0, timeout: float = 60,
-            report: Reporter = silent) -> None:
-    """Files, key and start scripts on every node; the leader's daemons first, then the others'."""
+            report: Reporter = silent, only: Sequence[str] | None = None, boot_hook: str | None = None,
+            start: bool = True) -> None:
+    """Files, key and start scripts on every node (``only``: these); the leader's daemons first, then the
+    others'.  ``boot_hook``: where a local node's boot finds its start script; ``start``: False writes the
+    files only (a new slurm.conf before ``scontrol reconfigure``)."""
     files = conf_files(settings)
     record = link.record
     compute = set(settings.node_names)
     nodes = [n for n in record.ordered_nodes() if n.name in compute or n.name == settings.controller]
+    if only is not None:
+        nodes = [n for n in nodes if n.name in set(only)]
 
     def script(node: Node) -> bytes:
-        start = nodescript.start_script_text(settings.layout, node.name, controller=node.name == settings.controller,
-                                             compute=node.name in compute, standin=standin_gpus > 0)
-        return nodescript.install_script(settings.layout, files, key, start, start=True,
-                                         standin_gpus=standin_gpus if node.name in compute else 0).encode()
+        start_text = nodescript.start_script_text(settings.layout, node.name,
+                                                  controller=node.name == settings.controller,
+                                                  compute=node.name in compute, standin=standin_gpus > 0,
+                                                  slurm_user=settings.slurm_user)
+        return nodescript.install_script(settings.layout, files, key, start_text, start=start,
+                                         standin_gpus=standin_gpus if node.name in compute else 0,
+                                         boot_hook=boot_hook).encode()
 
     leader = [n for n in nodes if n.name == settings.controller]
     for group, what in ((leader, "slurmctld"), ([n for n in nodes if n not in leader], "slurmd")):
         if not group:
             continue
-        result = run_on_nodes(link, group, "sh -s", timeout=timeout, stdin_data=script)
+        result = run_on_nodes(link, group, root_shell(link), timeout=timeout, stdin_data=script)
         for failed in result.failed():
-            raise _failure("Slurm did not start", failed)
-        report(f"slurm: {what} started on {nodeset.fold([n.name for n in group])}")
+            raise _failure("Slurm did not start" if start else "Slurm's files were not written", failed)
+        if start:
+            report(f"slurm: {what} started on {nodeset.fold([n.name for n in group])}")
 
 
 def slurm_command(layout: Layout, argv: Sequence[str]) -> str:
@@ -111,28 +126,35 @@ def node_states(link: Link, layout: Layout, timeout: float = 30) -> list[slurmte
 
 def wait_idle(link: Link, settings: SlurmSettings, timeout: float = 60) -> list[slurmtext.SinfoNode]:
     """Until every compute node is idle in sinfo (registered, responding, not drained)."""
+    return wait_names_idle(link, settings.layout, settings.node_names, settings.controller, timeout)
+
+
+def wait_names_idle(link: Link, layout: Layout, names: Sequence[str], controller: str,
+                    timeout: float = 60) -> list[slurmtext.SinfoNode]:
+    """Until each Slurm node of ``names`` is idle in sinfo (asked on the leader)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            nodes = node_states(link, settings.layout)
+            nodes = node_states(link, layout)
         except SlurmError:
             nodes = []  # slurmctld may not answer for its first moments
         by_name = {n.name: n for n in nodes}
-        waiting = [name for name in settings.node_names if not (name in by_name and by_name[name].idle)]
+        waiting = [name for name in names if not (name in by_name and by_name[name].idle)]
         if not waiting:
             return nodes
         if time.monotonic() > deadline:
-            raise _not_idle(settings, waiting, by_name)
+            raise _not_idle(layout, controller, waiting, by_name)
         time.sleep(POLL)
 
 
-def _not_idle(settings: SlurmSettings, waiting: list[str], by_name: dict[str, slurmtext.SinfoNode]) -> SlurmError:
+def _not_idle(layout: Layout, controller: str, waiting: list[str],
+              by_name: dict[str, slurmtext.SinfoNode]) -> SlurmError:
     first = waiting[0]
     seen = by_name.get(first)
     what = f"{seen.state}{seen.flags} ({seen.reason})" if seen else "not listed by sinfo (slurmctld did not answer)"
     return SlurmError(f"{nodeset.fold(waiting)} not idle in Slurm: {first} is {what}",
-                      hint=f"see {settings.layout.log_file('slurmd')} on {first} and "
-                           f"{settings.layout.log_file('slurmctld')} on {settings.controller}")
+                      hint=f"see {layout.log_file('slurmd')} on {first} and "
+                           f"{layout.log_file('slurmctld')} on {controller}")
 
 
 def check_srun(link: Link, settings: SlurmSettings, timeout: float = 60) -> None:
@@ -145,19 +167,21 @@ def check_srun(link: Link, settings: SlurmSettings, timeout: float = 60) -> None
 
 def setup(link: Link, key: bytes, *, layout: Layout | None = None, leader_compute: bool = True,
           standin_gpus: int = 0, cgroups: bool = False, slurm_user: str = "root", timers: Timers | None = None,
-          timeout: float = 120, report: Reporter = silent) -> SlurmSettings:
+          timeout: float = 120, report: Reporter = silent, boot_hook: str | None = None,
+          probe_timeout: float = 60) -> SlurmSettings:
     """Slurm on the cluster ``link`` reaches: returns its settings once every node is idle and srun works."""
     layout = layout or private_layout()
     record = link.record
     compute = {n.name for n in compute_nodes(record, leader_compute)}
     nodes = [n for n in record.ordered_nodes() if n.name in compute or n.is_leader]
-    probes = {p.node: p for p in probe(link, nodes, layout, standin_gpus).values()}
+    probes = {p.node: p for p in probe(link, nodes, layout, standin_gpus, timeout=probe_timeout).values()}
     sizes = {name: (p.size, p.gpus) for name, p in probes.items()}
     settings = settings_for(record, sizes, layout, leader_compute=leader_compute, cgroups=cgroups,
                             slurm_user=slurm_user, timers=timers)
     release = slurmtext.release_text(next(iter(probes.values())).version)
+    settings = dataclasses.replace(settings, release=release)
     report(f"slurm {release}: {len(settings.nodes)} node(s) {settings.hostlist} in partition {settings.partition}")
-    install(link, settings, key, standin_gpus=standin_gpus, report=report)
+    install(link, settings, key, standin_gpus=standin_gpus, report=report, boot_hook=boot_hook)
     deadline = time.monotonic() + timeout
     wait_idle(link, settings, timeout)
     check_srun(link, settings, max(10.0, deadline - time.monotonic()))
@@ -168,7 +192,8 @@ def setup(link: Link, key: bytes, *, layout: Layout | None = None, leader_comput
 def stop(link: Link, layout: Layout, nodes: Sequence[Node] | None = None, timeout: float = 60) -> list[str]:
     """Stop slurmd, slurmctld and munged where they run (pid files); returns what is left running."""
     targets = list(nodes) if nodes is not None else link.record.ordered_nodes()
-    result = run_on_nodes(link, targets, "sh -s", timeout=timeout, stdin_data=nodescript.stop_script(layout).encode())
+    result = run_on_nodes(link, targets, root_shell(link), timeout=timeout,
+                          stdin_data=nodescript.stop_script(layout).encode())
     left = [f"{r.node}: {line[len('left '):]}" for r in result.results for line in r.stdout.splitlines()
             if line.startswith("left ")]
     return left + [f"{r.node}: {r.reason}" for r in result.failed()]

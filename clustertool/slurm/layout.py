@@ -27,6 +27,9 @@ class Layout:
     munge_dir: str   # the key (0400) and munged's seed, in a 0700 folder
     munge_socket: str  # munged's socket; its folder must be 0755 and every parent searchable by all
     tools_dir: str   # clustertool's node scripts: start.sh (what boot runs), gpu-standin.sh
+    # what starts the daemons at boot: "script" (start.sh, from the local node's boot hook) or "systemd"
+    # (the distribution's units, enabled by start.sh: a machine of its own)
+    service: str = "script"
 
     @property
     def slurm_conf(self) -> str:
@@ -73,7 +76,8 @@ def private_layout(home: str = "/root") -> Layout:
 
 
 def system_layout() -> Layout:
-    """The paths Debian's, Ubuntu's and Amazon Linux's packages use (systemd units start the daemons)."""
+    """The paths Debian's and Ubuntu's packages use (their systemd units start the daemons; pid files in /run,
+    where the units look)."""
     return Layout(conf_dir="/etc/slurm", state_dir="/var/spool/slurmctld", spool_dir="/var/spool/slurmd",
-                  log_dir="/var/log/slurm", run_dir="/run/slurm", munge_dir="/etc/munge",
-                  munge_socket="/run/munge/munge.socket.2", tools_dir="/etc/slurm/clustertool")
+                  log_dir="/var/log/slurm", run_dir="/run", munge_dir="/etc/munge",
+                  munge_socket="/run/munge/munge.socket.2", tools_dir="/etc/slurm/clustertool", service="systemd")

@@ -45,8 +45,12 @@ def _start_line(name: str, argv: Sequence[str], layout: Layout) -> list[str]:
     ]
 
 
-def start_script_text(layout: Layout, node: str, *, controller: bool, compute: bool, standin: bool) -> str:
-    """The node's start script: what setup runs, and what the node's boot runs again."""
+def start_script_text(layout: Layout, node: str, *, controller: bool, compute: bool, standin: bool,
+                      slurm_user: str = "root") -> str:
+    """The node's start script: what setup runs, and what the node's boot runs again (a systemd layout:
+    the distribution's units, enabled, which systemd starts at boot)."""
+    if layout.service == "systemd":
+        return _systemd_start_text(layout, node, controller=controller, compute=compute, slurm_user=slurm_user)
     run = shlex.quote(layout.run_dir)
     lines = [
         "#!/bin/sh",
@@ -67,16 +71,49 @@ def start_script_text(layout: Layout, node: str, *, controller: bool, compute: b
     return "\n".join(lines) + "\n"
 
 
+def _systemd_start_text(layout: Layout, node: str, *, controller: bool, compute: bool, slurm_user: str) -> str:
+    """Debian's and Ubuntu's units: munge, slurmctld (controller), slurmd (compute, as ``node``), enabled so
+    that systemd starts them at every boot; restarted now (they read the new key and config)."""
+    key, user = shlex.quote(layout.munge_key), shlex.quote(slurm_user)
+    lines = [
+        "#!/bin/sh",
+        f"# Slurm on {node}, written by clustertool: the distribution's systemd units, enabled (they start at boot)",
+        "set -e",
+        f"chown munge:munge {key} 2>/dev/null || true",
+        "systemctl enable munge >/dev/null 2>&1 && systemctl restart munge",
+    ]
+    if controller:
+        lines += [f"chown -R {user}: {shlex.quote(layout.state_dir)} {shlex.quote(layout.log_dir)}",
+                  "systemctl enable slurmctld >/dev/null 2>&1 && systemctl restart slurmctld"]
+    if compute:
+        lines += [f"echo {shlex.quote('SLURMD_OPTIONS=' + shlex.join(['-N', node]))} > /etc/default/slurmd",
+                  "systemctl enable slurmd >/dev/null 2>&1 && systemctl restart slurmd"]
+    lines.append("echo started")
+    return "\n".join(lines) + "\n"
+
+
+def boot_hook_text(layout: Layout) -> str:
+    """A local node's boot.d entry: its start script again, at every boot (output in the log folder)."""
+    log = shlex.quote(f"{layout.log_dir}/start.log")
+    return f"#!/bin/sh\n# Slurm's daemons, started again at every boot of the node (clustertool)\n" \
+           f"exec sh {shlex.quote(layout.start_script)} >> {log} 2>&1\n"
+
+
 def install_script(layout: Layout, files: dict[str, str], key: bytes, start_text: str, *, start: bool,
-                   standin_gpus: int = 0) -> str:
-    """Folders, config files, the start script (and stand-in script), the munge key; then start."""
+                   standin_gpus: int = 0, boot_hook: str | None = None) -> str:
+    """Folders, config files, the start script (and stand-in script, and ``boot_hook``: the file a local
+    node's boot runs), the munge key; then start."""
     triples: list[str] = []
     for name, text in files.items():
         triples += [f"{layout.conf_dir}/{name}", "0644", _b64(text)]
     triples += [layout.start_script, "0755", _b64(start_text)]
+    if boot_hook:
+        triples += [boot_hook, "0755", _b64(boot_hook_text(layout))]
     if standin_gpus:
         triples += [layout.standin_script, "0755", _b64(standin_text(standin_gpus))]
     dirs = [layout.conf_dir, layout.state_dir, layout.spool_dir, layout.log_dir, layout.tools_dir]
+    if boot_hook:
+        dirs.append(boot_hook.rsplit("/", 1)[0])
     return shell_script("slurm_node", args=triples, MODE="install", TOOLS_DIR=layout.tools_dir,
                         DIRS=" ".join(dirs), SECRET_DIR=layout.munge_dir, KEY_FILE=layout.munge_key,
                         KEY_B64=munge.key_b64(key), START="1" if start else "0", START_SCRIPT=layout.start_script)

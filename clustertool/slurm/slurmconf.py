@@ -87,6 +87,7 @@ class SlurmSettings:
     cgroups: bool = False      # real cgroups (proctrack/cgroup, task/cgroup): machines of their own
     slurm_user: str = "root"   # who slurmctld runs as ("slurm" where the packages made that user)
     timers: Timers = field(default_factory=Timers)
+    release: str = ""          # what every node's slurmd -V said (set by bringup.setup)
 
     @property
     def node_names(self) -> list[str]:
