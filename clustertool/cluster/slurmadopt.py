@@ -77,6 +77,7 @@ def adopt(session: ClusterSession, slots: int | None = None) -> SlurmInfo:
         if address in {login.address, login.reach_host} or node_info.name in own[:1]:
             names[login.name] = node_info.name  # the login node computes too
             computes.append(login.name)
+            login.slots = slots or gpus_of(node_info.gres) or login.slots
             continue
         index = len(cluster.nodes) + 1
         node = Node(f"node-{index}", index, address, role=MEMBER, slots=slots or gpus_of(node_info.gres) or 1,

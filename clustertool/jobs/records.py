@@ -166,8 +166,8 @@ def take_slurm(job: JobRecord, doc: dict, info: SlurmInfo | None) -> None:
         job.nodes = [n for n in dict.fromkeys([*job.nodes, *ours])]
     job.attempts = [{k: a.get(k) for k in ("attempt", "start", "end", "code", "cause")}
                     for a in doc.get("attempts") or [] if isinstance(a, dict)]
-    if job.state == "running" and doc.get("state", "PENDING") in ("PENDING", "REQUEUED", "CONFIGURING"):
-        job.state = "pending"  # (its waiter has not written yet: it was just queued)
+    if job.state in ("running", "pending"):  # (no state written yet: it was just queued)
+        job.state = "pending" if doc.get("state", "PENDING") in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
 
 
 def _b64_json(text: str) -> Any:

@@ -248,7 +248,9 @@ def submit(session: ClusterSession, found: SlurmInfo, job: JobRecord, plan: JobP
             "batch.sh": slurmbatch.batch_script(batch),
             "slurmjob.py": waiter_program(found, cluster, batch).decode()},
         before_start=[f'id=$({shlex.join(argv)}) || {{ echo "sbatch refused the job: $id" >&2; exit 3; }}',
-                      'id=${id%%;*}; echo "$id" > "$d/slurm_id"; echo "slurm_id=$id"'])
+                      'id=${id%%;*}; echo "$id" > "$d/slurm_id"; echo "slurm_id=$id"',
+                      # the leader's record names Slurm's job too (another home that reads it follows the same)
+                      'sed -i "s/\"slurm\": null/\"slurm\": {\"id\": \"$id\"}/" "$d/job.json"'])
     result = run_on_node(session, cluster.leader, "sh -s", timeout=60, stdin_data=script.encode())
     said = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
     if not result.ok or not said.get("slurm_id", "").isdigit():
