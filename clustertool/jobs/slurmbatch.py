@@ -31,6 +31,7 @@ OUT = "$CT_OUT"  # the attempt's output folder, set by the script (the first att
 NNODES = "$SLURM_NNODES"  # the allocation's node count (a step of one task per node says so: srun takes
 # SLURM_NTASKS, the job's ranks, from the batch environment otherwise)
 PER_NODE = ["srun", f"--nodes={NNODES}", f"--ntasks={NNODES}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+STEP_ENV = "CLUSTERTOOL_SLURM_STEP"  # marks the step's processes (and nothing else) for the cleanup after it
 DYNAMIC = ("MASTER_ADDR", "MASTER_PORT", "CLUSTERTOOL_NODE_IPS")  # known only once the job runs
 # The SLURM_* variables a node launcher's ranks keep: the task-level ones (SLURM_NTASKS, SLURM_PROCID ...)
 # describe the agents, one per node, and would mislead a script that reads them (Lightning, for one)
@@ -53,6 +54,7 @@ class BatchJob:
     restart_codes: Sequence[int] | None = None
     agent_files: dict[str, str] = field(default_factory=dict)  # file name in the job folder -> text
     fallback_port: int = 29500
+    cleanup: bool = True  # after the step: stop what it left on every node (cleanup_program)
 
 
 def _b64(text: str) -> str:
@@ -82,8 +84,11 @@ def _addresses(job: BatchJob) -> list[str]:
 
 
 def _environment(job: BatchJob) -> list[str]:
-    lines = [f"export {JOB_ENV}={shlex.quote(job.job_id)}", 'export CLUSTERTOOL_RESTART_COUNT="$k"']
+    """What the step inherits (the job's marker, CLUSTERTOOL_JOB, only the step itself: see ``_cleanup``)."""
+    lines = ['export CLUSTERTOOL_RESTART_COUNT="$k"']
     for key, value in job.env.items():
+        if key == JOB_ENV:
+            continue
         if not VAR_RE.match(key):
             raise ValueError(f"not a variable name: {key!r}")
         lines.append(f"export {key}={shlex.quote(value)}")
@@ -115,6 +120,35 @@ def _agent_step(job: BatchJob) -> list[str]:
             f"{args} || {{ echo 'clustertool: could not put the job agent on every node' >&2; exit 1; }}"]
 
 
+def cleanup_program(job_id: str, tenths: int = 20) -> str:
+    """Stop, on this node, every process the step's marker (``STEP_ENV``) names: TERM, then KILL after
+    ``tenths`` tenths of a second.  Only the step's processes carry it: not this program, not the batch
+    script, and not the leader's waiter (whose CLUSTERTOOL_JOB marker `jobs` reads)."""
+    marker = shlex.quote(f"{STEP_ENV}={job_id}")
+    find = f"grep -l -a -z -x {marker} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3"
+    return "\n".join([
+        f"left() {{ for p in $({find}); do [ \"$p\" != $$ ] && echo \"$p\"; done; }}",
+        "first=$(left)",
+        '[ -z "$first" ] && exit 0',
+        "# shellcheck disable=SC2086  # a list of pids",
+        "kill -TERM $first 2>/dev/null",
+        f'i=0; while [ $i -lt {int(tenths)} ] && [ -n "$(left)" ]; do sleep 0.1; i=$((i + 1)); done',
+        "rest=$(left)",
+        "# shellcheck disable=SC2086  # a list of pids",
+        '[ -n "$rest" ] && kill -KILL $rest 2>/dev/null',
+        'echo "stopped $(echo $first | wc -w) process(es) the step left on $(uname -n)"',
+    ]) + "\n"
+
+
+def _cleanup(job: BatchJob) -> list[str]:
+    """After the step, on every node of the allocation: what is left of the step's processes (a rank's own
+    children outlive it where Slurm tracks processes by their parents, proctrack/linuxproc) is stopped."""
+    if not job.cleanup:
+        return []
+    return [f"cleanup={shlex.quote(cleanup_program(job.job_id))}",
+            f'{step_line(PER_NODE)} sh -c "$cleanup" >> "$d/cleanup.out" 2>&1 || true']
+
+
 def _restart(job: BatchJob) -> list[str]:
     """A failed attempt requeues the job while fewer than ``restarts`` attempts failed (exit codes kept)."""
     codes = " ".join(str(c) for c in job.restart_codes or ())
@@ -139,7 +173,9 @@ def batch_script(job: BatchJob) -> str:
         "#!/bin/sh",
         f"# clustertool job {job.job_id} through Slurm (written by clustertool): run on the allocation's first node",
         f"d={shlex.quote(job.job_dir)}",
+        # the job's folder exists on the leader only: Slurm's --output there would fail the launch elsewhere
         'mkdir -p "$d" || exit 1',
+        'exec >> "$d/batch.out" 2>&1',
         "k=${SLURM_RESTART_COUNT:-0}",
         f"CT_OUT={shlex.quote(job.output_dir)}",
         '[ "$k" -gt 0 ] && CT_OUT="$CT_OUT/attempt.$k"',
@@ -150,11 +186,14 @@ def batch_script(job: BatchJob) -> str:
         'echo "clustertool: Slurm job $SLURM_JOB_ID, attempt $((k + 1)), on $SLURM_JOB_NODELIST (master $MASTER_ADDR)"',
         *_agent_step(job),
         # the step's lines reach the batch output as they come; its code is kept beside them
-        f'{{ {step_line(job.step)}; echo $? > "$d/step.$k.rc"; }} 2>&1 | tee "$d/step.$k.out"',
+        f'{{ env {JOB_ENV}={shlex.quote(job.job_id)} {STEP_ENV}={shlex.quote(job.job_id)} {step_line(job.step)}; '
+        'echo $? > "$d/step.$k.rc"; } 2>&1 '
+        '| tee "$d/step.$k.out"',
         'code=$(cat "$d/step.$k.rc" 2>/dev/null || echo 1)',
         # srun ends the other tasks when one fails: the job's code is that first one's, not theirs (143)
         'first=$(sed -n "s/.* task [0-9]*: Exited with exit code \\([0-9]*\\).*/\\1/p" "$d/step.$k.out" | head -n 1)',
         '[ "$code" != 0 ] && [ -n "$first" ] && code=$first',
+        *_cleanup(job),
         *(_restart(job) if job.restarts else []),
         'exit "$code"',
     ]

@@ -101,7 +101,8 @@ def _model_view(cluster: ClusterRecord, model: tuple[Node, ...]) -> ClusterRecor
 
 def make_plan(cluster: ClusterRecord, where: Placement, request: RunRequest, job_id: str, home: str) -> JobPlan:
     opts = dataclasses.replace(request.mpi_options(), allocation=True)
-    plan = plan_job(_model_view(cluster, where.model), list(where.model), opts, job_id,
+    view = _model_view(cluster, where.model)
+    plan = plan_job(view, list(view.nodes), opts, job_id,
                     sync=request.sync.target() if request.sync is not None else None)
     return plan.with_facts(home)
 
@@ -111,7 +112,7 @@ def batch_job(cluster: ClusterRecord, found: SlurmInfo, plan: JobPlan, request: 
     """What the batch script runs: mpirun inside the allocation, or the job agent on each node."""
     job_dir = f"{home}/{JOBS_DIR}/{plan.job_id}"
     static = {k: v for k, v in plan.options.rank_env.items() if k not in slurmbatch.DYNAMIC}
-    passed = list(slurmbatch.DYNAMIC)
+    passed = [*slurmbatch.DYNAMIC, slurmbatch.STEP_ENV]  # mpirun -x: its ranks carry the step's marker too
     opts = dataclasses.replace(plan.options, rank_env=static, env=[*plan.options.env, *passed],
                                output_dir=slurmbatch.OUT, hostfile=None)
     env, bare = _split(env_items(opts))
@@ -144,12 +145,12 @@ def _split(items: list[str]) -> tuple[dict[str, str], list[str]]:
 
 def sbatch_spec(found: SlurmInfo, where: Placement, plan: JobPlan, job_dir: str, after: str | None,
                 workdir: str) -> slurmcmd.BatchSpec:
-    extra = ["--overcommit", "--open-mode=append"] + ([f"--gres=gpu:{found.gpus}"] if found.gpus else [])
+    extra = ["--overcommit"] + ([f"--gres=gpu:{found.gpus}"] if found.gpus else [])
     return slurmcmd.BatchSpec(script=f"{job_dir}/batch.sh", nodes=where.count,
                               ntasks_per_node=max(c for _, c in plan.layout),
                               nodelist=found.slurm_names(where.nodelist),
                               exclude=found.slurm_names(where.exclude), job_name=plan.job_id,
-                              output=f"{job_dir}/batch.out", chdir=workdir, requeue=True,
+                              output="/dev/null", chdir=workdir, requeue=True,  # the script writes batch.out
                               partition=found.partition, dependency=f"afterany:{after}" if after else None,
                               extra=tuple(extra))
 

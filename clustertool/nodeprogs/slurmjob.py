@@ -143,7 +143,7 @@ class Waiter:
         doc["user"] = fields.get("UserId", doc["user"]).split("(", 1)[0]
         if restarts > doc["restarts"] or state in REQUEUED:
             self.close_attempt(attempt_codes(fields), reason)
-        if state in ("RUNNING", "COMPLETING") or state in FINAL:
+        if state == "RUNNING" or state in FINAL:  # (COMPLETING: a run ending, perhaps before a requeue)
             self.open_attempt(fields, restarts)
         if state == "PENDING" and (state, reason) != (doc["state"], doc["reason"]) and reason != "None":
             self.say(f"pending ({reason})")
@@ -181,7 +181,8 @@ class Waiter:
             self.say(f"attempt {last['attempt']} failed with exit code {last['code']}: requeued")
         else:
             last["cause"] = "node failure"
-            self.say(f"attempt {last['attempt']}: a node failed ({reason}); Slurm requeued the job")
+            why = f" ({reason})" if reason not in ("None", "BeginTime", "") else ""
+            self.say(f"attempt {last['attempt']}: a node failed{why}; Slurm requeued the job")
 
     def finish(self, fields):
         doc = self.doc

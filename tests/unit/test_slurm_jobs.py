@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -82,8 +83,9 @@ def test_the_jobs_exit_code_is_the_first_failing_ranks_not_the_143_of_the_tasks_
     said = ("srun: error: node-2: task 1: Exited with exit code 7\n"
             "srun: error: node-1: task 0: Exited with exit code 143\n")
     done = _run_script(tmp_path, slurmbatch.batch_script(job()), said, 143)
-    assert done.returncode == 7, done.stdout + done.stderr
-    assert "master 10.213.7.1" in done.stdout
+    said = (tmp_path / "job" / "batch.out").read_text()  # the script keeps its own output in the job's folder
+    assert done.returncode == 7, said
+    assert "master 10.213.7.1" in said and "task 1: Exited with exit code 7" in said
 
 
 def test_a_failed_attempt_requeues_the_job_while_restarts_are_left_and_keeps_its_code(tmp_path):
@@ -110,9 +112,33 @@ def test_no_requeue_once_the_restarts_are_used_or_the_job_was_killed(tmp_path):
 def test_a_node_launchers_step_starts_one_agent_per_node_after_putting_its_files_there():
     text = slurmbatch.batch_script(job(node_launcher=True, step=slurmbatch.agent_step("/root/j"),
                                        agent_files={"jobagent.py": "print(1)\n", "agent.json": "{}"}))
-    lines = [ln for ln in text.splitlines() if ln.startswith("srun") or ln.startswith("{ srun")]
-    assert len(lines) == 2 and all('--ntasks="$SLURM_NNODES" --ntasks-per-node=1' in ln for ln in lines)
+    lines = [ln for ln in text.splitlines() if "srun " in ln]  # the files, the agents, the cleanup after them
+    assert len(lines) == 3 and all('--ntasks="$SLURM_NNODES" --ntasks-per-node=1' in ln for ln in lines)
     assert "python3 /root/j/jobagent.py" in lines[1]
+    assert lines[1].startswith("{ env CLUSTERTOOL_JOB=j1128-abc123 CLUSTERTOOL_SLURM_STEP=j1128-abc123 srun")
+    assert "export CLUSTERTOOL_JOB" not in text  # only the step carries the job's marker (the cleanup finds it)
+
+
+def test_what_a_step_leaves_behind_is_stopped_on_every_node_by_the_steps_own_marker(tmp_path):
+    text = slurmbatch.batch_script(job())
+    assert 'srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c ' \
+           '"$cleanup" >> "$d/cleanup.out" 2>&1 || true' in text
+    assert text.index('sh -c "$cleanup"') < text.index('exit "$code"')
+    assert "export CLUSTERTOOL_SLURM_STEP" not in text  # this script never carries the marker itself
+    # the program: a marked process (with a child that ignores TERM) is stopped, an unmarked one is not
+    marked = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60 & wait"],
+                              env={"PATH": "/usr/bin:/bin", slurmbatch.STEP_ENV: "j1128-abc123"})
+    other = subprocess.Popen(["sleep", "60"], env={"PATH": "/usr/bin:/bin", slurmbatch.STEP_ENV: "j1128-zzz"})
+    try:
+        time.sleep(0.3)
+        done = subprocess.run(["sh", "-c", slurmbatch.cleanup_program("j1128-abc123", tenths=5)],
+                              capture_output=True, text=True, timeout=30)
+        assert "stopped 2 process(es) the step left" in done.stdout, done.stdout + done.stderr
+        assert marked.wait(timeout=10) != 0 and other.poll() is None
+    finally:
+        other.kill()
+        marked.kill()
+        other.wait()
 
 
 def test_slurm_picks_the_nodes_among_those_not_cordoned_and_np_becomes_a_node_count():
@@ -135,7 +161,7 @@ def test_nodes_named_by_the_user_are_slurms_nodelist_and_must_be_slurm_nodes():
         slurmrun.placement(record, found, RunRequest.of("x"), [record.node("node-1")])
 
 
-def test_sbatch_takes_whole_nodes_every_gpu_appends_requeues_and_waits_for_after():
+def test_sbatch_takes_whole_nodes_every_gpu_requeues_and_waits_for_after():
     record = cluster(4, 2, cordoned=("node-4",))
     found = info(record)
     request = RunRequest.of("python3 t.py", np=4, launcher="process")
@@ -146,8 +172,7 @@ def test_sbatch_takes_whole_nodes_every_gpu_appends_requeues_and_waits_for_after
 
     argv = sbatch_argv(spec)
     for word in ("--nodes=2", "--ntasks-per-node=2", "--exclude=node-4", "--exclusive", "--requeue",
-                 "--gres=gpu:2", "--open-mode=append", "--dependency=afterany:41", "--partition=workers",
-                 "--output=/root/.clustertool/jobs/j1128-abc123/batch.out"):
+                 "--gres=gpu:2", "--dependency=afterany:41", "--partition=workers", "--output=/dev/null"):
         assert word in argv, (word, argv)
     assert argv[-1] == "/root/.clustertool/jobs/j1128-abc123/batch.sh"
 
@@ -223,6 +248,7 @@ def test_the_waiter_follows_a_queued_job_to_its_end_and_releases_a_requeue_at_on
 
 def test_a_node_death_is_a_requeue_without_a_code_and_a_short_job_seen_only_ended_still_has_its_nodes(tmp_path):
     module, _ = waiter_module(tmp_path, [line("RUNNING", nodes="node-[1-2]"),
+                                         line("COMPLETING", restarts=1, nodes="node-2"),
                                          line("PENDING", "BeginTime", restarts=1),
                                          line("FAILED", restarts=1, nodes="node-[2-3]", code="7:0")])
     assert module.Waiter().run() == 7
