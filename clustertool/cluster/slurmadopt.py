@@ -22,6 +22,7 @@ from clustertool.slurm.layout import DEFAULT_CONF, SLURM_CONF, Layout, system_la
 from clustertool.slurm.slurminfo import SlurmInfo
 
 _GPUS = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
+_AUTH = re.compile(r"^AuthInfo\s*=\s*(.*)$", re.M)
 
 
 def adopting(cluster: ClusterRecord) -> bool:
@@ -49,6 +50,16 @@ def _slurm(session: ClusterSession, layout: Layout, argv: list[str], what: str) 
     return result.stdout
 
 
+def munge_socket(config: str) -> str | None:
+    """``scontrol show config``'s ``AuthInfo = socket=/path,ttl=...``: the site's munged socket (None: the default)."""
+    found = _AUTH.search(config)
+    for item in (found.group(1).split(",") if found else []):
+        key, _, value = item.strip().partition("=")
+        if key == "socket" and value.startswith("/"):
+            return value
+    return None
+
+
 def discover(session: ClusterSession, layout: Layout) -> tuple[list[slurmtext.NodeInfo], str, str]:
     """Every node of the site's Slurm (scontrol's view: address, GRES), its default partition, its release."""
     listed = slurmtext.sinfo_nodes(_slurm(session, layout, slurmcmd.sinfo_nodes_argv(), "sinfo"))
@@ -67,6 +78,9 @@ def adopt(session: ClusterSession, slots: int | None = None) -> SlurmInfo:
     """The login node's Slurm nodes into the record (node-2 ...), not yet wired; returns the Slurm record."""
     cluster = session.record
     layout = layout_of(cluster.options)
+    socket = munge_socket(_slurm(session, layout, ["scontrol", "show", "config"], "scontrol show config"))
+    if socket:  # doctor's munge check asks the site's own munged
+        layout = Layout(**{**layout.__dict__, "munge_socket": socket})
     found, partition, release = discover(session, layout)
     login = cluster.leader
     own = run_on_node(session, login, "hostname -s; hostname -I 2>/dev/null || true", timeout=20).stdout.split()

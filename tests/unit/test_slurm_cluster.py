@@ -206,12 +206,15 @@ def test_adoption_reads_every_node_from_sinfo_and_names_them_after_the_login_nod
                                                "NodeName=gpu-st-2 Arch=x86_64\n   NodeAddr=10.0.1.12 "
                                                "NodeHostName=gpu-st-2\n   Gres=gpu:a100:8\n"))
     fake.on("sinfo -V", Reply(stdout="slurm 23.11.4\n"))
+    fake.on("scontrol show config", Reply(stdout="AccountingStorageType   = (null)\n"
+                                                 "AuthInfo                = socket=/var/run/munge/site.socket,ttl=60\n"))
     fake.on("hostname -s", Reply(stdout="login1\n10.0.0.5\n"))
     found = slurmadopt.adopt(sess)
     assert [(n.name, n.address, n.slots) for n in rec.nodes] == [("node-1", "10.0.0.5", 1), ("node-2", "10.0.1.11", 8),
                                                                 ("node-3", "10.0.1.12", 8)]
     assert (found.partition, found.release, found.made, found.leader_compute) == ("gpu", "23.11.4", False, False)
     assert found.names == {"node-2": "gpu-st-1", "node-3": "gpu-st-2"} and found.hostlist() == "gpu-st-[1-2]"
+    assert found.layout.munge_socket == "/var/run/munge/site.socket"  # the site's munged, for doctor
     assert json.loads(json.dumps(rec.scheduler))["kind"] == "slurm"
     assert not [c for c in fake.calls if "update" in c.command or "slurm.conf" in (c.stdin or "")]  # read only
 
