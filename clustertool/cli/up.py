@@ -52,7 +52,7 @@ def build_up_command() -> click.Command:
                      help="slurm: set Slurm up on the nodes (slurmctld on the leader, slurmd on every worker, one "
                           "private munge key); `run` then goes through its queue (sbatch/srun), cordons are drains. "
                           "See docs/slurm.md."),
-        click.Option(["--no-leader-compute", "leader_compute"], flag_value=False, default=None,
+        click.Option(["--no-leader-compute"], is_flag=True,
                      help="With --scheduler slurm: the leader runs slurmctld only, no jobs."),
         click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
@@ -70,7 +70,7 @@ def build_up_command() -> click.Command:
 def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: int | None, slots: int | None,
         user: str | None, dry_run: bool, no_ssh: bool, json_output: bool, autostop: str | None,
         autodown: bool | None, wait_for: str | None, shared_fs: tuple[str, ...], shared_mount: str | None,
-        scheduler: str | None, leader_compute: bool | None, **options: Any) -> int:
+        scheduler: str | None, no_leader_compute: bool, **options: Any) -> int:
     from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.cluster import lifecycle, spec
@@ -80,7 +80,7 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user,
                  "autostop": autostop, "autodown": autodown, "wait_for": wait_for,
                  "shared_fs": list(shared_fs) or None, "shared_mount": shared_mount, "scheduler": scheduler,
-                 "leader_compute": leader_compute, **options}
+                 "leader_compute": False if no_leader_compute else None, **options}
     request = UpRequest(spec.load_spec(spec_file, overrides), dry_run=dry_run, no_ssh=no_ssh)
     result = lifecycle.up(request, report=reporter(json_output))
     if dry_run:
