@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.model import Node
-from clustertool.doctor.findings import CheckResult
+from clustertool.doctor.findings import CheckResult, Finding
 from clustertool.slurm import bringup, slurmcmd, slurminfo, slurmtext
 
 WAIT_S = 60.0
@@ -63,11 +63,13 @@ def held(session: ClusterSession, nodes: list[Node], what: str, wait_s: float = 
         bringup.run_slurm(session, session.record.leader, found.layout, slurmcmd.scancel_argv([job]), timeout=30)
 
 
-def inside(session: ClusterSession, nodes: list[Node], name: str, check: Callable[[], CheckResult]) -> CheckResult:
+def inside(session: ClusterSession, nodes: list[Node], name: str,
+           check: Callable[[], CheckResult | list[Finding]]) -> CheckResult:
     """``check`` inside an allocation of ``nodes`` (skipped, saying why, when Slurm does not give them)."""
     try:
         with held(session, nodes, name) as job:
-            result = check()
+            found = check()
+            result = found if isinstance(found, CheckResult) else CheckResult(name, list(found))
             if job is not None:
                 result.data = {**result.data, "slurm_hold": job}
             return result

@@ -206,8 +206,8 @@ def test_adoption_reads_every_node_from_sinfo_and_names_them_after_the_login_nod
                                                "NodeName=gpu-st-2 Arch=x86_64\n   NodeAddr=10.0.1.12 "
                                                "NodeHostName=gpu-st-2\n   Gres=gpu:a100:8\n"))
     fake.on("sinfo -V", Reply(stdout="slurm 23.11.4\n"))
-    fake.on("scontrol show config", Reply(stdout="AccountingStorageType   = (null)\n"
-                                                 "AuthInfo                = socket=/var/run/munge/site.socket,ttl=60\n"))
+    fake.on("scontrol show config", Reply(stdout="AccountingStorageType = (null)\n"
+                                                 "AuthInfo = socket=/var/run/munge/site.socket,ttl=60\n"))
     fake.on("hostname -s", Reply(stdout="login1\n10.0.0.5\n"))
     found = slurmadopt.adopt(sess)
     assert [(n.name, n.address, n.slots) for n in rec.nodes] == [("node-1", "10.0.0.5", 1), ("node-2", "10.0.1.11", 8),
