@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from clustertool.workloads import node_python
 from tests.conftest import run_cli
 from tests.local.conftest import module_cluster, stop_node_sshd, torch_teardown_abort
 from tests.local.test_launchers import gone_within, launch_words, needs
@@ -189,10 +190,17 @@ def test_a_cordon_is_a_drain_and_the_drained_node_gets_no_work_until_uncordon(cl
     wait_idle(env, name, ["node-4"])
 
 
-def test_kill_is_scancel_then_nothing_of_the_job_is_left(cluster):
+WAITING = "import time\ndef waiting_here():\n    time.sleep(300)\nwaiting_here()\n"
+
+
+def test_stacks_see_every_rank_and_kill_is_scancel_then_nothing_of_the_job_is_left(cluster, folder):
     name, env = cluster
-    job_id = submit(env, name, "--np", "4", "--launcher", "process", "--", "sleep", "300")
+    (folder / "wait.py").write_text(WAITING)
+    job_id = submit(env, name, "--np", "4", "--launcher", "process", "--", *node_python(), str(folder / "wait.py"))
     wait_for("it runs", lambda: job(env, name, job_id)["state"] == "running")
+    stacks = wait_for("every rank in its function", lambda: (lambda p: p if re.search(
+        r"ranks 0-3 \(node-\[\d-\d\]\): waiting_here", p.stdout) else None)(ct(env, "stacks", "-c", name, job_id)))
+    assert stacks.returncode == 0
     slurm_id = job(env, name, job_id)["slurm"]["id"]
     proc = ct(env, "kill", "-c", name, job_id, "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -55,6 +55,14 @@ def test_the_spec_takes_a_scheduler_and_whether_the_leader_computes():
         load_spec(None, {"provider": "static", "slurm_login": "login1", "scheduler": "slurm"})
 
 
+def test_the_python_api_takes_the_scheduler_as_up_does():
+    from clustertool.api import Cluster
+
+    spec = Cluster._spec(None, {"provider": "local", "nodes": 3, "name": "team", "scheduler": "slurm",
+                                "leader_compute": False})
+    assert (spec.scheduler, spec.leader_compute) == ("slurm", False)
+
+
 def test_a_spec_file_says_scheduler_slurm(tmp_path):
     path = tmp_path / "team.yaml"
     path.write_text("name: team\nnodes: 4\nscheduler: slurm\nleader-compute: false\n")
