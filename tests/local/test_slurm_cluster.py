@@ -210,14 +210,16 @@ def test_stacks_see_every_rank_and_kill_is_scancel_then_nothing_of_the_job_is_le
     assert gone_within(name, job_id, 15) == []
 
 
-def test_run_after_chains_one_job_to_the_end_of_another_however_it_ended(cluster):
+def test_run_after_chains_one_job_to_the_end_of_another_however_it_ended(cluster, folder):
     name, env = cluster
+    release = folder / f"release-{uuid.uuid4().hex[:6]}"
     first = submit(env, name, "--np", "2", "--launcher", "process", "--name", "before", "--", "sh", "-c",
-                   "sleep 3; exit 1")
+                   f"while [ ! -e {release} ]; do sleep 0.2; done; exit 1")
     then = submit(env, name, "--np", "2", "--launcher", "process", "--after", "before", "--", "true")
     waiting = wait_for("the chained job waits", lambda: (lambda j: j if j["slurm"].get("reason") == "Dependency"
-                                                         else None)(job(env, name, then)), timeout=60)
-    assert waiting["state"] == "pending"
+                                                         else None)(job(env, name, then)))
+    assert waiting["state"] == "pending" and job(env, name, first)["state"] in ("pending", "running")
+    release.touch()
     wait_for("both end", lambda: job(env, name, then)["state"] == "succeeded")
     assert job(env, name, first)["state"] == "failed"
     assert job(env, name, then)["slurm"]["attempts"][0]["start"] >= job(env, name, first)["slurm"]["attempts"][0][
