@@ -7,12 +7,15 @@ PY     := $(VENV)/bin/python
 APT_PACKAGES := python3 python3-venv python3-pip python3-dev build-essential make \
 	openssh-server openssh-client iproute2 procps psmisc util-linux \
 	openmpi-bin libopenmpi-dev pdsh rsync tmux iperf3 shellcheck nftables sshfs \
-	prometheus prometheus-node-exporter chromium
-# Debian starts these as system services when they are installed: clustertool starts its own, on the
-# cluster's nodes only (`monitoring enable`), so the machine's are stopped and disabled at once.
-NO_DAEMONS := prometheus prometheus-node-exporter
+	prometheus prometheus-node-exporter chromium slurmd slurmctld slurm-client munge
+# Debian starts (and enables) some of these as system services when it installs them: Prometheus and
+# its node exporter, and munged with the machine's own /etc/munge key. clustertool starts its own, on
+# the cluster's nodes only (`monitoring enable`; each cluster's munged with the cluster's key and socket,
+# clustertool/slurm/), so a service this target brought is stopped and disabled at once (quiet-daemons).
+# slurmd and slurmctld do not start without /etc/slurm/slurm.conf (their units' condition).
+NO_DAEMONS := prometheus prometheus-node-exporter munge slurmd slurmctld
 
-.PHONY: setup apt venv native demo lint test test-fast test-faults bench clean
+.PHONY: setup apt quiet-daemons venv native demo lint test test-fast test-faults bench clean
 
 setup: apt venv
 
@@ -23,13 +26,18 @@ apt:
 	  if [ "$$(id -u)" != 0 ]; then echo "missing packages: $$missing (run as root, or apt-get install them)"; exit 1; fi; \
 	  echo "installing: $$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
-	  for d in $(NO_DAEMONS); do \
-	    case " $$missing " in *" $$d "*) ;; *) continue ;; esac; \
-	    if [ -d /run/systemd/system ]; then systemctl disable --now "$$d" >/dev/null 2>&1; \
-	    elif [ -x "/etc/init.d/$$d" ]; then "/etc/init.d/$$d" stop >/dev/null 2>&1; update-rc.d "$$d" disable >/dev/null 2>&1; fi; \
-	    echo "stopped and disabled the system's $$d service (clustertool starts its own on cluster nodes)"; \
-	  done; \
+	  $(MAKE) --no-print-directory quiet-daemons NEW="$$missing"; \
 	fi
+
+# The system services of NO_DAEMONS that this install brought (NEW): stopped and disabled.
+quiet-daemons:
+	@for unit in $(NO_DAEMONS); do \
+	  case " $(NEW) " in *" $$unit "*) ;; *) continue ;; esac; \
+	  if [ "$$(cat /proc/1/comm 2>/dev/null)" = systemd ]; then systemctl disable --now $$unit >/dev/null 2>&1; \
+	  elif [ -x /etc/init.d/$$unit ]; then /etc/init.d/$$unit stop >/dev/null 2>&1; \
+	    update-rc.d $$unit disable >/dev/null 2>&1; fi; \
+	  echo "stopped and disabled the system's $$unit service (clustertool starts its own on cluster nodes)"; \
+	done; true
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

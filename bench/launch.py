@@ -20,6 +20,16 @@ from that rank's exit to the last process of the job gone from every node (read 
 every node's namespace), for each launcher.
 
     sudo .venv/bin/python bench/launch.py [--nodes 8,32] [--rounds 3] [--json out.json]
+
+--slurm: the Slurm path instead (issue 34).  Two local clusters of each size side by side, one plain and one
+made by `up --scheduler slurm`; in alternating rounds the same mpirun job (`run --follow`) starts on each:
+through sbatch (the job queued, its batch script on the allocation's first node, mpirun inside the
+allocation with its daemons started by srun) and through clustertool's own path (mpirun on the leader over
+ssh).  Ratio: Slurm's median to the mpirun path's.  Then the queue: --queue jobs of one node each (2
+ranks, `true`) submitted at once through the Python API to the first Slurm cluster, drained end to end:
+seconds per job from the first submission to the last job's end, and the submissions alone.
+
+    sudo .venv/bin/python bench/launch.py --slurm [--nodes 8,32] [--rounds 3] [--queue 50]
 """
 
 from __future__ import annotations
@@ -164,6 +174,68 @@ def bench_size(nodes: int, rounds: int, home: str, env: dict) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def slurm_size(nodes: int, rounds: int, env: dict) -> dict:
+    """Job start through sbatch vs the mpirun path, on two clusters of ``nodes`` side by side."""
+    names = {"slurm": f"bs{nodes}", "mpirun": f"bm{nodes}"}
+    sh(CT + ["up", "--provider", "local", "--nodes", str(nodes), "--slots", str(SLOTS), "--name", names["mpirun"]],
+       env)
+    sh(CT + ["up", "--provider", "local", "--nodes", str(nodes), "--slots", str(SLOTS), "--name", names["slurm"],
+             "--scheduler", "slurm"], env)
+    folder = Path(tempfile.mkdtemp(prefix="ct-bench-launch-", dir="/var/tmp"))
+    script = str(folder / "first.py")
+    Path(script).write_text(FIRST)
+    try:
+        times: dict[str, list[float]] = {"sbatch (mpirun in the allocation)": [], "mpirun path": []}
+        for _ in range(rounds):
+            times["sbatch (mpirun in the allocation)"].append(ct_start(names["slurm"], env, "mpirun", script,
+                                                                       nodes * SLOTS))
+            times["mpirun path"].append(ct_start(names["mpirun"], env, "mpirun", script, nodes * SLOTS))
+        return {"start": times}
+    finally:
+        for name in names.values():
+            sh(CT + ["down", "-c", name, "--yes"], env, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+QUEUE_JOB = "from clustertool import Cluster\nimport json, sys, time\n" \
+    "c = Cluster.load(sys.argv[1])\nt0 = time.time()\n" \
+    "ids = [c.run(['true'], launcher='process', np=2).id for _ in range(int(sys.argv[2]))]\n" \
+    "t1 = time.time()\n" \
+    "while any(j.state in ('pending', 'running') for j in c.jobs() if j.id in ids):\n    time.sleep(1)\n" \
+    "jobs = [j for j in c.jobs() if j.id in ids]\n" \
+    "print(json.dumps({'submit_s': t1 - t0, 'drain_s': max(j.record.ended for j in jobs) - t0,\n" \
+    "                  'states': sorted({j.state for j in jobs})}))\n"
+
+
+def slurm_queue(nodes: int, jobs: int, env: dict) -> dict:
+    """``jobs`` one-node jobs submitted at once to a Slurm cluster of ``nodes``, drained end to end."""
+    name = f"bq{nodes}"
+    sh(CT + ["up", "--provider", "local", "--nodes", str(nodes), "--slots", str(SLOTS), "--name", name,
+             "--scheduler", "slurm"], env)
+    try:
+        out = sh([sys.executable, "-c", QUEUE_JOB, name, str(jobs)], env, timeout=3600).stdout
+        found = json.loads(out.strip().splitlines()[-1])
+        if found["states"] != ["succeeded"]:
+            raise SystemExit(f"queue: not every job succeeded: {found['states']}")
+        return {"jobs": jobs, "nodes": nodes, **found}
+    finally:
+        sh(CT + ["down", "-c", name, "--yes"], env, check=False)
+
+
+def slurm_report(results: dict, queue: dict | None, rounds: int) -> None:
+    for nodes, res in results.items():
+        med = {k: statistics.median(v) for k, v in res["start"].items()}
+        base = med["mpirun path"]
+        print(f"\n{nodes} local nodes x {SLOTS} slots, {rounds} alternating rounds, run -> every rank's first line:")
+        print(f"{'path':36} {'median s':>9} {'x mpirun path':>14}")
+        for key, value in med.items():
+            print(f"{key:36} {value:9.2f} {value / base:14.2f}")
+    if queue:
+        print(f"\nqueue: {queue['jobs']} one-node jobs on {queue['nodes']} Slurm nodes: submitted in "
+              f"{queue['submit_s']:.1f} s, drained in {queue['drain_s']:.1f} s: "
+              f"{queue['drain_s'] / queue['jobs']:.2f} s per job")
+
+
 def report(results: dict, rounds: int) -> None:
     for nodes, res in results.items():
         med = {k: statistics.median(v) for k, v in res["start"].items()}
@@ -182,7 +254,11 @@ def main() -> None:
     ap.add_argument("--nodes", default="8,32")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--slurm", action="store_true", help="the Slurm path: sbatch vs mpirun, then the queue")
+    ap.add_argument("--queue", type=int, default=50, help="with --slurm: one-node jobs queued at once (0: none)")
     args = ap.parse_args()
+    if args.slurm:
+        return slurm_main(args)
     if not shutil.which("pdsh"):
         raise SystemExit("pdsh not found: apt-get install pdsh")
     home = Home("ct-bench-launch-")   # a throw-away clustertool home
@@ -195,6 +271,23 @@ def main() -> None:
     report(results, args.rounds)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+def slurm_main(args: argparse.Namespace) -> None:
+    home = Home("ct-bench-launch-slurm-")
+    sizes = [int(x) for x in args.nodes.split(",")]
+    results: dict = {}
+    queue = None
+    try:
+        for n in sizes:
+            results[n] = slurm_size(n, args.rounds, home.env)
+        if args.queue:
+            queue = slurm_queue(sizes[0], args.queue, home.env)
+    finally:
+        home.remove()
+    slurm_report(results, queue, args.rounds)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"start": results, "queue": queue}, indent=2))
 
 
 if __name__ == "__main__":

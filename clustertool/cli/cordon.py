@@ -69,6 +69,8 @@ def _show(result: CordonResult, json_output: bool) -> None:
         typer.echo(f"{name}: {describe(result.cordons[name]) if result.cordons[name] else 'not cordoned'}, unchanged")
     if result.hostfile:
         typer.echo(f"hostfile {result.hostfile} written; the leader's ~/hostfile: {result.leader_hostfile}")
+    if result.slurm:
+        typer.echo(f"slurm: {result.slurm}")
 
 
 def register(app: typer.Typer) -> None:

@@ -120,6 +120,8 @@ def _show_cordon(done: AutoCordon) -> None:
         typer.echo(f"not cordoned {item['node']}: {item['why']}")
     if done.cordoned:
         typer.echo(f"hostfile {done.hostfile} written; the leader's ~/hostfile: {done.leader_hostfile}")
+        if done.slurm:
+            typer.echo(f"slurm: {done.slurm}")
     elif not done.already and not done.skipped:
         typer.echo("cordoned nothing: no node has an error of its own")
 

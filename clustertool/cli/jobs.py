@@ -130,6 +130,9 @@ def run(
         None, "--replace-wait", metavar="TIME",
         help="With --replace-failed: how long the leader waits for the replacement before it stops the job "
              "(default 10m)."),
+    after: Optional[str] = typer.Option(
+        None, "--after", metavar="JOB",
+        help="A Slurm cluster: queue this job now, start it once JOB (id or name) has ended, however it ended."),
     on_preempt_signal: Optional[str] = typer.Option(
         None, "--on-preempt-signal", metavar="SIG",
         help="Spot clusters: the signal every rank gets when a node's spot interruption notice comes (default "
@@ -163,7 +166,7 @@ def run(
         hang_action=hang_action, restarts=restarts, restart_on_exit_codes=parse_exit_codes(restart_on_exit_codes),
         replace_failed=replace_failed, on_preempt_signal=on_preempt_signal,
         replace_wait=parse_duration(replace_wait, "--replace-wait") if replace_wait else None,
-        fusion_mb=fusion_mb, cycle_ms=cycle_ms, timeline=timeline, autotune=autotune)
+        fusion_mb=fusion_mb, cycle_ms=cycle_ms, timeline=timeline, autotune=autotune, after=after)
     session = open_session(cluster, json_output)
     with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
         started = launch.run(session, request, dry_run=dry_run, on_progress=bars.update)
@@ -183,8 +186,12 @@ def run(
         return
     if started.synced is not None:
         render.info(f"synced {sync or '.'} -> {started.synced.dest}: {progress.copy_summary(started.synced)}")
-    sys.stderr.write(f"job {job.id} started on {job.leader} ({job.np} ranks, {job.launcher}, in {job.detached}); "
-                     f"`clustertool logs -f {job.id}`\n")
+    if job.slurm:
+        sys.stderr.write(f"job {job.id} queued in Slurm as job {job.slurm['id']} ({job.np} ranks, {job.launcher}); "
+                         f"`clustertool jobs` shows the queue, `clustertool logs -f {job.id}` follows it\n")
+    else:
+        sys.stderr.write(f"job {job.id} started on {job.leader} ({job.np} ranks, {job.launcher}, in {job.detached}); "
+                         f"`clustertool logs -f {job.id}`\n")
     if follow:
         raise typer.Exit(_follow(session.name, job))
     typer.echo(job.id)
@@ -208,6 +215,9 @@ def _state_text(job: JobRecord) -> str:
         return f"failed ({why or f'exit {job.exit_code}'}{gone})" + _restarted(job)
     if job.state == "lost" and why:
         return f"lost ({why})"
+    slurm = getattr(job, "slurm", None) or {}
+    if job.state == "pending":
+        return f"pending ({slurm.get('reason') or 'None'})"
     if job.state == "killed" and job.exit_code is not None:
         return f"killed (exit {job.exit_code}{gone})" + _restarted(job)
     hung = getattr(job, "hung", None)
@@ -230,16 +240,24 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
     """Jobs of the cluster with their state and duration."""
     from clustertool.cli import render
     from clustertool.cluster import blockend
-    from clustertool.jobs import records
+    from clustertool.jobs import slurmjobs
     from clustertool.jobs.stacks import saved
 
     session = open_session(cluster)
-    all_jobs = records.refresh(session)
+    all_jobs, queue = slurmjobs.refresh(session)
     hung = {j.id: saved(session, j) for j in all_jobs if j.state == "running" and j.hung}
     if json_output:
         render.print_json({"jobs": [dict(j.to_dict(), **({"hung_stacks": [g.to_dict() for g in hung[j.id]]}
-                                                       if j.id in hung else {})) for j in all_jobs]})
+                                                       if j.id in hung else {})) for j in all_jobs],
+                           **({"queue": [q.to_dict() for q in queue]} if queue else {})})
         return
+    if queue:  # Slurm's queue: every user's jobs, pending ones with Slurm's reason
+        typer.echo("Slurm queue:")
+        render.plain_table(["slurm id", "job", "user", "state", "reason / nodes", "nodes", "name"],
+                           [(q.slurm.id, q.job or "", q.slurm.user, q.slurm.state,
+                             q.slurm.reason if q.slurm.pending else q.slurm.nodelist, q.slurm.nodes,
+                             render.clip(q.slurm.name)) for q in queue])
+        typer.echo("")
     if not all_jobs:
         typer.echo("no jobs")
         return

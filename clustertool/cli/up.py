@@ -48,6 +48,12 @@ def build_up_command() -> click.Command:
         click.Option(["--shared-mount"], metavar="PATH",
                      help="Where the first --shared-fs without @PATH is mounted (default /shared; the next "
                           "ones /shared2, /shared3 ...)."),
+        click.Option(["--scheduler"], type=click.Choice(["none", "slurm"]),
+                     help="slurm: set Slurm up on the nodes (slurmctld on the leader, slurmd on every worker, one "
+                          "private munge key); `run` then goes through its queue (sbatch/srun), cordons are drains. "
+                          "See docs/slurm.md."),
+        click.Option(["--no-leader-compute"], is_flag=True,
+                     help="With --scheduler slurm: the leader runs slurmctld only, no jobs."),
         click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
     for key, (spec, providers) in sorted(every_provider_option().items()):
@@ -64,7 +70,7 @@ def build_up_command() -> click.Command:
 def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: int | None, slots: int | None,
         user: str | None, dry_run: bool, no_ssh: bool, json_output: bool, autostop: str | None,
         autodown: bool | None, wait_for: str | None, shared_fs: tuple[str, ...], shared_mount: str | None,
-        **options: Any) -> int:
+        scheduler: str | None, no_leader_compute: bool, **options: Any) -> int:
     from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.cluster import lifecycle, spec
@@ -74,7 +80,8 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
 
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user,
                  "autostop": autostop, "autodown": autodown, "wait_for": wait_for,
-                 "shared_fs": list(shared_fs) or None, "shared_mount": shared_mount, **options}
+                 "shared_fs": list(shared_fs) or None, "shared_mount": shared_mount, "scheduler": scheduler,
+                 "leader_compute": False if no_leader_compute else None, **options}
     request = UpRequest(spec.load_spec(spec_file, overrides), dry_run=dry_run, no_ssh=no_ssh)
     result = lifecycle.up(request, report=reporter(json_output))
     if dry_run:
@@ -96,4 +103,7 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
     click.echo(f"access:   {access.describe(cluster)}")
     if cluster.status == ClusterState.READY:
         click.echo(f"ssh:      ssh {cluster.name}-leader   |   clustertool exec -c {cluster.name} -- hostname")
+    if cluster.scheduler and cluster.scheduler.get("release"):
+        click.echo(f"slurm:    {cluster.scheduler['release']}, partition {cluster.scheduler.get('partition')}: "
+                   "`clustertool run` queues through sbatch; `clustertool jobs` shows the queue")
     return 0

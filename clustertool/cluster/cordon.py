@@ -4,7 +4,8 @@ A cordon is a mark in the cluster record (``Node.cordon``: reason, since, by who
 the cluster's lock; then the hostfiles are written again: this machine's (at the path `up`
 recorded) and the leader's ``~/hostfile`` (when the cluster is ready; a stopped cluster's leader
 gets it from `start`).  Nothing here reaches the cordoned node, so a node that is down can be
-cordoned.  `exec`, `copy`, `ssh` and `doctor` still reach it (to repair it); `run` with every
+cordoned.  On a Slurm cluster the node is drained with the reason too, and `uncordon` resumes it
+(cluster/slurmdrain.py).  `exec`, `copy`, `ssh` and `doctor` still reach it (to repair it); `run` with every
 launcher, `bench` and `plugin check` leave it out, and `run --nodes` naming it is refused.  The
 leader cannot be cordoned: every job's mpirun (or launcher) and rank 0 run there.  A cordoned
 reduction server gets no reducer in `run --plugin` jobs (the others serve the job).
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from clustertool.cluster import slurmdrain
 from clustertool.cluster.lifecycle import write_hostfile
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset, state
@@ -43,6 +45,7 @@ class CordonResult:
     cordoned: list[str] = field(default_factory=list)  # every cordoned node of the cluster now
     hostfile: str | None = None  # this machine's hostfile, written again (None: nothing changed)
     leader_hostfile: str = "unchanged"  # "written", "unchanged", or why it was not written
+    slurm: str | None = None  # a Slurm cluster: what Slurm did (drained, resumed, or why not)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(self)
@@ -121,6 +124,11 @@ def _apply(session: ClusterSession, verb: str,
             state.save(record)
             out.hostfile = str(write_local_hostfile(record))
             out.leader_hostfile = _write_leader(session, record)
+        # cordons are drains (cluster/slurmdrain.py); uncordon resumes a node Slurm drained by itself too
+        touched = out.changed if verb == "cordon" else list(wanted)
+        if touched and record.status == ClusterState.READY:
+            reasons = {n: str((record.node(n).cordon or {}).get("reason") or "") for n in touched}
+            out.slurm = slurmdrain.apply(session, record, verb, touched, reasons)
         out.cordons = {name: record.node(name).cordon for name in wanted}
         out.cordoned = [n.name for n in record.cordoned]
         return out

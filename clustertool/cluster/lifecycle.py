@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from clustertool import nodeprogs
-from clustertool.cluster import autostop, ledger, topology_order
+from clustertool.cluster import autostop, ledger, slurmadopt, slurmup, topology_order
 from clustertool.cluster.clusterrequests import DownRequest, UpRequest
 from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.spec import ClusterSpec
@@ -62,6 +62,7 @@ def _new_session(spec: ClusterSpec, report: Reporter) -> ClusterSession:
     )
     if spec.autostop:
         cluster.autostop = dict(spec.autostop)
+    slurmup.want(spec, cluster)
     return ClusterSession(cluster, report=report, provider=provider)
 
 
@@ -95,9 +96,11 @@ def up(request: UpRequest, *, report: Reporter = silent) -> UpResult:
     if setting:
         autostop.check_allowed(cluster, provider, setting)
     mount.check_kinds(provider, cluster)
+    _check_slurm(session, request)
     if request.dry_run:
         provider.check(provision)
         plan = provider.plan(provision) + mount.plan_lines(cluster)
+        plan += slurmup.plan_lines(provider, cluster) if slurmup.wanted(cluster) else []
         return UpResult(None, plan=plan + ([autostop.plan_line(setting, cluster.provider)] if setting else []))
     with state.locked(cluster.name, purpose="up"):
         if state.exists(cluster.name):  # under the lock: a second `up` of the name makes nothing
@@ -113,6 +116,31 @@ def up(request: UpRequest, *, report: Reporter = silent) -> UpResult:
             raise interrupts.Terminated(exc.signum, f"up stopped by {interrupts.signal_name(exc.signum)} before "
                                                     "it made anything") from None
         return _provision(session, provision, request.no_ssh)
+
+
+def _check_slurm(session: ClusterSession, request: UpRequest) -> None:
+    """Slurm made (--scheduler slurm) or adopted (--slurm-login): what `up` can know before making anything."""
+    cluster = session.record
+    if slurmup.wanted(cluster):
+        slurmup.check(session.provider, cluster, request.spec.nodes)
+    if slurmadopt.adopting(cluster):
+        if request.no_ssh:
+            raise UsageError("--slurm-login reads the Slurm cluster over SSH: leave out --no-ssh")
+        slurmadopt.layout_of(cluster.options)
+
+
+def _slurm_phase(session: ClusterSession, slots: int | None) -> None:
+    """Slurm adopted (its nodes join the record, wired like the login node) or set up on the nodes."""
+    cluster = session.record
+    if slurmadopt.adopting(cluster):
+        session.report("reading the Slurm cluster's nodes from the login node")
+        slurmadopt.adopt(session, slots)
+        wire(session)
+        write_hostfile(cluster)
+        state.save(cluster)
+    elif slurmup.wanted(cluster):
+        session.report("setting Slurm up (munge, slurmctld, slurmd)")
+        slurmup.setup(session)
 
 
 def _provision(session: ClusterSession, request: ProvisionRequest, no_ssh: bool) -> UpResult:
@@ -138,6 +166,12 @@ def _provision(session: ClusterSession, request: ProvisionRequest, no_ssh: bool)
             wire(session)
             timings["wire"] = time.monotonic() - t1
             mount.mount_phase(session, cluster, report)
+            t2 = time.monotonic()
+            _slurm_phase(session, request.slots)
+            if cluster.scheduler:
+                timings["slurm"] = time.monotonic() - t2
+        elif slurmup.wanted(cluster):
+            report("slurm: packages only (--no-ssh: nothing configures them over SSH)")
         autostop.install_at_up(cluster, provider, no_ssh, report)
         provider.finish(cluster)
         cluster.status = ClusterState.READY if not no_ssh else ClusterState.PROVISIONED
@@ -407,6 +441,8 @@ def stop(session: ClusterSession, *, force_owner: bool = False) -> None:
         _confirm_owner(provider, cluster, force_owner, "stop")
         if cluster.status == ClusterState.READY:
             mount.unmount_phase(session, cluster, session.report)
+            for line in slurmup.before_stop(session):
+                session.report(f"slurm: not stopped before the machines: {line}")
         close_masters(cluster)
         provider.stop_instances(cluster)
         was = cluster.status
@@ -441,6 +477,7 @@ def start(session: ClusterSession, *, force_owner: bool = False) -> ClusterRecor
         ledger.record("start", cluster)
         if cluster.status == ClusterState.READY:
             mount.mount_phase(session, cluster, session.report)
+            slurmup.after_boot(session)
         return cluster
 
 

@@ -33,6 +33,8 @@ from clustertool.sharedfs.specs import parse_shared_fs
 BASE_KEYS = ("name", "provider", "nodes", "slots", "user")
 AUTOSTOP_KEYS = ("autostop", "autodown", "wait_for")  # the cluster's own idle watcher (autostop.py)
 SHARED_FS_KEYS = ("shared_fs", "shared_mount")  # shared filesystems (sharedfs/specs.py)
+SCHEDULER_KEYS = ("scheduler", "leader_compute")  # `scheduler: slurm`: jobs go through Slurm (cluster/slurmup.py)
+SCHEDULERS = ("none", "slurm")
 DEFAULT_PROVIDER = "local"
 _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _TRUE = {"true", "yes", "on", "1"}
@@ -49,6 +51,8 @@ class ClusterSpec:
     options: dict[str, Any] = field(default_factory=dict)
     source: str | None = None  # the spec file, when there was one
     autostop: dict | None = None  # autostop.Setting.to_dict(), when the cluster stops itself
+    scheduler: str = "none"  # slurm: `up` sets Slurm up, and jobs go through its queue
+    leader_compute: bool = True  # with Slurm: the leader runs jobs too (False: only slurmctld there)
 
 
 class _Invalid(Exception):
@@ -233,9 +237,34 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
     if values["nodes"] is None and not cls.count_from_options:
         where = f"{path}: nodes" if path is not None else "--nodes"
         raise SpecError(f"{where}: required for provider {provider!r}: a positive integer")
+    scheduler, leader_compute = _scheduler(src, options)
     return ClusterSpec(name=values["name"] or provider, provider=provider, nodes=values["nodes"],
                        slots=values["slots"], user=values["user"], options=options, source=path,
-                       autostop=_autostop(src))
+                       autostop=_autostop(src), scheduler=scheduler, leader_compute=leader_compute)
+
+
+def _scheduler(src: _Sources, options: dict[str, Any]) -> tuple[str, bool]:
+    """``scheduler:`` / ``--scheduler`` (none, slurm) and ``leader_compute:`` / ``--no-leader-compute``; an
+    adopted Slurm (``slurm_login``) is a Slurm cluster already."""
+    def scheduler(value: Any) -> str:
+        if value not in SCHEDULERS:
+            raise _Invalid(f"expected {' or '.join(SCHEDULERS)}, got {_show(value)}")
+        return value
+
+    chosen = src.checked("scheduler", scheduler) or "none"
+    leader = src.checked("leader_compute", lambda v: _as_type(v, bool))
+    if options.get("slurm_login"):
+        if chosen == "slurm":
+            raise SpecError("--scheduler slurm sets Slurm up on new machines; --slurm-login adopts a cluster that "
+                            "runs it already: give one of them")
+        if leader is not None:
+            raise SpecError("--no-leader-compute goes with --scheduler slurm (an adopted Slurm says which nodes "
+                            "compute)")
+        return "none", True
+    if leader is not None and chosen != "slurm":
+        raise SpecError("--no-leader-compute goes with --scheduler slurm",
+                        hint="clustertool up --scheduler slurm --no-leader-compute ...")
+    return chosen, True if leader is None else leader
 
 
 def _shared_fs(src: _Sources) -> list[dict]:
@@ -276,7 +305,7 @@ def _autostop(src: _Sources) -> dict | None:
 
 def _reject_unknown(data: dict, overrides: dict, option_specs: dict, provider: str, label: str) -> None:
     """One line: the key, the closest valid one, where the full list is."""
-    valid = set(BASE_KEYS) | set(AUTOSTOP_KEYS) | set(SHARED_FS_KEYS) | set(option_specs)
+    valid = set(BASE_KEYS) | set(AUTOSTOP_KEYS) | set(SHARED_FS_KEYS) | set(SCHEDULER_KEYS) | set(option_specs)
     for key in data:
         if key not in valid:
             guess = difflib.get_close_matches(str(key), sorted(valid), n=1, cutoff=0.6)
@@ -307,5 +336,7 @@ def describe_options(provider: str) -> list[tuple[str, str]]:
     """(key, help) pairs a spec file may use for ``provider``, for help and docs."""
     option_specs, _ = _provider_options(provider)
     base_help = [("name", "cluster name"), ("provider", f"one of {', '.join(sorted(base.REGISTRY))}"),
-                 ("nodes", "number of nodes"), ("slots", "slots per node"), ("user", "ssh user")]
+                 ("nodes", "number of nodes"), ("slots", "slots per node"), ("user", "ssh user"),
+                 ("scheduler", "none, or slurm: Slurm set up on the nodes, jobs through its queue"),
+                 ("leader_compute", "with scheduler slurm: false keeps jobs off the leader (slurmctld only)")]
     return base_help + [(k, s.help) for k, s in sorted(option_specs.items())]

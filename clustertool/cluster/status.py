@@ -16,6 +16,7 @@ from clustertool.remote import access
 from clustertool.remote.group import run_on_nodes
 from clustertool.remote.keys import fingerprint
 from clustertool.sharedfs import mount
+from clustertool.slurm import slurminfo
 
 
 @dataclass
@@ -83,7 +84,17 @@ def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 
             extra["capacity_wait"] = wait.record  # --json; the text is in "up"
     extra.update(replacements(cluster))
     extra.update(topology_order.status_extra(cluster))  # nodes by network node, where `up` learned them
+    extra.update(slurm_extra(cluster))
     return ClusterStatus(cluster, rows, extra)
+
+
+def slurm_extra(cluster: ClusterRecord) -> dict:
+    """``slurm``: the release, partition and controller of the cluster's Slurm, in one line (none without)."""
+    found = slurminfo.of(cluster)
+    if found is None:
+        return {"slurm": "packages only: set up never ran (up --no-ssh)"} if slurminfo.wanted(cluster) else {}
+    how = f"slurmctld on {found.controller}" if found.made else "adopted: its config and daemons are the site's"
+    return {"slurm": f"{found.release}, partition {found.partition or 'default'} of {found.hostlist()}; {how}"}
 
 
 def _unfinished(cluster: ClusterRecord, provider: Provider) -> str:

@@ -131,6 +131,9 @@ class ClusterRecord:
     ssh_key: str | None = None  # path of the initial identity when not the cluster key (static)
     hostfile_path: str | None = None
     jump_keys: list[str] = field(default_factory=list)  # pinned host keys of the user's --jump bastion
+    # the cluster's scheduler: None (clustertool's own runs), or Slurm's record (slurm/slurminfo.py: made by
+    # `up --scheduler slurm`, or adopted with --slurm-login)
+    scheduler: dict[str, Any] | None = None
 
     @property
     def leader(self) -> Node:
@@ -288,7 +291,7 @@ class JobRecord:
     launcher: str = "mpirun"  # what starts the ranks: mpirun | torchrun | accelerate | deepspeed | process
     started: float = 0.0
     ended: float | None = None
-    state: str = "running"  # running | succeeded | failed | killed | lost
+    state: str = "running"  # pending (in Slurm's queue) | running | succeeded | failed | killed | lost
     exit_code: int | None = None
     output_dir: str | None = None  # per-rank output files on each rank's node; None: only the log (older jobs)
     tag_output: bool = True  # show lines as [job,rank]<stream>:text
@@ -307,10 +310,13 @@ class JobRecord:
     on_preempt_signal: str | None = None  # the signal ranks get on a spot notice (None: nothing watches)
     block_end_signal: dict[str, Any] | None = None  # the leader signalled it before its capacity block ended
     waiting: dict[str, Any] | None = None  # the leader waits for these nodes' replacement: {"nodes", "until", ...}
+    # a job run through Slurm (jobs/slurmrun.py): {"id", "state", "reason", "user", "nodes", "restarts", ...},
+    # kept after Slurm forgets the job; its state "pending" is a job waiting in Slurm's queue
+    slurm: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
-        return self.state not in ("running",)
+        return self.state not in ("running", "pending")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -50,7 +50,7 @@ def cordon_errors(session: ClusterSession, diagnosis: Diagnosis) -> AutoCordon:
     result: CordonResult = cordon_nodes(session, wanted, by="doctor")
     out.cordoned = {name: wanted[name] for name in result.changed}
     out.already = list(result.unchanged)
-    out.hostfile, out.leader_hostfile = result.hostfile, result.leader_hostfile
+    out.hostfile, out.leader_hostfile, out.slurm = result.hostfile, result.leader_hostfile, result.slurm
     return out
 
 

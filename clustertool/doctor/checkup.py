@@ -9,7 +9,8 @@ plugin-nccl (`plugin check`: does NCCL load the deployed plugin and run CollNet;
 clusters with the plugin deployed, skipped elsewhere), gpu (nvidia-smi, Xid events in the kernel log and,
 with ``deep``, DCGM's diagnostics: doctor/gpu.py) and efa (fi_info against the EFA interfaces, and the
 network NCCL used: doctor/efa.py); those two skip clusters without GPUs or EFA; shared-fs (each shared
-filesystem mounted, the same and writable on every node, with a write/read time: doctor/sharedfs.py).
+filesystem mounted, the same and writable on every node, with a write/read time: doctor/sharedfs.py); slurm
+(the controller, node states against the record, munge, GRES against the GPUs: doctor/slurmcheck.py).
 ``fix=True`` applies the safe fixes (kill strays, clear finished jobs' logs on a full disk,
 push keys/known_hosts again) and runs the checks once more.
 """
@@ -23,7 +24,7 @@ from clustertool.cluster.facts import NodeFacts, facts_script, gpu_count, parse_
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError
 from clustertool.core.model import ClusterRecord, Node
-from clustertool.doctor import analyze, autocordon, hwchecks, netchecks, netprobe, sharedfs
+from clustertool.doctor import analyze, autocordon, hwchecks, netchecks, netprobe, sharedfs, slurmcheck, slurmhold
 from clustertool.doctor.doctorrequests import DoctorRequest
 from clustertool.doctor.findings import CheckResult, Diagnosis, Finding
 from clustertool.doctor.fixes import apply_fixes
@@ -174,15 +175,17 @@ def diagnose(session: ClusterSession, request: DoctorRequest) -> Diagnosis:
                                         data={f.node: f.values for f in facts}),
         "strays": lambda: analyze.stray_findings(facts, running_job_ids(session)),
         "clock": lambda: _clock(session, reachable),
-        "mpi-smoke": lambda: (netchecks.smoke_test(session) if len(reachable) == len(cluster.nodes)
+        "mpi-smoke": lambda: (slurmhold.inside(session, reachable, "mpi-smoke", lambda: netchecks.smoke_test(session))
+                              if len(reachable) == len(cluster.nodes)
                               else CheckResult("mpi-smoke", skipped="a node is unreachable")),
-        "network": lambda: netprobe.network_check(session, reachable, threshold=request.threshold,
-                                                  all_pairs=request.all_pairs),
+        "network": lambda: slurmhold.inside(session, reachable, "network", lambda: netprobe.network_check(
+            session, reachable, threshold=request.threshold, all_pairs=request.all_pairs)),
         "plugin-nccl": lambda: _plugin_nccl(session, reachable, facts),
         "gpu": lambda: hwchecks.gpu_check(session, reachable, gpu_options,
                                           running_job_ids(session) if gpu_options.deep else set()),
         "efa": lambda: hwchecks.efa_check(session, reachable, nccl_log=request.nccl_log),
         "shared-fs": lambda: sharedfs.shared_fs_check(session, reachable),
+        "slurm": lambda: slurmcheck.check(session, reachable),
     }
     for name, fn in steps.items():
         if name in checks:

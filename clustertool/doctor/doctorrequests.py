@@ -12,7 +12,7 @@ from clustertool.doctor.bisect import DEFAULT_THRESHOLD
 from clustertool.doctor.hwchecks import gpu_options
 
 ALL_CHECKS = ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "network", "plugin-nccl",
-              "gpu", "efa", "shared-fs")
+              "gpu", "efa", "shared-fs", "slurm")
 ALIASES = {"mesh": "ssh-mesh", "ssh": "reach", "mpi": "mpi-smoke", "links": "network", "link": "network",
            "gpus": "gpu", "shared": "shared-fs", "sharedfs": "shared-fs"}
 

@@ -50,6 +50,7 @@ class AutoCordon:
     skipped: list[dict[str, str]] = field(default_factory=list)  # {node, why}: the leader
     hostfile: str | None = None
     leader_hostfile: str = "unchanged"
+    slurm: str | None = None  # a Slurm cluster: the drains (or why not)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(self)

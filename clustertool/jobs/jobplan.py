@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from clustertool.core.errors import UsageError
 from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
@@ -71,11 +72,13 @@ class JobPlan:
         plan = self.agent_plan()
         return [(n, share.get("argv") or list(self.spec.program)) for (n, _), share in zip(self.layout, plan["nodes"])]
 
-    def agent_plan(self) -> dict:
-        """agent.json: what every node's job agent needs (nodeprogs/jobagent.py)."""
+    def agent_plan(self, master_addr: str | None = None) -> dict:
+        """agent.json: what every node's job agent needs (nodeprogs/jobagent.py).  ``master_addr``: what the
+        launchers get as the master's address instead of the first node's (a Slurm job: ``{master_addr}``,
+        filled in on the node, whose allocation is known only there)."""
         layout = self.layout
         world = sum(count for _, count in layout)
-        rdzv = launchers.Rendezvous(self.nodes[0].address, self.job_id, world, len(layout))
+        rdzv = launchers.Rendezvous(master_addr or self.nodes[0].address, self.job_id, world, len(layout))
         shares, first = [], 0
         for i, (_, count) in enumerate(layout):
             share = launchers.NodeShare(i, count, first)
@@ -84,9 +87,12 @@ class JobPlan:
                 entry["argv"] = launchers.node_argv(self.spec, share, rdzv)
             shares.append(entry)
             first += count
-        plan = {"launcher": self.spec.kind, "out": self.options.output_dir, "width": len(str(max(world - 1, 0))),
-                "world_size": world, "program": launchers.rank_program(self.spec), "nodes": shares}
-        if self.spec.kind == "deepspeed":
+        plan: dict[str, Any] = {"launcher": self.spec.kind, "out": self.options.output_dir,
+                                "width": len(str(max(world - 1, 0))), "world_size": world,
+                                "program": launchers.rank_program(self.spec), "nodes": shares}
+        if self.spec.kind == "deepspeed" and master_addr:  # the nodes' addresses: known on the nodes
+            plan["hostfile_slots"] = [count for _, count in layout]
+        elif self.spec.kind == "deepspeed":
             plan["hostfile"] = job_hostfile([(n.address, count) for n, count in layout])
         if launchers.wants_cpu(self.spec):
             plan["cpu"] = True

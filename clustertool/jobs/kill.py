@@ -14,7 +14,7 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, jsonable
-from clustertool.jobs import records, scripts
+from clustertool.jobs import records, scripts, slurmjobs
 from clustertool.jobs.jobrequests import KillRequest
 from clustertool.remote.group import run_on_nodes
 
@@ -37,6 +37,7 @@ class NodeKill:
 class KillResult:
     job: JobRecord | None
     nodes: list[NodeKill]
+    slurm: str | None = None  # a Slurm job: what scancel left ("cancelled", or the state it still is in)
 
     @property
     def clean(self) -> bool:
@@ -44,7 +45,7 @@ class KillResult:
 
     def to_dict(self) -> dict:
         """What `kill --json` prints."""
-        return {"job": jsonable(self.job), "clean": self.clean, "nodes": jsonable(self.nodes)}
+        return {"job": jsonable(self.job), "clean": self.clean, "nodes": jsonable(self.nodes), "slurm": self.slurm}
 
 
 def parse_kill_output(node: str, text: str) -> NodeKill:
@@ -73,7 +74,7 @@ def pick_running(jobs: list[JobRecord], ref: str | None) -> JobRecord:
             raise UsageError(f"job {job.id} is not running: it {verb}{code}",
                              hint="`clustertool jobs` lists jobs; `clustertool clean` removes old ones")
         return job
-    running = [j for j in jobs if j.state == "running"]
+    running = [j for j in jobs if j.state in ("running", "pending")]
     if not running:
         raise UsageError("no running job on this cluster", hint="`clustertool jobs` lists jobs")
     if len(running) > 1:
@@ -96,6 +97,10 @@ def kill(session: ClusterSession, ref: str | None = None, *, signal: str = "TERM
     job = pick_running(records.refresh(session), ref)
     if grace < 0:
         raise UsageError("--grace must be 0 or more")
+    slurm = None
+    if job.slurm:  # Slurm's job: scancel, until Slurm lets it go; then the check on its nodes below
+        slurm = slurmjobs.cancel(session, job, signal.upper(), grace)
+        job = {j.id: j for j in records.refresh(session)}.get(job.id, job)
     names = list(job.nodes) + [s for s in job.servers if s not in job.nodes]  # its reducers: on the servers
     nodes = [cluster.node(n) for n in names if n in {x.name for x in cluster.nodes}]
     script = scripts.kill_script(job.id, signal.upper(), 0 if signal.upper() == "KILL" else grace)
@@ -103,10 +108,10 @@ def kill(session: ClusterSession, ref: str | None = None, *, signal: str = "TERM
     per_node = _per_node(result)
     refreshed = {j.id: j for j in records.refresh(session)}
     job = refreshed.get(job.id, job)
-    if job.state == "running":  # the leader was unreachable: record the kill locally
-        job.state = "killed"
+    if job.state in ("running", "pending") and (slurm is None or slurm == "cancelled"):
+        job.state = "killed"  # the leader was unreachable (or its waiter has not seen the end yet): recorded here
         records.save(job)
-    return KillResult(job, per_node)
+    return KillResult(job, per_node, slurm)
 
 
 def kill_all_python(session: ClusterSession, selection: str | None = None) -> KillResult:

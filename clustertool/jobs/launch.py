@@ -19,13 +19,14 @@ from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Node
-from clustertool.jobs import output, records, recovery, reducers, scripts, stacks, syncdir
+from clustertool.jobs import output, records, recovery, reducers, scripts, slurmrun, stacks, syncdir
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.jobrequests import RunRequest
 from clustertool.nodeprogs import program_text
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
 from clustertool.remote.group import run_on_node, run_on_nodes
+from clustertool.slurm import slurminfo
 from clustertool.transfer.results import CopyResult, ProgressCb
 
 
@@ -141,6 +142,13 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     supervisor, restart loop and spot watcher read) is derived from the request and the plan."""
     cluster = session.ready()
     report = session.report
+    if slurminfo.wanted(cluster):  # through Slurm's queue (jobs/slurmrun.py)
+        chosen = rank_nodes(cluster, request.nodes) if request.nodes is not None else None
+        made = slurmrun.run(session, request, chosen, job_record, dry_run=dry_run, on_progress=on_progress)
+        return Launch(made.job, made.argv, dry_run=dry_run, sync=made.sync, synced=made.synced)
+    if request.after is not None:
+        raise UsageError("--after: only on a Slurm cluster (its queue holds the job until the other ends)",
+                         hint="`clustertool up --scheduler slurm` makes one; `clustertool logs -f JOB` waits here")
     nodes = rank_nodes(cluster, request.nodes)
     servers = cluster.schedulable_servers if request.plugin else []  # a cordoned server gets no reducer
     env = plugin_env(cluster) if request.plugin else {}

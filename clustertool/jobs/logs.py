@@ -12,7 +12,7 @@ from typing import Callable
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, JobRecord
-from clustertool.jobs import output, records
+from clustertool.jobs import output, records, slurmrun
 from clustertool.jobs.jobrequests import LogsRequest
 
 
@@ -41,6 +41,8 @@ def job_lines(session: ClusterSession, job: JobRecord, on_line: Callable[[str], 
               ranks: set[int] | None = None, node: str | None = None, tail: int | None = None,
               warn: Callable[[str], None] = lambda _t: None, attempt: int | None = None) -> int | None:
     """The job's lines (following: until it ends, then its exit code)."""
+    if follow and job.slurm and job.state == "pending":  # its nodes are Slurm's to choose: known once it runs
+        job = slurmrun.wait_started(session, job.id, report=warn)
     if job.output_dir is None:  # a job from before per-rank files: the leader's log
         wanted = ranks
         if node is not None:

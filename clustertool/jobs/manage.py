@@ -18,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from clustertool.cluster import slurmup
 from clustertool.cluster.lifecycle import check_leader_mesh, close_masters
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset, state
@@ -60,6 +61,7 @@ def reboot(session: ClusterSession, selection: str | None, *, timeout: float = 6
         nodes = nodeset.select(cluster, selection)
         provider = session.provider
         subset = dataclasses.replace(cluster, nodes=nodes)
+        slurmup.before_stop(session, nodes)  # slurmctld saves its queue first
         close_masters(subset)
         if provider.REBOOT == "restart":
             report(f"restarting {nodeset.fold(n.name for n in nodes)} (all processes end, sshd starts again)")
@@ -80,6 +82,7 @@ def reboot(session: ClusterSession, selection: str | None, *, timeout: float = 6
         report("nodes answer SSH again; checking the leader's SSH mesh")
         check_leader_mesh(session)
         mount.mount_phase(session, cluster, report)  # every node: a rebooted leader's export serves them all
+        slurmup.after_boot(session, nodes)
         return nodes
 
 

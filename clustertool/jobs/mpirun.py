@@ -75,6 +75,7 @@ class MpiOptions:
     output_dir: str | None = None  # per-rank output files there, on each rank's node (--output-filename)
     launcher: str | None = None  # mpirun | torchrun | accelerate | deepspeed | process; None: by the command
     rank_wrapper: bool = True  # each rank under RANK_WRAPPER (off for the node agents of other launchers)
+    allocation: bool = False  # inside a Slurm allocation: no host list, mpirun takes the allocation's nodes
 
 
 def split_command(args: Sequence[str]) -> list[str]:
@@ -162,7 +163,9 @@ def build_argv(hosts: Sequence[tuple[str, int]], opts: MpiOptions) -> list[str]:
     if opts.as_root:
         argv.append("--allow-run-as-root")
     argv += ["-np", str(np)]
-    if opts.hostfile:
+    if opts.allocation:
+        pass  # Open MPI reads SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE, and starts its daemons with srun
+    elif opts.hostfile:
         argv += ["--hostfile", opts.hostfile]
     else:
         argv += ["-H", ",".join(f"{a}:{s}" for a, s in hosts)]

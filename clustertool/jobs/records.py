@@ -22,6 +22,8 @@ from clustertool.core.errors import UsageError
 from clustertool.core.model import JobRecord
 from clustertool.jobs import failure, scripts
 from clustertool.remote.group import run_on_node
+from clustertool.slurm import slurminfo
+from clustertool.slurm.slurminfo import SlurmInfo
 
 
 def new_id() -> str:
@@ -144,6 +146,30 @@ def parse_block_end(output: str) -> dict[str, dict]:
     return out
 
 
+def parse_slurm(output: str) -> dict[str, dict]:
+    """Job id -> its Slurm waiter's slurm.json (``L ID B64`` lines: jobs run through Slurm)."""
+    out = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "L" and isinstance(doc := _b64_json(parts[2]), dict):
+            out[parts[1]] = doc
+    return out
+
+
+def take_slurm(job: JobRecord, doc: dict, info: SlurmInfo | None) -> None:
+    """What the leader's waiter says of a Slurm job: its state, reason, nodes (ours), attempts; a job still in
+    the queue is ``pending``."""
+    job.slurm = {**(job.slurm or {}), **doc}
+    slurm_nodes = [str(n) for n in doc.get("nodes") or []]
+    if slurm_nodes:
+        ours = [info.node_of(n) or n for n in slurm_nodes] if info is not None else slurm_nodes
+        job.nodes = [n for n in dict.fromkeys([*job.nodes, *ours])]
+    job.attempts = [{k: a.get(k) for k in ("attempt", "start", "end", "code", "cause")}
+                    for a in doc.get("attempts") or [] if isinstance(a, dict)]
+    if job.state in ("running", "pending"):  # (no state written yet: it was just queued)
+        job.state = "pending" if doc.get("state", "PENDING") in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
+
+
 def _b64_json(text: str) -> Any:
     """The JSON document a leader's line carries in base64 (None when it is not one)."""
     try:
@@ -168,6 +194,8 @@ def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
     hung = parse_hung(result.stdout)
     attempts = parse_attempts(result.stdout)
     warned = parse_block_end(result.stdout)
+    queued = parse_slurm(result.stdout)
+    slurm = slurminfo.of(cluster)
     for job_id, (code, alive, killed, launched, ended, record) in parse_status(result.stdout).items():
         job = local.get(job_id)
         if job is None:
@@ -185,6 +213,8 @@ def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
             job.attempts = [a for a in attempts[job_id].get("attempts") or [] if isinstance(a, dict)]
             job.restart_verdict = attempts[job_id].get("verdict")
             job.waiting = attempts[job_id].get("waiting")  # for a replacement (run --replace-failed)
+        if job.slurm:
+            take_slurm(job, queued.get(job_id, {}), slurm)
         if job.state in ("failed", "lost") and job.failure is None:
             job.failure = failure.explain(session, job)
         if job.finished and job.ended is None:
@@ -192,7 +222,7 @@ def refresh(session: ClusterSession, timeout: float = 20.0) -> list[JobRecord]:
         local[job_id] = job
         save(job)
     for job in local.values():  # a running job whose directory vanished from the leader
-        if job.state == "running" and job.id not in result.stdout:
+        if job.state in ("running", "pending") and job.id not in result.stdout:
             job.state, job.ended = "lost", now
             save(job)
     return sorted(local.values(), key=lambda j: j.started)

@@ -101,9 +101,12 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
 def install_and_start_script(job_id: str, launch: str, hostfile: str, record_json: str,
                              prefer_tmux: bool = True, pane: bytes | None = None,
                              supervisor: bytes | None = None, hangstacks: bytes | None = None,
-                             restarter: bytes | None = None, spot: bytes | None = None) -> str:
+                             restarter: bytes | None = None, spot: bytes | None = None,
+                             extra_files: dict[str, str] | None = None, before_start: Sequence[str] = ()) -> str:
     """Leader: write the job's files, then start launch.sh detached (tmux, else setsid).
 
+    ``extra_files``: more files of the job's folder (name -> text); ``before_start``: shell lines run once
+    they are written, before launch.sh starts (a Slurm job's ``sbatch``: the job starts only once queued).
     Prints ``detached=tmux`` or ``detached=setsid``.
     """
     d = job_dir_sh(job_id)
@@ -124,7 +127,9 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
         *([_write_file('"$d/hangstacks.py"', hangstacks.decode())] if hangstacks else []),
         *([_write_file('"$d/restarts.py"', restarter.decode())] if restarter else []),
         *([_write_file('"$d/spot.py"', spot.decode())] if spot else []),
+        *[_write_file(f'"$d/{name}"', text) for name, text in (extra_files or {}).items()],
         ': > "$d/log"',
+        *before_start,
         start,
         'sed -i "s/\\"detached\\": \\"pending\\"/\\"detached\\": \\"$l\\"/" "$d/job.json"',
         'echo "detached=$l"',

@@ -4,7 +4,8 @@
 # and, for a job whose reduction servers died before it ended: S ID NAME,NAME;
 # for a job its supervisor found hung: H ID BASE64(hung);
 # for a job run with --restarts: R ID BASE64(attempts.json);
-# for a job the autostop watcher warned of the block's end: B ID BASE64(blockend)
+# for a job the autostop watcher warned of the block's end: B ID BASE64(blockend);
+# for a job run through Slurm: L ID BASE64(slurm.json) (its waiter's view of Slurm's state)
 # Inputs: JOBS_DIR (jobs' folder under $HOME), JOB_ENV (the variable that marks a job's processes).
 for d in "$HOME/$JOBS_DIR"/*/; do
   [ -f "$d/job.json" ] || continue
@@ -26,5 +27,6 @@ for d in "$HOME/$JOBS_DIR"/*/; do
   [ -s "$d/hung" ] && echo "H $j $(base64 -w0 < "$d/hung")"
   [ -s "$d/attempts.json" ] && echo "R $j $(base64 -w0 < "$d/attempts.json")"
   [ -s "$d/blockend" ] && echo "B $j $(base64 -w0 < "$d/blockend")"
+  [ -s "$d/slurm.json" ] && echo "L $j $(base64 -w0 < "$d/slurm.json")"
 done
 true

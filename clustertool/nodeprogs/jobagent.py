@@ -3,7 +3,8 @@
 
 It runs in two roles, told apart by the environment:
 
-* **node agent** (mpirun starts one per node; ``OMPI_COMM_WORLD_RANK`` is the node's rank):
+* **node agent** (mpirun starts one per node; ``OMPI_COMM_WORLD_RANK`` is the node's rank; in a Slurm
+  job srun starts it, ``SLURM_PROCID`` then; jobs/slurmbatch.py):
   reads ``agent.json`` beside this file, then either starts that node's launcher (torchrun,
   accelerate launch, deepspeed) with the node's own command line, or (``process``) one process per
   slot itself.  When its launcher or one of its ranks fails, it stops the rest on this node, writes
@@ -36,6 +37,9 @@ STOP_GRACE_S = 5.0
 TAIL_LINES = 5
 # What MPI put in the agent's environment: a launcher's ranks must not take it for their own.
 MPI_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "ORTE_")
+# Under Slurm, srun's task variables describe the agents (one task per node); the job's own stay
+SLURM_KEPT = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_NAME", "SLURM_CLUSTER_NAME", "SLURM_RESTART_COUNT",
+              "SLURM_CONF", "SLURM_JOB_PARTITION", "SLURM_SUBMIT_DIR")
 
 
 def host():
@@ -291,7 +295,8 @@ def stop_all(children, sig=signal.SIGTERM):
 
 def child_env(plan, share, node_rank):
     """The launcher's (and so its ranks') environment: the job's, less MPI's, plus this node's place."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(MPI_PREFIXES)}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(MPI_PREFIXES) and not (k.startswith("SLURM_") and k not in SLURM_KEPT)}
     nprocs = str(share["nprocs"])
     env.update({"NODE_RANK": str(node_rank), "CLUSTERTOOL_NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
                 "LOCAL_WORLD_SIZE": nprocs, "CLUSTERTOOL_GPUS_PER_NODE": nprocs})
@@ -369,11 +374,15 @@ def run_processes(plan, share, env):
 def run_launcher(plan, share, env):
     """torchrun / accelerate / deepspeed: this node's launcher, whose ranks run this file as their script."""
     stopper = Stopper()
-    port = os.environ.get("MASTER_PORT", "")
+    port, master = os.environ.get("MASTER_PORT", ""), os.environ.get("MASTER_ADDR", "")
     fill = {"{agent}": os.path.abspath(__file__), "{ds_hostfile}": os.path.join(job_dir(), "ds_hostfile")}
     if "hostfile" in plan:
         write_atomic(fill["{ds_hostfile}"], plan["hostfile"])
-    argv = [fill.get(w, w).replace("{port}", port) for w in share["argv"]]
+    elif "hostfile_slots" in plan:  # a Slurm job: its nodes are known now (their addresses, leader first)
+        ips = os.environ.get("CLUSTERTOOL_NODE_IPS", "").split()
+        lines = [f"{ip} slots={n}\n" for ip, n in zip(ips, plan["hostfile_slots"])]
+        write_atomic(fill["{ds_hostfile}"], "".join(lines))
+    argv = [fill.get(w, w).replace("{port}", port).replace("{master_addr}", master) for w in share["argv"]]
     env[PROGRAM_ENV] = json.dumps(dict(plan["program"], out=plan["out"], width=plan["width"]))
     import subprocess
 
@@ -401,7 +410,7 @@ def node_agent():
     restart = os.environ.get(RESTART_ENV, "")
     if restart.isdigit() and int(restart) > 0:
         plan["out"] = begin_attempt(plan["out"], int(restart))
-    node_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    node_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID") or "0")
     share = plan["nodes"][node_rank]
     env = child_env(plan, share, node_rank)
     if plan["launcher"] == "process":

@@ -148,6 +148,24 @@ class Purchase:
 
 
 @dataclass(frozen=True)
+class SlurmPlacement:
+    """How Slurm lives on a provider's nodes (`up --scheduler slurm`; slurm/ turns it into a layout and config).
+
+    ``private``: Slurm's files, sockets and pids under the user's home and the node's own /tmp (a local node
+    shares this machine's /etc, /run and /var); else the distribution's paths and systemd units.
+    ``boot_hook``: the file a node's boot runs to start the daemons again (None: systemd starts them).
+    ``release``: where the packages come from and which release, for the plan."""
+
+    private: bool = False
+    boot_hook: str | None = None
+    standin_gpus: int = 0       # stand-in GPUs (character devices) made on each node: no real ones here
+    cgroups: bool = True        # real cgroups (a machine of its own); False: Slurm's own process tracking
+    slurm_user: str = "slurm"   # who slurmctld runs as (the packages make the user "slurm")
+    probe_timeout: float = 900.0  # a new machine installs the packages at its first boot: wait that long
+    release: str = ""
+
+
+@dataclass(frozen=True)
 class UpWaiting:
     """An `up` in flight that waits for capacity: what `status` and `ls` say, and its record (--json)."""
 
@@ -253,6 +271,12 @@ class Provider:
         """Bits/s every link between two nodes is shaped to (the local provider's ``link_rate``); None:
         not set. The network checks measure against it; EC2's rated bandwidth is no floor for one flow."""
         return None
+
+    def slurm_placement(self, cluster: ClusterRecord) -> SlurmPlacement:
+        """Where and how `up --scheduler slurm` puts Slurm on this provider's nodes."""
+        raise NotSupported(f"the {self.name} provider cannot set up Slurm (--scheduler slurm)",
+                           hint="use the local or aws provider; a cluster that runs Slurm already is adopted with "
+                                "`--provider static --slurm-login HOST`")
 
     def up_waiting(self, cluster: ClusterRecord) -> UpWaiting | None:
         """What an `up` of ``cluster`` still in flight waits for (capacity it retries for); None: nothing."""

@@ -133,6 +133,11 @@ class StaticProvider(Provider):
         "port": OptionSpec(int, 22, "SSH port of the existing machines."),
         "servers": OptionSpec(str, None, "Existing machines to adopt as reduction servers (role server, not ranks): "
                                          "a,b (host or host:port)."),
+        "slurm_login": OptionSpec(str, None, "Adopt the Slurm cluster this login node reaches (HOST or HOST:PORT): "
+                                             "its nodes come from sinfo, jobs go through sbatch/srun as you; its "
+                                             "config and daemons are never changed."),
+        "slurm_conf": OptionSpec(str, None, "With --slurm-login: the slurm.conf the login node's Slurm commands "
+                                            "read (default: Slurm's own, /etc/slurm/slurm.conf or configless)."),
     }
 
     def __init__(self, reach_timeout: float = 20.0, **_ignored: Any):
@@ -143,6 +148,13 @@ class StaticProvider(Provider):
 
     def targets(self, options: dict[str, Any]) -> list[Target]:
         hosts, hostfile = options.get("hosts"), options.get("hostfile")
+        if options.get("slurm_login"):  # the login node first; its Slurm names the others (cluster/slurmadopt.py)
+            if hosts or hostfile or options.get("servers"):
+                raise UsageError("--slurm-login adopts the nodes sinfo lists: leave out --hosts, --hostfile and "
+                                 "--servers")
+            return parse_hosts(str(options["slurm_login"]), _port(options.get("port") or 22, "--port"))[:1]
+        if options.get("slurm_conf"):
+            raise UsageError("--slurm-conf goes with --slurm-login (the login node of the Slurm cluster to adopt)")
         if bool(hosts) == bool(hostfile):
             which = "both" if hosts else "neither"
             raise UsageError(f"static provider: give exactly one of --hosts or --hostfile ({which} given)",
@@ -210,6 +222,9 @@ class StaticProvider(Provider):
         lines.append(f"reach them as {request.cluster.user} with "
                      f"{'key ' + key if key else 'your ssh agent / default keys'}")
         lines.append("machines are adopted, never created, stopped or terminated by clustertool")
+        if request.cluster.options.get("slurm_login"):
+            lines.append("then the Slurm cluster node-1 logs into: its nodes (sinfo, scontrol show node) adopted as "
+                         "node-2 ...; jobs through sbatch/srun as you; its config and daemons are never changed")
         return lines
 
     # -- verbs ------------------------------------------------------------------------------

@@ -126,15 +126,16 @@ def _all_clustertool_resources(aws) -> int:
 # ---- signals in `up` ----------------------------------------------------------------------
 
 
-def signal_in_up(fx: Harness, sig_name: str, action: str, nth: int = 1) -> int:
-    """One case: the signal after the nth call of ``action``; returns the leaked count after recovery."""
+def signal_in_up(fx: Harness, sig_name: str, action: str, nth: int = 1, extra: tuple[str, ...] = ()) -> int:
+    """One case: the signal after the nth call of ``action`` (``extra``: more `up` flags); returns the leaked
+    count after recovery."""
     from clustertool.core import state
 
     name = unique("su")
     fx.proxy.rules.clear()
     fx.proxy.signalled.clear()
     fx.proxy.on(action, nth, signal=SIGNALS[sig_name])
-    result = fx.run(*UP, "--name", name)
+    result = fx.run(*UP, "--name", name, *extra)
     assert fx.proxy.signalled == [(action, SIGNALS[sig_name])], (action, nth, fx.proxy.calls)
     if sig_name == "SIGKILL":
         assert result.code == -signal.SIGKILL
@@ -146,7 +147,8 @@ def signal_in_up(fx: Harness, sig_name: str, action: str, nth: int = 1) -> int:
         assert "Traceback" not in result.err
     recovery = fx.recover(name)
     leaked = fx.leaked(name)
-    record(f"{sig_name} in up after {action} #{nth}", result.code, recovery, leaked)
+    record(f"{sig_name} in up {' '.join(extra) + ' ' if extra else ''}after {action} #{nth}", result.code, recovery,
+           leaked)
     return leaked
 
 
@@ -184,6 +186,30 @@ def test_every_signal_after_every_aws_call_of_up_leaves_nothing_after_recovery(f
              for action, nth in fx.steps(calls) for sig in SIGNALS]
     assert [row for row in table if row[3]] == []
     assert len(table) >= 3 * 20
+    assert _all_clustertool_resources(fx.aws) == 0
+
+
+# ---- signals in `up --scheduler slurm`: the nodes' user data installs Slurm's packages ---------------------
+
+SLURM = ("--scheduler", "slurm")
+
+
+@pytest.mark.parametrize("sig_name, action", [("SIGKILL", "RunInstances"), ("SIGTERM", "RunInstances"),
+                                              ("SIGHUP", "DescribeInstanceStatus")])
+def test_a_signal_in_up_with_slurm_leaves_nothing_after_recovery(fx, sig_name, action):
+    assert signal_in_up(fx, sig_name, action, extra=SLURM) == 0
+
+
+@pytest.mark.slow
+def test_every_signal_after_every_aws_call_of_up_with_slurm_leaves_nothing_after_recovery(fx):
+    name = unique("recs")
+    fx.proxy.calls.clear()
+    assert fx.run(*UP, "--name", name, *SLURM).code == 0
+    calls = list(fx.proxy.calls)
+    assert fx.recover(name) == "down"
+    table = [(sig, action, nth, signal_in_up(fx, sig, action, nth, SLURM))
+             for action, nth in fx.steps(calls) for sig in SIGNALS]
+    assert [row for row in table if row[3]] == []
     assert _all_clustertool_resources(fx.aws) == 0
 
 

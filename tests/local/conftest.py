@@ -50,6 +50,7 @@ def local_leftovers(name: str) -> list[str]:
     left += [f"sshfs process {line}" for line in sshfs.splitlines()]
     left += [f"fuse.sshfs mount {m}" for m in sshfs_mounts(name)]
     left += [f"monitoring process {p}" for p in monitoring_processes(name)]
+    left += [f"{comm} process {pid}" for pid, comm in slurm_daemons(name)]
     return left
 
 
@@ -61,6 +62,23 @@ def monitoring_processes(name: str) -> list[str]:
         try:
             if mark in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
                 found.append(f"{pid} {open(f'/proc/{pid}/comm').read().strip()}")
+        except OSError:
+            continue
+    return found
+
+
+SLURM_DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")
+
+
+def slurm_daemons(name: str) -> list[tuple[int, str]]:
+    """Slurm's and munge's daemons of cluster `name`: those whose mount namespace holds the cluster's node
+    folders (a local node's /root is bound from CLUSTERTOOL_HOME/clusters/<name>/local/<node>/home)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            comm = open(f"/proc/{pid}/comm").read().strip()
+            if comm in SLURM_DAEMONS and f"/clusters/{name}/" in open(f"/proc/{pid}/mountinfo").read():
+                found.append((int(pid), comm))
         except OSError:
             continue
     return found

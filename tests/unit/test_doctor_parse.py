@@ -134,7 +134,7 @@ def test_a_sampled_mesh_says_no_node_can_reach_a_target_when_all_that_tried_it_f
     (["reach,mesh"], [], ("reach", "ssh-mesh")),
     (["reach", "ssh-mesh"], [], ("reach", "ssh-mesh")),
     ([], ["links,mpi-smoke"], ("reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "plugin-nccl", "gpu",
-                               "efa", "shared-fs")),
+                               "efa", "shared-fs", "slurm")),
     (["shared"], [], ("shared-fs",)),
 ])
 def test_checks_come_repeated_or_comma_separated_with_short_names(check, skip, want):

@@ -156,8 +156,8 @@ def test_core_modules_import_clustertool_modules_at_the_top():
 # order; a module imports only modules of its own package or of one below.  ``clustertool`` is the
 # package's own __init__: importing any module runs it, so it sits under all of them and imports
 # nothing (its names load by name on first use).
-LAYERS = ("clustertool", "nodeprogs", "workloads", "core", "remote", "providers", "sharedfs", "cluster", "transfer",
-          "plugin", "jobs", "controller", "bench", "doctor", "watch", "playbook", "api", "cli", "__main__")
+LAYERS = ("clustertool", "nodeprogs", "workloads", "core", "remote", "providers", "sharedfs", "slurm", "cluster",
+          "transfer", "plugin", "jobs", "controller", "bench", "doctor", "watch", "playbook", "api", "cli", "__main__")
 
 
 def package_of(module: str) -> str:

@@ -57,7 +57,7 @@ def test_static_is_registered_and_adopts_rather_than_owns():
     cls = provider_class("static")
     assert cls is StaticProvider
     assert cls.name == "static" and cls.owns_machines is False
-    assert set(cls.OPTIONS) == {"hosts", "hostfile", "key", "leader", "port", "servers"}
+    assert set(cls.OPTIONS) == {"hosts", "hostfile", "key", "leader", "port", "servers", "slurm_login", "slurm_conf"}
     assert cls.OPTIONS["port"].default == 22
 
 

@@ -27,6 +27,7 @@ from clustertool.providers.base import (
     Provider,
     ProvisionRequest,
     Purchase,
+    SlurmPlacement,
     Sweep,
     SweepRemoved,
     SweepRequest,
@@ -37,6 +38,12 @@ from clustertool.providers.base import (
 if TYPE_CHECKING:
     from clustertool.providers.aws.client import Aws
     from clustertool.providers.aws.prepare import Prep
+
+# What `up --scheduler slurm` installs on AWS, as the plan says it: the image's distribution decides the release
+SLURM_RELEASE = ("the image's own packages (munge, slurmd, slurmctld, slurm-client) installed at first boot: "
+                 "Slurm 21.08 on the default Ubuntu 22.04 Deep Learning AMI (23.11 on Ubuntu 24.04, 22.05 on "
+                 "Debian 12; Amazon Linux has no Slurm package and is refused); every node runs the same image, "
+                 "so the same release (setup refuses mixed releases)")
 
 
 class AwsProvider(Provider):
@@ -158,6 +165,11 @@ class AwsProvider(Provider):
         from clustertool.providers.aws import provision
 
         return provision.wait(cluster, self._session(cluster))
+
+    def slurm_placement(self, cluster: ClusterRecord) -> SlurmPlacement:
+        """The image's own packages, installed at first boot (az_launch.user_data), under systemd, real cgroups."""
+        return SlurmPlacement(private=False, boot_hook=None, standin_gpus=0, cgroups=True, slurm_user="slurm",
+                              probe_timeout=900.0, release=SLURM_RELEASE)
 
     def finish(self, cluster: ClusterRecord) -> None:
         """`up` succeeded: its lease becomes 'done', so sweeps know the cluster is complete."""

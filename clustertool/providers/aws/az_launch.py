@@ -65,9 +65,29 @@ def volume(options: dict) -> dict[str, Any]:
     return ebs
 
 
-def user_data(public_key: str) -> str:
-    """cloud-init config authorizing the cluster's public key for the image's default user."""
-    return f"#cloud-config\nssh_authorized_keys:\n  - {public_key.strip()}\n"
+# `up --scheduler slurm`: what every node installs at its first boot (Debian's and Ubuntu's package names);
+# munge and the Slurm daemons stay stopped until clustertool's setup writes the cluster's key and config over
+# SSH (the key never rides in user data, which the instance's metadata service shows to any process there)
+SLURM_PACKAGES = ("munge", "slurmd", "slurmctld", "slurm-client")
+SLURM_UNITS = ("munge", "slurmd", "slurmctld")
+
+
+def user_data(public_key: str, slurm: bool = False) -> str:
+    """cloud-init config: the cluster's public key for the image's default user (when given), and with
+    ``slurm`` the Slurm packages, their units stopped and disabled until the setup enables them."""
+    lines = ["#cloud-config"]
+    if public_key.strip():
+        lines += ["ssh_authorized_keys:", f"  - {public_key.strip()}"]
+    if slurm:
+        lines += ["package_update: true", "packages:", *[f"  - {p}" for p in SLURM_PACKAGES],
+                  "runcmd:", f"  - [systemctl, disable, --now, {', '.join(SLURM_UNITS)}]"]
+    return "\n".join(lines) + "\n"
+
+
+def wants_slurm(cluster: ClusterRecord) -> bool:
+    """`up --scheduler slurm` made this cluster (not an adopted Slurm, whose machines are the site's)."""
+    scheduler = cluster.scheduler or {}
+    return scheduler.get("kind") == "slurm" and scheduler.get("made", True)
 
 
 def interfaces(subnet: str, group_id: str, efa: int, public_ip: bool = True) -> list[dict[str, Any]]:
@@ -93,7 +113,7 @@ def shutdown_behavior(options: dict, autostop: dict | None = None) -> str:
 def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: Image, subnet: str,
                   group_id: str, key_name: str, az: str, placement_group: str | None,
                   options: dict, token: str, public_key: str = "", efa_interfaces: int = 0,
-                  autostop: dict | None = None) -> dict[str, Any]:
+                  autostop: dict | None = None, slurm: bool = False) -> dict[str, Any]:
     """The one RunInstances request of an attempt (pure: unit-tested)."""
     efa = (efa_interfaces or 1) if options.get("efa") else 0
     where: dict[str, Any] = {"AvailabilityZone": az}
@@ -110,8 +130,9 @@ def launch_params(*, stamp: tags.Stamp, count: int, instance_type: str, image: I
         # what an OS power-off does: the autostop watcher powers nodes off from inside (no credentials)
         "InstanceInitiatedShutdownBehavior": shutdown_behavior(options, autostop),
     }
-    if options.get("key_name") and public_key.strip():
-        params["UserData"] = user_data(public_key)  # the cluster key works beside the user's key pair
+    key = public_key if options.get("key_name") else ""  # the cluster key works beside the user's key pair
+    if key.strip() or slurm:
+        params["UserData"] = user_data(key, slurm)
     if options.get("spot"):
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
             "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
@@ -172,7 +193,7 @@ def _one_round(aws: Aws, cluster: ClusterRecord, *, stamp: tags.Stamp, count: in
                                placement_group=group, options=cluster.options,
                                token=f"{stamp.id}-{az}{token_tail}", public_key=public_key,
                                efa_interfaces=info.efa_interfaces,
-                               autostop=cluster.autostop)
+                               autostop=cluster.autostop, slurm=wants_slurm(cluster))
         report(f"{az}: launching {count} x {info.name}" + (f" in placement group {group}" if group else ""))
         server_insts: list[dict] = []
         try:

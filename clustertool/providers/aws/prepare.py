@@ -23,7 +23,7 @@ from clustertool.providers.aws import (
     servers,
     tags,
 )
-from clustertool.providers.aws.az_launch import launch_params, volume
+from clustertool.providers.aws.az_launch import launch_params, volume, wants_slurm
 from clustertool.providers.aws.client import Aws, error_code, error_message
 from clustertool.providers.base import ProvisionRequest
 from clustertool.remote import access
@@ -236,7 +236,7 @@ def dry_run_checks(prep: Prep, request: ProvisionRequest, image: images.Image) -
     params = launch_params(stamp=prep.stamp or tags.Stamp(request.cluster.name), count=request.count,
                            instance_type=info.name, image=image, subnet=subnet, group_id="", key_name="", az=az,
                            placement_group=None, options=options, token="dry-run", efa_interfaces=info.efa_interfaces,
-                           autostop=request.cluster.autostop)
+                           autostop=request.cluster.autostop, slurm=wants_slurm(request.cluster))
     for iface in params["NetworkInterfaces"]:
         iface.pop("Groups")
     params.pop("KeyName")

@@ -187,7 +187,7 @@ def launch_request(aws: Aws, cluster: ClusterRecord, node: Node, template: dict,
         key_name=template.get("KeyName") or options.get("key_name") or (ps.get("key_pairs") or [""])[0], az=az,
         placement_group=_placement_group(cluster, template, az), options=_options_of(cluster, node),
         token=f"rp-{secrets.token_hex(6)}-{node.name}-{cluster.id or cluster.name}", public_key=_public_key(cluster),
-        efa_interfaces=efa, autostop=cluster.autostop)
+        efa_interfaces=efa, autostop=cluster.autostop, slurm=az_launch.wants_slurm(cluster) and not node.is_server)
     groups = _groups(cluster, node, template, is_old)
     for iface in params["NetworkInterfaces"]:
         iface["Groups"] = groups

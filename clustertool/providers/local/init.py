@@ -4,7 +4,7 @@ Run as ``python -I -S init.py CONFIG.json`` inside fresh UTS, mount and PID
 namespaces (see ``net.node_start_argv``).  Standard library only, no clustertool
 import, so it starts in milliseconds.  The config (``net.init_config``) says the
 hostname, which host directories to bind over /root, /scratch, /tmp, /etc/hosts, which
-tmpfs to mount, the sshd command and the node's boot script (run when it exists).
+tmpfs to mount, the sshd command and the node's boot scripts (boot.sh, then boot.d/*.sh, run when they exist).
 
 As PID 1 of its namespace this process ignores every signal sent from inside the node
 that it has no handler for, so ``pkill -9 python`` on the node cannot take the node down;
@@ -77,11 +77,19 @@ def _reap_until(child: int) -> int:
             return os.waitstatus_to_exitcode(status)
 
 
-def _start_boot(path: str | None) -> None:
-    """Run the node's boot script (``/root/.clustertool/boot.sh``: what programs installed on the
-    node start at every boot, e.g. the autostop watcher) when there is one."""
-    if not path or not os.path.isfile(path):
-        return
+def _boot_scripts(config: dict) -> list[str]:
+    """The node's boot scripts: ``/root/.clustertool/boot.sh`` (what programs installed on the node start
+    at every boot, e.g. the autostop watcher), then every ``*.sh`` of ``boot.d`` in name order (Slurm's
+    daemons ...), those that exist."""
+    found = [config.get("boot")]
+    folder = config.get("boot_dir")
+    if folder and os.path.isdir(folder):
+        found += [os.path.join(folder, name) for name in sorted(os.listdir(folder)) if name.endswith(".sh")]
+    return [path for path in found if path and os.path.isfile(path)]
+
+
+def _start_boot(path: str) -> None:
+    """Run one boot script, in a session of its own, its output nowhere."""
     if os.fork() == 0:
         try:
             os.setsid()
@@ -111,7 +119,8 @@ def main(argv: list[str]) -> int:
             os.execv(command[0], command)
         finally:
             os._exit(127)
-    _start_boot(config.get("boot"))
+    for path in _boot_scripts(config):
+        _start_boot(path)
     code = _reap_until(child)
     sys.stderr.write("ct-init: %s exited with %s\n" % (command[0], code))
     sys.stderr.flush()

@@ -25,7 +25,15 @@ from typing import ClassVar
 from clustertool.core import state
 from clustertool.core.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.core.model import LEADER, ClusterRecord, Node, Reporter, silent
-from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest, Sweep, SweepRemoved, SweepRequest
+from clustertool.providers.base import (
+    OptionSpec,
+    Provider,
+    ProvisionRequest,
+    SlurmPlacement,
+    Sweep,
+    SweepRemoved,
+    SweepRequest,
+)
 from clustertool.providers.local import firewall, localfs, net, nodes, strays, swap, sysops
 from clustertool.providers.local.removal import teardown
 from clustertool.remote import access
@@ -77,6 +85,15 @@ class LocalProvider(Provider):
             return net.rate_bits(str(rate)) if rate else None
         except ValueError:
             return None
+
+    def slurm_placement(self, cluster: ClusterRecord) -> SlurmPlacement:
+        """A local node shares this machine's /etc, /run and /var: Slurm lives under the node's home (its own),
+        its daemons come back from the node's boot hook; each node gets one stand-in GPU per slot (there are no
+        real ones here); no cgroup filesystem inside a node (``ip netns exec`` remounts /sys)."""
+        slots = max((n.slots for n in cluster.nodes if not n.is_server), default=1)
+        return SlurmPlacement(private=True, boot_hook=f"{net.NODE_BOOT_DIR}/50-slurm.sh", standin_gpus=slots,
+                              cgroups=False, slurm_user="root", probe_timeout=60.0,
+                              release="this machine's Slurm (Debian's slurmd, slurmctld, slurm-client, munge)")
 
     def sweep(self, request: SweepRequest) -> Sweep:
         """Bridges (with their namespaces and sshd) whose state is gone (strays.py)."""

@@ -293,6 +293,9 @@ def node_environment(host_env: Mapping[str, str]) -> dict[str, str]:
 NODE_ETC_SSH = Path("/etc/ssh")  # each node sees its own /etc/ssh (host key, sshd_config)
 HOST_KEY = "ssh_host_ecdsa_key"  # the node's one host key, made by keys.keygen_argv (P-256)
 NODE_BOOT = "/root/.clustertool/boot.sh"  # run by the node's init at every start (the autostop watcher's loop)
+# every *.sh there, too, in name order (a program installed on the node that must come back with it: Slurm's
+# start script, slurm/nodescript.py); boot.sh stays the autostop watcher's own
+NODE_BOOT_DIR = "/root/.clustertool/boot.d"
 # A node powers itself off by ending its sshd: init (PID 1) then exits and the kernel ends every
 # process of the node's PID namespace -- what `stop` does, seen from inside.
 NODE_POWEROFF = f'kill -TERM "$(cat {NODE_ETC_SSH / "sshd.pid"})"'
@@ -365,4 +368,5 @@ def init_config(hostname: str, node_dir: Path, hosts_file: Path, shared: Sequenc
         "tmpfs": [["/dev/shm", "mode=1777"]],
         "command": sshd_argv(NODE_ETC_SSH / "sshd_config"),
         "boot": NODE_BOOT,
+        "boot_dir": NODE_BOOT_DIR,
     }
