@@ -138,7 +138,7 @@ def test_a_rank_that_dies_fails_the_proof_and_leaves_no_process(standin, capsys,
     assert code == 1
     assert "net: rank 1 exited 1: RuntimeError: NCCL error in: ProcessGroupNCCL.cpp" in out
     assert {"net.rank0.log", "net.rank1.log", "net.rank2.log", "net.env"} <= set(archived(tmp_path / "o"))
-    left = subprocess.run(["pgrep", "-f", str(STANDIN)], capture_output=True, text=True).stdout.split()
+    left = left_running(tmp_path)
     assert not left, f"stand-in ranks left running: {left}"
 
 
@@ -192,8 +192,7 @@ def test_a_hung_variant_is_cut_at_its_share_and_the_rest_still_run(standin, caps
     assert "socket: rank 0 no result within its 14 s share of --budget" in out
     doc = assert_outputs(tmp_path / "o", "FAIL")
     assert doc["variants"][1]["results"] and not doc["variants"][1]["error"]
-    left = subprocess.run(["pgrep", "-f", str(STANDIN)], capture_output=True, text=True).stdout.split()
-    assert not left
+    assert not left_running(tmp_path)
 
 
 def test_sigterm_ends_with_the_report_and_archive(standin, capsys, tmp_path, monkeypatch):
@@ -263,11 +262,25 @@ def test_prebuilt_uses_the_copied_libraries_even_where_make_exists(monkeypatch, 
 needs_reducer = pytest.mark.skipif(not REDUCER.is_file(), reason="needs the reducer: make -C native plugins")
 
 
+def _ours(pid: str) -> bool:
+    """Started by this pytest process: the stand-ins inherit its environment, and under xdist other workers
+    run the same stand-ins at the same time (their processes are theirs to check)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return True
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:     # gone meanwhile: not left running
+        return False
+    return f"PYTEST_XDIST_WORKER={worker}".encode() in env
+
+
 def left_running(tmp_path: Path) -> list[str]:
     """Processes started from this test's folder (the reducers run from its native/build) or by the stand-ins."""
     found = []
     for pattern in (str(tmp_path), str(STANDIN), str(MPS_STANDIN)):
-        found += subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+        pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+        found += [pid for pid in pids if _ours(pid)]
     return found
 
 

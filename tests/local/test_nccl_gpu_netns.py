@@ -36,7 +36,7 @@ def proof_env(monkeypatch, tmp_path):
     monkeypatch.setattr(plan, "DDP_WORKER", STANDIN)
     monkeypatch.setattr(plan, "NATIVE", tmp_path / "native")
     monkeypatch.setattr(nccl_gpu, "preflight", lambda python, env=None, mps=False: {"tools": {}, "gpu": "stand-in"})
-    monkeypatch.setattr(nccl_gpu, "build_plugin", lambda build: "prebuilt (test)")
+    monkeypatch.setattr(nccl_gpu, "build_plugin", lambda build, prebuilt=False: "prebuilt (test)")
     created = []
     real_run = nccl_gpu._run
 
