@@ -92,7 +92,8 @@ class Gate:
     def __init__(self, env: dict, name: str, nodes: list[str]):
         self.homes = [node_dir(env, name, n) / "home" for n in nodes]
         self.file = f".ct-test-gate-{secrets.token_hex(4)}"
-        self.command = ["sh", "-c", f'until [ -e "$HOME/{self.file}" ]; do sleep 0.1; done']
+        self.wait = f'until [ -e "$HOME/{self.file}" ]; do sleep 0.1; done'  # shell text, to put in a script
+        self.command = ["sh", "-c", self.wait]
 
     def open(self) -> None:
         for home in self.homes:
