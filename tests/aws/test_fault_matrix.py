@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -550,6 +551,34 @@ def _ready(fx: Harness, prefix: str) -> tuple[str, str]:
     return name, state.state_path(name).read_text()
 
 
+RETRY_LINE = re.compile(r"^» retrying (\S+) \((\d+)/(\d+)\) in ([0-9.]+)s: (.+)$", re.M)
+GAVE_UP = re.compile(r"cannot reach AWS at \S+: (\S+): (.+); (\d+) attempt\(s\) over (\d+)s$")
+
+
+def _one_call_retried_within(result: Result, budget: float, hung: bool) -> tuple[str, int]:
+    """What the retry budget bounds, read from the tool's own lines, not from the wall clock (which counts
+    the process's start, slowed by load): one call retried, its attempts numbered 2, 3 ... in order (the
+    budget is never spent twice), every retry planned inside the budget (the pauses it announced, plus
+    each attempt's timeout -- a fifth of the budget -- for the attempts that hung and the next one), and the
+    time it reports from its first attempt to its last within the budget (a second's slack: the last
+    attempt's own run on a loaded machine).  Returns (the call, its attempt count)."""
+    per_attempt = budget / 5
+    retries = RETRY_LINE.findall(result.err)
+    assert retries, result.err
+    op = retries[0][0]
+    assert [(r[0], int(r[1]), int(r[2])) for r in retries] == [(op, k, 5) for k in range(2, len(retries) + 2)], \
+        result.err
+    gave_up = GAVE_UP.search(result.errors[0])
+    assert gave_up, result.errors[0]
+    attempts = int(gave_up.group(3))
+    assert gave_up.group(1) == op and attempts == len(retries) + 1 <= 5, result.err
+    paused = sum(float(r[3]) for r in retries)
+    planned = paused + per_attempt * (attempts if hung else 1)
+    assert planned <= budget + 0.05 * len(retries), (planned, result.err)  # + the pauses' rounding as shown
+    assert int(gave_up.group(4)) <= budget + 1, result.err
+    return op, attempts
+
+
 @pytest.mark.parametrize("budget", ["4", pytest.param(None, marks=pytest.mark.slow)])
 def test_a_refusing_endpoint_gives_one_error_line_fast_and_keeps_the_state(fx, budget):
     """A 4 s budget in the default run (fewer retries, a faster suite); the default 60 s in the slow one."""
@@ -561,9 +590,10 @@ def test_a_refusing_endpoint_gives_one_error_line_fast_and_keeps_the_state(fx, b
         result = fx.run(*args, env=env)
         assert result.code != 0 and len(result.errors) == 1, result.err
         assert result.errors[0].startswith("error: cannot reach AWS at http://127.0.0.1:")
-        # within the budget, plus the process's own start (imports), which a loaded machine slows
-        assert "retrying" in result.err and "(2/5)" in result.err and result.seconds < float(budget or 60) + 3
-        record(f"refusing endpoint ({budget or 'default 60'} s budget): {args[0]} in {result.seconds:.0f}s",
+        assert "connection refused" in result.errors[0] and "(2/5)" in result.err
+        # gave up within the budget: the tool's own account (the wall clock also counts the process's start)
+        _, attempts = _one_call_retried_within(result, float(budget or 60), hung=False)
+        record(f"refusing endpoint ({budget or 'default 60'} s budget): {args[0]} after {attempts} attempts",
                result.code, "-", 0)
     assert state.state_path(name).read_text() == saved
     assert fx.recover(name) == "down" and fx.leaked(name) == 0
@@ -579,11 +609,15 @@ def test_a_hanging_endpoint_fails_status_and_down_within_the_budget(fx, budget):
     extra = {"CLUSTERTOOL_AWS_API_TIMEOUT": budget} if budget else {}
     limit = float(budget or 60)
     for args in (("status", "-c", name, "--no-check"), ("down", "-c", name, "--yes")):
+        fx.proxy.calls.clear()
         result = fx.run(*args, env=fx.env(**extra), timeout=limit + 60)
         assert result.code != 0 and len(result.errors) == 1, result.err
         assert "no answer (read timeout)" in result.errors[0] and "retrying" in result.err
-        assert result.seconds < limit + 5  # + the process's own start
-        record(f"hanging endpoint ({budget or 'default 60'} s budget): {args[0]} in {result.seconds:.0f}s",
+        # each attempt timed out at a fifth of the budget and the retries stopped inside it: the tool's own
+        # account, and the proxy saw exactly the attempts it counts, of one call, and nothing after
+        op, attempts = _one_call_retried_within(result, limit, hung=True)
+        assert fx.proxy.calls == [op] * attempts, (fx.proxy.calls, result.err)
+        record(f"hanging endpoint ({budget or 'default 60'} s budget): {args[0]} after {attempts} attempts",
                result.code, "-", 0)
     assert state.state_path(name).read_text() == saved
     assert fx.recover(name) == "down" and fx.leaked(name) == 0

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.local import nodehost
 
 pytestmark = pytest.mark.local
 
@@ -56,6 +57,37 @@ def _log(env: dict, name: str) -> str:
     return path.read_text() if path.exists() else "(no log)"
 
 
+def _watcher(env: dict, name: str, file: str) -> dict:
+    """The leader's watcher's config.json or state.json, read here (written by rename: never half)."""
+    try:
+        return json.loads((_home(env, name, "node-1") / ".clustertool" / "autostop" / file).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _held_up_past_the_window(env: dict, name: str, why: str, windows: int = 1, since: float = 0.0) -> dict:
+    """Wait until the watcher, set at config.json's ``set_at`` (sampling again since ``since``: after a `start`),
+    has sampled the cluster busy for ``why`` over more than ``windows`` idle windows: an idle cluster is stopped
+    at the first sample an idle window after its first idle one, so by then the watcher would have stopped it.
+    Every sample seen must say ``why``.  The samples are the event waited for, not a sleep the watcher may lag
+    behind on a loaded machine."""
+    config = _watcher(env, name, "config.json")
+    idle_s, set_at = float(config["idle_s"]), max(float(config["set_at"]), since)
+    first: list[float] = []
+
+    def past() -> dict | None:
+        sample = _watcher(env, name, "state.json")
+        checked = float(sample.get("checked") or 0)
+        if checked < set_at:
+            return None
+        assert any(why in reason for reason in sample.get("busy", [])), (sample, _log(env, name))
+        first.append(checked)
+        return sample if checked >= first[0] + windows * idle_s else None
+
+    return nodehost.wait_for(past, f"watcher samples busy ({why}) over {windows} idle window(s)", timeout=300,
+                             every=0.2)
+
+
 def _wait_stopped(env: dict, name: str, limit: float) -> float:
     start = time.monotonic()
     while time.monotonic() - start < limit:
@@ -78,14 +110,14 @@ def test_busy_gpu_holds_the_cluster_up_then_it_stops_after_the_idle_window_and_n
     assert proc.returncode == 0, proc.stderr
     assert "stop every node after 4s idle" in proc.stdout and "watcher: loop" in proc.stdout
 
-    time.sleep(9)  # more than twice the window, with node-3's GPU at 93%
+    _held_up_past_the_window(env, name, "node-3 GPU busy", windows=2)  # with node-3's GPU at 93%
     assert _states(env, name) == ("ready", ["running"] * 4), _log(env, name)
     shown = run_cli("autostop", "-c", name, "--json", env=env)
     assert any("node-3 GPU busy (93/93%)" in why for why in json.loads(shown.stdout)["leader"]["busy"])
 
     (_home(env, name, "node-3") / "gpu-util").write_text("0\n")
     idle_from = time.monotonic()
-    stopped_at = _wait_stopped(env, name, limit=30)
+    stopped_at = _wait_stopped(env, name, limit=180)
     assert stopped_at - idle_from >= 4, "stopped before the idle window had passed"
 
     status = run_cli("status", "-c", name, env=env)
@@ -108,11 +140,13 @@ def test_busy_gpu_holds_the_cluster_up_then_it_stops_after_the_idle_window_and_n
 def test_a_running_job_and_then_cancel_hold_the_cluster_up_and_start_brings_the_watcher_back(local_cluster, env):
     name = local_cluster(4, env=env)
     _install_stand_in(env, name, 4)
-    job = run_cli("run", "-c", name, "--nodes", "leader", "--np", "1", "--", "sleep", "15", env=env)
+    gate = nodehost.Gate(env, name, ["node-1"])  # the job runs until the test opens its gate
+    job = run_cli("run", "-c", name, "--nodes", "leader", "--np", "1", "--json", "--", *gate.command, env=env)
     assert job.returncode == 0, job.stderr
+    job_dir = _home(env, name, "node-1") / ".clustertool" / "jobs" / json.loads(job.stdout)["id"]
     proc = run_cli("autostop", "-c", name, "3s", env=env)
     assert proc.returncode == 0, proc.stderr
-    time.sleep(5)  # GPUs idle, but the job runs
+    _held_up_past_the_window(env, name, "job(s) running")  # GPUs idle, but the job runs
     assert _states(env, name) == ("ready", ["running"] * 4), _log(env, name)
     shown = json.loads(run_cli("autostop", "-c", name, "--json", env=env).stdout)
     assert any(why.startswith("job(s) running") for why in shown["leader"]["busy"])
@@ -123,15 +157,25 @@ def test_a_running_job_and_then_cancel_hold_the_cluster_up_and_start_brings_the_
 
     cancel = run_cli("autostop", "-c", name, "--cancel", env=env)
     assert cancel.returncode == 0 and "autostop cancelled" in cancel.stdout
-    time.sleep(14)  # the job has ended, everything is idle: cancelled, so nothing stops
+    gate.open()
+    ended = nodehost.wait_for(lambda: (job_dir / "exit").exists() and (job_dir / "exit").stat().st_mtime, "job end")
+    # the job has ended, everything is idle: the watcher goes on sampling, cancelled, past an idle window, and
+    # nothing stops
+    nodehost.wait_for(lambda: _watcher(env, name, "state.json").get("cancelled")
+                      and float(_watcher(env, name, "state.json")["checked"]) >= ended + 3 + 1,
+                      "a cancelled sample an idle window after the job ended", timeout=300, every=0.2)
     assert _states(env, name) == ("ready", ["running"] * 4), _log(env, name)
 
     assert run_cli("autostop", "-c", name, "3s", env=env).returncode == 0
-    _wait_stopped(env, name, limit=30)
+    _wait_stopped(env, name, limit=180)
+    (_home(env, name, "node-2") / "gpu-util").write_text("93\n")  # busy from the boot on: `start` stays up
     started = run_cli("start", "-c", name, env=env)
     assert started.returncode == 0, started.stderr
     assert _states(env, name) == ("ready", ["running"] * 4)
-    _wait_stopped(env, name, limit=30)  # the watcher came back with the node (its boot script)
+    # the watcher came back with the node (its boot script): it samples again, then stops the idle cluster
+    _held_up_past_the_window(env, name, "node-2 GPU busy", since=time.time())
+    (_home(env, name, "node-2") / "gpu-util").write_text("0\n")
+    _wait_stopped(env, name, limit=180)
 
 
 def test_wait_for_jobs_and_ssh_counts_an_interactive_session_set_through_the_api(local_cluster, env, monkeypatch):
@@ -145,18 +189,18 @@ def test_wait_for_jobs_and_ssh_counts_an_interactive_session_set_through_the_api
     name = local_cluster(2, env=env)
     _install_stand_in(env, name, 2)
     cluster = Cluster.load(name)
-    argv = transport.ssh_argv(name, state.load(name).node("node-2"), "sleep 60", tty=True, extra=["-t"])
+    argv = transport.ssh_argv(name, state.load(name).node("node-2"), "sleep infinity", tty=True, extra=["-t"])
     session = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         result = cluster.autostop("3s", wait_for="jobs-and-ssh")
         assert result.to_dict()["autostop"] == {"idle_s": 3, "down": False, "wait_for": "jobs-and-ssh"}
-        time.sleep(7)  # idle GPUs, no job, but an interactive session on node-2
+        _held_up_past_the_window(env, name, "node-2: 1 interactive ssh session(s)")  # idle GPUs, no job
         assert _states(env, name) == ("ready", ["running"] * 2), _log(env, name)
         assert "node-2: 1 interactive ssh session(s)" in cluster.autostop().view.state["busy"]
     finally:
         session.kill()
         session.wait()
-    _wait_stopped(env, name, limit=30)
+    _wait_stopped(env, name, limit=180)
 
 
 def test_local_autodown_powers_off_then_the_next_command_tears_the_cluster_down(local_cluster, env):
@@ -164,11 +208,11 @@ def test_local_autodown_powers_off_then_the_next_command_tears_the_cluster_down(
 
     name = local_cluster(2, "--autostop", "3s", "--autodown", env=env)
     marker = _home(env, name, "node-1") / ".clustertool" / "autostop" / "poweroff.json"
-    deadline = time.monotonic() + 30
-    while not marker.exists() and time.monotonic() < deadline:  # no command looks meanwhile
-        time.sleep(0.5)
+    nodehost.wait_for(marker.exists, "the watcher's power-off", timeout=300, every=0.5)  # no command looks meanwhile
     assert json.loads(marker.read_text())["action"] == "down"
-    time.sleep(2)  # the power-off itself: members, then the leader
+    # the power-off itself, members then the leader: every node's processes end (sshd, then its PID 1)
+    nodehost.wait_for(lambda: not any(nodehost.processes(env, name, i) for i in (1, 2)), "the nodes powered off",
+                      timeout=300, every=0.2)
     listed = run_cli("ls", env=env)
     assert "autodowned" in listed.stdout and f"{name}: the cluster's watcher terminated it" in listed.stderr
     listed = run_cli("ls", "--json", env=env)

@@ -8,11 +8,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.conftest import CLI, REPO, run_cli
+from tests.local import nodehost
 
 pytestmark = pytest.mark.local
 
@@ -94,14 +94,24 @@ def test_from_local_reaches_every_node_through_the_leader(ct_env, local_cluster,
         assert sh(ct_env, name, node, FINGERPRINT, "/scratch/in") == want
 
 
-def _wait_for_files(ct_env, name, node, count, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = sh(ct_env, name, node, "ls \"$1\"/sub/deeper 2>/dev/null | wc -l", "/scratch/dst").strip()
-        if int(got or 0) >= count:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{node} never got {count} files")
+def _deeper(ct_env, name, node):
+    """The files of the tree's sub/deeper that have landed on ``node`` (read here: no CLI process per look)."""
+    folder = nodehost.node_dir(ct_env, name, node) / "scratch" / "dst" / "sub" / "deeper"
+    try:
+        return sorted(p for p in os.listdir(folder) if not p.startswith("."))  # rsync's temporary files: hidden
+    except OSError:
+        return []
+
+
+def _copy_processes(ct_env, name, index):
+    """pid -> argv of the processes of a copy on a node: its stations (relay, dialer, source: named by their
+    run folder, copy-<run>-...) and rsync."""
+    return {pid: argv for pid, argv in nodehost.processes(ct_env, name, index).items()
+            if any(".cache/clustertool/copy-" in a for a in argv) or os.path.basename(argv[0]) == "rsync"}
+
+
+def _run_folders(ct_env, name, node):
+    return sorted((nodehost.node_dir(ct_env, name, node) / "home" / ".cache" / "clustertool").glob("copy-*"))
 
 
 @pytest.mark.parametrize("strategy", ["chain", "fanout"])
@@ -111,15 +121,31 @@ def test_interrupted_copy_resumes_sending_only_what_is_missing(ct_env, local_clu
     proc = subprocess.Popen(CLI + ["copy", "-c", name, "--strategy", strategy, "--json",
                                    "/scratch/src", "/scratch/dst"],
                             env=ct_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for_files(ct_env, name, "node-3", 3)  # some data has landed on the last node
-    proc.send_signal(signal.SIGINT)  # Ctrl-C
-    proc.communicate(timeout=60)
-    assert proc.returncode == 130
-    # the relay stopped with us: no run files left, nothing more arrives
-    count = "ls /scratch/dst/sub/deeper | wc -l; ls -d ~/.cache/clustertool/copy-* 2>/dev/null | wc -l"
-    before = sh(ct_env, name, "node-3", count)
-    time.sleep(1.5)
-    assert sh(ct_env, name, "node-3", count) == before and before.split()[1] == "0"
+    # a whole file has landed on the last node; at that moment what feeds node-3 stops taking data (a stalled
+    # disk), so the Ctrl-C comes mid-copy however slowly this test runs: node-3's relay in the chain (the
+    # abort stops it), the leader's rsync to node-3 in the fan-out (node-3's rsync then sees its input end)
+    nodehost.wait_for(lambda: len(_deeper(ct_env, name, "node-3")) >= 2, "a whole file on node-3")
+    if strategy == "chain":
+        feeding = [p for p, argv in _copy_processes(ct_env, name, 3).items() if any("relay.py" in a for a in argv)]
+    else:
+        to_3 = nodehost.address(ct_env, name, "node-3")
+        feeding = [p for p, argv in _copy_processes(ct_env, name, 1).items()
+                   if os.path.basename(argv[0]) == "rsync" and any(to_3 in a for a in argv)]
+    frozen = nodehost.freeze(feeding)
+    try:
+        assert len(_deeper(ct_env, name, "node-3")) < 8, "the copy ended before the test could stop it"
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        proc.communicate(timeout=120)
+        assert proc.returncode == 130
+        landed = _deeper(ct_env, name, "node-3")
+    finally:
+        nodehost.thaw(frozen)
+    # the relay stopped with us: no process of the copy is left on any node, no run files, and nothing more arrived
+    for index in (1, 2, 3):
+        nodehost.wait_for(lambda i=index: not _copy_processes(ct_env, name, i), f"the copy's processes on node {index}"
+                          f" end: {_copy_processes(ct_env, name, index)}")
+    assert [_run_folders(ct_env, name, n) for n in ("node-1", "node-2", "node-3")] == [[], [], []]
+    assert _deeper(ct_env, name, "node-3") == landed
     code, data, err = copy_json(ct_env, "-c", name, "--strategy", strategy, "/scratch/src", "/scratch/dst")
     assert code == 0, err
     everything = data["total_bytes"] * (1 if strategy == "chain" else 2)  # fan-out sends once per node
@@ -129,23 +155,18 @@ def test_interrupted_copy_resumes_sending_only_what_is_missing(ct_env, local_clu
         assert sh(ct_env, name, node, FINGERPRINT, "/scratch/dst") == want
 
 
-def _netns(ct_env, name, index):
-    state = json.loads(open(os.path.join(ct_env["CLUSTERTOOL_HOME"], "clusters", f"{name}.json")).read())
-    return [ns for ns in state["provider_state"]["netns"] if ns.endswith(f"-{index}")][0]
-
-
 def test_node_killed_mid_chain_is_reported_and_nodes_after_it_get_the_data(ct_env, local_cluster):
     name = local_cluster(5, "--link-rate", "40mbit")
     sh(ct_env, name, "leader", MAKE_TREE, "/scratch/src", "10", "2500000")  # 25 MB: ~5 s per link
     proc = subprocess.Popen(CLI + ["copy", "-c", name, "--strategy", "chain", "--json", "/scratch/src", "/scratch/dst"],
                             env=ct_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for_files(ct_env, name, "node-4", 1)  # the chain node-2 -> node-3 -> node-4 -> node-5 streams
-    pids = subprocess.run(["ip", "netns", "pids", _netns(ct_env, name, 3)], capture_output=True, text=True).stdout
-    for pid in pids.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # the chain node-2 -> node-3 -> node-4 -> node-5 streams through node-3: then node-3 hangs (every process
+    # of the node stopped, so the chain cannot finish behind the test's back) and dies (SIGKILL)
+    nodehost.wait_for(lambda: _deeper(ct_env, name, "node-4"), "data on node-4")
+    pids = list(nodehost.processes(ct_env, name, 3))
+    nodehost.freeze(pids)
+    assert len(_deeper(ct_env, name, "node-3")) < 10, "node-3 had all the data before the test could stop it"
+    nodehost.signal_all(pids, signal.SIGKILL)
     out, err = proc.communicate(timeout=240)
     data = json.loads(out)
     by = nodes_of(data)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.conftest import run_cli
+from tests.local import nodehost
 from tests.local.conftest import module_cluster, stop_node_sshd
 
 pytestmark = pytest.mark.local
@@ -48,7 +49,13 @@ def start(cluster, *cmd, extra=()):
     return json.loads(proc.stdout)
 
 
-def wait_end(cluster, job_id, timeout=60):
+def workers_gate(cluster) -> nodehost.Gate:
+    """A gate for a job on the workers: it runs until the test opens it."""
+    name, env = cluster
+    return nodehost.Gate(env, name, ["node-1", "node-2"])
+
+
+def wait_end(cluster, job_id, timeout=300):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         jobs = {j["id"]: j for j in json.loads(cli(cluster, "jobs", "--json").stdout)["jobs"]}
@@ -80,9 +87,11 @@ def test_servers_have_their_role_and_stay_out_of_hostfiles(cluster):
 
 
 def test_run_plugin_gives_each_job_its_own_reducers_and_stops_them_when_it_ends(cluster):
-    a = start(cluster, "sh", "-c", "echo REDUCERS=$CLUSTERTOOL_REDUCERS; sleep 10")  # still running while b starts
+    gate = workers_gate(cluster)  # a runs until b has started and the test has looked
+    a = start(cluster, "sh", "-c", f"echo REDUCERS=$CLUSTERTOOL_REDUCERS; {gate.wait}")
     b = start(cluster, "sh", "-c", "echo REDUCERS=$CLUSTERTOOL_REDUCERS", extra=("--allow-concurrent",))
     assert len(reducers_on(cluster, "server-1")) >= 1
+    gate.open()
     lists = {}
     for job in (a, b):
         wait_end(cluster, job["id"])
@@ -96,7 +105,7 @@ def test_run_plugin_gives_each_job_its_own_reducers_and_stops_them_when_it_ends(
 
 
 def test_kill_stops_the_reducers_on_the_servers_and_says_so(cluster):
-    job = start(cluster, "sleep", "120")
+    job = start(cluster, *workers_gate(cluster).command)  # never opened: the job runs until `kill`
     assert len(reducers_on(cluster, "server-2")) == 1
     proc = cli(cluster, "kill", job["id"], "--grace", "2", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -108,10 +117,12 @@ def test_kill_stops_the_reducers_on_the_servers_and_says_so(cluster):
 
 
 def test_a_server_that_dies_during_the_job_is_named_in_its_log_and_in_jobs(cluster):
-    job = start(cluster, "sleep", "4")
+    gate = workers_gate(cluster)  # the job runs until its server is dead (a `sleep 4` ended first on a busy machine)
+    job = start(cluster, *gate.command)
     killed = cli(cluster, "exec", "-n", "server-2", "--no-live", "--",
                  f"kill -9 $(cat ~/.clustertool/jobs/{job['id']}/reducer.pid)")
     assert killed.returncode == 0, killed.stderr
+    gate.open()
     ended = wait_end(cluster, job["id"])
     assert ended["servers_lost"] == ["server-2"]
     assert "reduction server server-2" in cli(cluster, "logs", job["id"]).stdout
