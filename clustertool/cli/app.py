@@ -14,7 +14,7 @@ import typer
 from clustertool import __version__
 from clustertool.cli import usage
 from clustertool.core import interrupts
-from clustertool.core.errors import ExitStatus, ToolError
+from clustertool.core.errors import Declined, ExitStatus, ToolError
 
 
 def _click_modules() -> list:
@@ -129,9 +129,9 @@ def build() -> CommandGroup:
     return group
 
 
-def _fail(message: str, hint: str | None, code: int) -> int:
+def _fail(message: str, hint: str | None, code: int, prefix: str = "error: ") -> int:
     try:
-        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.write(f"{prefix}{message}\n")
         if hint:
             sys.stderr.write(f"hint: {hint}\n")
         sys.stderr.flush()
@@ -160,6 +160,8 @@ def _run(argv: list[str] | None) -> int:
         if _DEBUG["on"]:
             traceback.print_exc()
         return _fail(exc.message, exc.hint, exc.exit_code)
+    except Declined as exc:  # an answer of no: nothing done, and nothing wrong either
+        return _fail(exc.message, exc.hint, int(exc.exit_code), prefix="")
     except ToolError as exc:
         if _DEBUG["on"]:
             traceback.print_exc()

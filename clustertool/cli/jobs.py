@@ -17,6 +17,7 @@ from clustertool.cli.common import (
     NodesOpt,
     cluster_name,
     complete_job,
+    confirm,
     open_session,
 )
 
@@ -362,14 +363,13 @@ def reboot(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
            yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask.")) -> None:
     """Reboot nodes (local: restart the node's processes and sshd), wait for SSH, re-check."""
     from clustertool.core import nodeset
-    from clustertool.core.errors import UsageError
     from clustertool.jobs import manage
 
     name = cluster_name(cluster)
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError("refusing to reboot without --yes (no terminal to ask on)")
-        typer.confirm(f"Reboot {nodes or 'all nodes'} of {name!r}? Running jobs there die.", abort=True)
+        confirm(f"Reboot {nodes or 'all nodes'} of {name!r}? Running jobs there die.", what=f"reboot {name!r}",
+                kept=f"not rebooted: {nodes or 'every node'} of {name!r} kept running",
+                unasked=f"clustertool reboot -c {name}{' --nodes ' + nodes if nodes else ''} --yes")
     done = manage.reboot(open_session(name), nodes, timeout=timeout)
     typer.echo(f"rebooted {nodeset.fold(n.name for n in done)}; SSH and the mesh answer")
 
