@@ -23,7 +23,8 @@ def _click_option(key: str, spec: OptionSpec, providers: list[str]) -> click.Opt
 def build_up_command() -> click.Command:
     params: list[click.Parameter] = [
         click.Argument(["spec_file"], required=False, metavar="[SPEC.yaml]"),
-        click.Option(["--name"], help="Cluster name (lowercase letters, digits, '-')."),
+        click.Option(["--name"], help="Cluster name (lowercase letters, digits, '-'; default: what it is, e.g. "
+                                      "local-2nodes)."),
         click.Option(["--provider", "-p"], type=click.Choice(list(PROVIDERS)),
                      help="Where the nodes come from (default: local)."),
         click.Option(["--nodes", "-N", "nodes"], type=int, help="Number of nodes."),

@@ -69,7 +69,8 @@ def _already(name: str) -> ToolError:
     held = state.holder(name)
     if held and held[1] == "up":  # the state exists because that `up` is making it
         return state.being_created(name, held[0])
-    return UsageError(f"cluster {name!r} already exists", hint=f"use it, or `clustertool down -c {name}` first")
+    return UsageError(f"cluster {name!r} already exists", hint=f"use it (-c {name}), give this one another --name, "
+                                                               f"or `clustertool down -c {name}` first")
 
 
 def up(request: UpRequest, *, report: Reporter = silent) -> UpResult:

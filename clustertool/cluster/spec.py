@@ -233,9 +233,16 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
     if values["nodes"] is None and not cls.count_from_options:
         where = f"{path}: nodes" if path is not None else "--nodes"
         raise SpecError(f"{where}: required for provider {provider!r}: a positive integer")
-    return ClusterSpec(name=values["name"] or provider, provider=provider, nodes=values["nodes"],
-                       slots=values["slots"], user=values["user"], options=options, source=path,
+    return ClusterSpec(name=values["name"] or default_name(provider, values["nodes"]), provider=provider,
+                       nodes=values["nodes"], slots=values["slots"], user=values["user"], options=options, source=path,
                        autostop=_autostop(src))
+
+
+def default_name(provider: str, nodes: int | None) -> str:
+    """A cluster's name when `up` is given none: what it is (local-2nodes, aws-8nodes; static-adopted)."""
+    if nodes is None:
+        return f"{provider}-adopted"
+    return f"{provider}-{nodes}node{'s' if nodes != 1 else ''}"
 
 
 def _shared_fs(src: _Sources) -> list[dict]:

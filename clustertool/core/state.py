@@ -309,6 +309,15 @@ def resolve_name(name: str | None) -> str:
         return known[0]
     if not known:
         raise StateError("no clusters known", hint="bring one up with `clustertool up`")
-    raise UsageError(
-        f"several clusters known ({', '.join(known)}): say which with -c/--cluster",
-    )
+    raise UsageError(f"several clusters known ({_listed(known)}): say which one", hint=_choices(known))
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    return ", ".join(names) if len(names) <= most else ", ".join(names[:most]) + f" and {len(names) - most} more"
+
+
+def _choices(names: list[str], most: int = 4) -> str:
+    """The -c choices, as a hint: every one where they are few."""
+    if len(names) <= most:
+        return "add " + " or ".join(f"-c {n}" for n in names)
+    return f"add -c NAME: {', '.join(f'-c {n}' for n in names[:most])} ... (`clustertool ls` lists all {len(names)})"
