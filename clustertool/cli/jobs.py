@@ -279,8 +279,8 @@ def _attempt_line(a: dict) -> str:
 
 
 def logs(
-    job: str = typer.Argument(..., metavar="JOB", autocompletion=complete_job,
-                              help="Job id (or unique prefix, or name)."),
+    job: Optional[str] = typer.Argument(None, metavar="[JOB]", autocompletion=complete_job,
+                                        help="Job id, unique prefix or name (default: the latest job)."),
     cluster: Optional[str] = ClusterOpt,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
     node: Optional[str] = typer.Option(None, "--node", help="Only the ranks that ran on this node (and mpirun's "
@@ -314,14 +314,15 @@ def logs(
         raise typer.Exit(code)
 
 
-def attach(job: str = typer.Argument(..., metavar="JOB", autocompletion=complete_job, help="Job id."),
+def attach(job: Optional[str] = typer.Argument(None, metavar="[JOB]", autocompletion=complete_job,
+                                              help="Job id, unique prefix or name (default: the latest running job)."),
            cluster: Optional[str] = ClusterOpt) -> None:
     """Attach to the job's tmux session on the leader (detach again with Ctrl-b d)."""
     from clustertool.core.errors import UsageError
     from clustertool.jobs.logs import find_job
     from clustertool.remote.transport import session_argv
 
-    c, j = find_job(open_session(cluster), job)
+    c, j = find_job(open_session(cluster), job, running=True)
     if j.state != "running":
         raise UsageError(f"job {j.id} is not running ({j.state})", hint=f"`clustertool logs {j.id}`")
     if j.detached != "tmux":

@@ -253,10 +253,11 @@ def parse_ranks(text: str | None) -> set[int] | None:
 
 @dataclass(frozen=True)
 class LogsRequest:
-    """One `clustertool logs JOB`: its lines so far (``follow``: until it ends), only ``node``'s ranks,
-    ``ranks`` ("3", "0,2", "4-7"), the last ``tail`` lines of each stream, or one ``attempt`` (1: the first)."""
+    """One `clustertool logs [JOB]`: its lines so far (``follow``: until it ends), only ``node``'s ranks,
+    ``ranks`` ("3", "0,2", "4-7"), the last ``tail`` lines of each stream, or one ``attempt`` (1: the first).
+    ``job`` None: the latest job."""
 
-    job: str
+    job: str | None = None
     follow: bool = False
     node: str | None = None
     ranks: str | None = None

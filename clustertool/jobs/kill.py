@@ -77,7 +77,9 @@ def pick_running(jobs: list[JobRecord], ref: str | None) -> JobRecord:
     if not running:
         raise UsageError("no running job on this cluster", hint="`clustertool jobs` lists jobs")
     if len(running) > 1:
-        raise UsageError(f"{len(running)} jobs are running ({', '.join(j.id for j in running)}): say which")
+        raise UsageError(f"{len(running)} jobs are running ({', '.join(j.id for j in running[:4])}"
+                         f"{' ...' if len(running) > 4 else ''}): say which",
+                         hint=f"e.g. {running[-1].id} (the latest)")
     return running[0]
 
 
