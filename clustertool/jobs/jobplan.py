@@ -71,6 +71,21 @@ class JobPlan:
         plan = self.agent_plan()
         return [(n, share.get("argv") or list(self.spec.program)) for (n, _), share in zip(self.layout, plan["nodes"])]
 
+    def shown_node_commands(self) -> list[tuple[Node, list[str]]]:
+        """:meth:`node_commands` as a dry run shows them: the user's script where the agent's rank runner
+        stands, PORT for the port the leader picks, the job's DeepSpeed hostfile by its path."""
+        program = launchers.rank_program(self.spec)
+        script = {"module": ["-m", program.get("target", "")], "python": [program.get("target", "")]}.get(
+            program["mode"], [program.get("target", "")])
+        fill = {launchers.PORT: PORT, launchers.DS_HOSTFILE: _job_path(self.home, self.job_id, "ds_hostfile")}
+        shown = []
+        for node, argv in self.node_commands():
+            words: list[str] = []
+            for word in argv:
+                words += script if word == launchers.AGENT else [fill.get(word, word)]
+            shown.append((node, words))
+        return shown
+
     def agent_plan(self) -> dict:
         """agent.json: what every node's job agent needs (nodeprogs/jobagent.py)."""
         layout = self.layout

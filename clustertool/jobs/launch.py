@@ -151,7 +151,7 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
                     servers=servers)
     preempt = recovery.preempt_signal(cluster, request.recovery)
     if dry_run:
-        commands = [(n.name, argv) for n, argv in plan.node_commands()] if plan.spec.node_launcher else None
+        commands = [(n.name, argv) for n, argv in plan.shown_node_commands()] if plan.spec.node_launcher else None
         return Launch(job_record(cluster, plan, request, preempt), plan.argv, dry_run=True, sync=synced_dir,
                       node_commands=commands)
     report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
