@@ -174,6 +174,7 @@ def run(
         else:
             if started.sync is not None:
                 render.info(f"would sync {started.sync[0]} to {started.sync[1]} on {len(started.job.nodes)} node(s)")
+            render.info(f"the ranks' python: {started.python}")
             typer.echo(shlex.join(started.argv))
             for node, argv in started.node_commands or []:
                 typer.echo(f"  {node}: {shlex.join(argv)}")

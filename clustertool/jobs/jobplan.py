@@ -18,7 +18,15 @@ from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.jobs import launchers
 from clustertool.jobs.launchers import LaunchSpec
-from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet, job_hostfile, placement, split_command
+from clustertool.jobs.mpirun import (
+    MpiOptions,
+    build_argv,
+    cluster_subnet,
+    env_items,
+    job_hostfile,
+    placement,
+    split_command,
+)
 
 HOME = "$HOME"  # the leader's home until preflight says it
 # What mpirun starts on each node for a node launcher (torchrun, accelerate, deepspeed, process).
@@ -50,6 +58,22 @@ class JobPlan:
         return dataclasses.replace(self.options, command=list(AGENT_COMMAND), np=None, per_node=None,
                                    output_dir=None, tag_output=False, oversubscribe=False, rank_wrapper=False,
                                    hostfile=self.options.hostfile)
+
+    @property
+    def program(self) -> str:
+        """What every node runs first: the launcher (torchrun, python3 -m ..., accelerate ...), or the program."""
+        if self.spec.kind == "process" or not self.spec.node_launcher:
+            return self.spec.program[0]
+        return self.spec.prefix[0]
+
+    @property
+    def rank_path(self) -> str | None:
+        """The PATH the ranks get from this machine (the provider's, or a -x PATH=...); None: the nodes' own."""
+        found = None
+        for item in env_items(self.options):
+            if item.split("=", 1)[0] == "PATH":
+                found = item.split("=", 1)[1] if "=" in item else None
+        return found
 
     @property
     def layout(self) -> list[tuple[Node, int]]:
@@ -163,9 +187,10 @@ def declared_subnet(cluster: ClusterRecord) -> str | None:
 
 def plan_job(cluster: ClusterRecord, nodes: list[Node], opts: MpiOptions, job_id: str, *,
              sync: tuple[str, str] | None = None, plugin_env: dict[str, str] | None = None,
-             servers: list[Node] | None = None) -> JobPlan:
+             servers: list[Node] | None = None, node_env: dict[str, str] | None = None) -> JobPlan:
     """The job on ``nodes`` (rank nodes of ``cluster``); every mistake in the options is a
-    UsageError here, before anything reaches a node."""
+    UsageError here, before anything reaches a node.  ``node_env``: what the provider hands every rank
+    from this machine (PATH, VIRTUAL_ENV on a local cluster); the user's own -x of a name wins."""
     ordered = [n for n in cluster.ordered_nodes() if n in nodes]
     if cluster.leader not in ordered:
         raise UsageError("the selected nodes must include the leader (mpirun runs there)",
@@ -190,6 +215,8 @@ def plan_job(cluster: ClusterRecord, nodes: list[Node], opts: MpiOptions, job_id
     if spec.node_launcher:
         derived = dataclasses.replace(derived, command=list(spec.program))
     env = rank_env(tuple(ordered), derived)
+    given = {item.split("=", 1)[0] for item in derived.env}
+    env.update({k: v for k, v in (node_env or {}).items() if k not in given})
     if max(count for _, count in rank_layout(tuple(ordered), derived)) > 1 and not any(
             item.split("=", 1)[0] == "OMP_NUM_THREADS" for item in derived.env):
         # As torchrun does: several ranks a node, each with a thread per core, overload the node (and on

@@ -150,15 +150,30 @@ FREE_PORT = ("python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0));
              "2>/dev/null")
 
 
-def scan_script() -> str:
-    """Any node: ids of clustertool jobs that have processes here, the home directory, a free port."""
+def scan_script(program: str | None = None, path: str | None = None) -> str:
+    """Any node: ids of clustertool jobs that have processes here, the home directory, a free port; with
+    ``program``, ``missing=PROGRAM`` where the ranks (their PATH: ``path``, else the node's own) cannot find it."""
     return "\n".join([
         'echo "home=$HOME"',
         f'echo "port=$({FREE_PORT})"',
         f"grep -a -z -o -h '^{JOB_ENV}=[a-z0-9-]*$' /proc/[0-9]*/environ 2>/dev/null "
         "| tr '\\0' '\\n' | sort -u | sed 's/^/running /'",
+        *([program_check(program, path)] if program else []),
         "true",
     ])
+
+
+def program_check(program: str, path: str | None) -> str:
+    """``missing=PROGRAM`` unless ``program`` runs there: found on ``path``, or an executable file by its full
+    path (a path relative to the job's folder is not checked: the folder may not be there yet)."""
+    quoted = shlex.quote(program)
+    if "/" in program:
+        found = f"test -x {quoted}" if program.startswith("/") else "true"
+    else:
+        found = f"command -v {quoted} >/dev/null 2>&1"
+    if path is not None:
+        found = f"(PATH={shlex.quote(path)}; {found})"
+    return f"{found} || echo missing={quoted}"
 
 
 def status_script() -> str:

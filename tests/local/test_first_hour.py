@@ -4,6 +4,8 @@ mistake and each headline example looks like, and that nothing outlives its purp
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 
 import pytest
@@ -41,3 +43,50 @@ def test_exec_timeout_returns_at_the_timeout_and_stops_the_command_on_the_nodes(
             break
         assert time.monotonic() < deadline, f"`sleep 47` still runs on the nodes after exec returned: {left}"
         time.sleep(0.5)
+
+
+DDP = """\
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(2) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} sum={t[0].item():g}")
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("proj")
+    (folder / "train.py").write_text(DDP)
+    return folder
+
+
+@pytest.mark.parametrize("launcher", [["python"], ["torchrun"]], ids=["python", "torchrun"])
+def test_the_headline_examples_run_with_the_users_virtualenv(three, project, launcher):
+    pytest.importorskip("torch", reason="needs PyTorch in this virtualenv (make setup installs it)")
+    name, env = three
+    proc = run_cli("run", "-c", name, "--sync", str(project), "--follow", "--", *launcher, "train.py", env=env)
+    assert proc.returncode == 0, proc.stderr
+    sums = sorted(line.split(">:", 1)[-1] for line in proc.stdout.splitlines() if " sum=" in line)
+    assert sums == [f"rank {r}/3 sum=6" for r in range(3)], proc.stdout
+
+
+def test_a_program_the_nodes_lack_is_named_before_anything_starts(three):
+    name, env = three
+    before = json.loads(run_cli("jobs", "-c", name, "--json", env=env).stdout)["jobs"]
+    proc = run_cli("run", "-c", name, "--", "trian.py", env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-2:] == [
+        "error: trian.py: not found on node-[1-3] (the ranks' PATH there)",
+        "hint: give its full path, or -x PATH=DIR:/usr/bin:/bin for its folder DIR (`clustertool run --dry-run` says "
+        "which python the ranks get)"]
+    assert json.loads(run_cli("jobs", "-c", name, "--json", env=env).stdout)["jobs"] == before
+
+
+def test_a_dry_run_says_which_python_the_ranks_get(three):
+    name, env = three
+    proc = run_cli("run", "-c", name, "--dry-run", "--", "python", "train.py", env=env)
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    assert f"» the ranks' python: {venv}/bin/python (the virtualenv {venv};" in proc.stderr

@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -25,8 +26,16 @@ from typing import ClassVar
 from clustertool.core import state
 from clustertool.core.errors import MissingPrerequisite, ProviderError, UsageError
 from clustertool.core.model import LEADER, ClusterRecord, Node, Reporter, silent
-from clustertool.providers.base import OptionSpec, Provider, ProvisionRequest, Sweep, SweepRemoved, SweepRequest
-from clustertool.providers.local import firewall, localfs, net, nodes, strays, swap, sysops
+from clustertool.providers.base import (
+    OptionSpec,
+    Provider,
+    ProvisionRequest,
+    RankEnvironment,
+    Sweep,
+    SweepRemoved,
+    SweepRequest,
+)
+from clustertool.providers.local import firewall, localfs, net, nodes, strays, swap, sysops, userenv
 from clustertool.providers.local.removal import teardown
 from clustertool.remote import access
 
@@ -69,6 +78,10 @@ class LocalProvider(Provider):
     @classmethod
     def hourly_price(cls, node_type: str, nodes: int, spot: bool) -> float | None:
         return 0.0  # namespaces on this machine
+
+    def rank_environment(self, cluster: ClusterRecord) -> RankEnvironment:
+        """The user's own environment (this machine's PATH, its virtualenv first): the nodes share its files."""
+        return userenv.user_environment(os.environ, sys.prefix, sys.base_prefix)
 
     def link_rate(self, cluster: ClusterRecord) -> int | None:
         """``--link-rate``: every node's link is shaped to it at both ends (tc tbf)."""
