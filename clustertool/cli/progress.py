@@ -79,8 +79,9 @@ def copy_table(result: CopyResult) -> None:
     """One row per node: verdict, bytes received, files sent/checked, the error if any."""
     rows = []
     for n in result.nodes:
+        judged = result.verified and n.status in ("ok", "mismatch")  # a failed node's files were not verified
         rows.append([n.node, n.status, human_bytes(n.bytes_received), n.files_sent,
-                     n.files_checked if result.verified else "-", n.exit_code, render.clip(n.error or "")])
+                     n.files_checked if judged else "-", n.exit_code, render.clip(n.error or "")])
     for line in getattr(result, "source_errors", [])[:10]:
         sys.stderr.write(f"source: {line}\n")
     render.table(["node", "status", "received", "files sent", "verified files", "exit", "error"], rows,

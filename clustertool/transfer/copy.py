@@ -10,6 +10,7 @@ one result per node.  Everything comes back as data.
 from __future__ import annotations
 
 import os
+import shlex
 import threading
 import time
 
@@ -51,13 +52,40 @@ def _source_manifest(run: CopyRun, prepare: list[dict] | None = None) -> manifes
     if man.error:
         raise UsageError(f"cannot read SRC {run.src!r} {where}: {man.error}")
     if not man.exists:
-        raise UsageError(f"SRC {run.src!r} does not exist {where}")
+        raise _no_source(run)
     bad = [p for p, e in man.entries.items() if e["t"] in ("?", "o")]
     if bad:
         raise UsageError(f"SRC holds entries that cannot be copied (unreadable or special files): "
                          f"{manifest.summarize(bad, 5)}")
     run.algo = man.fastest
     return man
+
+
+def _no_source(run: CopyRun) -> UsageError:
+    """SRC is not where --from says: the fixed command when it is here (not on the leader)."""
+    if run.from_local:
+        return UsageError(f"SRC {run.src!r} does not exist here", hint="a path on this machine (relative: to this "
+                                                                       "folder), or --from leader for one there")
+    asked = run.asked
+    leader = run.cluster.leader.name
+    if asked is not None and os.path.lexists(os.path.expanduser(asked.src)):
+        nodes = f" --nodes {shlex.quote(asked.nodes)}" if asked.nodes else ""
+        return UsageError(f"SRC {asked.src!r} is not on the leader ({leader}), but it is here",
+                          hint=f"clustertool copy -c {run.cluster.name}{nodes} --from local {shlex.quote(asked.src)} "
+                               f"{shlex.quote(asked.dest)}")
+    return UsageError(f"SRC {run.src!r} is neither on the leader ({leader}) nor here",
+                      hint="a path on the leader (relative: to its home), or --from local with a path here")
+
+
+def _unwritable(run: CopyRun, dests: dict[str, manifest.Manifest | str]) -> None:
+    """Every target refused DEST, for one reason, before anything was sent: the copy stops there, in one line."""
+    why = {d.unwritable if isinstance(d, manifest.Manifest) else None for n, d in dests.items()
+           if n in {t.name for t in run.targets}}
+    if len(why) == 1 and None not in why:
+        where = nodeset.fold(n.name for n in run.targets)
+        raise UsageError(f"cannot write DEST {run.dest!r} on {where}: {why.pop()}",
+                         hint="give a folder the nodes can write, e.g. /scratch/data (`clustertool exec -c "
+                              f"{run.cluster.name} -- ls -ld DIR` shows one)")
 
 
 def _chain_likely(run: CopyRun, strategy: str) -> bool:
@@ -83,11 +111,12 @@ def survey(run: CopyRun, strategy: str) -> dict[str, plan.NodePlan]:
     if hop_st.get(run.cluster.leader.name) and all(not n.is_leader for n in nodes):
         nodes.append(run.cluster.leader)  # from local: the leader relays for the members
     dests = manifest.remote(run.session, nodes, run.dest, timeout=600,
-                      prepare=lambda n: hop_st.get(n.name))
+                      prepare=lambda n: hop_st.get(n.name), writable=True)
     worker.join()
     if failed:
         raise failed[0]
     run.source = got["source"]
+    _unwritable(run, dests)
     return _plans(run, run.targets, dests)
 
 
@@ -104,6 +133,8 @@ def _plans(run: CopyRun, nodes: list[Node], dests: dict[str, manifest.Manifest |
             run.fail(node.name, dest)
         elif dest.exists and not dest.is_dir:
             run.fail(node.name, f"DEST {run.dest!r} exists and is not a directory")
+        elif dest.unwritable:
+            run.fail(node.name, f"cannot write DEST {run.dest!r}: {dest.unwritable}")
         else:
             out[node.name] = plan.plan_node(node.name, run.manifest, dest, delete=run.delete)
     _settle_hashes(run, out)
@@ -175,7 +206,8 @@ def copy(session: ClusterSession, request: CopyRequest, *, on_progress: Progress
         selection = "leader"
         report(mount.write_once_line(cluster, dest, shared))
     run = CopyRun(cluster, src, relative_remote(dest), from_local, _targets(cluster, selection, from_local),
-                  request.delete, request.cipher, on_progress, report, transport, keep=keep, verify=request.verify)
+                  request.delete, request.cipher, on_progress, report, transport, keep=keep, verify=request.verify,
+                  asked=request)
     if not from_local and src == run.dest and any(n.is_leader for n in run.targets):
         raise UsageError("SRC and DEST are the same path on the leader", hint="use --nodes members")
     timings: dict[str, float] = {}
@@ -217,8 +249,9 @@ def _copy(run: CopyRun, strategy: str, started: float, timings: dict[str, float]
     timings["verify"] = time.monotonic() - started
     for node in run.targets:
         base = run.results.get(node.name) or NodeCopy(node.name)
-        base.files_sent = base.files_sent or len([p for p in node_plans.get(node.name, plan.NodePlan("")).send
-                                                  if run.manifest.entries[p]["t"] == "f"])
+        if base.status == "ok":  # a node that failed counts only what reached it
+            base.files_sent = base.files_sent or len([p for p in node_plans.get(node.name, plan.NodePlan("")).send
+                                                      if run.manifest.entries[p]["t"] == "f"])
         result.nodes.append(base)
     return _finish(run, result, started, timings)
 

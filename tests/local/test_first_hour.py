@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -90,3 +91,34 @@ def test_a_dry_run_says_which_python_the_ranks_get(three):
     proc = run_cli("run", "-c", name, "--dry-run", "--", "python", "train.py", env=env)
     venv = os.path.dirname(os.path.dirname(sys.executable))
     assert f"» the ranks' python: {venv}/bin/python (the virtualenv {venv};" in proc.stderr
+
+
+def _in(folder, *args, env):
+    """The CLI run from ``folder``, as a user in their project folder runs it."""
+    return subprocess.run([sys.executable, "-m", "clustertool", *args], env=env, cwd=folder, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_copy_of_a_file_here_but_not_on_the_leader_hints_from_local(three, tmp_path):
+    name, env = three
+    (tmp_path / "data50.bin").write_bytes(b"x" * 1000)
+    proc = _in(tmp_path, "copy", "-c", name, "data50.bin", "/scratch/data", env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-2:] == [
+        "error: SRC 'data50.bin' is not on the leader (node-1), but it is here",
+        f"hint: clustertool copy -c {name} --from local data50.bin /scratch/data"]
+    proc = _in(tmp_path, "copy", "-c", name, "nowhere.bin", "/scratch/data", env=env)
+    assert proc.stderr.splitlines()[-2:] == [
+        "error: SRC 'nowhere.bin' is neither on the leader (node-1) nor here",
+        "hint: a path on the leader (relative: to its home), or --from local with a path here"]
+
+
+def test_copy_to_a_destination_that_cannot_be_made_is_one_line_and_nothing_is_sent(three, project):
+    name, env = three
+    proc = _in(project.parent, "copy", "-c", name, "--from", "local", f"{project.name}/train.py", "/proc/nope", env=env)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("» ")]
+    assert errors == ["error: cannot write DEST '/proc/nope' on node-[1-3]: /proc: No such file or directory",
+                      "hint: give a folder the nodes can write, e.g. /scratch/data (`clustertool exec -c "
+                      f"{name} -- ls -ld DIR` shows one)"], proc.stderr
+    assert all("files sent" not in line for line in proc.stderr.splitlines())
