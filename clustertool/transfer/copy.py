@@ -18,6 +18,7 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, Node
+from clustertool.core.words import counted
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.sharedfs import mount
@@ -232,8 +233,9 @@ def _copy(run: CopyRun, strategy: str, started: float, timings: dict[str, float]
     union = plan.union_send([node_plans[n.name] for n in live], run.manifest)
     payload = plan.payload_bytes(union, run.manifest)
     chosen = choose_strategy(strategy, len(live), payload, run.keep is not None)
-    run.report(f"{len(run.manifest.entries)} entries, {run.manifest.total_bytes} bytes at the source; "
-               f"{payload} bytes to send ({chosen}, {len(live)} node(s))")
+    run.report(f"{counted(len(run.manifest.entries), 'entry', 'entries')}, "
+               f"{counted(run.manifest.total_bytes, 'byte')} at the source; {counted(payload, 'byte')} to send "
+               f"({chosen}, {counted(len(live), 'node')})")
     result = CopyResult(run.src, run.dest, "local" if run.from_local else run.cluster.leader.name, chosen, [],
                         run.manifest.total_bytes, run.manifest.file_count,
                         verify="stream" if run.verify else "off", hash=run.algo if run.verify else None)
@@ -267,8 +269,8 @@ def _verify_only(run: CopyRun, started: float, timings: dict[str, float]) -> Cop
     """No transfer: hash every file on every node and at the source, compare, one verdict each."""
     result = CopyResult(run.src, run.dest, "local" if run.from_local else run.cluster.leader.name, "none", [],
                         run.manifest.total_bytes, run.manifest.file_count, verify="reread", hash=run.algo)
-    run.report(f"re-reading {run.manifest.file_count} files ({run.manifest.total_bytes} bytes) at the source and "
-               f"on {len(run.targets)} node(s), hash {run.algo}")
+    run.report(f"re-reading {counted(run.manifest.file_count, 'file')} ({counted(run.manifest.total_bytes, 'byte')}) "
+               f"at the source and on {counted(len(run.targets), 'node')}, hash {run.algo}")
     verify.verify(run, run.targets, result)
     result.verified = True
     timings["verify"] = time.monotonic() - started
