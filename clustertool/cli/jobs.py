@@ -247,7 +247,7 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
         return
     render.plain_table(["id", "name", "state", "started", "duration", "ranks", "nodes", "command"],
                  [(j.id, j.name or "", _state_text(j), time.strftime("%m-%d %H:%M:%S", time.localtime(j.started)),
-                   _duration(j), j.np, len(j.nodes), render.clip(shlex.join(j.command))) for j in all_jobs])
+                   _duration(j), j.np, len(j.nodes), render.clip(render.command_line(j.command))) for j in all_jobs])
     for j in all_jobs:  # jobs run with --restarts: each attempt, its cause, and why the loop stopped
         if len(j.attempts) > 1 or (j.attempts and j.restart_verdict and j.state != "succeeded") or j.waiting:
             typer.echo(f"\njob {j.id} attempts (--restarts {j.restarts}):")

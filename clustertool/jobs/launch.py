@@ -22,6 +22,7 @@ from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Node
 from clustertool.jobs import output, records, recovery, reducers, scripts, stacks, syncdir
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.jobrequests import RunRequest
+from clustertool.jobs.mpirun import split_command
 from clustertool.nodeprogs import program_text
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
@@ -250,7 +251,7 @@ def _restarter(plan: JobPlan, job: JobRecord) -> bytes | None:
 def job_record(cluster: ClusterRecord, plan: JobPlan, request: RunRequest, preempt: str | None) -> JobRecord:
     """The job's record: what the request asked, what the plan made (``preempt``: the signal a spot
     notice sends, where notices are watched)."""
-    return JobRecord(id=plan.job_id, cluster=cluster.name, command=list(plan.options.command), argv=plan.argv,
+    return JobRecord(id=plan.job_id, cluster=cluster.name, command=split_command(request.command), argv=plan.argv,
                      nodes=[n.name for n in plan.nodes], np=plan.np, name=request.name, leader=cluster.leader.name,
                      workdir=plan.options.workdir, launcher=plan.launcher, started=time.time(),
                      output_dir=plan.options.output_dir, tag_output=plan.options.tag_output,

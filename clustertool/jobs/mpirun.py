@@ -31,7 +31,9 @@ VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # already marked the job on this node (a rank started after kill looked for processes), gives the rank the variables
 # torch.distributed's env:// (and most launchers' scripts) read, from Open MPI's own, then runs the
 # program.  NODE_RANK: the node whose first rank (CLUSTERTOOL_RANK_STARTS, in hostfile order, as
-# `-map-by slot` fills the nodes) is the last one at or below this rank.
+# `-map-by slot` fills the nodes) is the last one at or below this rank.  A program that is not there
+# is the node's ``failure`` (rank, exit 127, when; as the job agent writes it): mpirun's own log does not
+# always name a rank that could not start, so `jobs` and `run --follow` would not say which and why.
 RANK_WRAPPER = (
     'd="$HOME/' + JOBS_DIR + '/$' + JOB_ENV + '/ranks"; mkdir -p "$d"; '
     'read -r p _ _ pp pg sid _ < /proc/$$/stat; '
@@ -44,6 +46,9 @@ RANK_WRAPPER = (
     'n=0; NODE_RANK=0; for s in ${CLUSTERTOOL_RANK_STARTS:-0}; do '
     '[ "$RANK" -ge "$s" ] && NODE_RANK=$n; n=$((n + 1)); done; '
     'export NODE_RANK CLUSTERTOOL_NODE_RANK="$NODE_RANK"; fi; '
+    'command -v "$1" >/dev/null 2>&1 || { echo "ct-rank: $1: not found" >&2; [ -f "$d/../failure" ] || '
+    'printf \'{"rank": %s, "code": 127, "time": %s}\\n\' "${OMPI_COMM_WORLD_RANK:-0}" "$(date +%s)" '
+    '> "$d/../failure"; exit 127; }; '
     'exec "$@"'
 )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -72,6 +73,8 @@ def test_the_headline_examples_run_with_the_users_virtualenv(three, project, lau
     assert proc.returncode == 0, proc.stderr
     sums = sorted(line.split(">:", 1)[-1] for line in proc.stdout.splitlines() if " sum=" in line)
     assert sums == [f"rank {r}/3 sum=6" for r in range(3)], proc.stdout
+    job = json.loads(run_cli("jobs", "-c", name, "--json", env=env).stdout)["jobs"][-1]
+    assert job["command"] == [*launcher, "train.py"]  # `jobs` showed a torchrun job as `train.py`
 
 
 def test_a_program_the_nodes_lack_is_named_before_anything_starts(three):
@@ -122,3 +125,18 @@ def test_copy_to_a_destination_that_cannot_be_made_is_one_line_and_nothing_is_se
                       "hint: give a folder the nodes can write, e.g. /scratch/data (`clustertool exec -c "
                       f"{name} -- ls -ld DIR` shows one)"], proc.stderr
     assert all("files sent" not in line for line in proc.stderr.splitlines())
+
+
+@pytest.mark.parametrize("nodes", ["node-[1-2]", None], ids=["2-nodes", "3-nodes"])
+def test_a_rank_that_cannot_start_is_named_the_same_way_on_2_and_3_nodes(three, nodes):
+    name, env = three
+    where = ["--nodes", nodes] if nodes else []
+    proc = run_cli("run", "-c", name, *where, "--follow", "--", "./no-such.sh", "--lr", "0.1", env=env)
+    assert proc.returncode == 127, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"job j\S+ failed: rank \d on node-\d exited 127: ct-rank: \./no-such\.sh: not found", last), \
+        proc.stderr
+    job = json.loads(run_cli("jobs", "-c", name, "--json", env=env).stdout)["jobs"][-1]
+    assert job["command"] == ["./no-such.sh", "--lr", "0.1"] and job["failure"]["code"] == 127
+    row = [line for line in run_cli("jobs", "-c", name, env=env).stdout.splitlines() if job["id"] in line][0]
+    assert "failed (rank " in row and "not found)" in row and row.endswith("./no-such.sh --lr 0.1")
