@@ -68,7 +68,7 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
         **options: Any) -> int:
     from clustertool.cli import render
     from clustertool.cli.common import reporter
-    from clustertool.cluster import lifecycle, spec
+    from clustertool.cluster import lifecycle, spec, sshinclude
     from clustertool.cluster.clusterrequests import UpRequest
     from clustertool.remote import access
 
@@ -95,5 +95,6 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
     click.echo(f"hostfile: {result.hostfile}")
     click.echo(f"access:   {access.describe(cluster)}")
     if cluster.status == "ready":
-        click.echo(f"ssh:      ssh {cluster.name}-leader   |   clustertool exec -c {cluster.name} -- hostname")
+        plain = f"ssh {cluster.name}-leader" if sshinclude.active() else f"clustertool ssh -c {cluster.name}"
+        click.echo(f"ssh:      {plain}   |   clustertool exec -c {cluster.name} -- hostname")
     return 0
