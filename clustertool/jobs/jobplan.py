@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from clustertool.core.errors import UsageError
-from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
+from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR, RANK_HOST_ENV
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.jobs import launchers
 from clustertool.jobs.launchers import LaunchSpec
@@ -27,6 +27,7 @@ from clustertool.jobs.mpirun import (
     placement,
     split_command,
 )
+from clustertool.jobs.scripts import rank_host
 
 HOME = "$HOME"  # the leader's home until preflight says it
 # What mpirun starts on each node for a node launcher (torchrun, accelerate, deepspeed, process).
@@ -166,6 +167,7 @@ def rank_env(nodes: tuple[Node, ...], opts: MpiOptions) -> dict[str, str]:
         at += count
     oversubscribed = at > sum(slots for _, slots in placement([(n.address, n.slots) for n in nodes], opts)[0])
     env = {"MASTER_ADDR": nodes[0].address, "MASTER_PORT": PORT, "NNODES": str(len(layout)),
+           RANK_HOST_ENV: rank_host(),
            "CLUSTERTOOL_NUM_NODES": str(len(layout)),
            "CLUSTERTOOL_NODE_IPS": "\n".join(n.address for n, _ in layout)}
     if not oversubscribed:  # contiguous blocks: each node's first rank says which node a rank is on

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from clustertool.core.errors import UsageError
-from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
+from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR, RANK_HOST_ENV
 
 VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -46,6 +46,8 @@ RANK_WRAPPER = (
     'n=0; NODE_RANK=0; for s in ${CLUSTERTOOL_RANK_STARTS:-0}; do '
     '[ "$RANK" -ge "$s" ] && NODE_RANK=$n; n=$((n + 1)); done; '
     'export NODE_RANK CLUSTERTOOL_NODE_RANK="$NODE_RANK"; fi; '
+    'h="$HOME/${' + RANK_HOST_ENV + ':-}"; unset ' + RANK_HOST_ENV + '; case "${1##*/}" in python|python[0-9]*) '
+    'case "${2:-}" in -m|[!-]*) [ -f "$h" ] && { p=$1; shift; set -- "$p" "$h" "$@"; };; esac;; esac; '
     'command -v "$1" >/dev/null 2>&1 || { echo "ct-rank: $1: not found" >&2; [ -f "$d/../failure" ] || '
     'printf \'{"rank": %s, "code": 127, "time": %s}\\n\' "${OMPI_COMM_WORLD_RANK:-0}" "$(date +%s)" '
     '> "$d/../failure"; exit 127; }; '

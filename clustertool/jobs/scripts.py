@@ -22,6 +22,7 @@ through ``shlex.quote`` (job ids are checked to be
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import shlex
 from typing import Sequence
@@ -145,6 +146,20 @@ def agent_install_script(job_id: str, agent_json: str) -> str:
     ])
 
 
+def rank_host() -> str:
+    """Where nodeprogs/rankhost.py lives on every node, relative to the home: named by its content, so a node
+    keeps one copy per version and a job never runs another's."""
+    text = (nodeprogs.DIR / "rankhost.py").read_bytes()
+    return f".clustertool/rankhost-{hashlib.sha256(text).hexdigest()[:12]}.py"
+
+
+def rank_host_install() -> str:
+    """Any node: the rank host, written once (a job's preflight, on every node of the job)."""
+    path = f'"$HOME"/{shlex.quote(rank_host())}'
+    write = _write_file('"$h.$$"', (nodeprogs.DIR / "rankhost.py").read_text())
+    return f'h={path}; [ -f "$h" ] || {{ mkdir -p "$(dirname "$h")" && {write} && mv "$h.$$" "$h"; }} || true'
+
+
 # A port nothing listens on now (the kernel's pick), for the job's MASTER_PORT.
 FREE_PORT = ("python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
              "2>/dev/null")
@@ -159,6 +174,7 @@ def scan_script(program: str | None = None, path: str | None = None) -> str:
         f"grep -a -z -o -h '^{JOB_ENV}=[a-z0-9-]*$' /proc/[0-9]*/environ 2>/dev/null "
         "| tr '\\0' '\\n' | sort -u | sed 's/^/running /'",
         *([program_check(program, path)] if program else []),
+        rank_host_install(),
         "true",
     ])
 
