@@ -201,6 +201,9 @@ def ssh(
     from clustertool.remote import transport
 
     c = open_session(cluster).record
+    if node and not command and any(ch.isspace() for ch in node):  # `ssh -- 'uptime; df'`: a command, not a node
+        raise UsageError(f"{node!r} is not a node: NODE comes before --",
+                         hint=f"clustertool ssh -c {c.name} leader -- {shlex.quote(node)}")
     picked = nodeset.select(c, node or "leader")
     if len(picked) != 1:
         raise UsageError("ssh takes exactly one node", hint="use `clustertool exec` for several")
@@ -236,8 +239,12 @@ def hostfile(
         names = nodeset.fold(left_out)
         typer.echo(f"left out cordoned {names} (`clustertool uncordon {names}` puts it back)", err=True)
     if output:
-        with open(output, "w") as fh:
-            fh.write(text)
+        try:
+            with open(output, "w") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise UsageError(f"-o {output}: cannot write it: {exc.strerror or exc}",
+                             hint=f"a file in a folder that exists and you may write, e.g. -o hostfiles/{record.name}")
         typer.echo(f"wrote {output}", err=True)
     else:
         sys.stdout.write(text)

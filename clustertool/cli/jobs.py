@@ -15,7 +15,6 @@ from clustertool.cli.common import (
     ClusterOpt,
     JsonOpt,
     NodesOpt,
-    cluster_name,
     complete_job,
     confirm,
     open_session,
@@ -367,12 +366,14 @@ def reboot(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
     from clustertool.core import nodeset
     from clustertool.jobs import manage
 
-    name = cluster_name(cluster)
+    session = open_session(cluster)  # a cluster that does not exist is said before anything is asked
+    name = session.name
+    nodeset.select(session.record, nodes)  # and so is a node it does not have
     if not yes:
         confirm(f"Reboot {nodes or 'all nodes'} of {name!r}? Running jobs there die.", what=f"reboot {name!r}",
                 kept=f"not rebooted: {nodes or 'every node'} of {name!r} kept running",
                 unasked=f"clustertool reboot -c {name}{' --nodes ' + nodes if nodes else ''} --yes")
-    done = manage.reboot(open_session(name), nodes, timeout=timeout)
+    done = manage.reboot(session, nodes, timeout=timeout)
     typer.echo(f"rebooted {nodeset.fold(n.name for n in done)}; SSH and the mesh answer")
 
 

@@ -31,6 +31,8 @@ from clustertool.providers import base
 from clustertool.sharedfs.specs import parse_shared_fs
 
 BASE_KEYS = ("name", "provider", "nodes", "slots", "user")
+EXAMPLES = {"name": "demo", "provider": "local", "nodes": "2", "slots": "1", "user": "ubuntu", "autostop": "30m",
+            "autodown": "true", "wait_for": "jobs"}  # what a hint shows for a bad value of these keys
 AUTOSTOP_KEYS = ("autostop", "autodown", "wait_for")  # the cluster's own idle watcher (autostop.py)
 SHARED_FS_KEYS = ("shared_fs", "shared_mount")  # shared filesystems (sharedfs/specs.py)
 DEFAULT_PROVIDER = "local"
@@ -111,6 +113,11 @@ def _check_option(value: Any, spec: base.OptionSpec) -> Any:
     converted = _as_type(value, spec.type)
     if spec.choices and converted not in spec.choices:
         raise _Invalid(f"expected one of {', '.join(map(str, spec.choices))}, got {_show(value)}")
+    if spec.check is not None:
+        try:
+            spec.check(converted)
+        except ValueError as exc:
+            raise _Invalid(str(exc)) from None
     return converted
 
 
@@ -194,7 +201,7 @@ class _Sources:
         self.path, self.data, self.overrides = path, data, overrides
         self.label = str(path) if path is not None else "spec"
 
-    def checked(self, key: str, check: Callable[[Any], Any]) -> Any:
+    def checked(self, key: str, check: Callable[[Any], Any], example: str | None = None) -> Any:
         if key in self.overrides:
             value, where = self.overrides[key], _flag(key)
         elif key in self.data:
@@ -204,7 +211,10 @@ class _Sources:
         try:
             return check(value)
         except _Invalid as exc:
-            raise SpecError(f"{where}: {exc}") from None
+            sample = example or EXAMPLES.get(key)
+            hint = None if sample is None else (f"e.g. {_flag(key)} {sample}" if key in self.overrides
+                                                else f"e.g. `{key}: {sample}` in {_short(self.label)}")
+            raise SpecError(f"{where}: {exc}", hint=hint) from None
 
     def absolute(self, key: str, value: str) -> str:
         """A file option made absolute: relative to the spec file when written there."""
@@ -223,7 +233,7 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
     values = {key: src.checked(key, functools.partial(_check_base, key)) for key in BASE_KEYS if key != "provider"}
     options = {}
     for key, spec in option_specs.items():
-        value = src.checked(key, functools.partial(_check_option, spec=spec))
+        value = src.checked(key, functools.partial(_check_option, spec=spec), _example(spec))
         options[key] = spec.default if value is None else value
         if key in cls.PATH_OPTIONS and isinstance(options[key], str):
             options[key] = src.absolute(key, options[key])
@@ -236,6 +246,12 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
     return ClusterSpec(name=values["name"] or default_name(provider, values["nodes"]), provider=provider,
                        nodes=values["nodes"], slots=values["slots"], user=values["user"], options=options, source=path,
                        autostop=_autostop(src))
+
+
+def _example(spec: base.OptionSpec) -> str | None:
+    """A value of an option, for a hint: its help's "e.g. X", else its first choice."""
+    found = re.search(r"e\.g\. ([^\s,;)]+)", spec.help)
+    return found.group(1) if found else (str(spec.choices[0]) if spec.choices else None)
 
 
 def default_name(provider: str, nodes: int | None) -> str:

@@ -14,6 +14,7 @@ file, so a crash never leaves half a state file.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import hashlib
 import json
@@ -110,8 +111,11 @@ def load(name: str) -> ClusterRecord:
         held = holder(name)
         if held and held[1] == "up":
             raise being_created(name, held[0]) from None
-        known = ", ".join(list_clusters()) or "none"
-        raise StateError(f"no cluster named {name!r}", hint=f"known clusters: {known}") from None
+        known = list_clusters()
+        near = difflib.get_close_matches(name, known, n=1)
+        hint = (f"did you mean -c {near[0]}?" if near else "known here: " + _choices(known).removeprefix("add ")) \
+            if known else "no clusters here: `clustertool up` makes one"
+        raise StateError(f"no cluster named {name!r}", hint=hint) from None
     except (OSError, ValueError) as exc:
         raise StateError(f"state file {path} is unreadable: {exc}") from None
     return ClusterRecord.from_dict(data)

@@ -97,7 +97,8 @@ def kill(session: ClusterSession, ref: str | None = None, *, signal: str = "TERM
     cluster = session.reload()
     job = pick_running(records.refresh(session), ref)
     if grace < 0:
-        raise UsageError("--grace must be 0 or more")
+        raise UsageError(f"--grace {grace:g}: give 0 or more seconds",
+                         hint="e.g. --grace 10 (TERM, then KILL 10 s later)")
     names = list(job.nodes) + [s for s in job.servers if s not in job.nodes]  # its reducers: on the servers
     nodes = [cluster.node(n) for n in names if n in {x.name for x in cluster.nodes}]
     script = scripts.kill_script(job.id, signal.upper(), 0 if signal.upper() == "KILL" else grace)

@@ -138,7 +138,8 @@ def placement(hosts: Sequence[tuple[str, int]], opts: MpiOptions) -> tuple[list[
         raise UsageError("no nodes selected to run on")
     if opts.per_node is not None:
         if opts.per_node < 1:
-            raise UsageError("--per-node must be at least 1")
+            raise UsageError("--per-node must be at least 1",
+                             hint="e.g. --per-node 1 (default: every slot of each node)")
         small = [(a, s) for a, s in hosts if s < opts.per_node]
         if small and not opts.oversubscribe:
             a, s = small[0]
@@ -148,7 +149,7 @@ def placement(hosts: Sequence[tuple[str, int]], opts: MpiOptions) -> tuple[list[
     total = sum(s for _, s in hosts)
     np = total if opts.np is None else opts.np
     if np < 1:
-        raise UsageError("--np must be at least 1")
+        raise UsageError("--np must be at least 1", hint="e.g. --np 4 (default: every slot of the nodes)")
     if np > total and not opts.oversubscribe:
         raise UsageError(f"--np {np} is more than the {total} slot(s) of the {len(hosts)} selected node(s)",
                          hint="lower --np, select more nodes, or add --oversubscribe to run more ranks than slots")

@@ -87,7 +87,10 @@ def resolve(jobs: list[JobRecord], ref: str) -> JobRecord:
         return named[-1]
     if len(prefixed) > 1:
         raise UsageError(f"job {ref!r} is ambiguous: {', '.join(j.id for j in prefixed)}")
-    known = ", ".join(j.id for j in jobs[-5:]) or "none"
+    if not jobs:
+        raise UsageError(f"no job {ref!r} on this cluster: it has none yet",
+                         hint="`clustertool run -- python train.py` starts one")
+    known = ", ".join(j.id for j in jobs[-5:])
     raise UsageError(f"no job {ref!r} on this cluster", hint=f"recent jobs: {known} (see `clustertool jobs`)")
 
 

@@ -51,6 +51,7 @@ class OptionSpec:
     default: Any = None
     help: str = ""
     choices: tuple[str, ...] | None = None
+    check: Callable[[Any], object] | None = None  # raises ValueError saying what was expected (checked at `up`)
 
 
 @dataclass

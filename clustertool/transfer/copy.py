@@ -176,7 +176,8 @@ def choose_strategy(strategy: str, n_nodes: int, payload: int, filtered: bool = 
     """chain or fanout; a filtered source (``keep``) always goes by chain, which sends exactly the
     listed entries (rsync would send the whole tree)."""
     if strategy not in ("auto", "chain", "fanout"):
-        raise UsageError(f"unknown strategy {strategy!r}", hint="auto, chain or fanout")
+        raise UsageError(f"--strategy {strategy!r}: use auto, chain or fanout", hint="e.g. --strategy chain (auto "
+                                                                                      "picks by size and nodes)")
     if filtered:
         if strategy == "fanout":
             raise UsageError("--strategy fanout cannot leave out ignored files", hint="use auto or chain")
