@@ -47,6 +47,20 @@ def finish():
     os._exit(0)
 
 
+def _users_frames(tb):
+    """A traceback from the script's first frame on: this host's and runpy's frames left out, so an error
+    reads as it does under plain python."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+        tb = tb.tb_next
+    return tb
+
+
+def _excepthook(kind, value, tb):
+    tb = _users_frames(tb) or tb
+    sys.__excepthook__(kind, value.with_traceback(tb) if isinstance(value, BaseException) else value, tb)
+
+
 def main(argv):
     if argv[:1] == ["-m"] and len(argv) > 1:
         module, args = argv[1], argv[2:]
@@ -55,9 +69,14 @@ def main(argv):
         run = lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)  # noqa: E731
     else:
         script, args = argv[0], argv[1:]
+        if not os.path.isfile(script):  # as python says it
+            sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: [Errno 2] No such file "
+                             "or directory\n")
+            sys.exit(2)
         sys.argv = [script, *args]
         sys.path[0] = os.path.dirname(os.path.realpath(script))
         run = lambda: runpy.run_path(script, run_name="__main__")  # noqa: E731
+    sys.excepthook = _excepthook
     try:
         run()
     except SystemExit as exc:

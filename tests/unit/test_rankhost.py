@@ -49,6 +49,15 @@ def test_under_the_host_it_ends_well_threads_waited_for_atexit_run(tmp_path):
     assert proc.stdout.splitlines() == ["last line __main__ ['--lr', '1'] True", "thread done", "atexit ran"]
 
 
+def test_an_error_reads_as_under_plain_python(tmp_path):
+    (tmp_path / "t.py").write_text("def step():\n    raise RuntimeError('bad batch')\n\nstep()\n")
+    plain = _run([sys.executable, str(tmp_path / "t.py")])
+    hosted = _run([sys.executable, HOST, str(tmp_path / "t.py")])
+    assert hosted.returncode == plain.returncode == 1 and hosted.stderr == plain.stderr
+    missing = _run([sys.executable, HOST, str(tmp_path / "nope.py")])
+    assert missing.returncode == 2 and missing.stderr.endswith("nope.py': [Errno 2] No such file or directory\n")
+
+
 @pytest.mark.parametrize("ending,code,says", [
     ("raise RuntimeError('bad batch')", 1, "RuntimeError: bad batch"),
     ("import sys; sys.exit(3)", 3, ""),
