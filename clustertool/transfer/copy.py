@@ -13,10 +13,11 @@ import os
 import shlex
 import threading
 import time
+from typing import Callable
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
-from clustertool.core.errors import UsageError
+from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.core.words import counted
 from clustertool.nodeprogs import program_text, python_command
@@ -26,6 +27,7 @@ from clustertool.transfer import drive, manifest, plan, stations, verify
 from clustertool.transfer.results import CopyResult, CopyRun, NodeCopy, ProgressCb, relative_remote
 from clustertool.transfer.transferrequests import CopyRequest
 
+Unwritable = Callable[[str, str, str], ToolError]  # (DEST, the nodes, why) -> the error the caller words
 AUTO_CHAIN_MIN_BYTES = 32 << 20
 AUTO_CHAIN_MIN_NODES = 3
 
@@ -84,6 +86,8 @@ def _unwritable(run: CopyRun, dests: dict[str, manifest.Manifest | str]) -> None
            if n in {t.name for t in run.targets}}
     if len(why) == 1 and None not in why:
         where = nodeset.fold(n.name for n in run.targets)
+        if run.unwritable_says is not None:  # DEST came from another flag (run --sync-to): it says it its way
+            raise run.unwritable_says(run.dest, where, str(why.pop()))
         raise UsageError(f"cannot write DEST {run.dest!r} on {where}: {why.pop()}",
                          hint="give a folder the nodes can write, e.g. /scratch/data (`clustertool exec -c "
                               f"{run.cluster.name} -- ls -ld DIR` shows one)")
@@ -188,9 +192,10 @@ def choose_strategy(strategy: str, n_nodes: int, payload: int, filtered: bool = 
 
 
 def copy(session: ClusterSession, request: CopyRequest, *, on_progress: ProgressCb | None = None,
-         keep: manifest.Keep | None = None) -> CopyResult:
+         keep: manifest.Keep | None = None, unwritable_says: Unwritable | None = None) -> CopyResult:
     """Copy, or with ``request.verify_only`` only compare every node's DEST with SRC (re-reading both).
-    Progress lines go to the session's reporter, each node's bytes to ``on_progress``.
+    Progress lines go to the session's reporter, each node's bytes to ``on_progress``; ``unwritable_says(dest,
+    nodes, why)``: the error for a DEST no node can write, where DEST came from another flag than copy's.
 
     ``keep(rel, is_dir)`` (a local SRC only) picks the entries that are part of the source: the rest
     is neither sent nor verified (nor deletable)."""
@@ -209,7 +214,7 @@ def copy(session: ClusterSession, request: CopyRequest, *, on_progress: Progress
         report(mount.write_once_line(cluster, dest, shared))
     run = CopyRun(cluster, src, relative_remote(dest), from_local, _targets(cluster, selection, from_local),
                   request.delete, request.cipher, on_progress, report, transport, keep=keep, verify=request.verify,
-                  asked=request)
+                  asked=request, unwritable_says=unwritable_says)
     if not from_local and src == run.dest and any(n.is_leader for n in run.targets):
         raise UsageError("SRC and DEST are the same path on the leader", hint="use --nodes members")
     timings: dict[str, float] = {}
