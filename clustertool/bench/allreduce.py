@@ -78,7 +78,7 @@ def check_run(dtype: str, op: str, iters: int, warmup: int, factor: int = 2, req
     if op not in ("sum", "prod", "min", "max"):
         raise UsageError(f"--op {op!r} unknown", hint="sum, prod, min or max")
     if iters < 1 or warmup < 0 or factor < 2:
-        raise UsageError("--iters must be >= 1, --warmup >= 0, --factor >= 2")
+        raise UsageError("--iters must be >= 1, --warmup >= 0, --factor >= 2", hint="e.g. --iters 20 --warmup 5")
     if not one_request and (request < 1 or not 1 <= depth <= 1024):
         raise UsageError("--request must be >= 1 byte and --depth 1..1024",
                          hint="e.g. --request 256K --depth 8 (NCCL's shape), or --one-request")

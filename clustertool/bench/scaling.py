@@ -115,7 +115,8 @@ def parse_sizes(text: str) -> list[int]:
     for part in str(text).split(","):
         part = part.strip()
         if not part.isdigit() or int(part) < 1:
-            raise UsageError(f"--nodes {text!r}: expected a comma list of positive node counts, e.g. 1,2,4")
+            raise UsageError(f"--nodes {text!r}: expected a comma list of positive node counts",
+                             hint="e.g. --nodes 1,2,4")
         sizes.append(int(part))
     if len(set(sizes)) != len(sizes):
         raise UsageError(f"--nodes {text!r}: a size appears twice")

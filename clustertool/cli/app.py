@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
+import re
 import sys
 import traceback
 from typing import Any, Protocol, cast
@@ -14,7 +16,7 @@ import typer
 from clustertool import __version__
 from clustertool.cli import usage
 from clustertool.core import interrupts
-from clustertool.core.errors import ExitStatus, ToolError
+from clustertool.core.errors import Declined, ExitStatus, ToolError
 
 
 def _click_modules() -> list:
@@ -132,15 +134,64 @@ def build() -> CommandGroup:
     return group
 
 
-def _fail(message: str, hint: str | None, code: int) -> int:
+def _fail(message: str, hint: str | None, code: int, prefix: str = "error: ") -> int:
     try:
-        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.write(f"{prefix}{message}\n")
         if hint:
             sys.stderr.write(f"hint: {hint}\n")
         sys.stderr.flush()
     except OSError:  # the terminal is gone (SIGHUP): the exit code still tells
         pass
     return code
+
+
+def _usage_hint(exc: Any) -> str:
+    """What a mistake in the command line gets as its hint: the command's own shape, or the option meant."""
+    ctx = getattr(exc, "ctx", None)
+    path = ctx.command_path if ctx is not None else "clustertool"
+    helped = f"`{path} --help` says more"
+    if getattr(exc, "option_name", None) is not None:  # an option that does not exist
+        near = difflib.get_close_matches(exc.option_name, list(exc.possibilities or []) or _options(ctx), n=1)
+        return (f"did you mean {near[0]}? " if near else "") + f"`{path} --help` lists its options"
+    if ctx is None:
+        return "run with --help for usage"
+    param = getattr(exc, "param", None)
+    if param is not None and getattr(param, "opts", None) and type(exc).__name__ == "BadParameter":
+        choices = list(getattr(getattr(param, "type", None), "choices", None) or [])
+        flag = max(param.opts, key=len)
+        if choices:
+            return f"e.g. {flag} {choices[0]} (one of: {', '.join(map(str, choices))})"
+        return f"`{path} --help` says what {flag} takes"
+    usage = ctx.get_usage().strip()
+    return f"{usage[len('Usage: '):] if usage.startswith('Usage: ') else usage}  ({helped})"
+
+
+def _options(ctx: Any) -> list[str]:
+    return [o for p in getattr(ctx.command, "params", []) for o in getattr(p, "opts", []) if o.startswith("--")]
+
+
+def _click_message(exc: Any) -> str:
+    """click's message in our words: the option typed, named; no "(Possible options ...)": the hint says it."""
+    if getattr(exc, "option_name", None) is not None:
+        path = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "clustertool"
+        return f"no option {exc.option_name} in `{path}`"
+    text = exc.format_message().rstrip(".")
+    extra = re.match(r"Got unexpected extra arguments? ?\(?s?\)? \((.*)\)$", text)
+    if extra:
+        words = extra.group(1).split()
+        return f"unexpected extra argument{'s' if len(words) > 1 else ''}: {' '.join(words)}"
+    return text
+
+
+def _command_path(argv: list[str] | None) -> str:
+    """The command the user typed (``clustertool copy``), for a hint where an error has none."""
+    words, group, path = list(argv or []), build(), ["clustertool"]
+    while words and words[0].startswith("-"):
+        words = words[2:] if words[0] == "--api-timeout" else words[1:]
+    while words and isinstance(getattr(group, "commands", None), dict) and words[0] in group.commands:
+        path.append(words[0])
+        group = group.commands[words.pop(0)]
+    return " ".join(path)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -163,19 +214,21 @@ def _run(argv: list[str] | None) -> int:
         if _DEBUG["on"]:
             traceback.print_exc()
         return _fail(exc.message, exc.hint, exc.exit_code)
+    except Declined as exc:  # an answer of no: nothing done, and nothing wrong either
+        return _fail(exc.message, exc.hint, int(exc.exit_code), prefix="")
     except ToolError as exc:
         if _DEBUG["on"]:
             traceback.print_exc()
-        return _fail(exc.message, exc.hint, int(exc.exit_code))
+        hint = exc.hint or f"`{_command_path(argv)} --help` says what each option takes"
+        return _fail(exc.message, hint, int(exc.exit_code))
     except _ABORT:
         return _fail("interrupted", None, ExitStatus.INTERRUPTED)
     except KeyboardInterrupt:
         return _fail("interrupted", None, ExitStatus.INTERRUPTED)
     except _CLICK_ERROR as exc:
-        hint = "run with --help for usage"
-        if isinstance(exc, _USAGE_ERROR) and exc.ctx is not None:
-            hint = f"{exc.ctx.get_usage().strip()}  (--help explains)"
-        return _fail(exc.format_message(), hint, exc.exit_code)
+        if isinstance(exc, _USAGE_ERROR):
+            return _fail(_click_message(exc), _usage_hint(exc), exc.exit_code)
+        return _fail(exc.format_message(), "run with --help for usage", exc.exit_code)
     except _EXIT as exc:
         return exc.exit_code
     except PermissionError as exc:  # a folder of ours this user may not write (CLUSTERTOOL_HOME, a hostfile's)
@@ -183,6 +236,14 @@ def _run(argv: list[str] | None) -> int:
             traceback.print_exc()
         return _fail(f"permission denied: {exc.filename or exc}", "check that this user may write there "
                      "(CLUSTERTOOL_HOME, the hostfile folder), or run as the user who made it", ExitStatus.FAILURE)
+    except OSError as exc:  # a path of the user's that cannot be read or written (an output file, a folder)
+        if _DEBUG["on"]:
+            traceback.print_exc()
+        if not exc.filename:
+            return _fail(f"internal error: {type(exc).__name__}: {exc}",
+                         "re-run with --debug for the traceback and report it", ExitStatus.FAILURE)
+        return _fail(f"{exc.filename}: {exc.strerror or exc}", "check that its folder exists and that this user may "
+                     "write there", ExitStatus.FAILURE)
     except Exception as exc:  # a bug: one line, traceback only with --debug
         if _DEBUG["on"]:
             traceback.print_exc()

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, open_session
-from clustertool.core.errors import UsageError
+from clustertool.cli.common import ClusterOpt, JsonOpt, confirm, open_session
 
 if TYPE_CHECKING:  # a fast --help
     from clustertool.cluster.bookings import Table
@@ -61,10 +60,11 @@ def buy_cmd(
 
     offer = bookings.offer(offering, region=region, profile=profile)
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError(f"refusing to buy {offer.line} without --yes (no terminal to ask on); nothing was bought")
-        typer.echo(offer.line, err=True)
-        typer.confirm(f"Buy it for {offer.price}, paid now and not refundable?", abort=True)
+        if sys.stdin.isatty():
+            typer.echo(offer.line, err=True)
+        confirm(f"Buy it for {offer.price}, paid now and not refundable?", what=f"buy {offer.line}",
+                kept="nothing was bought", unasked=f"clustertool capacity buy {offering} --yes",
+                note="nothing was bought")
     elif not json_output:
         typer.echo(f"buying {offer.line}", err=True)
     bought = bookings.buy(offer)

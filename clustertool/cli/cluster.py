@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, open_session, reporter
+from clustertool.cli.common import ClusterOpt, JsonOpt, NodesOpt, cluster_name, confirm, open_session, reporter
 from clustertool.core.errors import UsageError
 
 if TYPE_CHECKING:  # a fast --help
@@ -69,9 +69,8 @@ def down(
     session = open_session(name, json_output)
     c = session.record
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError(f"refusing to tear down {name!r} without --yes (no terminal to ask on)")
-        typer.confirm(f"Tear down cluster {name!r} ({len(c.nodes)} {c.provider} node(s))?", abort=True)
+        confirm(f"Tear down cluster {name!r} ({len(c.nodes)} {c.provider} node(s))?", what=f"tear down {name!r}",
+                kept=f"not torn down: cluster {name!r} is kept", unasked=f"clustertool down -c {name} --yes")
     lines = lifecycle.down(session, request)
     if json_output:
         render.print_json({"cluster": name, "removed": lines, **({"stopped_up": stopped} if stopped else {})})
@@ -87,12 +86,10 @@ def _stop_up_in_flight(name: str, yes: bool, json_output: bool) -> str | None:
     if pid is None:
         return None
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError(f"cluster {name!r} is being created by pid {pid}; not stopping it without --yes "
-                             "(no terminal to ask on)", hint=f"clustertool down -c {name} --yes stops that `up` "
-                                                            "(it rolls back) and removes what is left")
-        typer.confirm(f"Cluster {name!r} is being created by pid {pid}. Stop that `up` (it rolls back what it "
-                      "made) and tear down whatever is left?", abort=True)
+        confirm(f"Cluster {name!r} is being created by pid {pid}. Stop that `up` (it rolls back what it made) and "
+                "tear down whatever is left?", what=f"stop the `up` of {name!r} (pid {pid})",
+                kept=f"not stopped: the `up` of {name!r} (pid {pid}) goes on",
+                unasked=f"clustertool down -c {name} --yes")
     return lifecycle.stop_up(name, pid, report=reporter(json_output))
 
 
@@ -118,9 +115,8 @@ def _sweep(provider: str, region: Optional[str], profile: Optional[str], yes: bo
             typer.echo(found.kept or "nothing to delete")
         return code
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError("refusing to delete orphaned resources without --yes")
-        typer.confirm(f"Delete the {len(found.to_delete)} marked for deletion?", abort=True)
+        confirm(f"Delete the {len(found.to_delete)} marked for deletion?", what="delete orphaned resources",
+                kept="nothing deleted", unasked=f"clustertool down --sweep --provider {provider} --yes")
     removed, lines = orphans.remove(found, reporter(json_output))
     if json_output:
         render.print_json({"orphans": found.orphans, "removed": removed, "local": lines, **kept})
@@ -205,6 +201,9 @@ def ssh(
     from clustertool.remote import transport
 
     c = open_session(cluster).record
+    if node and not command and any(ch.isspace() for ch in node):  # `ssh -- 'uptime; df'`: a command, not a node
+        raise UsageError(f"{node!r} is not a node: NODE comes before --",
+                         hint=f"clustertool ssh -c {c.name} leader -- {shlex.quote(node)}")
     picked = nodeset.select(c, node or "leader")
     if len(picked) != 1:
         raise UsageError("ssh takes exactly one node", hint="use `clustertool exec` for several")
@@ -240,8 +239,12 @@ def hostfile(
         names = nodeset.fold(left_out)
         typer.echo(f"left out cordoned {names} (`clustertool uncordon {names}` puts it back)", err=True)
     if output:
-        with open(output, "w") as fh:
-            fh.write(text)
+        try:
+            with open(output, "w") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise UsageError(f"-o {output}: cannot write it: {exc.strerror or exc}",
+                             hint=f"a file in a folder that exists and you may write, e.g. -o hostfiles/{record.name}")
         typer.echo(f"wrote {output}", err=True)
     else:
         sys.stdout.write(text)

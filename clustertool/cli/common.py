@@ -97,6 +97,23 @@ class BareValueCommand(TyperCommand):
         return super().parse_args(ctx, fill_bare_values(list(args), self.bare_values, takes))
 
 
+def confirm(question: str, *, what: str, kept: str, unasked: str, note: str = "") -> None:
+    """Ask ``question`` (y/N) on the terminal before doing ``what`` ("tear down 'demo'").
+
+    No terminal to ask on: a UsageError naming --yes (its hint: ``unasked``, the command that does it
+    without asking, and ``note``).  An answer of no: ``kept`` ("not torn down: cluster 'demo' is kept"),
+    exit 1, as for every question the tool asks.  Ctrl-C: interrupted (130)."""
+    import sys
+
+    from clustertool.core.errors import Declined, UsageError
+
+    if not sys.stdin.isatty():
+        raise UsageError(f"refusing to {what} without --yes (no terminal to ask on)",
+                         hint=f"`{unasked}` does it without asking" + (f" ({note})" if note else ""))
+    if not typer.confirm(question, default=False):
+        raise Declined(kept, hint=f"`{unasked}` does it without asking")
+
+
 def cluster_name(name: Optional[str]) -> str:
     return state.resolve_name(name)
 

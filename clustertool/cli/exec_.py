@@ -16,7 +16,8 @@ def exec_(
     cluster: Optional[str] = ClusterOpt,
     nodes: Optional[str] = NodesOpt,
     timeout: Optional[float] = typer.Option(
-        None, "--timeout", "-t", help="Seconds before a node counts as hung (exit 255)."),
+        None, "--timeout", "-t",
+        help="Seconds before a node counts as hung (exit 255); its command is stopped there too."),
     json_output: bool = JsonOpt,
     live: bool = typer.Option(True, "--live/--no-live", help="Stream output prefixed by node while it runs."),
 ) -> None:

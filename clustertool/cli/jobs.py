@@ -15,8 +15,8 @@ from clustertool.cli.common import (
     ClusterOpt,
     JsonOpt,
     NodesOpt,
-    cluster_name,
     complete_job,
+    confirm,
     open_session,
 )
 
@@ -176,6 +176,7 @@ def run(
         else:
             if started.sync is not None:
                 render.info(f"would sync {started.sync[0]} to {started.sync[1]} on {len(started.job.nodes)} node(s)")
+            render.info(f"the ranks' python: {started.python}")
             typer.echo(shlex.join(started.argv))
             for node, argv in started.node_commands or []:
                 typer.echo(f"  {node}: {shlex.join(argv)}")
@@ -263,7 +264,7 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
         return
     render.plain_table(["id", "name", "state", "started", "duration", "ranks", "nodes", "command"],
                  [(j.id, j.name or "", _state_text(j), time.strftime("%m-%d %H:%M:%S", time.localtime(j.started)),
-                   _duration(j), j.np, len(j.nodes), render.clip(shlex.join(j.command))) for j in all_jobs])
+                   _duration(j), j.np, len(j.nodes), render.clip(render.command_line(j.command))) for j in all_jobs])
     for j in all_jobs:  # jobs run with --restarts: each attempt, its cause, and why the loop stopped
         if len(j.attempts) > 1 or (j.attempts and j.restart_verdict and j.state != "succeeded") or j.waiting:
             typer.echo(f"\njob {j.id} attempts (--restarts {j.restarts}):")
@@ -296,8 +297,8 @@ def _attempt_line(a: dict) -> str:
 
 
 def logs(
-    job: str = typer.Argument(..., metavar="JOB", autocompletion=complete_job,
-                              help="Job id (or unique prefix, or name)."),
+    job: Optional[str] = typer.Argument(None, metavar="[JOB]", autocompletion=complete_job,
+                                        help="Job id, unique prefix or name (default: the latest job)."),
     cluster: Optional[str] = ClusterOpt,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
     node: Optional[str] = typer.Option(None, "--node", help="Only the ranks that ran on this node (and mpirun's "
@@ -331,14 +332,15 @@ def logs(
         raise typer.Exit(code)
 
 
-def attach(job: str = typer.Argument(..., metavar="JOB", autocompletion=complete_job, help="Job id."),
+def attach(job: Optional[str] = typer.Argument(None, metavar="[JOB]", autocompletion=complete_job,
+                                              help="Job id, unique prefix or name (default: the latest running job)."),
            cluster: Optional[str] = ClusterOpt) -> None:
     """Attach to the job's tmux session on the leader (detach again with Ctrl-b d)."""
     from clustertool.core.errors import UsageError
     from clustertool.jobs.logs import find_job
     from clustertool.remote.transport import session_argv
 
-    c, j = find_job(open_session(cluster), job)
+    c, j = find_job(open_session(cluster), job, running=True)
     if j.state != "running":
         raise UsageError(f"job {j.id} is not running ({j.state})", hint=f"`clustertool logs {j.id}`")
     if j.detached != "tmux":
@@ -380,15 +382,16 @@ def reboot(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt,
            yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask.")) -> None:
     """Reboot nodes (local: restart the node's processes and sshd), wait for SSH, re-check."""
     from clustertool.core import nodeset
-    from clustertool.core.errors import UsageError
     from clustertool.jobs import manage
 
-    name = cluster_name(cluster)
+    session = open_session(cluster)  # a cluster that does not exist is said before anything is asked
+    name = session.name
+    nodeset.select(session.record, nodes)  # and so is a node it does not have
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError("refusing to reboot without --yes (no terminal to ask on)")
-        typer.confirm(f"Reboot {nodes or 'all nodes'} of {name!r}? Running jobs there die.", abort=True)
-    done = manage.reboot(open_session(name), nodes, timeout=timeout)
+        confirm(f"Reboot {nodes or 'all nodes'} of {name!r}? Running jobs there die.", what=f"reboot {name!r}",
+                kept=f"not rebooted: {nodes or 'every node'} of {name!r} kept running",
+                unasked=f"clustertool reboot -c {name}{' --nodes ' + nodes if nodes else ''} --yes")
+    done = manage.reboot(session, nodes, timeout=timeout)
     typer.echo(f"rebooted {nodeset.fold(n.name for n in done)}; SSH and the mesh answer")
 
 

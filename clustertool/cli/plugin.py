@@ -32,7 +32,9 @@ def build_cmd(
     from clustertool.plugin import build
 
     if on not in ("local", "leader"):
-        raise UsageError(f"--on {on!r}: choose local or leader")
+        raise UsageError(f"--on {on!r}: choose local or leader", hint="clustertool plugin build --on local")
+    if cluster is not None:
+        open_session(cluster)  # a cluster that does not exist: said before anything is built
     if on == "leader":
         session = open_session(cluster)
         b = build.build_on_leader(session)

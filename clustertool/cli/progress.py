@@ -11,6 +11,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
 from clustertool.cli import render
+from clustertool.core.words import counted
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -79,8 +80,9 @@ def copy_table(result: CopyResult) -> None:
     """One row per node: verdict, bytes received, files sent/checked, the error if any."""
     rows = []
     for n in result.nodes:
+        judged = result.verified and n.status in ("ok", "mismatch")  # a failed node's files were not verified
         rows.append([n.node, n.status, human_bytes(n.bytes_received), n.files_sent,
-                     n.files_checked if result.verified else "-", n.exit_code, render.clip(n.error or "")])
+                     n.files_checked if judged else "-", n.exit_code, render.clip(n.error or "")])
     for line in getattr(result, "source_errors", [])[:10]:
         sys.stderr.write(f"source: {line}\n")
     render.table(["node", "status", "received", "files sent", "verified files", "exit", "error"], rows,
@@ -91,8 +93,8 @@ def copy_summary(result: CopyResult) -> str:
     ok = sum(1 for n in result.nodes if n.status == "ok")
     rate = result.bytes_sent / result.duration if result.duration > 0 else 0.0
     return (f"{ok}/{len(result.nodes)} ok; {human_bytes(result.bytes_sent)} sent for a "
-            f"{human_bytes(result.total_bytes)} source ({result.total_files} files) in {result.duration:.1f}s "
-            f"({human_bytes(int(rate))}/s), {result.passes} pass(es)"
+            f"{human_bytes(result.total_bytes)} source ({counted(result.total_files, 'file')}) in "
+            f"{result.duration:.1f}s ({human_bytes(int(rate))}/s), {counted(result.passes, 'pass', 'passes')}"
             + (_verify_note(result) if result.verified else "; not verified"))
 
 

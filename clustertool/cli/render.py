@@ -45,6 +45,20 @@ def _console(stderr: bool = False) -> "Console":
                    color_system=None)
 
 
+def command_line(words: Sequence[str]) -> str:
+    """A command on one line, as a person reads it: plain words bare, others in the quotes that need no
+    escaping where one does, a newline shown as ⏎ (a table row stays one row)."""
+    import shlex
+
+    shown = []
+    for word in words:
+        quoted = shlex.quote(word)
+        if quoted != word and "'" in word and '"' not in word and not any(c in word for c in "$`\\"):
+            quoted = f'"{word}"'
+        shown.append(quoted.replace("\r\n", "⏎").replace("\n", "⏎"))
+    return " ".join(shown)
+
+
 def clip(text: str, width: int = 60) -> str:
     """``text`` cut to ``width`` with "…" on a terminal; whole where output goes to a pipe or file."""
     if len(text) <= width or not is_terminal():

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from typing import List, Optional
 
 import typer
 
-from clustertool.cli.common import ClusterOpt, JsonOpt, open_session
-from clustertool.core.errors import UsageError
+from clustertool.cli.common import ClusterOpt, JsonOpt, confirm, open_session
 
 
 def replace(
@@ -46,11 +44,11 @@ def replace(
     request = ReplaceRequest(selection(nodes), copy=tuple(copy), keep_old=keep_old)
     session = open_session(cluster, json_output)
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError(f"refusing to replace {', '.join(nodes)} without --yes (no terminal to ask on)",
-                             hint="everything on the old machine's disk is lost; add --yes to go ahead")
-        typer.confirm(f"Replace {', '.join(nodes)} of {session.name!r}? Everything on the old disk is lost",
-                      abort=True)
+        picked = " ".join(nodes)
+        confirm(f"Replace {picked} of {session.name!r}? Everything on the old disk is lost", what=f"replace {picked}",
+                kept=f"not replaced: {picked} of {session.name!r} kept",
+                unasked=f"clustertool replace -c {session.name} {picked} --yes",
+                note="everything on the old disk is lost")
     result = replace_and_refill(session, request)
     if json_output:
         render.print_json(result.to_dict())

@@ -23,7 +23,8 @@ def _click_option(key: str, spec: OptionSpec, providers: list[str]) -> click.Opt
 def build_up_command() -> click.Command:
     params: list[click.Parameter] = [
         click.Argument(["spec_file"], required=False, metavar="[SPEC.yaml]"),
-        click.Option(["--name"], help="Cluster name (lowercase letters, digits, '-')."),
+        click.Option(["--name"], help="Cluster name (lowercase letters, digits, '-'; default: what it is, e.g. "
+                                      "local-2nodes)."),
         click.Option(["--provider", "-p"], type=click.Choice(list(PROVIDERS)),
                      help="Where the nodes come from (default: local)."),
         click.Option(["--nodes", "-N", "nodes"], type=int, help="Number of nodes."),
@@ -73,7 +74,7 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
         scheduler: str | None, no_leader_compute: bool, **options: Any) -> int:
     from clustertool.cli import render
     from clustertool.cli.common import reporter
-    from clustertool.cluster import lifecycle, spec
+    from clustertool.cluster import lifecycle, spec, sshinclude
     from clustertool.cluster.clusterrequests import UpRequest
     from clustertool.core.model import ClusterState
     from clustertool.remote import access
@@ -102,7 +103,8 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
     click.echo(f"hostfile: {result.hostfile}")
     click.echo(f"access:   {access.describe(cluster)}")
     if cluster.status == ClusterState.READY:
-        click.echo(f"ssh:      ssh {cluster.name}-leader   |   clustertool exec -c {cluster.name} -- hostname")
+        plain = f"ssh {cluster.name}-leader" if sshinclude.active() else f"clustertool ssh -c {cluster.name}"
+        click.echo(f"ssh:      {plain}   |   clustertool exec -c {cluster.name} -- hostname")
     if cluster.scheduler and cluster.scheduler.get("release"):
         click.echo(f"slurm:    {cluster.scheduler['release']}, partition {cluster.scheduler.get('partition')}: "
                    "`clustertool run` queues through sbatch; `clustertool jobs` shows the queue")

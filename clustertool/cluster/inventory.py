@@ -70,4 +70,4 @@ def render(cluster: ClusterRecord, fmt: str) -> str:
         return json.dumps(as_dict(cluster, paths), indent=2) + "\n"
     if fmt == "ssh-config":
         return render_ssh_config(cluster, paths)
-    raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}", hint=f"e.g. --format {FORMATS[0]}")

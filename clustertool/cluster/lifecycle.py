@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from clustertool import nodeprogs
-from clustertool.cluster import autostop, ledger, slurmadopt, slurmup, topology_order
+from clustertool.cluster import autostop, ledger, slurmadopt, slurmup, sshinclude, topology_order
 from clustertool.cluster.clusterrequests import DownRequest, UpRequest
 from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.spec import ClusterSpec
@@ -70,7 +70,8 @@ def _already(name: str) -> ToolError:
     held = state.holder(name)
     if held and held[1] == "up":  # the state exists because that `up` is making it
         return state.being_created(name, held[0])
-    return UsageError(f"cluster {name!r} already exists", hint=f"use it, or `clustertool down -c {name}` first")
+    return UsageError(f"cluster {name!r} already exists", hint=f"use it (-c {name}), give this one another --name, "
+                                                               f"or `clustertool down -c {name}` first")
 
 
 def up(request: UpRequest, *, report: Reporter = silent) -> UpResult:
@@ -182,7 +183,7 @@ def _provision(session: ClusterSession, request: ProvisionRequest, no_ssh: bool)
             raise interrupts.Terminated(exc.signum, f"up stopped by {interrupts.signal_name(exc.signum)}; "
                                                     "everything it had made was removed") from None
         raise
-    install_user_ssh_include()
+    sshinclude.install(report)
     ledger.record("up", cluster)
     timings["total"] = time.monotonic() - t0
     return UpResult(cluster, hostfile=path, timings=timings)
@@ -301,21 +302,6 @@ def close_masters(cluster: ClusterRecord) -> None:
             proc.kill()
 
 
-def install_user_ssh_include() -> Path | None:
-    """One Include line at the top of ~/.ssh/config so `ssh <cluster>-leader` works."""
-    if os.environ.get("CLUSTERTOOL_NO_SSH_INCLUDE"):
-        return None
-    config = Path(os.path.expanduser("~")) / ".ssh" / "config"
-    line = f"Include {state.clusters_dir()}/*/ssh_config"
-    existing = config.read_text() if config.exists() else ""
-    if line in existing.splitlines():
-        return config
-    config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    config.write_text(f"# added by clustertool: ssh <cluster>-leader, <cluster>-node-K\n{line}\n\n{existing}")
-    os.chmod(config, 0o600)
-    return config
-
-
 UP_ROLLBACK_WAIT_S = 900.0  # how long `down` waits for an `up` it stopped to roll back
 
 
@@ -388,6 +374,7 @@ def down(session: ClusterSession, request: DownRequest = DownRequest()) -> list[
             ledger.record("down", cluster)
         _forget(cluster)
         lines.append(f"cluster {name!r} forgotten")
+        sshinclude.tidy(report)  # this home's last cluster: its Include goes
         return lines
 
 

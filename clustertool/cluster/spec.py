@@ -31,6 +31,8 @@ from clustertool.providers import base
 from clustertool.sharedfs.specs import parse_shared_fs
 
 BASE_KEYS = ("name", "provider", "nodes", "slots", "user")
+EXAMPLES = {"name": "demo", "provider": "local", "nodes": "2", "slots": "1", "user": "ubuntu", "autostop": "30m",
+            "autodown": "true", "wait_for": "jobs"}  # what a hint shows for a bad value of these keys
 AUTOSTOP_KEYS = ("autostop", "autodown", "wait_for")  # the cluster's own idle watcher (autostop.py)
 SHARED_FS_KEYS = ("shared_fs", "shared_mount")  # shared filesystems (sharedfs/specs.py)
 SCHEDULER_KEYS = ("scheduler", "leader_compute")  # `scheduler: slurm`: jobs go through Slurm (cluster/slurmup.py)
@@ -115,6 +117,11 @@ def _check_option(value: Any, spec: base.OptionSpec) -> Any:
     converted = _as_type(value, spec.type)
     if spec.choices and converted not in spec.choices:
         raise _Invalid(f"expected one of {', '.join(map(str, spec.choices))}, got {_show(value)}")
+    if spec.check is not None:
+        try:
+            spec.check(converted)
+        except ValueError as exc:
+            raise _Invalid(str(exc)) from None
     return converted
 
 
@@ -198,7 +205,7 @@ class _Sources:
         self.path, self.data, self.overrides = path, data, overrides
         self.label = str(path) if path is not None else "spec"
 
-    def checked(self, key: str, check: Callable[[Any], Any]) -> Any:
+    def checked(self, key: str, check: Callable[[Any], Any], example: str | None = None) -> Any:
         if key in self.overrides:
             value, where = self.overrides[key], _flag(key)
         elif key in self.data:
@@ -208,7 +215,10 @@ class _Sources:
         try:
             return check(value)
         except _Invalid as exc:
-            raise SpecError(f"{where}: {exc}") from None
+            sample = example or EXAMPLES.get(key)
+            hint = None if sample is None else (f"e.g. {_flag(key)} {sample}" if key in self.overrides
+                                                else f"e.g. `{key}: {sample}` in {_short(self.label)}")
+            raise SpecError(f"{where}: {exc}", hint=hint) from None
 
     def absolute(self, key: str, value: str) -> str:
         """A file option made absolute: relative to the spec file when written there."""
@@ -227,7 +237,7 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
     values = {key: src.checked(key, functools.partial(_check_base, key)) for key in BASE_KEYS if key != "provider"}
     options = {}
     for key, spec in option_specs.items():
-        value = src.checked(key, functools.partial(_check_option, spec=spec))
+        value = src.checked(key, functools.partial(_check_option, spec=spec), _example(spec))
         options[key] = spec.default if value is None else value
         if key in cls.PATH_OPTIONS and isinstance(options[key], str):
             options[key] = src.absolute(key, options[key])
@@ -238,8 +248,8 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
         where = f"{path}: nodes" if path is not None else "--nodes"
         raise SpecError(f"{where}: required for provider {provider!r}: a positive integer")
     scheduler, leader_compute = _scheduler(src, options)
-    return ClusterSpec(name=values["name"] or provider, provider=provider, nodes=values["nodes"],
-                       slots=values["slots"], user=values["user"], options=options, source=path,
+    return ClusterSpec(name=values["name"] or default_name(provider, values["nodes"]), provider=provider,
+                       nodes=values["nodes"], slots=values["slots"], user=values["user"], options=options, source=path,
                        autostop=_autostop(src), scheduler=scheduler, leader_compute=leader_compute)
 
 
@@ -265,6 +275,19 @@ def _scheduler(src: _Sources, options: dict[str, Any]) -> tuple[str, bool]:
         raise SpecError("--no-leader-compute goes with --scheduler slurm",
                         hint="clustertool up --scheduler slurm --no-leader-compute ...")
     return chosen, True if leader is None else leader
+
+
+def _example(spec: base.OptionSpec) -> str | None:
+    """A value of an option, for a hint: its help's "e.g. X", else its first choice."""
+    found = re.search(r"e\.g\. ([^\s,;)]+)", spec.help)
+    return found.group(1) if found else (str(spec.choices[0]) if spec.choices else None)
+
+
+def default_name(provider: str, nodes: int | None) -> str:
+    """A cluster's name when `up` is given none: what it is (local-2nodes, aws-8nodes; static-adopted)."""
+    if nodes is None:
+        return f"{provider}-adopted"
+    return f"{provider}-{nodes}node{'s' if nodes != 1 else ''}"
 
 
 def _shared_fs(src: _Sources) -> list[dict]:

@@ -33,6 +33,11 @@ class ToolError(Exception):
         return self.message
 
 
+class Declined(ToolError):
+    """The user answered no to a question: nothing was done.  Said plainly, not as an error ("not torn down:
+    cluster 'demo' is kept"), exit 1, the same for every question the tool asks."""
+
+
 class UsageError(ToolError):
     """Bad input: flags, spec files, selections."""
 

@@ -14,6 +14,7 @@ file, so a crash never leaves half a state file.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import hashlib
 import json
@@ -110,8 +111,11 @@ def load(name: str) -> ClusterRecord:
         held = holder(name)
         if held and held[1] == "up":
             raise being_created(name, held[0]) from None
-        known = ", ".join(list_clusters()) or "none"
-        raise StateError(f"no cluster named {name!r}", hint=f"known clusters: {known}") from None
+        known = list_clusters()
+        near = difflib.get_close_matches(name, known, n=1)
+        hint = (f"did you mean -c {near[0]}?" if near else "known here: " + _choices(known).removeprefix("add ")) \
+            if known else "no clusters here: `clustertool up` makes one"
+        raise StateError(f"no cluster named {name!r}", hint=hint) from None
     except (OSError, ValueError) as exc:
         raise StateError(f"state file {path} is unreadable: {exc}") from None
     return ClusterRecord.from_dict(data)
@@ -311,6 +315,15 @@ def resolve_name(name: str | None) -> str:
         return known[0]
     if not known:
         raise StateError("no clusters known", hint="bring one up with `clustertool up`")
-    raise UsageError(
-        f"several clusters known ({', '.join(known)}): say which with -c/--cluster",
-    )
+    raise UsageError(f"several clusters known ({_listed(known)}): say which one", hint=_choices(known))
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    return ", ".join(names) if len(names) <= most else ", ".join(names[:most]) + f" and {len(names) - most} more"
+
+
+def _choices(names: list[str], most: int = 4) -> str:
+    """The -c choices, as a hint: every one where they are few."""
+    if len(names) <= most:
+        return "add " + " or ".join(f"-c {n}" for n in names)
+    return f"add -c NAME: {', '.join(f'-c {n}' for n in names[:most])} ... (`clustertool ls` lists all {len(names)})"

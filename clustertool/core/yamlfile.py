@@ -13,6 +13,8 @@ file in them ("spec file", "playbook").
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 from typing import Any, Hashable
 
@@ -64,7 +66,11 @@ def _read(path: str, what: str) -> str:
         with open(path, encoding="utf-8") as fh:
             return fh.read()
     except FileNotFoundError:
-        raise SpecError(f"{path}: no such {what}") from None
+        folder = os.path.dirname(os.path.abspath(path))
+        near = difflib.get_close_matches(os.path.basename(path), os.listdir(folder) if os.path.isdir(folder) else [],
+                                         n=1)
+        raise SpecError(f"{path}: no such {what}", hint=f"did you mean {os.path.join(os.path.dirname(path), near[0])}?"
+                        if near else f"the path of a {what}, from this folder ({os.getcwd()})") from None
     except IsADirectoryError:
         raise SpecError(f"{path}: is a directory, expected a YAML {what}") from None
     except UnicodeDecodeError:

@@ -43,11 +43,14 @@ def follow(session: ClusterSession, job: JobRecord, on_line: LineFn, *, warn: Li
 
 
 def why_failed(session: ClusterSession, job_id: str) -> str | None:
-    """After a followed job failed: ``job ID failed: <the rank (or node) that failed first>``, or None (a
-    job killed by the user, or nothing known)."""
+    """After a followed job failed: ``job ID failed: <the rank (or node) that failed first>`` (where nothing
+    more is known: ``job ID failed (exit N)``), or None (a job that succeeded or was killed by the user)."""
     try:
         job = records.resolve(records.refresh(session), job_id)
     except ToolError:
         return None
+    if job.state == "killed" or not job.finished or job.state == "succeeded":
+        return None
     why = failure.text(job.failure)
-    return f"job {job_id} {job.state}: {why}" if why and job.state != "killed" else None
+    code = f" (exit {job.exit_code})" if job.exit_code is not None else ""
+    return f"job {job_id} {job.state}: {why}" if why else f"job {job_id} {job.state}{code}"

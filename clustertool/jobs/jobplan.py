@@ -15,11 +15,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustertool.core.errors import UsageError
-from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
+from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR, RANK_HOST_ENV
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.jobs import launchers
 from clustertool.jobs.launchers import LaunchSpec
-from clustertool.jobs.mpirun import MpiOptions, build_argv, cluster_subnet, job_hostfile, placement, split_command
+from clustertool.jobs.mpirun import (
+    MpiOptions,
+    build_argv,
+    cluster_subnet,
+    env_items,
+    job_hostfile,
+    placement,
+    split_command,
+)
+from clustertool.jobs.scripts import rank_host
 
 HOME = "$HOME"  # the leader's home until preflight says it
 # What mpirun starts on each node for a node launcher (torchrun, accelerate, deepspeed, process).
@@ -53,6 +62,22 @@ class JobPlan:
                                    hostfile=self.options.hostfile)
 
     @property
+    def program(self) -> str:
+        """What every node runs first: the launcher (torchrun, python3 -m ..., accelerate ...), or the program."""
+        if self.spec.kind == "process" or not self.spec.node_launcher:
+            return self.spec.program[0]
+        return self.spec.prefix[0]
+
+    @property
+    def rank_path(self) -> str | None:
+        """The PATH the ranks get from this machine (the provider's, or a -x PATH=...); None: the nodes' own."""
+        found = None
+        for item in env_items(self.options):
+            if item.split("=", 1)[0] == "PATH":
+                found = item.split("=", 1)[1] if "=" in item else None
+        return found
+
+    @property
     def layout(self) -> list[tuple[Node, int]]:
         return rank_layout(self.nodes, self.options)
 
@@ -71,6 +96,21 @@ class JobPlan:
         or for ``process`` the program, once per slot."""
         plan = self.agent_plan()
         return [(n, share.get("argv") or list(self.spec.program)) for (n, _), share in zip(self.layout, plan["nodes"])]
+
+    def shown_node_commands(self) -> list[tuple[Node, list[str]]]:
+        """:meth:`node_commands` as a dry run shows them: the user's script where the agent's rank runner
+        stands, PORT for the port the leader picks, the job's DeepSpeed hostfile by its path."""
+        program = launchers.rank_program(self.spec)
+        script = {"module": ["-m", program.get("target", "")], "python": [program.get("target", "")]}.get(
+            program["mode"], [program.get("target", "")])
+        fill = {launchers.PORT: PORT, launchers.DS_HOSTFILE: _job_path(self.home, self.job_id, "ds_hostfile")}
+        shown = []
+        for node, argv in self.node_commands():
+            words: list[str] = []
+            for word in argv:
+                words += script if word == launchers.AGENT else [fill.get(word, word)]
+            shown.append((node, words))
+        return shown
 
     def agent_plan(self, master_addr: str | None = None) -> dict:
         """agent.json: what every node's job agent needs (nodeprogs/jobagent.py).  ``master_addr``: what the
@@ -133,6 +173,7 @@ def rank_env(nodes: tuple[Node, ...], opts: MpiOptions) -> dict[str, str]:
         at += count
     oversubscribed = at > sum(slots for _, slots in placement([(n.address, n.slots) for n in nodes], opts)[0])
     env = {"MASTER_ADDR": nodes[0].address, "MASTER_PORT": PORT, "NNODES": str(len(layout)),
+           RANK_HOST_ENV: rank_host(),
            "CLUSTERTOOL_NUM_NODES": str(len(layout)),
            "CLUSTERTOOL_NODE_IPS": "\n".join(n.address for n, _ in layout)}
     if not oversubscribed:  # contiguous blocks: each node's first rank says which node a rank is on
@@ -154,9 +195,10 @@ def declared_subnet(cluster: ClusterRecord) -> str | None:
 
 def plan_job(cluster: ClusterRecord, nodes: list[Node], opts: MpiOptions, job_id: str, *,
              sync: tuple[str, str] | None = None, plugin_env: dict[str, str] | None = None,
-             servers: list[Node] | None = None) -> JobPlan:
+             servers: list[Node] | None = None, node_env: dict[str, str] | None = None) -> JobPlan:
     """The job on ``nodes`` (rank nodes of ``cluster``); every mistake in the options is a
-    UsageError here, before anything reaches a node."""
+    UsageError here, before anything reaches a node.  ``node_env``: what the provider hands every rank
+    from this machine (PATH, VIRTUAL_ENV on a local cluster); the user's own -x of a name wins."""
     ordered = [n for n in cluster.ordered_nodes() if n in nodes]
     if cluster.leader not in ordered:
         raise UsageError("the selected nodes must include the leader (mpirun runs there)",
@@ -181,6 +223,8 @@ def plan_job(cluster: ClusterRecord, nodes: list[Node], opts: MpiOptions, job_id
     if spec.node_launcher:
         derived = dataclasses.replace(derived, command=list(spec.program))
     env = rank_env(tuple(ordered), derived)
+    given = {item.split("=", 1)[0] for item in derived.env}
+    env.update({k: v for k, v in (node_env or {}).items() if k not in given})
     if max(count for _, count in rank_layout(tuple(ordered), derived)) > 1 and not any(
             item.split("=", 1)[0] == "OMP_NUM_THREADS" for item in derived.env):
         # As torchrun does: several ranks a node, each with a thread per core, overload the node (and on

@@ -34,7 +34,8 @@ class HangPolicy:
         if self.timeout is not None and self.timeout < 1:
             raise UsageError(f"--hang-timeout {self.timeout:g}s is too short: give at least 1s (e.g. 10m)")
         if self.action not in HANG_ACTIONS:
-            raise UsageError(f"--hang-action {self.action!r}: use keep (say so, leave it running) or kill")
+            raise UsageError(f"--hang-action {self.action!r}: use keep (say so, leave it running) or kill",
+                             hint="--hang-timeout 10m --hang-action kill")
         if self.action == "kill" and self.timeout is None:
             raise UsageError("--hang-action kill goes with --hang-timeout", hint="clustertool run --hang-timeout 10m "
                              "--hang-action kill -- CMD")
@@ -50,7 +51,8 @@ class RestartPolicy:
 
     def __post_init__(self) -> None:
         if self.count < 0:
-            raise UsageError(f"--restarts {self.count}: give 0 or more (how many times a failed job starts again)")
+            raise UsageError(f"--restarts {self.count}: give 0 or more (how many times a failed job starts again)",
+                             hint="e.g. --restarts 2")
         if self.exit_codes is None:
             return
         if not self.count:
@@ -76,14 +78,16 @@ class RecoveryPolicy:
 
     def __post_init__(self) -> None:
         if self.replace_wait is not None and not self.replace_failed:
-            raise UsageError("--replace-wait goes with --replace-failed")
+            raise UsageError("--replace-wait goes with --replace-failed",
+                             hint="clustertool run --restarts 1 --replace-failed --replace-wait 10m -- CMD")
         if self.replace_wait is not None and self.replace_wait < 10:
             raise UsageError(f"--replace-wait {self.replace_wait:g}s is too short: a replacement takes longer "
                              "(e.g. 10m)")
         if self.on_preempt_signal is not None:
             sig = self.on_preempt_signal.strip().upper().removeprefix("SIG")
             if sig not in SIGNALS:
-                raise UsageError(f"--on-preempt-signal {self.on_preempt_signal!r}: use {', '.join(SIGNALS)}")
+                raise UsageError(f"--on-preempt-signal {self.on_preempt_signal!r}: use {', '.join(SIGNALS)}",
+                                 hint="e.g. --on-preempt-signal USR1 (TERM by default)")
             object.__setattr__(self, "on_preempt_signal", sig)
 
     @property
@@ -140,9 +144,10 @@ class LaunchOptions:
 
     def __post_init__(self) -> None:
         if self.per_node is not None and self.per_node < 1:
-            raise UsageError("--per-node must be at least 1")
+            raise UsageError("--per-node must be at least 1",
+                             hint="e.g. --per-node 1 (default: every slot of each node)")
         if self.np is not None and self.np < 1:
-            raise UsageError("--np must be at least 1")
+            raise UsageError("--np must be at least 1", hint="e.g. --np 4 (default: every slot of the nodes)")
 
     def mpi_options(self, command: Sequence[str]) -> MpiOptions:
         """What mpirun is asked (everything but the hosts, which the plan adds)."""
@@ -250,17 +255,19 @@ def parse_ranks(text: str | None) -> set[int] | None:
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise UsageError(f"--rank {text!r}: use a rank, a list or a range, e.g. 0, 0,3 or 4-7")
+            raise UsageError(f"--rank {text!r}: not a rank, a list or a range", hint="e.g. --rank 0, --rank 0,3 or "
+                                                                                     "--rank 4-7")
         ranks.update(range(int(lo), int(hi if sep else lo) + 1))
     return ranks
 
 
 @dataclass(frozen=True)
 class LogsRequest:
-    """One `clustertool logs JOB`: its lines so far (``follow``: until it ends), only ``node``'s ranks,
-    ``ranks`` ("3", "0,2", "4-7"), the last ``tail`` lines of each stream, or one ``attempt`` (1: the first)."""
+    """One `clustertool logs [JOB]`: its lines so far (``follow``: until it ends), only ``node``'s ranks,
+    ``ranks`` ("3", "0,2", "4-7"), the last ``tail`` lines of each stream, or one ``attempt`` (1: the first).
+    ``job`` None: the latest job."""
 
-    job: str
+    job: str | None = None
     follow: bool = False
     node: str | None = None
     ranks: str | None = None
@@ -270,7 +277,7 @@ class LogsRequest:
     def __post_init__(self) -> None:
         parse_ranks(self.ranks)
         if self.tail is not None and self.tail < 0:
-            raise UsageError(f"--tail {self.tail}: give 0 or more lines")
+            raise UsageError(f"--tail {self.tail}: give 0 or more lines", hint="e.g. --tail 50")
         if self.attempt is not None and self.follow:
             raise UsageError("--attempt shows one attempt as it is: leave out -f (which follows every attempt)")
 
@@ -292,7 +299,8 @@ class KillRequest:
 
     def __post_init__(self) -> None:
         if self.grace < 0:
-            raise UsageError("--grace must be 0 or more")
+            raise UsageError(f"--grace {self.grace:g}: give 0 or more seconds", hint="e.g. --grace 10 (TERM, then KILL "
+                                                                                     "10 s later)")
 
 
 @dataclass(frozen=True)
@@ -308,7 +316,7 @@ class StacksRequest:
         if self.py_spy is True:
             object.__setattr__(self, "py_spy", None)
         if self.timeout <= 0:
-            raise UsageError(f"--timeout {self.timeout:g}: give seconds above 0")
+            raise UsageError(f"--timeout {self.timeout:g}: give seconds above 0", hint="e.g. --timeout 10")
 
 
 @dataclass(frozen=True)
@@ -322,6 +330,6 @@ class RecoverRequest:
 
     def __post_init__(self) -> None:
         if self.poll <= 0:
-            raise UsageError(f"--poll {self.poll:g}: give seconds above 0")
+            raise UsageError(f"--poll {self.poll:g}: give seconds above 0", hint="e.g. --poll 2")
         if any(not p.strip() for p in self.copy):
             raise UsageError("--copy: an empty path", hint="e.g. --copy data/train (a path on the leader)")

@@ -78,7 +78,9 @@ def pick_running(jobs: list[JobRecord], ref: str | None) -> JobRecord:
     if not running:
         raise UsageError("no running job on this cluster", hint="`clustertool jobs` lists jobs")
     if len(running) > 1:
-        raise UsageError(f"{len(running)} jobs are running ({', '.join(j.id for j in running)}): say which")
+        raise UsageError(f"{len(running)} jobs are running ({', '.join(j.id for j in running[:4])}"
+                         f"{' ...' if len(running) > 4 else ''}): say which",
+                         hint=f"e.g. {running[-1].id} (the latest)")
     return running[0]
 
 
@@ -96,7 +98,8 @@ def kill(session: ClusterSession, ref: str | None = None, *, signal: str = "TERM
     cluster = session.reload()
     job = pick_running(records.refresh(session), ref)
     if grace < 0:
-        raise UsageError("--grace must be 0 or more")
+        raise UsageError(f"--grace {grace:g}: give 0 or more seconds",
+                         hint="e.g. --grace 10 (TERM, then KILL 10 s later)")
     slurm = None
     if job.slurm:  # Slurm's job: scancel, until Slurm lets it go; then the check on its nodes below
         slurm = slurmjobs.cancel(session, job, signal.upper(), grace)

@@ -22,9 +22,11 @@ from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Node
 from clustertool.jobs import output, records, recovery, reducers, scripts, slurmrun, stacks, syncdir
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.jobrequests import RunRequest
+from clustertool.jobs.mpirun import split_command
 from clustertool.nodeprogs import program_text
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
+from clustertool.providers.base import IMAGE_PYTHON, RankEnvironment
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.slurm import slurminfo
 from clustertool.transfer.results import CopyResult, ProgressCb
@@ -38,12 +40,14 @@ class Launch:
     sync: tuple[str, str] | None = None  # --sync: (the local folder, its path on the nodes)
     synced: CopyResult | None = None  # what --sync sent (None without --sync, or on a dry run)
     node_commands: list[tuple[str, list[str]]] | None = None  # a dry run of a node launcher: each node's command
+    python: str | None = None  # a dry run: which Python the ranks get, in words
 
     def to_dict(self) -> dict:
         """What `run --json` prints: the job's record, plus "sync" (what was sent) with --sync.
         A dry run: the mpirun argv, nodes, ranks (and where --sync would send what)."""
         if self.dry_run:
-            out = {"argv": self.argv, "nodes": self.job.nodes, "np": self.job.np, "launcher": self.job.launcher}
+            out = {"argv": self.argv, "nodes": self.job.nodes, "np": self.job.np, "launcher": self.job.launcher,
+                   "python": self.python}
             if self.node_commands:
                 out["node_commands"] = {name: argv for name, argv in self.node_commands}
             if self.sync is not None:
@@ -80,14 +84,23 @@ def rank_nodes(cluster: ClusterRecord, selection: str | None) -> list[Node]:
 ENDING_GRACE_S = 10.0  # how long a job that has ended may take to lose its last processes
 
 
-def _scan(session: ClusterSession, nodes: list[Node]) -> tuple[GroupResult, dict[str, list[str]]]:
-    """(the scan's result, {job id: [nodes with its processes]})."""
-    result = run_on_nodes(session, nodes, "sh -s", timeout=20, stdin_data=scripts.scan_script().encode())
+def _scan(session: ClusterSession, nodes: list[Node], program: str | None = None,
+          path: str | None = None) -> tuple[GroupResult, dict[str, list[str]]]:
+    """(the scan's result, {job id: [nodes with its processes]}); ``program``: a program the ranks cannot find
+    there is a UsageError naming it and the nodes."""
+    script = scripts.scan_script(program, path).encode()
+    result = run_on_nodes(session, nodes, "sh -s", timeout=20, stdin_data=script)
     down = result.failed()
     if down:
         detail = ", ".join(f"{r.node} ({r.reason})" for r in down)
         raise RemoteError(f"preflight: {len(down)} node(s) not ready: {detail}",
                           hint="`clustertool doctor` says more")
+    missing = [r.node for r in result.results if any(ln.startswith("missing=") for ln in r.stdout.splitlines())]
+    if missing:
+        where = "" if program and "/" in program else " (the ranks' PATH there)"
+        raise UsageError(f"{program}: not found on {nodeset.fold(missing)}{where}",
+                         hint="give its full path, or -x PATH=DIR:/usr/bin:/bin for its folder DIR (`clustertool "
+                              "run --dry-run` says which python the ranks get)")
     busy: dict[str, list[str]] = {}
     for r in result.results:
         for line in r.stdout.splitlines():
@@ -105,13 +118,15 @@ def _ended(session: ClusterSession, job_ids: Iterable[str]) -> bool:
 
 
 def preflight(session: ClusterSession, nodes: list[Node], allow_concurrent: bool,
-              grace: float = ENDING_GRACE_S) -> tuple[str, int | None]:
-    """Every node answers; no other clustertool job has processes there. Returns the leader's $HOME
-    and a port free there now (None where the leader has no python3 to ask).
+              grace: float = ENDING_GRACE_S, *, program: str | None = None,
+              path: str | None = None) -> tuple[str, int | None]:
+    """Every node answers; no other clustertool job has processes there; the ranks find ``program`` there
+    (with ``path``, their PATH; else the node's own). Returns the leader's $HOME and a port free there now
+    (None where the leader has no python3 to ask).
 
     Processes of a job that has ended (the one before, in a loop of jobs) get ``grace`` seconds to go."""
     cluster = session.record
-    result, busy = _scan(session, nodes)
+    result, busy = _scan(session, nodes, program, path)
     deadline = time.monotonic() + grace
     while busy and not allow_concurrent and time.monotonic() < deadline and _ended(session, busy):
         time.sleep(0.3)
@@ -155,15 +170,17 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     if servers:  # the real ports are known once the reducers listen (after preflight)
         env[reducers.ENV_LIST] = ",".join(f"{n.address}:PORT" for n in servers)
     synced_dir = request.sync.target() if request.sync is not None else None
+    environment = session.provider.rank_environment(cluster)
     plan = plan_job(cluster, nodes, request.mpi_options(), records.new_id(), sync=synced_dir, plugin_env=env,
-                    servers=servers)
+                    servers=servers, node_env=environment.env)
     preempt = recovery.preempt_signal(cluster, request.recovery)
     if dry_run:
-        commands = [(n.name, argv) for n, argv in plan.node_commands()] if plan.spec.node_launcher else None
+        commands = [(n.name, argv) for n, argv in plan.shown_node_commands()] if plan.spec.node_launcher else None
         return Launch(job_record(cluster, plan, request, preempt), plan.argv, dry_run=True, sync=synced_dir,
-                      node_commands=commands)
+                      node_commands=commands, python=_python(plan, environment))
     report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
-    home, port = preflight(session, list(plan.nodes), request.allow_concurrent)
+    home, port = preflight(session, list(plan.nodes), request.allow_concurrent, program=plan.program,
+                           path=plan.rank_path)
     synced = None
     if synced_dir is not None:
         report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(n.name for n in plan.nodes)}")
@@ -179,6 +196,15 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
+
+
+def _python(plan: JobPlan, environment: RankEnvironment) -> str:
+    """Which Python the ranks get, in words (a dry run says it)."""
+    if plan.rank_path == environment.env.get("PATH"):
+        return environment.python
+    if plan.rank_path is None:
+        return IMAGE_PYTHON
+    return f"the first python on the PATH given with -x ({plan.rank_path})"
 
 
 SUPERVISE_INTERVAL_S = 2.0  # how often the supervisor asks the job's other nodes
@@ -233,7 +259,7 @@ def _restarter(plan: JobPlan, job: JobRecord) -> bytes | None:
 def job_record(cluster: ClusterRecord, plan: JobPlan, request: RunRequest, preempt: str | None) -> JobRecord:
     """The job's record: what the request asked, what the plan made (``preempt``: the signal a spot
     notice sends, where notices are watched)."""
-    return JobRecord(id=plan.job_id, cluster=cluster.name, command=list(plan.options.command), argv=plan.argv,
+    return JobRecord(id=plan.job_id, cluster=cluster.name, command=split_command(request.command), argv=plan.argv,
                      nodes=[n.name for n in plan.nodes], np=plan.np, name=request.name, leader=cluster.leader.name,
                      workdir=plan.options.workdir, launcher=plan.launcher, started=time.time(),
                      output_dir=plan.options.output_dir, tag_output=plan.options.tag_output,

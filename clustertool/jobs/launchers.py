@@ -16,6 +16,7 @@ launcher options kept; an explicit ``--launcher X -- train.py`` gives the same p
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from typing import Iterable
@@ -139,7 +140,9 @@ def _take_value(options: list[str], names: tuple[str, ...]) -> tuple[list[str], 
 def parse(command: list[str], launcher: str | None = None) -> LaunchSpec:
     """The plan's view of ``command`` under ``launcher`` (None: detected from the command)."""
     if launcher is not None and launcher not in LAUNCHERS:
-        raise UsageError(f"--launcher {launcher!r}: use one of {', '.join(LAUNCHERS)}")
+        near = difflib.get_close_matches(launcher, LAUNCHERS, n=1)
+        raise UsageError(f"--launcher {launcher!r}: use one of {', '.join(LAUNCHERS)}",
+                         hint=f"did you mean --launcher {near[0]}?" if near else "e.g. --launcher torchrun")
     found = detect(command)
     kind = launcher or found
     if kind in ("mpirun", "process"):

@@ -16,10 +16,17 @@ from clustertool.jobs import output, records, slurmrun
 from clustertool.jobs.jobrequests import LogsRequest
 
 
-def find_job(session: ClusterSession, ref: str, refresh: bool = True) -> tuple[ClusterRecord, JobRecord]:
+def find_job(session: ClusterSession, ref: str | None, refresh: bool = True, *,
+             running: bool = False) -> tuple[ClusterRecord, JobRecord]:
+    """The job ``ref`` names (id, unique prefix or name); None: the latest (``running``: the latest running),
+    said on the session's reporter."""
     cluster = session.reload()
     jobs = records.refresh(session) if refresh else records.load_all(cluster.name)
-    return cluster, records.resolve(jobs, ref)
+    if ref is not None:
+        return cluster, records.resolve(jobs, ref)
+    job = records.latest(jobs, cluster.name, running=running)
+    session.report(records.picked_line(job, len(jobs) - 1))
+    return cluster, job
 
 
 def show(session: ClusterSession, request: LogsRequest, on_line: Callable[[str], None], *,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from clustertool.core.errors import UsageError
-from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
+from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR, RANK_HOST_ENV
 
 VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -31,7 +31,9 @@ VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # already marked the job on this node (a rank started after kill looked for processes), gives the rank the variables
 # torch.distributed's env:// (and most launchers' scripts) read, from Open MPI's own, then runs the
 # program.  NODE_RANK: the node whose first rank (CLUSTERTOOL_RANK_STARTS, in hostfile order, as
-# `-map-by slot` fills the nodes) is the last one at or below this rank.
+# `-map-by slot` fills the nodes) is the last one at or below this rank.  A program that is not there
+# is the node's ``failure`` (rank, exit 127, when; as the job agent writes it): mpirun's own log does not
+# always name a rank that could not start, so `jobs` and `run --follow` would not say which and why.
 RANK_WRAPPER = (
     'd="$HOME/' + JOBS_DIR + '/$' + JOB_ENV + '/ranks"; mkdir -p "$d"; '
     'read -r p _ _ pp pg sid _ < /proc/$$/stat; '
@@ -44,6 +46,11 @@ RANK_WRAPPER = (
     'n=0; NODE_RANK=0; for s in ${CLUSTERTOOL_RANK_STARTS:-0}; do '
     '[ "$RANK" -ge "$s" ] && NODE_RANK=$n; n=$((n + 1)); done; '
     'export NODE_RANK CLUSTERTOOL_NODE_RANK="$NODE_RANK"; fi; '
+    'h="$HOME/${' + RANK_HOST_ENV + ':-}"; unset ' + RANK_HOST_ENV + '; case "${1##*/}" in python|python[0-9]*) '
+    'case "${2:-}" in -m|[!-]*) [ -f "$h" ] && { p=$1; shift; set -- "$p" "$h" "$@"; };; esac;; esac; '
+    'command -v "$1" >/dev/null 2>&1 || { echo "ct-rank: $1: not found" >&2; [ -f "$d/../failure" ] || '
+    'printf \'{"rank": %s, "code": 127, "time": %s}\\n\' "${OMPI_COMM_WORLD_RANK:-0}" "$(date +%s)" '
+    '> "$d/../failure"; exit 127; }; '
     'exec "$@"'
 )
 
@@ -132,7 +139,8 @@ def placement(hosts: Sequence[tuple[str, int]], opts: MpiOptions) -> tuple[list[
         raise UsageError("no nodes selected to run on")
     if opts.per_node is not None:
         if opts.per_node < 1:
-            raise UsageError("--per-node must be at least 1")
+            raise UsageError("--per-node must be at least 1",
+                             hint="e.g. --per-node 1 (default: every slot of each node)")
         small = [(a, s) for a, s in hosts if s < opts.per_node]
         if small and not opts.oversubscribe:
             a, s = small[0]
@@ -142,7 +150,7 @@ def placement(hosts: Sequence[tuple[str, int]], opts: MpiOptions) -> tuple[list[
     total = sum(s for _, s in hosts)
     np = total if opts.np is None else opts.np
     if np < 1:
-        raise UsageError("--np must be at least 1")
+        raise UsageError("--np must be at least 1", hint="e.g. --np 4 (default: every slot of the nodes)")
     if np > total and not opts.oversubscribe:
         raise UsageError(f"--np {np} is more than the {total} slot(s) of the {len(hosts)} selected node(s)",
                          hint="lower --np, select more nodes, or add --oversubscribe to run more ranks than slots")

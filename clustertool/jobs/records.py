@@ -58,6 +58,24 @@ def load_all(cluster_name: str) -> list[JobRecord]:
     return sorted(jobs, key=lambda j: j.started)
 
 
+def latest(jobs: list[JobRecord], cluster: str, *, running: bool = False) -> JobRecord:
+    """The job started last (``running``: of those still running): what `logs` and `attach` take without a JOB."""
+    pool = [j for j in jobs if j.state == "running"] if running else list(jobs)
+    if not pool:
+        what = "running job" if running else "job"
+        hint = (f"`clustertool jobs -c {cluster}` lists its jobs" if jobs and running
+                else f"start one: clustertool run -c {cluster} -- python train.py")
+        raise UsageError(f"no {what} on cluster {cluster!r}", hint=hint)
+    return max(pool, key=lambda j: j.started)
+
+
+def picked_line(job: JobRecord, others: int) -> str:
+    """What a command says when it took the latest job itself."""
+    when = time.strftime("%H:%M:%S", time.localtime(job.started))
+    rest = f"; {others} other{'s' if others != 1 else ''}: `clustertool jobs`" if others else ""
+    return f"job {job.id} ({job.state}, started {when}: the latest{rest})"
+
+
 def resolve(jobs: list[JobRecord], ref: str) -> JobRecord:
     """A job by exact id, unique id prefix, or name (the newest of that name)."""
     for job in jobs:
@@ -71,7 +89,10 @@ def resolve(jobs: list[JobRecord], ref: str) -> JobRecord:
         return named[-1]
     if len(prefixed) > 1:
         raise UsageError(f"job {ref!r} is ambiguous: {', '.join(j.id for j in prefixed)}")
-    known = ", ".join(j.id for j in jobs[-5:]) or "none"
+    if not jobs:
+        raise UsageError(f"no job {ref!r} on this cluster: it has none yet",
+                         hint="`clustertool run -- python train.py` starts one")
+    known = ", ".join(j.id for j in jobs[-5:])
     raise UsageError(f"no job {ref!r} on this cluster", hint=f"recent jobs: {known} (see `clustertool jobs`)")
 
 

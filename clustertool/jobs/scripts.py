@@ -22,6 +22,7 @@ through ``shlex.quote`` (job ids are checked to be
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import shlex
 from typing import Sequence
@@ -150,20 +151,50 @@ def agent_install_script(job_id: str, agent_json: str) -> str:
     ])
 
 
+def rank_host() -> str:
+    """Where nodeprogs/rankhost.py lives on every node, relative to the home: named by its content, so a node
+    keeps one copy per version and a job never runs another's."""
+    text = (nodeprogs.DIR / "rankhost.py").read_bytes()
+    return f".clustertool/rankhost-{hashlib.sha256(text).hexdigest()[:12]}.py"
+
+
+def rank_host_install() -> str:
+    """Any node: the rank host, written once (a job's preflight, on every node of the job)."""
+    path = f'"$HOME"/{shlex.quote(rank_host())}'
+    write = _write_file('"$h.$$"', (nodeprogs.DIR / "rankhost.py").read_text())
+    return f'h={path}; [ -f "$h" ] || {{ mkdir -p "$(dirname "$h")" && {write} && mv "$h.$$" "$h"; }} || true'
+
+
 # A port nothing listens on now (the kernel's pick), for the job's MASTER_PORT.
 FREE_PORT = ("python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
              "2>/dev/null")
 
 
-def scan_script() -> str:
-    """Any node: ids of clustertool jobs that have processes here, the home directory, a free port."""
+def scan_script(program: str | None = None, path: str | None = None) -> str:
+    """Any node: ids of clustertool jobs that have processes here, the home directory, a free port; with
+    ``program``, ``missing=PROGRAM`` where the ranks (their PATH: ``path``, else the node's own) cannot find it."""
     return "\n".join([
         'echo "home=$HOME"',
         f'echo "port=$({FREE_PORT})"',
         f"grep -a -z -o -h '^{JOB_ENV}=[a-z0-9-]*$' /proc/[0-9]*/environ 2>/dev/null "
         "| tr '\\0' '\\n' | sort -u | sed 's/^/running /'",
+        *([program_check(program, path)] if program else []),
+        rank_host_install(),
         "true",
     ])
+
+
+def program_check(program: str, path: str | None) -> str:
+    """``missing=PROGRAM`` unless ``program`` runs there: found on ``path``, or an executable file by its full
+    path (a path relative to the job's folder is not checked: the folder may not be there yet)."""
+    quoted = shlex.quote(program)
+    if "/" in program:
+        found = f"test -x {quoted}" if program.startswith("/") else "true"
+    else:
+        found = f"command -v {quoted} >/dev/null 2>&1"
+    if path is not None:
+        found = f"(PATH={shlex.quote(path)}; {found})"
+    return f"{found} || echo missing={quoted}"
 
 
 def status_script() -> str:

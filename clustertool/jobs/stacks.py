@@ -247,6 +247,8 @@ def stacks(session: ClusterSession, request: StacksRequest) -> StacksResult:
     py_spy, timeout = request.py_spy, request.timeout
     cluster = session.reload()
     job = pick_running(records.refresh(session), request.job)
+    if request.job is None:
+        session.report(f"job {job.id} (the one running)")
     known = {n.name for n in cluster.nodes}
     nodes = [cluster.node(n) for n in job.nodes if n in known]
     program = nodeprogs.program_text("stacks", node_args(job.id, py_spy, timeout))

@@ -35,6 +35,11 @@ def resolve(directory: str | None, dest: str | None = None) -> tuple[str, str]:
     return local, os.path.normpath(target)
 
 
+def _unwritable(dest: str, nodes: str, why: str) -> UsageError:
+    return UsageError(f"--sync: cannot write {dest!r} (--sync-to) on {nodes}: {why}",
+                      hint="no job was started; --sync-to PATH picks a folder the nodes can write, e.g. /scratch/proj")
+
+
 def sync(session: ClusterSession, directory: str, dest: str, nodes: list[Node], *,
          on_progress: ProgressCb | None = None) -> CopyResult:
     """Send ``directory`` (less what its ignore rules leave out) to ``dest`` on ``nodes``.
@@ -43,7 +48,7 @@ def sync(session: ClusterSession, directory: str, dest: str, nodes: list[Node], 
     """
     matcher = ignore.Matcher(directory)
     request = CopyRequest(directory, dest, source="local", nodes=",".join(n.name for n in nodes))
-    result = copy(session, request, keep=matcher.keep, on_progress=on_progress)
+    result = copy(session, request, keep=matcher.keep, on_progress=on_progress, unwritable_says=_unwritable)
     bad = [n for n in result.nodes if n.status != "ok"]
     if bad:
         by_reason: dict[str, list[str]] = {}

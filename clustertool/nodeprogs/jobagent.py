@@ -32,6 +32,7 @@ import time
 
 PROGRAM_ENV = "CLUSTERTOOL_RANK_PROGRAM"
 RESTART_ENV = "CLUSTERTOOL_RESTART_COUNT"  # run --restarts: which attempt this is (0: the first)
+RANK_HOST_ENV = "CLUSTERTOOL_RANK_HOST"  # rankhost.py, relative to the home: how a Python rank is run
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 STOP_GRACE_S = 5.0
 TAIL_LINES = 5
@@ -126,18 +127,33 @@ class Stopper:
                 pass
 
 
-def rank_command(program, args):
+def rank_command(program, args, host=None):
+    """The rank's command; ``host``: rankhost.py, which a Python script rank runs under (a script that ended
+    well then ends its process well: see rankhost.py)."""
     mode = program.get("mode", "python")
     if mode == "exec":
-        return list(program.get("argv") or [program["target"], *args])
+        argv = list(program.get("argv") or [program["target"], *args])
+        python = os.path.basename(argv[0]).startswith("python") and os.path.basename(argv[0])[6:7] in ("", "3")
+        if host and python and len(argv) > 1 and (argv[1] == "-m" or not argv[1].startswith("-")):
+            return [argv[0], host, *argv[1:]]
+        return argv
+    hosted = [host] if host else []
     if mode == "module":
-        return [sys.executable, "-u", "-m", program["target"], *args]
-    return [sys.executable, "-u", program["target"], *args]
+        return [sys.executable, "-u", *hosted, "-m", program["target"], *args]
+    return [sys.executable, "-u", *hosted, program["target"], *args]
+
+
+def rank_host(env):
+    """rankhost.py's path on this node (None where it is not there), taken out of what the rank inherits."""
+    rel = env.pop(RANK_HOST_ENV, None)
+    path = os.path.join(os.path.expanduser("~"), rel) if rel else None
+    return path if path and os.path.isfile(path) else None
 
 
 def start_rank(program, args, rank, out, width, env):
     stdout, stderr = rank_files(out, rank, width)
-    child = spawn(rank_command(program, args), stdout, stderr, env)
+    env = dict(env)
+    child = spawn(rank_command(program, args, rank_host(env)), stdout, stderr, env)
     record_rank(rank, child.pid)
     return child
 

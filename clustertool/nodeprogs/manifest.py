@@ -24,6 +24,7 @@ import shutil
 import signal
 import stat
 import sys
+import tempfile
 
 if "new_hash" not in globals():  # imported here; on a node stream.py comes first
     from clustertool.nodeprogs.stream import fastest_hash, new_hash
@@ -120,6 +121,21 @@ def clean_stations(sdirs):
     return gone
 
 
+def unwritable(root):
+    """Why no folder can be made or written at ``root`` (None: it can): the deepest existing folder on the way
+    is probed by making an empty folder there and removing it again."""
+    at = os.path.abspath(root)
+    while not os.path.lexists(at) and os.path.dirname(at) != at:
+        at = os.path.dirname(at)
+    if not os.path.isdir(at):
+        return f"{at} is not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".ct-probe-", dir=at))
+    except OSError as exc:
+        return f"{at}: {exc.strerror or exc}"
+    return None
+
+
 def run(args, write=sys.stdout.write, keep=None):
     root = os.path.expanduser(args["root"])
     want, algo = args.get("hash", False), args.get("algo") or DEFAULT_ALGO
@@ -130,6 +146,8 @@ def run(args, write=sys.stdout.write, keep=None):
         head["cleaned"] = clean_stations(args["cleanup"])
     if args.get("pick_hash"):
         head["fastest"] = fastest_hash()
+    if args.get("writable"):
+        head["unwritable"] = unwritable(root)
     try:
         entries = walk(root, want, keep, algo) if head["exists"] else []
     except OSError as exc:

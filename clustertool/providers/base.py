@@ -51,6 +51,7 @@ class OptionSpec:
     default: Any = None
     help: str = ""
     choices: tuple[str, ...] | None = None
+    check: Callable[[Any], object] | None = None  # raises ValueError saying what was expected (checked at `up`)
 
 
 @dataclass
@@ -67,6 +68,18 @@ class ProvisionRequest:
 
 
 Reboot = Literal["ssh", "restart", "provider"]
+
+IMAGE_PYTHON = "the nodes' own: whatever their PATH finds (the image's)"
+
+
+@dataclass(frozen=True)
+class RankEnvironment:
+    """What a job's ranks find their programs by: ``env`` (PATH, VIRTUAL_ENV) that `run` hands every rank
+    (empty: the nodes' own environment, the image's), and ``python``, in words, which Python that gives them
+    (what `run --dry-run` says)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    python: str = IMAGE_PYTHON
 
 
 @dataclass
@@ -266,6 +279,11 @@ class Provider:
     def topology(self, cluster: ClusterRecord) -> dict[str, list[str]]:
         """Network topology per node, outermost layer first (empty: unknown)."""
         return {}
+
+    def rank_environment(self, cluster: ClusterRecord) -> RankEnvironment:
+        """The environment a job's ranks get from this machine (`run`): none, by default: nodes are other
+        machines, and their own environment (the image's PATH and Python) is the one that counts."""
+        return RankEnvironment()
 
     def link_rate(self, cluster: ClusterRecord) -> int | None:
         """Bits/s every link between two nodes is shaped to (the local provider's ``link_rate``); None:

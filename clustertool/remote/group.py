@@ -28,6 +28,7 @@ class _Running:
     out: list[str]
     err: list[str]
     timed_out: bool = False
+    pumps: tuple[threading.Thread, ...] = ()
 
 
 def _pump(stream: IO[bytes], sink: list[str], node: str, kind: str, on_line: LineCallback | None) -> None:
@@ -65,7 +66,6 @@ def run_on_nodes(
     """
     nodes = list(nodes)
     runs: list[_Running] = []
-    threads: list[threading.Thread] = []
     try:
         for node in nodes:
             line = command(node) if callable(command) else command
@@ -73,15 +73,16 @@ def run_on_nodes(
             proc = link.spawn(node, line, data, extra=ssh_extra)
             run = _Running(node, proc, time.monotonic(), [], [])
             runs.append(run)
+            pumps = []
             for stream, sink, kind in ((proc.stdout, run.out, "stdout"), (proc.stderr, run.err, "stderr")):
                 t = threading.Thread(target=_pump, args=(stream, sink, node.name, kind, on_line), daemon=True)
                 t.start()
-                threads.append(t)
+                pumps.append(t)
+            run.pumps = tuple(pumps)
             if data is not None:
                 threading.Thread(target=_feed, args=(proc, data), daemon=True).start()
         wait_all(runs, timeout)
-        for t in threads:
-            t.join(timeout=5)
+        drain(runs)
     except BaseException:
         for run in runs:
             stop_process(run.proc)
@@ -110,6 +111,23 @@ def wait_all(runs: Sequence[Any], timeout: float | None) -> None:
             run.timed_out = True
             stop_process(run.proc)
             run.proc.wait()
+
+
+OUTPUT_GRACE_S = 5.0  # how long the output of commands that ended may take to reach us, all together
+
+
+def drain(runs: Sequence[_Running]) -> None:
+    """Let the output of the commands that ended arrive (one shared grace, not one per stream).
+
+    A timed-out command's output is not waited for: what keeps its streams open (a process it left
+    behind; the master connection's session, which lasts as long as the command on the node) is what
+    the timeout was about.  Its result holds the lines that came before the deadline."""
+    deadline = time.monotonic() + OUTPUT_GRACE_S
+    for run in runs:
+        if run.timed_out:
+            continue
+        for pump in run.pumps:
+            pump.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def run_on_node(link: Link, node: Node, command: str, *, timeout: float | None = None,

@@ -24,7 +24,7 @@ class ExecRequest:
         if not words:
             raise UsageError("no command given", hint="clustertool exec -- COMMAND [ARGS...]")
         if self.timeout is not None and self.timeout <= 0:
-            raise UsageError("--timeout must be positive")
+            raise UsageError(f"--timeout {self.timeout:g}: give seconds above 0", hint="e.g. --timeout 30")
         object.__setattr__(self, "command", tuple(words))
 
     @property

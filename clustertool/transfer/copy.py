@@ -10,13 +10,16 @@ one result per node.  Everything comes back as data.
 from __future__ import annotations
 
 import os
+import shlex
 import threading
 import time
+from typing import Callable
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
-from clustertool.core.errors import UsageError
+from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord, Node
+from clustertool.core.words import counted
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_nodes
 from clustertool.sharedfs import mount
@@ -24,6 +27,7 @@ from clustertool.transfer import drive, manifest, plan, stations, verify
 from clustertool.transfer.results import CopyResult, CopyRun, NodeCopy, ProgressCb, relative_remote
 from clustertool.transfer.transferrequests import CopyRequest
 
+Unwritable = Callable[[str, str, str], ToolError]  # (DEST, the nodes, why) -> the error the caller words
 AUTO_CHAIN_MIN_BYTES = 32 << 20
 AUTO_CHAIN_MIN_NODES = 3
 
@@ -51,13 +55,42 @@ def _source_manifest(run: CopyRun, prepare: list[dict] | None = None) -> manifes
     if man.error:
         raise UsageError(f"cannot read SRC {run.src!r} {where}: {man.error}")
     if not man.exists:
-        raise UsageError(f"SRC {run.src!r} does not exist {where}")
+        raise _no_source(run)
     bad = [p for p, e in man.entries.items() if e["t"] in ("?", "o")]
     if bad:
         raise UsageError(f"SRC holds entries that cannot be copied (unreadable or special files): "
                          f"{manifest.summarize(bad, 5)}")
     run.algo = man.fastest
     return man
+
+
+def _no_source(run: CopyRun) -> UsageError:
+    """SRC is not where --from says: the fixed command when it is here (not on the leader)."""
+    if run.from_local:
+        return UsageError(f"SRC {run.src!r} does not exist here", hint="a path on this machine (relative: to this "
+                                                                       "folder), or --from leader for one there")
+    asked = run.asked
+    leader = run.cluster.leader.name
+    if asked is not None and os.path.lexists(os.path.expanduser(asked.src)):
+        nodes = f" --nodes {shlex.quote(asked.nodes)}" if asked.nodes else ""
+        return UsageError(f"SRC {asked.src!r} is not on the leader ({leader}), but it is here",
+                          hint=f"clustertool copy -c {run.cluster.name}{nodes} --from local {shlex.quote(asked.src)} "
+                               f"{shlex.quote(asked.dest)}")
+    return UsageError(f"SRC {run.src!r} is neither on the leader ({leader}) nor here",
+                      hint="a path on the leader (relative: to its home), or --from local with a path here")
+
+
+def _unwritable(run: CopyRun, dests: dict[str, manifest.Manifest | str]) -> None:
+    """Every target refused DEST, for one reason, before anything was sent: the copy stops there, in one line."""
+    why = {d.unwritable if isinstance(d, manifest.Manifest) else None for n, d in dests.items()
+           if n in {t.name for t in run.targets}}
+    if len(why) == 1 and None not in why:
+        where = nodeset.fold(n.name for n in run.targets)
+        if run.unwritable_says is not None:  # DEST came from another flag (run --sync-to): it says it its way
+            raise run.unwritable_says(run.dest, where, str(why.pop()))
+        raise UsageError(f"cannot write DEST {run.dest!r} on {where}: {why.pop()}",
+                         hint="give a folder the nodes can write, e.g. /scratch/data (`clustertool exec -c "
+                              f"{run.cluster.name} -- ls -ld DIR` shows one)")
 
 
 def _chain_likely(run: CopyRun, strategy: str) -> bool:
@@ -83,11 +116,12 @@ def survey(run: CopyRun, strategy: str) -> dict[str, plan.NodePlan]:
     if hop_st.get(run.cluster.leader.name) and all(not n.is_leader for n in nodes):
         nodes.append(run.cluster.leader)  # from local: the leader relays for the members
     dests = manifest.remote(run.session, nodes, run.dest, timeout=600,
-                      prepare=lambda n: hop_st.get(n.name))
+                      prepare=lambda n: hop_st.get(n.name), writable=True)
     worker.join()
     if failed:
         raise failed[0]
     run.source = got["source"]
+    _unwritable(run, dests)
     return _plans(run, run.targets, dests)
 
 
@@ -104,6 +138,8 @@ def _plans(run: CopyRun, nodes: list[Node], dests: dict[str, manifest.Manifest |
             run.fail(node.name, dest)
         elif dest.exists and not dest.is_dir:
             run.fail(node.name, f"DEST {run.dest!r} exists and is not a directory")
+        elif dest.unwritable:
+            run.fail(node.name, f"cannot write DEST {run.dest!r}: {dest.unwritable}")
         else:
             out[node.name] = plan.plan_node(node.name, run.manifest, dest, delete=run.delete)
     _settle_hashes(run, out)
@@ -144,7 +180,8 @@ def choose_strategy(strategy: str, n_nodes: int, payload: int, filtered: bool = 
     """chain or fanout; a filtered source (``keep``) always goes by chain, which sends exactly the
     listed entries (rsync would send the whole tree)."""
     if strategy not in ("auto", "chain", "fanout"):
-        raise UsageError(f"unknown strategy {strategy!r}", hint="auto, chain or fanout")
+        raise UsageError(f"--strategy {strategy!r}: use auto, chain or fanout", hint="e.g. --strategy chain (auto "
+                                                                                      "picks by size and nodes)")
     if filtered:
         if strategy == "fanout":
             raise UsageError("--strategy fanout cannot leave out ignored files", hint="use auto or chain")
@@ -155,9 +192,10 @@ def choose_strategy(strategy: str, n_nodes: int, payload: int, filtered: bool = 
 
 
 def copy(session: ClusterSession, request: CopyRequest, *, on_progress: ProgressCb | None = None,
-         keep: manifest.Keep | None = None) -> CopyResult:
+         keep: manifest.Keep | None = None, unwritable_says: Unwritable | None = None) -> CopyResult:
     """Copy, or with ``request.verify_only`` only compare every node's DEST with SRC (re-reading both).
-    Progress lines go to the session's reporter, each node's bytes to ``on_progress``.
+    Progress lines go to the session's reporter, each node's bytes to ``on_progress``; ``unwritable_says(dest,
+    nodes, why)``: the error for a DEST no node can write, where DEST came from another flag than copy's.
 
     ``keep(rel, is_dir)`` (a local SRC only) picks the entries that are part of the source: the rest
     is neither sent nor verified (nor deletable)."""
@@ -175,7 +213,8 @@ def copy(session: ClusterSession, request: CopyRequest, *, on_progress: Progress
         selection = "leader"
         report(mount.write_once_line(cluster, dest, shared))
     run = CopyRun(cluster, src, relative_remote(dest), from_local, _targets(cluster, selection, from_local),
-                  request.delete, request.cipher, on_progress, report, transport, keep=keep, verify=request.verify)
+                  request.delete, request.cipher, on_progress, report, transport, keep=keep, verify=request.verify,
+                  asked=request, unwritable_says=unwritable_says)
     if not from_local and src == run.dest and any(n.is_leader for n in run.targets):
         raise UsageError("SRC and DEST are the same path on the leader", hint="use --nodes members")
     timings: dict[str, float] = {}
@@ -200,8 +239,9 @@ def _copy(run: CopyRun, strategy: str, started: float, timings: dict[str, float]
     union = plan.union_send([node_plans[n.name] for n in live], run.manifest)
     payload = plan.payload_bytes(union, run.manifest)
     chosen = choose_strategy(strategy, len(live), payload, run.keep is not None)
-    run.report(f"{len(run.manifest.entries)} entries, {run.manifest.total_bytes} bytes at the source; "
-               f"{payload} bytes to send ({chosen}, {len(live)} node(s))")
+    run.report(f"{counted(len(run.manifest.entries), 'entry', 'entries')}, "
+               f"{counted(run.manifest.total_bytes, 'byte')} at the source; {counted(payload, 'byte')} to send "
+               f"({chosen}, {counted(len(live), 'node')})")
     result = CopyResult(run.src, run.dest, "local" if run.from_local else run.cluster.leader.name, chosen, [],
                         run.manifest.total_bytes, run.manifest.file_count,
                         verify="stream" if run.verify else "off", hash=run.algo if run.verify else None)
@@ -217,8 +257,9 @@ def _copy(run: CopyRun, strategy: str, started: float, timings: dict[str, float]
     timings["verify"] = time.monotonic() - started
     for node in run.targets:
         base = run.results.get(node.name) or NodeCopy(node.name)
-        base.files_sent = base.files_sent or len([p for p in node_plans.get(node.name, plan.NodePlan("")).send
-                                                  if run.manifest.entries[p]["t"] == "f"])
+        if base.status == "ok":  # a node that failed counts only what reached it
+            base.files_sent = base.files_sent or len([p for p in node_plans.get(node.name, plan.NodePlan("")).send
+                                                      if run.manifest.entries[p]["t"] == "f"])
         result.nodes.append(base)
     return _finish(run, result, started, timings)
 
@@ -234,8 +275,8 @@ def _verify_only(run: CopyRun, started: float, timings: dict[str, float]) -> Cop
     """No transfer: hash every file on every node and at the source, compare, one verdict each."""
     result = CopyResult(run.src, run.dest, "local" if run.from_local else run.cluster.leader.name, "none", [],
                         run.manifest.total_bytes, run.manifest.file_count, verify="reread", hash=run.algo)
-    run.report(f"re-reading {run.manifest.file_count} files ({run.manifest.total_bytes} bytes) at the source and "
-               f"on {len(run.targets)} node(s), hash {run.algo}")
+    run.report(f"re-reading {counted(run.manifest.file_count, 'file')} ({counted(run.manifest.total_bytes, 'byte')}) "
+               f"at the source and on {counted(len(run.targets), 'node')}, hash {run.algo}")
     verify.verify(run, run.targets, result)
     result.verified = True
     timings["verify"] = time.monotonic() - started

@@ -12,6 +12,7 @@ from typing import Callable
 
 from clustertool.core.model import Node
 from clustertool.core.state import ClusterPaths
+from clustertool.core.words import counted
 from clustertool.transfer import chain, fanout, plan, stations
 from clustertool.transfer.results import CopyResult, CopyRun
 
@@ -82,7 +83,8 @@ def chain_transfer(run: CopyRun, node_plans: dict[str, plan.NodePlan], live: lis
             return
         union = plan.union_send([node_plans[n.name] for n in pending], run.manifest)
         payload = plan.payload_bytes(union, run.manifest)
-        run.report(f"chain pass {attempt + 1}: {len(union)} entries, {payload} bytes through "
+        run.report(f"chain pass {attempt + 1}: {counted(len(union), 'entry', 'entries')}, {counted(payload, 'byte')} "
+                   "through "
                    f"{' -> '.join(n.name for n in pending)}")
         statuses = _one_pass(run, pending, union, attempt + 1)
         result.passes += 1

@@ -30,6 +30,7 @@ class Manifest:
     error: str | None = None
     is_dir: bool = True
     fastest: str | None = None      # the quickest hash on that machine, when asked
+    unwritable: str | None = None   # why no folder can be made or written there (asked with ``writable``)
 
     @property
     def total_bytes(self) -> int:
@@ -50,7 +51,7 @@ def parse(text: str) -> Manifest:
         e = json.loads(line)
         entries[e["p"]] = e
     return Manifest(head["root"], head.get("exists", True), entries, head.get("error"),
-                    head.get("dir", True), head.get("fastest"))
+                    head.get("dir", True), head.get("fastest"), head.get("unwritable"))
 
 
 def _args(root: str, want_hash: WantHash, algo: str | None, **more: object) -> dict:
@@ -76,8 +77,10 @@ def remote_args(root: str, want_hash: WantHash = False, algo: str | None = None,
 def remote(session: ClusterSession, nodes: list[Node], root: str,
            want_hash: WantHash | Callable[[str], WantHash] = False, timeout: float | None = None, *,
            algo: str | None = None, pick_hash: bool = False, cleanup: Callable[[Node], list[str] | None] | None = None,
-           prepare: Callable[[Node], list[dict] | None] | None = None) -> dict[str, Manifest | str]:
+           prepare: Callable[[Node], list[dict] | None] | None = None,
+           writable: bool = False) -> dict[str, Manifest | str]:
     """Manifest of ``root`` on every node, in parallel; a node that failed maps to its error.
+    ``writable``: each says too whether a folder can be made and written at ``root`` (a copy's DEST).
 
     ``want_hash`` may be a function of the node name (per-node hash lists).  Functions of the
     node: ``cleanup`` gives copy station folders to stop and remove first; ``prepare`` the
@@ -87,7 +90,8 @@ def remote(session: ClusterSession, nodes: list[Node], root: str,
         want = want_hash(node.name) if callable(want_hash) else want_hash
         stations = prepare(node) if prepare is not None else None
         return remote_args(root, want, algo, pick_hash=pick_hash, program="survey" if stations else "manifest",
-                           cleanup=cleanup(node) if cleanup is not None else None, prepare=stations)
+                           cleanup=cleanup(node) if cleanup is not None else None, prepare=stations,
+                           writable=writable)
 
     group = run_on_nodes(session, nodes, python_command(), stdin_data=data, timeout=timeout)
     out: dict[str, Manifest | str] = {}

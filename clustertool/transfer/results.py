@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from clustertool.cluster.session import ClusterSession
-from clustertool.core.errors import UsageError
+from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord, Node, Reporter, jsonable
 from clustertool.remote.transport import SSH, Transport
 from clustertool.transfer.manifest import Keep, Manifest, is_unreachable
+from clustertool.transfer.transferrequests import CopyRequest
 
 ProgressCb = Callable[[str, int, int], None]  # (node, bytes done, bytes expected)
 
@@ -83,6 +84,8 @@ class CopyRun:
     transport: Transport = SSH
     keep: Keep | None = None  # a filter on a local SRC's entries (run --sync's ignore rules)
     verify: bool = True
+    asked: CopyRequest | None = None  # what the user asked, as typed (for the hint of a SRC not found)
+    unwritable_says: Callable[[str, str, str], ToolError] | None = None  # the caller's words for an unwritable DEST
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
     source: Manifest | None = None
     results: dict[str, NodeCopy] = field(default_factory=dict)

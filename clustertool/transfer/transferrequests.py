@@ -31,11 +31,13 @@ class CopyRequest:
 
     def __post_init__(self) -> None:
         if self.source not in ("leader", "local"):
-            raise UsageError(f"--from must be leader or local, not {self.source!r}")
+            raise UsageError(f"--from must be leader or local, not {self.source!r}",
+                             hint="--from local for a path on this machine, --from leader (the default) for one there")
         if self.verify_only and not self.verify:
             raise UsageError("--verify-only and --no-verify contradict each other")
         if self.strategy not in STRATEGIES:
-            raise UsageError(f"unknown strategy {self.strategy!r}", hint="auto, chain or fanout")
+            raise UsageError(f"--strategy {self.strategy!r}: use auto, chain or fanout",
+                             hint="e.g. --strategy chain (auto picks by size and nodes)")
         if self.cipher == "":
             object.__setattr__(self, "cipher", None)
 

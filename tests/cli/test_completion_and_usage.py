@@ -77,7 +77,7 @@ COMMANDS = ["up", "down", "status", "ls", "hostfile", "stop", "start", "repin", 
             "plugin env", "plugin check"]
 USAGE = {
     "copy": "SRC DEST", "sync-s3": "s3://BUCKET/PREFIX DEST", "exec": "-- COMMAND...", "run": "-- COMMAND...",
-    "bench scaling": "-- COMMAND...", "ssh": "[NODE] [-- COMMAND...]", "logs": "JOB", "attach": "JOB",
+    "bench scaling": "-- COMMAND...", "ssh": "[NODE] [-- COMMAND...]", "logs": "[JOB]", "attach": "[JOB]",
     "kill": "[JOB]", "fetch": "JOB PATH", "play": "PLAYBOOK.yaml", "up": "[SPEC.yaml]",
 }
 

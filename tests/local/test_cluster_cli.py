@@ -3,7 +3,9 @@
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -186,11 +188,16 @@ def test_up_adds_an_include_so_plain_ssh_reaches_leader_and_nodes(ct_env, tmp_pa
     home.mkdir()
     (home / ".ssh").mkdir(mode=0o700)
     (home / ".ssh" / "config").write_text("Host example\n  User someone\n")
-    env = dict(ct_env, HOME=str(home))
+    # a clustertool home only root may write (this suite's own folders are under /tmp: no Include from there)
+    safe = tempfile.mkdtemp(prefix="ct-test-home-", dir="/run")
+    env = dict(ct_env, HOME=str(home), CLUSTERTOOL_HOME=safe)
     env.pop("CLUSTERTOOL_NO_SSH_INCLUDE")
     name = unique("inc")
-    assert run_cli("up", "--provider", "local", "--nodes", "2", "--name", name, env=env).returncode == 0
+    up = run_cli("up", "--provider", "local", "--nodes", "2", "--name", name, env=env)
     try:
+        assert up.returncode == 0, up.stderr
+        assert "to ~/.ssh/config, so `ssh <cluster>-leader` works (CLUSTERTOOL_NO_SSH_INCLUDE=1" in up.stderr
+        assert f"ssh:      ssh {name}-leader" in up.stdout
         config = (home / ".ssh" / "config").read_text()
         assert config.splitlines()[1].startswith("Include ") and "Host example" in config
         for alias, expected in ((f"{name}-leader", "node-1"), (f"{name}-node-2", "node-2")):
@@ -201,6 +208,24 @@ def test_up_adds_an_include_so_plain_ssh_reaches_leader_and_nodes(ct_env, tmp_pa
         assert run_cli("up", "--provider", "local", "--nodes", "1", "--name", second, env=env).returncode == 0
         run_cli("down", "-c", second, "--yes", env=env)
         assert (home / ".ssh" / "config").read_text().count("Include ") == 1  # added once, not per cluster
+    finally:
+        run_cli("down", "-c", name, "--yes", env=env)
+        shutil.rmtree(safe, ignore_errors=True)
+    assert local_leftovers(name) == []
+    assert (home / ".ssh" / "config").read_text() == "Host example\n  User someone\n"  # the last cluster took it
+
+
+def test_a_home_under_tmp_gets_no_include_and_up_says_what_works(ct_env, tmp_path):
+    home = tmp_path / "userhome"
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    env = dict(ct_env, HOME=str(home))  # CLUSTERTOOL_HOME: under /tmp, as this suite's are
+    env.pop("CLUSTERTOOL_NO_SSH_INCLUDE")
+    name = unique("tmp")
+    up = run_cli("up", "--provider", "local", "--nodes", "1", "--name", name, env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "~/.ssh/config not edited: /tmp is writable by other users" in up.stderr
+        assert f"ssh:      clustertool ssh -c {name}" in up.stdout and not (home / ".ssh" / "config").exists()
     finally:
         run_cli("down", "-c", name, "--yes", env=env)
     assert local_leftovers(name) == []

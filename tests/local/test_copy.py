@@ -183,7 +183,7 @@ def test_missing_src_is_one_clear_line(ct_env, local_cluster):
     name = local_cluster(2)
     proc = run_cli("copy", "-c", name, "/scratch/no such dir", "/scratch/dst", env=ct_env)
     assert proc.returncode == 2
-    assert "error: SRC '/scratch/no such dir' does not exist on the leader (node-1)" in proc.stderr
+    assert "error: SRC '/scratch/no such dir' is neither on the leader (node-1) nor here\nhint: " in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

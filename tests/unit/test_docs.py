@@ -379,7 +379,7 @@ def test_the_checker_takes_good_commands(line):
     ("clustertool copy -c demo only-one-path", "DEST"),
     ("clustertool status -c demo extra", "extra"),
     ("clustertool up --provider gcp", "gcp"),
-    ("clustertool logs -c demo", "JOB"),
+    ("clustertool fetch -c demo j1", "PATH"),
     ("clustertool up --nodes four", "four"),
     ("clustertool --debugg status", "--debugg"),
 ])

@@ -1,7 +1,10 @@
 """Parallel fan-out semantics, with ssh swapped for a local shell (the fan-out is under test,
 not ssh: the local tier runs the same code against real sshd)."""
 
+import os
+import signal
 import threading
+import time
 
 import pytest
 
@@ -68,3 +71,20 @@ def test_lines_stream_to_the_callback_with_the_node_name():
 def test_stdin_can_differ_per_node():
     result = group.run_on_nodes(LINK, _nodes(2), "cat", stdin_data=lambda n: n.name.encode())
     assert [r.stdout for r in result.results] == ["node-1", "node-2"]
+
+
+def test_a_timed_out_node_whose_output_stays_open_returns_at_the_deadline(tmp_path):
+    # A command that ends while something it started elsewhere keeps its output open (as a command left
+    # running on a node holds a ControlMaster's session open): the wait ends at the timeout, not when
+    # the output closes (it returned 5 s per open stream later).
+    pids = tmp_path / "pids"
+    holder = f"setsid sh -c 'echo $$ >> {pids}; exec sleep 60' & exec sleep 60"
+    start = time.monotonic()
+    try:
+        result = group.run_on_nodes(LINK, _nodes(2), holder, timeout=1)
+        took = time.monotonic() - start
+    finally:
+        for pid in pids.read_text().split() if pids.exists() else []:
+            os.kill(int(pid), signal.SIGKILL)
+    assert [r.error for r in result.results] == ["timed out", "timed out"]
+    assert took < 4, f"returned {took:.1f}s after a 1s timeout"

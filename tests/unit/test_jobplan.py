@@ -10,6 +10,7 @@ from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.mpirun import MpiOptions
+from clustertool.jobs.scripts import rank_host
 
 pytestmark = pytest.mark.unit
 
@@ -85,7 +86,7 @@ def test_the_job_wide_variables_count_only_nodes_that_get_ranks():
     env = plan.options.rank_env
     assert env == {"MASTER_ADDR": "10.213.0.1", "MASTER_PORT": "PORT", "NNODES": "2", "CLUSTERTOOL_NUM_NODES": "2",
                    "CLUSTERTOOL_NODE_IPS": "10.213.0.1\n10.213.0.2", "CLUSTERTOOL_RANK_STARTS": "0 2",
-                   "OMP_NUM_THREADS": "1"}
+                   "OMP_NUM_THREADS": "1", "CLUSTERTOOL_RANK_HOST": rank_host()}
     one = plan_job(_cluster(), _cluster().nodes, MpiOptions(command=["true"], np=2), "j1").options.rank_env
     assert one["NNODES"] == "1" and one["CLUSTERTOOL_NODE_IPS"] == "10.213.0.1"   # 2 ranks fill the leader
     per = plan_job(_cluster(), _cluster().nodes, MpiOptions(command=["true"], per_node=1), "j1").options.rank_env

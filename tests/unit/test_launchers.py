@@ -112,6 +112,18 @@ def test_a_node_launcher_job_is_one_agent_per_node_servers_excluded():
     assert [n.name for n, _ in plan.node_commands()] == ["node-1", "node-2", "node-3"]
 
 
+@pytest.mark.parametrize("command,tail", [
+    (["torchrun", "t.py", "--lr", "1"], ["--master-port", "PORT", "t.py", "--lr", "1"]),
+    (["torchrun", "-m", "pkg.train", "--lr", "1"], ["--master-port", "PORT", "-m", "pkg.train", "--lr", "1"]),
+    (["deepspeed", "t.py"], ["--num_gpus", "2", "t.py"]),
+])
+def test_a_dry_run_shows_the_users_script_where_the_agent_stands(command, tail):
+    c = cluster(2, 2)
+    plan = plan_job(c, c.workers, MpiOptions(command), "j1")
+    for _, argv in plan.shown_node_commands():
+        assert argv[-len(tail):] == tail and not any("{" in w for w in argv), argv
+
+
 def test_process_with_np_runs_only_on_the_nodes_that_get_ranks():
     plan = plan_job(cluster(), cluster().workers, MpiOptions(["python", "t.py"], np=3, launcher="process"), "j1")
     agent = plan.agent_plan()

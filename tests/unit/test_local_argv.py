@@ -216,6 +216,14 @@ def test_hosts_text_names_every_node_and_localhost():
     assert "10.213.0.2\tnode-2" in text.splitlines()
 
 
+def test_hosts_text_names_the_ipv4_mapped_addresses_a_dual_stack_socket_sees():
+    # PyTorch's TCPStore listens on [::]: it sees a node as ::ffff:10.213.0.2 and asks its name; without this
+    # line the lookup went to DNS and every rank printed "[c10d] The hostname of the client socket cannot be
+    # retrieved. err=-3"
+    text = net.hosts_text([("node-1", "10.213.0.1"), ("node-2", "10.213.0.2")])
+    assert "::ffff:10.213.0.2\tnode-2" in text.splitlines() and "::ffff:10.213.0.1\tnode-1" in text.splitlines()
+
+
 def test_init_config_binds_private_dirs_over_the_node_view_and_runs_sshd():
     config = net.init_config("node-2", Path("/c/node-2"), Path("/c/hosts"))
     assert config["hostname"] == "node-2"

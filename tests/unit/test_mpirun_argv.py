@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -154,6 +155,17 @@ def test_the_rank_wrapper_records_ids_and_execs_the_program(tmp_path):
     assert len(files) == 1 and files[0].name.endswith(".3")
     pid, ppid, pgid, sid = files[0].read_text().split()
     assert out == f"pid {pid}\n"  # exec: the program has the pid that was recorded
+
+
+def test_a_rank_whose_program_is_not_found_records_itself_as_the_nodes_failure(tmp_path):
+    # mpirun's own log does not always name a rank that could not exec (exit 127): the job's `failure`
+    # record on the node does, as the job agent's does for the other launchers (jobs/failure.py reads both)
+    env = {"HOME": str(tmp_path), "CLUSTERTOOL_JOB": "j1-abc", "OMPI_COMM_WORLD_RANK": "2", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(["sh", "-c", RANK_WRAPPER, "ct-rank", "./no-such.sh", "x"], env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode == 127 and proc.stderr == "ct-rank: ./no-such.sh: not found\n"
+    record = json.loads((tmp_path / ".clustertool/jobs/j1-abc/failure").read_text())
+    assert record["rank"] == 2 and record["code"] == 127 and record["time"] > 0
 
 
 def test_placement_returns_capped_hosts():

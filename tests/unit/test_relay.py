@@ -194,6 +194,14 @@ def test_fastest_hash_is_one_of_the_candidates_every_python_has():
         assert stream.new_hash(algo).hexdigest()
 
 
+def test_the_hash_is_decided_by_the_cpu_so_every_run_names_the_same_one():
+    assert {stream.fastest_hash() for _ in range(5)} == {stream.fastest_hash()}  # it was timed: either, by load
+    assert stream.fastest_hash("flags\t\t: fpu sse2 sha_ni avx2\n", "x86_64") == "sha256"
+    assert stream.fastest_hash("Features\t: fp asimd aes sha1 sha2\n", "aarch64") == "sha256"
+    assert stream.fastest_hash("flags\t\t: fpu sse2 avx2\n", "x86_64") == "blake2b-128"
+    assert stream.fastest_hash("", "arm64") == "sha256" and stream.fastest_hash("", "x86_64") == "blake2b-128"
+
+
 # ---- the whole program, as processes ---------------------------------------------------------
 
 def _python_at(home, sdir):

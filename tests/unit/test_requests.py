@@ -57,7 +57,7 @@ BAD: list[tuple[str, Callable[[], object], str]] = [
     ("copy --from", lambda: CopyRequest("a", "b", source="nodes"), "--from must be leader or local"),
     ("copy --verify-only", lambda: CopyRequest("a", "b", verify=False, verify_only=True),
      "--verify-only and --no-verify"),
-    ("copy --strategy", lambda: CopyRequest("a", "b", strategy="ring"), "unknown strategy 'ring'"),
+    ("copy --strategy", lambda: CopyRequest("a", "b", strategy="ring"), "--strategy 'ring': use auto, chain or fanout"),
     ("sync-s3 url", lambda: SyncS3Request("http://b/p", "d"), "not an S3 URL"),
     ("sync-s3 --threads", lambda: SyncS3Request("s3://b/p", "d", threads=0), "--threads 0"),
     ("sync-s3 --url-expiry", lambda: SyncS3Request("s3://b/p", "d", url_expiry=0), "--url-expiry 0"),
@@ -81,11 +81,11 @@ BAD: list[tuple[str, Callable[[], object], str]] = [
     ("logs --rank", lambda: LogsRequest("j1", ranks="0-x"), "--rank '0-x'"),
     ("logs --tail", lambda: LogsRequest("j1", tail=-1), "--tail -1"),
     ("logs --attempt -f", lambda: LogsRequest("j1", follow=True, attempt=1), "--attempt shows one attempt as it is"),
-    ("kill --grace", lambda: KillRequest("j1", grace=-1), "--grace must be 0 or more"),
+    ("kill --grace", lambda: KillRequest("j1", grace=-1), "--grace -1: give 0 or more seconds"),
     ("stacks --timeout", lambda: StacksRequest("j1", timeout=0), "--timeout 0"),
     ("recover --poll", lambda: RecoverRequest("j1", poll=0), "--poll 0"),
     ("recover --copy", lambda: RecoverRequest(copy=(" ",)), "--copy: an empty path"),
-    ("exec --timeout", lambda: ExecRequest.of("hostname", timeout=0), "--timeout must be positive"),
+    ("exec --timeout", lambda: ExecRequest.of("hostname", timeout=0), "--timeout 0: give seconds above 0"),
 ]
 
 

@@ -84,10 +84,6 @@ def test_flags_alone_make_a_spec_without_a_file():
     assert spec.options["link_rate"] == "200mbit"
 
 
-def test_name_defaults_to_the_provider_name():
-    assert load_spec(None, {"provider": "fake", "nodes": 1}).name == "fake"
-
-
 def test_an_empty_file_is_an_empty_spec(write):
     assert load_spec(write(""), {"provider": "fake", "nodes": 1, "name": "e"}).nodes == 1
 
@@ -132,6 +128,13 @@ def test_file_options_given_as_flags_are_relative_to_the_working_directory(tmp_p
 def test_the_default_provider_is_local(monkeypatch):
     monkeypatch.setitem(base.REGISTRY, "local", base.REGISTRY["fake"])
     assert load_spec(None, {"nodes": 2}).provider == "local"
+
+
+def test_without_a_name_the_cluster_is_named_by_what_it_is(monkeypatch):
+    monkeypatch.setitem(base.REGISTRY, "local", base.REGISTRY["fake"])
+    assert load_spec(None, {"nodes": 2}).name == "local-2nodes"
+    assert load_spec(None, {"nodes": 1}).name == "local-1node"
+    assert load_spec(None, {"provider": "static", "hosts": "a,b"}).name == "static-adopted"
 
 
 # --- errors: one line, file, key, expectation ---------------------------------------------

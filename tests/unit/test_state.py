@@ -43,8 +43,18 @@ def test_only_cluster_is_the_default_and_several_need_a_name(ct_env):
     state.save(_cluster("alpha"))
     assert state.resolve_name(None) == "alpha"
     state.save(_cluster("beta"))
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError) as err:
         state.resolve_name(None)
+    assert err.value.message == "several clusters known (alpha, beta): say which one"
+    assert err.value.hint == "add -c alpha or -c beta"
+
+
+def test_many_clusters_known_hint_a_few_and_ls(ct_env):
+    for name in ("a1", "a2", "a3", "a4", "a5", "a6"):
+        state.save(_cluster(name))
+    with pytest.raises(UsageError) as err:
+        state.resolve_name(None)
+    assert err.value.hint == "add -c NAME: -c a1, -c a2, -c a3, -c a4 ... (`clustertool ls` lists all 6)"
 
 
 @pytest.mark.parametrize("bad", ["", "Upper", "has space", "a;rm -rf", "x" * 40, "-lead"])

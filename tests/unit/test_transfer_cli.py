@@ -19,7 +19,7 @@ def fake_cluster(ct_env):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["copy", "-c", "fake", "--strategy", "bogus", "/a", "/b"], "error: unknown strategy 'bogus'"),
+    (["copy", "-c", "fake", "--strategy", "bogus", "/a", "/b"], "error: --strategy 'bogus': use auto, chain or fanout"),
     (["copy", "-c", "fake", "--from", "laptop", "/a", "/b"], "error: --from must be leader or local, not 'laptop'"),
     (["copy", "-c", "fake", "~bob/a", "/b"], "error: path '~bob/a': '~user' paths are not supported"),
     (["sync-s3", "-c", "fake", "bucket/prefix", "/b"], "error: not an S3 URL: 'bucket/prefix'"),

@@ -85,7 +85,7 @@ class Query:
 
     def check(self) -> None:
         if self.nodes < 1:
-            raise UsageError(f"--nodes: expected 1 or more, got {self.nodes}")
+            raise UsageError(f"--nodes: expected 1 or more, got {self.nodes}", hint="e.g. --nodes 4")
         if not 1 <= self.days <= MAX_DAYS:
             raise UsageError(f"--days: a Capacity Block lasts 1 to {MAX_DAYS} days, got {self.days}")
         first, last = self.dates()

@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -29,12 +30,13 @@ from clustertool.providers.base import (
     OptionSpec,
     Provider,
     ProvisionRequest,
+    RankEnvironment,
     SlurmPlacement,
     Sweep,
     SweepRemoved,
     SweepRequest,
 )
-from clustertool.providers.local import firewall, localfs, net, nodes, strays, swap, sysops
+from clustertool.providers.local import firewall, localfs, net, nodes, strays, swap, sysops, userenv
 from clustertool.providers.local.removal import teardown
 from clustertool.remote import access
 
@@ -50,6 +52,11 @@ def _which(tool: str) -> str | None:
     return shutil.which(tool, path=path)
 
 
+def _not_negative(value: int) -> None:
+    if value < 0:
+        raise ValueError(f"expected 0 or more, got {value}")
+
+
 ACCESS_HELP = ("Who takes SSH from this machine: 'leader' (members only through the leader, with ProxyJump) "
                "or 'all' (default: leader on aws, all on local).")
 
@@ -59,14 +66,16 @@ class LocalProvider(Provider):
     default_user: ClassVar[str] = "root"
     owns_machines: ClassVar[bool] = True
     OPTIONS: ClassVar[dict[str, OptionSpec]] = {
-        "link_rate": OptionSpec(str, None, "egress rate at each end of every node's link, e.g. 200mbit (tc tbf)"),
+        "link_rate": OptionSpec(str, None, "egress rate at each end of every node's link, e.g. 200mbit (tc tbf)",
+                                check=net.rate_bits),
         "link_delay": OptionSpec(str, None, "delay added at each end of every node's link, e.g. 5ms (tc netem); "
-                                 "node to node one-way latency is twice this"),
+                                 "node to node one-way latency is twice this", check=net.delay_seconds),
         "access": OptionSpec(str, "all", ACCESS_HELP, ("leader", "all")),
         "jump": OptionSpec(str, None, "Your own bastion, USER@HOST[:PORT]: the leader (with --access all, every "
                                       "node) is reached through it (its host key must be in ~/.ssh/known_hosts)."),
         "reduction_servers": OptionSpec(int, 0, "K more nodes (server-1..server-K, role server) on the same bridge "
-                                        "and links, for the plugin's reduction servers; not ranks"),
+                                        "and links, for the plugin's reduction servers; not ranks",
+                                        check=_not_negative),
     }
 
     WAIT_LIMIT: ClassVar[float] = 60.0
@@ -77,6 +86,10 @@ class LocalProvider(Provider):
     @classmethod
     def hourly_price(cls, node_type: str, nodes: int, spot: bool) -> float | None:
         return 0.0  # namespaces on this machine
+
+    def rank_environment(self, cluster: ClusterRecord) -> RankEnvironment:
+        """The user's own environment (this machine's PATH, its virtualenv first): the nodes share its files."""
+        return userenv.user_environment(os.environ, sys.prefix, sys.base_prefix)
 
     def link_rate(self, cluster: ClusterRecord) -> int | None:
         """``--link-rate``: every node's link is shaped to it at both ends (tc tbf)."""

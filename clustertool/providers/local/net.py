@@ -329,9 +329,12 @@ def sshd_config_text(address: str, title: str) -> str:
 
 
 def hosts_text(names_addresses: list[tuple[str, str]]) -> str:
-    """/etc/hosts seen inside every node, so node names resolve within the cluster."""
+    """/etc/hosts seen inside every node, so node names resolve within the cluster, and addresses to names:
+    also as a dual-stack socket sees them (``::ffff:10.213.k.i``: PyTorch's store listens on [::] and names
+    each peer, and a node has no DNS that answers)."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     lines += [f"{addr}\t{name}" for name, addr in names_addresses]
+    lines += [f"::ffff:{addr}\t{name}" for name, addr in names_addresses]
     return "\n".join(lines) + "\n"
 
 
