@@ -48,6 +48,16 @@ def build_up_command() -> click.Command:
         click.Option(["--shared-mount"], metavar="PATH",
                      help="Where the first --shared-fs without @PATH is mounted (default /shared; the next "
                           "ones /shared2, /shared3 ...)."),
+        click.Option(["--monitoring"], is_flag=True, flag_value=True, default=None,
+                     help="Start Prometheus on the cluster once it is up: the node exporter on every node, "
+                          "clustertool's exporter and a Prometheus server on the leader's loopback (as `clustertool "
+                          "monitoring enable`); started again after stop/start, reboot and replace."),
+        click.Option(["--scrape-interval"], metavar="DURATION",
+                     help="With --monitoring: how often Prometheus scrapes (default 15s)."),
+        click.Option(["--retention-time"], metavar="DURATION",
+                     help="With --monitoring: how long Prometheus keeps samples (default 15d)."),
+        click.Option(["--retention-size"], metavar="SIZE",
+                     help="With --monitoring: the most disk Prometheus's samples take on the leader (default 2GB)."),
         click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
     for key, (spec, providers) in sorted(every_provider_option().items()):
@@ -64,7 +74,8 @@ def build_up_command() -> click.Command:
 def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: int | None, slots: int | None,
         user: str | None, dry_run: bool, no_ssh: bool, json_output: bool, autostop: str | None,
         autodown: bool | None, wait_for: str | None, shared_fs: tuple[str, ...], shared_mount: str | None,
-        **options: Any) -> int:
+        monitoring: bool | None, scrape_interval: str | None, retention_time: str | None,
+        retention_size: str | None, **options: Any) -> int:
     from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.cluster import lifecycle, spec
@@ -73,7 +84,9 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
 
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user,
                  "autostop": autostop, "autodown": autodown, "wait_for": wait_for,
-                 "shared_fs": list(shared_fs) or None, "shared_mount": shared_mount, **options}
+                 "shared_fs": list(shared_fs) or None, "shared_mount": shared_mount, "monitoring": monitoring,
+                 "scrape_interval": scrape_interval, "retention_time": retention_time,
+                 "retention_size": retention_size, **options}
     request = UpRequest(spec.load_spec(spec_file, overrides), dry_run=dry_run, no_ssh=no_ssh)
     result = lifecycle.up(request, report=reporter(json_output))
     if dry_run:
@@ -95,4 +108,9 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
     click.echo(f"access:   {access.describe(cluster)}")
     if cluster.status == "ready":
         click.echo(f"ssh:      ssh {cluster.name}-leader   |   clustertool exec -c {cluster.name} -- hostname")
+    if result.monitoring is not None:
+        click.echo("monitoring: " + (f"not started ({'; '.join(result.monitoring.problems)}); "
+                                     f"`clustertool monitoring enable -c {cluster.name}` tries again"
+                                     if result.monitoring.problems else
+                                     f"Prometheus on the leader; `clustertool metrics -c {cluster.name}` reaches it"))
     return 0

@@ -18,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from clustertool.cluster import monitoring
 from clustertool.cluster.lifecycle import check_leader_mesh, close_masters
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset, state
@@ -80,6 +81,8 @@ def reboot(session: ClusterSession, selection: str | None, *, timeout: float = 6
         report("nodes answer SSH again; checking the leader's SSH mesh")
         check_leader_mesh(session)
         mount.mount_phase(session, cluster, report)  # every node: a rebooted leader's export serves them all
+        for line in monitoring.restart_lines(session, "reboot"):  # the rebooted nodes' exporters ended with them
+            report(line)
         return nodes
 
 

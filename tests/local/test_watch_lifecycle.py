@@ -1,0 +1,72 @@
+"""`up --monitoring` on real local clusters: Prometheus answers for every node's exporter, `status` says it runs,
+`stop` + `start` bring it back (the nodes' processes ended with their PID namespaces), `down` leaves no process;
+machines that stay (the static provider adopting a local cluster's nodes) get their stack stopped by `down`."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from clustertool.core import state
+from tests.conftest import run_cli, unique
+from tests.local.conftest import local_leftovers, monitoring_processes
+
+pytestmark = pytest.mark.local
+
+
+def up_query(name: str, env: dict, expect: int, seconds: float = 120) -> list[dict]:
+    """`up{job="node"}` once every node's exporter answers Prometheus (it scrapes every 2 s here)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        proc = run_cli("metrics", "query", 'up{job="node"}', "-c", name, "--json", env=env, timeout=120)
+        result = json.loads(proc.stdout)["result"] if proc.returncode == 0 else []
+        if len(result) == expect and all(s["value"][1] == "1" for s in result):
+            return result
+        assert time.monotonic() < deadline, proc.stdout + proc.stderr
+        time.sleep(1)
+
+
+def test_up_monitoring_starts_the_stack_start_brings_it_back_and_down_leaves_nothing(ct_env):
+    name = unique("um")
+    up = run_cli("up", "--provider", "local", "--nodes", "2", "--name", name, "--monitoring", "--scrape-interval",
+                 "2s", "--json", env=ct_env, timeout=300)
+    try:
+        assert up.returncode == 0, up.stderr
+        doc = json.loads(up.stdout)
+        assert doc["monitoring"]["problems"] == [] and doc["cluster"]["monitoring"]["scrape_interval"] == "2s"
+        assert doc["monitoring"]["nodes"]["node-1"]["prometheus"].startswith("running")
+        assert sorted(s["metric"]["node"] for s in up_query(name, ct_env, 2)) == ["node-1", "node-2"]
+        status = run_cli("status", "-c", name, env=ct_env)
+        assert "monitoring: on: Prometheus on node-1 (127.0.0.1:9090), every 2s" in status.stdout, status.stdout
+        assert run_cli("stop", "-c", name, env=ct_env, timeout=300).returncode == 0
+        assert monitoring_processes(name) == []   # the nodes' processes ended with them
+        started = run_cli("start", "-c", name, env=ct_env, timeout=300)
+        assert started.returncode == 0, started.stderr
+        assert "monitoring: started again after start" in started.stderr + started.stdout
+        up_query(name, ct_env, 2)
+        assert len(monitoring_processes(name)) >= 4   # two node exporters, clustertool's exporter, Prometheus
+    finally:
+        down = run_cli("down", "-c", name, "--yes", env=ct_env, timeout=300)
+    assert down.returncode == 0, down.stderr
+    assert local_leftovers(name) == []
+
+
+def test_down_of_adopted_machines_stops_the_stack_they_keep(ct_env, local_cluster):
+    base = local_cluster(2)
+    adopted = unique("ua")
+    hosts = ",".join(n.address for n in state.load(base).ordered_nodes())
+    up = run_cli("up", "--provider", "static", "--hosts", hosts, "--user", "root", "--key",
+                 str(state.ClusterPaths(base).key), "--name", adopted, "--monitoring", "--scrape-interval", "2s",
+                 env=ct_env, timeout=300)
+    try:
+        assert up.returncode == 0, up.stderr
+        up_query(adopted, ct_env, 2)
+        assert len(monitoring_processes(adopted)) >= 4
+    finally:
+        down = run_cli("down", "-c", adopted, "--yes", env=ct_env, timeout=300)
+    assert down.returncode == 0, down.stderr
+    assert "monitoring: stopped on every node" in down.stdout + down.stderr
+    assert monitoring_processes(adopted) == []   # the machines stay up; nothing of the stack does
+    assert run_cli("exec", "-c", base, "--", "true", env=ct_env).returncode == 0
