@@ -22,6 +22,7 @@ from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Node
 from clustertool.jobs import output, records, recovery, reducers, scripts, stacks, syncdir
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.jobrequests import RunRequest
+from clustertool.jobs.recorder import recorder_program
 from clustertool.nodeprogs import program_text
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
@@ -167,7 +168,7 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     try:
         if plan.spec.node_launcher:
             _install_agent(session, plan)
-        return _start(session, plan, job_record(cluster, plan, request, preempt), started, synced)
+        return _start(session, plan, job_record(cluster, plan, request, preempt), started, synced, request.record)
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
@@ -242,7 +243,7 @@ def plugin_env_dest(cluster: ClusterRecord) -> str:
 
 
 def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list[reducers.Reducer],
-           synced: CopyResult | None) -> Launch:
+           synced: CopyResult | None, record: bool = True) -> Launch:
     cluster = session.record
     launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir,
                                       epilogue=reducers.epilogue_lines(plan.job_id, started),
@@ -251,7 +252,8 @@ def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job), supervisor=_supervisor(plan, job),
                                               hangstacks=_hang_stacks(plan, job), restarter=_restarter(plan, job),
-                                              spot=recovery.spot_program(plan, job))
+                                              spot=recovery.spot_program(plan, job),
+                                              recorder=recorder_program(session, plan) if record else None)
     recovery.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
     session.report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())

@@ -16,6 +16,7 @@ through ``shlex.quote`` (job ids are checked to be
                 (leader)                                     output, on the rank's node
     restarts.py   the restart loop (run --restarts) attempts.json  its attempts and verdict (leader)
     spot.py     watches spot notices (leader)       replaced  the recovery loop's "go on" (--replace-failed)
+    watchrec.py   records the job's samples (leader)  watch/    samples.jsonl: what `report` draws (leader)
     attempts/<k>/ what attempt k left (lost, hung, failure), set aside before the next one
 """
 
@@ -87,6 +88,11 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
         'if [ -f "$d/spot.py" ] && [ ! -f "$d/restarts.py" ] && py=$(command -v python3 || command -v python); then',
         '  "$py" "$d/spot.py" </dev/null >/dev/null 2>&1 &',
         "fi",
+        # the job's watch recorder (jobs/recorder.py): neither the job's mark nor its session (it is no process of
+        # the job for kill, preflight or doctor); it ends by itself once the job has ended
+        'if [ -f "$d/watchrec.py" ] && py=$(command -v python3 || command -v python); then',
+        f'  env -u {JOB_ENV} setsid "$py" "$d/watchrec.py" </dev/null >/dev/null 2>&1 &',
+        "fi",
         'if [ -n "${TMUX:-}" ] && [ -f "$d/pane.py" ] && py=$(command -v python3 || command -v python); then',
         '  "$py" "$d/pane.py" & pane=$!',
         "fi",
@@ -101,7 +107,8 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
 def install_and_start_script(job_id: str, launch: str, hostfile: str, record_json: str,
                              prefer_tmux: bool = True, pane: bytes | None = None,
                              supervisor: bytes | None = None, hangstacks: bytes | None = None,
-                             restarter: bytes | None = None, spot: bytes | None = None) -> str:
+                             restarter: bytes | None = None, spot: bytes | None = None,
+                             recorder: bytes | None = None) -> str:
     """Leader: write the job's files, then start launch.sh detached (tmux, else setsid).
 
     Prints ``detached=tmux`` or ``detached=setsid``.
@@ -124,6 +131,7 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
         *([_write_file('"$d/hangstacks.py"', hangstacks.decode())] if hangstacks else []),
         *([_write_file('"$d/restarts.py"', restarter.decode())] if restarter else []),
         *([_write_file('"$d/spot.py"', spot.decode())] if spot else []),
+        *([_write_file('"$d/watchrec.py"', recorder.decode())] if recorder else []),
         ': > "$d/log"',
         start,
         'sed -i "s/\\"detached\\": \\"pending\\"/\\"detached\\": \\"$l\\"/" "$d/job.json"',

@@ -5,7 +5,10 @@ machines that stay (the static provider adopting a local cluster's nodes) get th
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +73,56 @@ def test_down_of_adopted_machines_stops_the_stack_they_keep(ct_env, local_cluste
     assert "monitoring: stopped on every node" in down.stdout + down.stderr
     assert monitoring_processes(adopted) == []   # the machines stay up; nothing of the stack does
     assert run_cli("exec", "-c", base, "--", "true", env=ct_env).returncode == 0
+
+
+STEPS = r"""
+import sys, time
+for step in range(int(sys.argv[1])):
+    time.sleep(0.25)
+    print(f"step {step} loss {1.0 / (step + 1):.4f} time 250.0ms", flush=True)
+"""
+
+
+def watch_processes(name: str, nodes: int) -> list[str]:
+    """The watch's processes (recorder hub, samplers) in the cluster's namespaces."""
+    from clustertool.providers.local import net, sysops
+
+    found = []
+    for ns, pids in sysops.pids_in_netns([net.netns_name(name, i) for i in range(1, nodes + 1)]).items():
+        for pid in pids:
+            try:
+                comm = open(f"/proc/{pid}/comm").read().strip()
+            except OSError:
+                continue
+            if comm in ("ct-watch", "ct-watchnode"):
+                found.append(f"{ns} {pid} {comm}")
+    return found
+
+
+def test_every_job_is_recorded_and_run_follow_ends_with_its_report(ct_env, local_cluster, tmp_path, request):
+    """No monitoring: the recorder started with the job samples its nodes; `run --follow` writes the report and says
+    where; `report JOB` draws the same record; nothing of the recorder stays; --no-record starts none."""
+    name = local_cluster(2)
+    folder = Path("/var/tmp") / f"ct-rec-{name}"   # the nodes share this machine's /var/tmp
+    folder.mkdir()
+    request.addfinalizer(lambda: shutil.rmtree(folder))
+    (folder / "steps.py").write_text(STEPS)
+    done = run_cli("run", "-c", name, "--launcher", "process", "--follow", "--", "python3", f"{folder}/steps.py",
+                   "60", env=ct_env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    line = next((x for x in done.stderr.splitlines() if x.startswith("report: ")), None)
+    assert line is not None, done.stderr
+    html = line.split()[1]
+    assert html.endswith(".html") and f"clusters/{name}/reports/" in html and os.path.getsize(html) > 5000
+    job_id = os.path.basename(html)[:-5]
+    drawn = run_cli("report", "-c", name, job_id, "-o", str(tmp_path / "again"), "--json", env=ct_env, timeout=120)
+    run = json.loads(drawn.stdout)["run"]
+    assert run["nodes"] == ["node-1", "node-2"] and len(run["t"]) >= 2
+    assert any(v is not None and v > 1 for v in run["steps"]["node-2"]), run["steps"]   # ~4 steps/s per rank
+    deadline = time.monotonic() + 20
+    while watch_processes(name, 2) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert watch_processes(name, 2) == []
+    quiet = run_cli("run", "-c", name, "--no-record", "--launcher", "process", "--follow", "--", "python3",
+                    f"{folder}/steps.py", "4", env=ct_env, timeout=300)
+    assert quiet.returncode == 0 and "report: " not in quiet.stderr, quiet.stderr
