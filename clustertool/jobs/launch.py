@@ -164,7 +164,9 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     started = []
     if servers:
         started = reducers.start(session, plan.job_id, plugin_env_dest(cluster))
-    plan = plan.with_facts(home, reducers.env(started) if started else None, port or _fallback_port(plan.job_id))
+    plugin_extra = {**(reducers.env(started) if started else {}),
+                    **(reducers.stats_env(home, plan.job_id, request.launch.env) if request.plugin else {})}
+    plan = plan.with_facts(home, plugin_extra or None, port or _fallback_port(plan.job_id))
     try:
         if plan.spec.node_launcher:
             _install_agent(session, plan)
