@@ -126,3 +126,36 @@ def test_every_job_is_recorded_and_run_follow_ends_with_its_report(ct_env, local
     quiet = run_cli("run", "-c", name, "--no-record", "--launcher", "process", "--follow", "--", "python3",
                     f"{folder}/steps.py", "4", env=ct_env, timeout=300)
     assert quiet.returncode == 0 and "report: " not in quiet.stderr, quiet.stderr
+
+
+def test_the_python_api_watches_as_the_commands_do(ct_env, tmp_path, request):
+    """Cluster.up(monitoring=...), top(), metrics_query(), monitoring(None/False), Job.report(), Job.stragglers():
+    the same data the commands print."""
+    from clustertool import Cluster
+
+    folder = Path("/var/tmp") / f"ct-api-{unique('w')}"
+    folder.mkdir()
+    request.addfinalizer(lambda: shutil.rmtree(folder))
+    (folder / "steps.py").write_text(STEPS)
+    name = unique("uw")
+    with Cluster.up(provider="local", nodes=2, name=name, monitoring={"scrape_interval": "2s"}) as cluster:
+        assert cluster.record.monitoring["scrape_interval"] == "2s"
+        view = cluster.top(samples=1)
+        assert [n["name"] for n in view["nodes"]] == ["node-1", "node-2"] and view["cluster"] == name
+        assert all(n["state"] == "ok" for n in view["nodes"])
+        deadline = time.monotonic() + 120
+        while len(cluster.metrics_query('up{job="node"} == 1')["result"]) < 2:
+            assert time.monotonic() < deadline, cluster.monitoring(None).to_dict()
+            time.sleep(1)
+        job = cluster.run(["python3", str(folder / "steps.py"), "40"], launcher="process")
+        assert job.wait(timeout=180) == 0
+        files = job.report(tmp_path / "run")
+        assert files.html == str(tmp_path / "run.html") and os.path.getsize(files.html) > 5000
+        late = job.stragglers()
+        assert late.source == "none" and "ran without reduction servers" in late.note
+        status = cluster.monitoring(None)
+        assert status.nodes["node-1"]["prometheus"].startswith("running") and status.problems == []
+        off = cluster.monitoring(False)
+        assert off.problems == [] and monitoring_processes(name) == []
+        assert cluster.refresh().record.monitoring is None
+    assert local_leftovers(name) == []
