@@ -243,14 +243,16 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
     """Jobs of the cluster with their state and duration."""
     from clustertool.cli import render
     from clustertool.cluster import blockend
-    from clustertool.jobs import records
-    from clustertool.jobs.stacks import saved
+    from clustertool.jobs import flightfold, records
+    from clustertool.jobs.stacks import fold, saved_ranks
 
     session = open_session(cluster)
     all_jobs = records.refresh(session)
-    hung = {j.id: saved(session, j) for j in all_jobs if j.state == "running" and j.hung}
+    hung_ranks = {j.id: saved_ranks(session, j) for j in all_jobs if j.state == "running" and j.hung}
+    hung = {job_id: fold(found) for job_id, found in hung_ranks.items()}
     if json_output:
-        render.print_json({"jobs": [dict(j.to_dict(), **({"hung_stacks": [g.to_dict() for g in hung[j.id]]}
+        render.print_json({"jobs": [dict(j.to_dict(), **({"hung_stacks": [g.to_dict() for g in hung[j.id]],
+                                                        "hung_flight": flightfold.fold(hung_ranks[j.id])}
                                                        if j.id in hung else {})) for j in all_jobs]})
         return
     if not all_jobs:
@@ -274,6 +276,8 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
         typer.echo(f"\njob {job_id} hung? where its ranks were (`clustertool stacks {job_id}` for now):")
         for group in groups:
             typer.echo(f"  {group.label}: {group.summary}")
+        for line in flightfold.fold(hung_ranks[job_id]):
+            typer.echo(f"  {line}")
 
 
 def _waiting_line(w: dict) -> str:

@@ -17,6 +17,7 @@ through ``shlex.quote`` (job ids are checked to be
     restarts.py   the restart loop (run --restarts) attempts.json  its attempts and verdict (leader)
     spot.py     watches spot notices (leader)       replaced  the recovery loop's "go on" (--replace-failed)
     watchrec.py   records the job's samples (leader)  watch/    samples.jsonl: what `report` draws (leader)
+    fr/         the Flight Recorder's hook (py/) and the ranks' dumps: pipe.<pid>, dump.<pid> (node launchers)
     attempts/<k>/ what attempt k left (lost, hung, failure), set aside before the next one
 """
 
@@ -141,14 +142,16 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
 
 
 def agent_install_script(job_id: str, agent_json: str) -> str:
-    """Any node of a node-launcher job: the job agent (nodeprogs/jobagent.py) and its plan."""
+    """Any node of a node-launcher job: the job agent (nodeprogs/jobagent.py), its plan, and the Flight Recorder's
+    hook its ranks start with (nodeprogs/frhook.py as fr/py/sitecustomize.py)."""
     d = job_dir_sh(job_id)
     return "\n".join([
         "set -e",
         f"d={d}",
-        'mkdir -p "$d/ranks" "$d/exits"',
+        'mkdir -p "$d/ranks" "$d/exits" "$d/fr/py"',
         _write_file('"$d/jobagent.py"', (nodeprogs.DIR / "jobagent.py").read_text(), "755"),
         _write_file('"$d/agent.json"', agent_json),
+        _write_file('"$d/fr/py/sitecustomize.py"', (nodeprogs.DIR / "frhook.py").read_text()),
         "",
     ])
 

@@ -24,6 +24,7 @@ _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # Programs made of several files (each importable here on its own), sent as one, in this order.
 PARTS = {"relay": ("stream", "extract", "link", "relay"), "manifest": ("stream", "manifest"),
          "survey": ("stream", "link", "manifest"), "supervise": ("procs", "supervise"), "spot": ("procs", "spot"),
+         "stacks": ("flightrec", "stacks"),
          "watchhub": ("watchlate", "watchcore", "watchhub", "watchrecord"), "watchnode": ("watchsteps", "watchnode"),
          "gputext": ("watchsteps", "watchnode", "watchlate", "watchcore", "gputext")}
 
