@@ -43,6 +43,13 @@ def dump(folder, pid):
     os.replace(path + ".tmp", path)
 
 
+def remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def serve(folder, pid):
     import atexit
 
@@ -53,7 +60,7 @@ def serve(folder, pid):
         pass
     except OSError:
         return
-    atexit.register(lambda: os.path.exists(pipe) and os.unlink(pipe))
+    atexit.register(remove, pipe)
     while True:
         try:
             with open(pipe, "rb") as fh:  # blocks until someone opens it to write
