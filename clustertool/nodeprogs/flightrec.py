@@ -33,7 +33,8 @@ def request(folder, pids):
     for pid in pids:
         pipe = os.path.join(folder, "pipe.%d" % pid)
         if not os.path.exists(pipe):
-            why[pid] = "no Flight Recorder hook in this rank (ranks of node launchers have it; mpirun's own do not)"
+            why[pid] = ("no Flight Recorder hook in this rank (node launchers' ranks have it, unless their command "
+                        "sets PYTHONPATH itself: use -x PYTHONPATH=...; mpirun's own ranks do not)")
             continue
         try:
             fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)

@@ -102,8 +102,7 @@ def test_the_hook_in_a_real_rank_answers_its_pipe_and_chains_the_users_sitecusto
             assert time.monotonic() < deadline
             time.sleep(0.05)
         asked, why = flightrec.request(str(fr), [rank.pid, 999999])
-        assert why == {999999: "no Flight Recorder hook in this rank (ranks of node launchers have it; mpirun's "
-                                "own do not)"}
+        assert why[999999].startswith("no Flight Recorder hook in this rank (node launchers' ranks have it, unless")
         got = flightrec.collect(str(fr), [rank.pid], {rank.pid: 3}, asked, why, 30)
         assert got[rank.pid] == {"status": "none", "why": "torch.distributed is not initialised in this process"}
         assert sorted(p.name for p in fr.glob("pipe.*")) == [f"pipe.{rank.pid}"]
