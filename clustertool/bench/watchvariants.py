@@ -8,12 +8,15 @@ variant wants; at the end it is put back as it was.
 
 from __future__ import annotations
 
+import time
+
 from clustertool.cluster import monitoring
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import Reporter, silent
 
 WATCH_VARIANTS = ("off", "record", "monitoring")
+SETTLE_S = 20.0  # after a switch: Prometheus's start (its data read back) is not what a job pays once it runs
 
 
 def check(names: list[str]) -> None:
@@ -26,16 +29,20 @@ def check(names: list[str]) -> None:
 class WatchSwitch:
     """Called with each variant's name before its run; ``record`` then says whether the job records itself."""
 
-    def __init__(self, session: ClusterSession, report: Reporter = silent) -> None:
-        self.session, self.report, self.record = session, report, True
+    def __init__(self, session: ClusterSession, report: Reporter = silent, settle_s: float = SETTLE_S) -> None:
+        self.session, self.report, self.record, self.settle_s = session, report, True, settle_s
         self.initial = monitoring.setting(session.reload())
 
     def __call__(self, name: str) -> None:
         on = monitoring.setting(self.session.reload()) is not None
-        if name == "monitoring" and not on:
+        switched = (name == "monitoring") != on
+        if switched and not on:
             self._check(monitoring.enable(self.session, self.initial or monitoring.MonitoringRequest()))
-        elif name != "monitoring" and on:
+        elif switched:
             self._check(monitoring.disable(self.session))
+        if switched and self.settle_s:
+            self.report(f"monitoring {'off' if on else 'on'}; {self.settle_s:g} s for it to settle")
+            time.sleep(self.settle_s)
         self.record = name != "off"
 
     def _check(self, result: monitoring.MonitoringResult) -> None:

@@ -118,8 +118,9 @@ def load(text_by_file: dict[str, str], job_id: str) -> Run:
     text = text_by_file.get("watch/samples.jsonl")
     if not text:
         raise StateError(f"job {job_id} has no watch record on the leader",
-                         hint="samples are recorded while `clustertool monitoring enable` runs (or a recorder was "
-                              "started with the job); `clustertool top` shows a running job live")
+                         hint="every job records its samples unless run with --no-record (a job started by an "
+                              "older clustertool, or ended within its first seconds, has none); `clustertool top` "
+                              "shows a running job live")
     docs = []
     for line in text.splitlines():
         try:
