@@ -93,6 +93,9 @@ def spans(lines: list[dict[str, Any]], start: float) -> list[Event]:
         ranks = line.get("ranks", {})
         now = {("straggler", str(r)): f"straggler rank {r} ({ranks.get(str(r), ['?'])[0]})"
                for r in line.get("out", {}).get("ranks", [])}
+        late = line.get("late") or {}
+        now.update({("straggler", f"w{w}"): f"late worker {w} ({(late.get(w) or ['?'])[0]}) at the reducers"
+                    for w in line.get("out", {}).get("late", [])})
         now.update({("network", n): f"network {n}" for n in line.get("out", {}).get("nodes", [])})
         for key in [k for k in open_ if k not in now]:
             out.append(open_.pop(key))
@@ -100,7 +103,10 @@ def spans(lines: list[dict[str, Any]], start: float) -> list[Event]:
             if key in open_:
                 open_[key].end = t
             else:
-                node = ranks.get(key[1], [None])[0] if key[0] == "straggler" else key[1]
+                if key[0] == "straggler" and key[1].startswith("w"):  # a worker the reducers flagged: its node
+                    node = (late.get(key[1][1:]) or [None])[0]
+                else:
+                    node = ranks.get(key[1], [None])[0] if key[0] == "straggler" else key[1]
                 open_[key] = Event(key[0], t, label, end=t, node=node)
     return out + list(open_.values())
 

@@ -14,7 +14,7 @@ import pytest
 
 from clustertool.core.model import ClusterRecord, JobRecord, Node
 from clustertool.nodeprogs import watchcore, watchlate, watchnode
-from clustertool.watch import stragglers, view
+from clustertool.watch import runrecord, stragglers, view
 
 pytestmark = pytest.mark.unit
 DATA = Path(__file__).parent / "data" / "stragglers-recorded"
@@ -97,6 +97,9 @@ def test_top_names_the_straggler_with_its_node_and_the_exporter_says_so():
     assert check.returncode == 0, check.stdout + check.stderr
     line = watchcore.record_line(v, job["id"])
     assert line["late"]["2"][0] == "node-2" and line["out"]["late"] == ["2"]
+    run = runrecord.series([line, dict(line, t=line["t"] + 5)], {"job": job["id"], "nodes": [["node-2", "member"]]})
+    assert [(e.kind, e.node, e.label, e.end) for e in run.events] == [
+        ("straggler", "node-2", "late worker 2 (node-2) at the reducers", 5.0)]   # the report's band
 
 
 def test_the_sampler_reads_the_last_whole_line_of_each_record(tmp_path):
