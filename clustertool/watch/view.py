@@ -138,7 +138,11 @@ def job_title(job: dict[str, Any]) -> str:
 
 def ranks_shown(job: dict[str, Any], limit: int) -> list[dict[str, Any]]:
     """The ranks to show first: outliers, then the slowest, then the rest by rank, at most ``limit``."""
-    order = {r: i for i, r in enumerate(job.get("outliers", []) + job.get("slowest", []))}
+    late = late_nodes(job)   # the ranks on a node the reducers flag come right after the outliers
+    first = job.get("outliers", []) + [r["rank"] for r in job["ranks"] if r["node"] in late] + job.get("slowest", [])
+    order: dict[int, int] = {}
+    for i, r in enumerate(first):
+        order.setdefault(r, i)
     ranks = sorted(job["ranks"], key=lambda r: (order.get(r["rank"], len(order)), r["rank"]))
     return ranks[:limit]
 
