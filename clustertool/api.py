@@ -36,7 +36,6 @@ from clustertool.cluster import lifecycle
 from clustertool.cluster.autostop import AutostopReport, configure
 from clustertool.cluster.clusterrequests import DownRequest, ReplaceRequest, UpRequest
 from clustertool.cluster.cordon import CordonResult
-from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.spec import ClusterSpec, load_spec
 from clustertool.cluster.status import ClusterStatus
 from clustertool.core import nodeset, state
@@ -68,6 +67,7 @@ from clustertool.transfer.refill import Refilled, replace_and_refill
 from clustertool.transfer.results import CopyResult, ProgressCb
 from clustertool.transfer.s3 import SyncResult
 from clustertool.transfer.transferrequests import CopyRequest, SyncS3Request
+from clustertool.watch.verbs import ClusterWatch, JobWatch
 
 LineFn = Callable[[str], None]
 SpecSource = Union[str, "os.PathLike[str]", Mapping[str, Any], ClusterSpec, None]  # a spec file, its keys, a spec
@@ -113,10 +113,11 @@ def _ranks(rank: int | str | Iterable[int] | None) -> str | None:
     return ",".join(str(int(r)) for r in rank)
 
 
-class Cluster(ClusterSession):
+class Cluster(ClusterWatch):
     """A cluster this machine knows: the session every command makes (``record``: its state record,
     ``transport``: how its nodes are reached, ``report``: where progress lines go), with the verbs.
-    ``Cluster(record, transport=ScriptedTransport())`` runs the same code over a test transport."""
+    ``Cluster(record, transport=ScriptedTransport())`` runs the same code over a test transport.  The watch verbs
+    (``top``, ``watch``, ``monitoring``, ``metrics_query``, ``stragglers``) come from watch/verbs.py."""
 
     # ---- making and finding clusters -------------------------------------------------
 
@@ -136,7 +137,8 @@ class Cluster(ClusterSession):
         """Bring a cluster up, like `clustertool up`: a spec file's path, a dict of its keys, or keywords
         (``provider="local", nodes=4, name="demo", link_rate="200mbit"``; keywords win over the file).
         ``shared_fs=["local"]`` (or ``["efs", "fsx:fs-...@/data"]``, ``shared_mount="/shared"``): filesystems
-        every node mounts, as `up --shared-fs`."""
+        every node mounts, as `up --shared-fs`.  ``monitoring=True`` (or ``{"scrape_interval": "5s"}``): Prometheus
+        on the cluster once it is up, as `up --monitoring`."""
         result = lifecycle.up(UpRequest(cls._spec(spec, keywords), no_ssh=no_ssh), report=report)
         assert result.cluster is not None  # only a dry run has none
         return cls(result.cluster, report=report)
@@ -341,8 +343,11 @@ class Cluster(ClusterSession):
         return f"Cluster({self.name!r}, {self.record.provider}, {len(self.record.nodes)} nodes, {self.record.status})"
 
 
-class Job:
-    """One `run` job; ``record`` is its record (``core.model.JobRecord``), as of the last look at the leader."""
+class Job(JobWatch):
+    """One `run` job; ``record`` is its record (``core.model.JobRecord``), as of the last look at the leader;
+    ``report`` and ``stragglers`` come from watch/verbs.py."""
+
+    cluster: Cluster
 
     def __init__(self, cluster: Cluster, record: JobRecord, *, synced: CopyResult | None = None):
         self.cluster = cluster

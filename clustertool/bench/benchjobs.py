@@ -23,19 +23,21 @@ OnLine = Callable[[str, str, str], None]  # (node, "stdout", line): each line of
 
 
 def launcher(session: ClusterSession, *, env: Sequence[str] = (), timeout: float | None = None,
-             on_line: OnLine | None = None, plugin: bool = False, launcher_name: str | None = None) -> Launcher:
+             on_line: OnLine | None = None, plugin: bool = False, launcher_name: str | None = None,
+             record: Callable[[], bool] | None = None) -> Launcher:
     """Every rank also gets CLUSTERTOOL_LEADER_ADDR (e.g. for torch.distributed's MASTER_ADDR)."""
     env = [f"CLUSTERTOOL_LEADER_ADDR={session.record.leader.address}", *env]
     return jobs_launcher(session, env=env, timeout=timeout, on_line=on_line, plugin=plugin,
-                         launcher_name=launcher_name)
+                         launcher_name=launcher_name, record=record)
 
 
 def jobs_launcher(session: ClusterSession, *, env: Sequence[str] = (), timeout: float | None = None,
                   on_line: OnLine | None = None, plugin: bool = False, name: str | None = None,
-                  launcher_name: str | None = None) -> Launcher:
+                  launcher_name: str | None = None, record: Callable[[], bool] | None = None) -> Launcher:
     """``name``: the job's name in `clustertool jobs` (default ``scaling-<N>n``); ``launcher_name``: what
-    starts the ranks (`run --launcher`; None: mpirun, or the launcher the command starts with).  Each
-    job starts quietly (its progress lines are not the bench's), over the session's transport."""
+    starts the ranks (`run --launcher`; None: mpirun, or the launcher the command starts with); ``record()``:
+    whether the job starts its watch recorder (default yes, as `run`).  Each job starts quietly (its progress
+    lines are not the bench's), over the session's transport."""
     cluster = session.record
     session = ClusterSession(cluster, session.transport)
 
@@ -43,7 +45,7 @@ def jobs_launcher(session: ClusterSession, *, env: Sequence[str] = (), timeout: 
         try:
             request = RunRequest.of(list(argv), nodes=",".join(n.name for n in nodes), per_node=per_node,
                                     env=list(env), launcher=launcher_name, plugin=plugin,
-                                    name=name or f"scaling-{len(nodes)}n")
+                                    name=name or f"scaling-{len(nodes)}n", record=record() if record else True)
             started = launch.run(session, request)
         except ToolError as exc:
             return None, "", exc.message

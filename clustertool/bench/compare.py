@@ -19,7 +19,7 @@ import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from clustertool.bench.chart import pyplot, short_command
 from clustertool.bench.scaling import Launcher, compile_metric, cordoned_note, job_argv, parse_throughput
@@ -69,10 +69,11 @@ def parse_variants(text: str) -> list[str]:
     return names
 
 
-def variant_argv(command: Sequence[str], name: str) -> list[str]:
-    """The command with every ``{}`` replaced by the variant's name (at least one must be there)."""
+def variant_argv(command: Sequence[str], name: str, placeholder: bool = True) -> list[str]:
+    """The command with every ``{}`` replaced by the variant's name (at least one must be there, unless the
+    variants are not the command's: ``placeholder`` False, e.g. `--watch`)."""
     argv = job_argv(command)
-    if not any(PLACEHOLDER in word for word in argv):
+    if placeholder and not any(PLACEHOLDER in word for word in argv):
         raise UsageError("the command has no {} for the variant",
                          hint="e.g. clustertool bench compare --variants mpi,servers -- python train.py "
                               "--allreduce {}")
@@ -81,8 +82,11 @@ def variant_argv(command: Sequence[str], name: str) -> list[str]:
 
 def run_compare(cluster: ClusterRecord, names: list[str], command: Sequence[str], *, launch: Launcher,
                 nodes: int | None = None, per_node: int | None = None, regex: str | None = None, repeat: int = 1,
-                log_dir: Path | None = None, report: Reporter = silent) -> CompareResult:
-    """Run each variant ``repeat`` times, round-robin, on the first ``nodes`` workers (default all)."""
+                log_dir: Path | None = None, report: Reporter = silent,
+                before: Callable[[str], None] | None = None) -> CompareResult:
+    """Run each variant ``repeat`` times, round-robin, on the first ``nodes`` workers (default all);
+    ``before(name)``: called before each variant's run (the variant is then a state of the cluster, not a word of
+    the command, which needs no ``{}``)."""
     workers = cluster.schedulable  # cordoned nodes run no job
     count = nodes or len(workers)
     if not 1 <= count <= len(workers):
@@ -94,12 +98,14 @@ def run_compare(cluster: ClusterRecord, names: list[str], command: Sequence[str]
         compile_metric(regex)
     chosen = workers[:count]
     ranks = count * (per_node or min(n.slots for n in chosen))
-    variants = [Variant(name, variant_argv(command, name)) for name in names]
+    variants = [Variant(name, variant_argv(command, name, before is None)) for name in names]
     out = CompareResult(cluster.name, count, ranks, shlex.join(job_argv(command)), variants)
     for round_ in range(1, repeat + 1):
         for v in variants:
             run = f" (run {round_}/{repeat})" if repeat > 1 else ""
             report(f"{v.name}{run}: {shlex.join(v.argv)}")
+            if before is not None:
+                before(v.name)
             _run_once(v, chosen, ranks // count, launch, regex, ranks, log_dir, round_ if repeat > 1 else None)
             report(f"{v.name}{run}: " + (f"{v.runs[-1]:.1f}/s" if v.runs and v.error is None else str(v.error)))
     for v in variants:

@@ -74,6 +74,7 @@ COMMAND_MODULES = [
     "clustertool.cli.top",
     "clustertool.cli.monitoring",
     "clustertool.cli.report",
+    "clustertool.cli.stragglers",
 ]
 
 _DEBUG = {"on": False}

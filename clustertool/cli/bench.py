@@ -105,6 +105,10 @@ def compare(
     plugin: bool = typer.Option(
         False, "--plugin", help="Run with the deployed plugin's environment and the cluster's reduction servers "
                                 "(as `run --plugin`)."),
+    watch: bool = typer.Option(
+        False, "--watch", help="The variants are the cost of watching, not words of the command (no {}): off (no "
+                               "monitoring, run --no-record), record (the recorder every job starts), monitoring "
+                               "(`monitoring enable` too); switched before each run, put back at the end."),
     cluster: Optional[str] = ClusterOpt,
 ) -> None:
     """Run the same job under several variants side by side and compare their throughput.
@@ -114,15 +118,24 @@ def compare(
     """
     from clustertool.bench.benchjobs import launcher
     from clustertool.bench.compare import parse_variants, run_compare, write_chart
+    from clustertool.bench.watchvariants import WatchSwitch, check
     from clustertool.cli import render
 
     names = parse_variants(variants)
+    if watch:
+        check(names)
     session = open_session(cluster)
     c = session.record
+    switch = WatchSwitch(session, render.info) if watch else None
     on_line = None if (quiet or json_output) else render.live_line
-    launch = launcher(session, env=env, timeout=timeout, on_line=on_line, plugin=plugin, launcher_name=launcher_name)
-    result = run_compare(c, names, command, launch=launch, nodes=nodes, per_node=per_node, regex=metric_regex,
-                              repeat=repeat, log_dir=log_dir, report=render.info)
+    launch = launcher(session, env=env, timeout=timeout, on_line=on_line, plugin=plugin, launcher_name=launcher_name,
+                      record=(lambda: switch.record) if switch else None)
+    try:
+        result = run_compare(c, names, command, launch=launch, nodes=nodes, per_node=per_node, regex=metric_regex,
+                             repeat=repeat, log_dir=log_dir, report=render.info, before=switch)
+    finally:
+        if switch is not None:
+            switch.restore()
     _finish("compare", result, f"{', '.join(names)} on {c.name} ({result.nodes} nodes): {result.command}", json_output,
             csv_path, json_path, chart, write_chart)
 

@@ -6,7 +6,7 @@ import os
 import shlex
 import sys
 import time
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
@@ -57,6 +57,7 @@ def _follow(name: str, job: JobRecord) -> int:
         why = why_failed(session, job.id)
         if why:
             sys.stderr.write(why + "\n")
+    _report(session, job)
     if code is None:
         sys.stderr.write(f"job {job.id} ended without an exit code (killed or lost)\n")
         if job.replace_failed:  # the leader was lost: the stream and its restart loop went with it
@@ -64,6 +65,15 @@ def _follow(name: str, job: JobRecord) -> int:
                              "starts the job again there\n")
         return 1 if job.state != "killed" else 143
     return code
+
+
+def _report(session: Any, job: JobRecord) -> None:  # the open session
+    """The job's picture, once it ended: `report: PATH` (nothing where it has no record)."""
+    from clustertool.watch.report import end_of_job
+
+    line = end_of_job(session, job.id)
+    if line:
+        sys.stderr.write(line + "\n")
 
 
 def run(
@@ -137,6 +147,9 @@ def run(
         None, "--on-preempt-signal", metavar="SIG",
         help="Spot clusters: the signal every rank gets when a node's spot interruption notice comes (default "
              "TERM; e.g. USR1 for a script that checkpoints on it); that node then counts as lost."),
+    no_record: bool = typer.Option(
+        False, "--no-record", help="No watch recorder beside the job (by default the leader samples the job's nodes "
+                                   "every 5 s into its folder: what `clustertool report JOB` draws)."),
     json_output: bool = JsonOpt,
 ) -> None:
     """Run a job on the cluster, detached on the leader (survives your connection).
@@ -166,7 +179,8 @@ def run(
         hang_action=hang_action, restarts=restarts, restart_on_exit_codes=parse_exit_codes(restart_on_exit_codes),
         replace_failed=replace_failed, on_preempt_signal=on_preempt_signal,
         replace_wait=parse_duration(replace_wait, "--replace-wait") if replace_wait else None,
-        fusion_mb=fusion_mb, cycle_ms=cycle_ms, timeline=timeline, autotune=autotune, after=after)
+        fusion_mb=fusion_mb, cycle_ms=cycle_ms, timeline=timeline, autotune=autotune, after=after,
+        record=not no_record)
     session = open_session(cluster, json_output)
     with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
         started = launch.run(session, request, dry_run=dry_run, on_progress=bars.update)
@@ -241,14 +255,16 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
     """Jobs of the cluster with their state and duration."""
     from clustertool.cli import render
     from clustertool.cluster import blockend
-    from clustertool.jobs import slurmjobs
-    from clustertool.jobs.stacks import saved
+    from clustertool.jobs import flightfold, slurmjobs
+    from clustertool.jobs.stacks import fold, saved_ranks
 
     session = open_session(cluster)
     all_jobs, queue = slurmjobs.refresh(session)
-    hung = {j.id: saved(session, j) for j in all_jobs if j.state == "running" and j.hung}
+    hung_ranks = {j.id: saved_ranks(session, j) for j in all_jobs if j.state == "running" and j.hung}
+    hung = {job_id: fold(found) for job_id, found in hung_ranks.items()}
     if json_output:
-        render.print_json({"jobs": [dict(j.to_dict(), **({"hung_stacks": [g.to_dict() for g in hung[j.id]]}
+        render.print_json({"jobs": [dict(j.to_dict(), **({"hung_stacks": [g.to_dict() for g in hung[j.id]],
+                                                        "hung_flight": flightfold.fold(hung_ranks[j.id])}
                                                        if j.id in hung else {})) for j in all_jobs],
                            **({"queue": [q.to_dict() for q in queue]} if queue else {})})
         return
@@ -280,6 +296,8 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
         typer.echo(f"\njob {job_id} hung? where its ranks were (`clustertool stacks {job_id}` for now):")
         for group in groups:
             typer.echo(f"  {group.label}: {group.summary}")
+        for line in flightfold.fold(hung_ranks[job_id]):
+            typer.echo(f"  {line}")
 
 
 def _waiting_line(w: dict) -> str:

@@ -27,7 +27,7 @@ def _show(result: Any, json_output: bool) -> None:
     if json_output:
         render.print_json(result.to_dict())
     else:
-        from clustertool.watch.monitoring import PROCESSES
+        from clustertool.cluster.monitoring import PROCESSES
 
         render.table(["NODE", *[p.upper() for p in PROCESSES]],
                      [[node, *[procs.get(p, "-") for p in PROCESSES]] for node, procs in result.nodes.items()])
@@ -50,7 +50,7 @@ def enable(
     json_output: bool = JsonOpt,
 ) -> None:
     """Start the stack on every node (again, with these settings, where it runs)."""
-    from clustertool.watch import monitoring
+    from clustertool.cluster import monitoring
 
     request = monitoring.MonitoringRequest(scrape_interval, retention_time, retention_size)
     _show(monitoring.enable(open_session(cluster, json_output), request), json_output)
@@ -59,7 +59,7 @@ def enable(
 @monitoring_app.command("disable")
 def disable(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
     """Stop every process of the stack on every node (Prometheus's data stays on the leader)."""
-    from clustertool.watch import monitoring
+    from clustertool.cluster import monitoring
 
     _show(monitoring.disable(open_session(cluster, json_output)), json_output)
 
@@ -67,7 +67,7 @@ def disable(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) ->
 @monitoring_app.command("status")
 def status(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> None:
     """What runs on each node."""
-    from clustertool.watch import monitoring
+    from clustertool.cluster import monitoring
 
     _show(monitoring.status(open_session(cluster, json_output)), json_output)
 
@@ -78,9 +78,9 @@ def dashboard(output: Optional[Path] = typer.Option(None, "--output", "-o", meta
     """The Grafana dashboard that ships with clustertool (JSON: import it, with this Prometheus as its source)."""
     import json
 
-    from clustertool.watch import monitoring
+    import clustertool.watch.metrics
 
-    text = json.dumps(monitoring.dashboard(), indent=1) + "\n"
+    text = json.dumps(clustertool.watch.metrics.dashboard(), indent=1) + "\n"
     if output is None:
         typer.echo(text, nl=False)
     else:

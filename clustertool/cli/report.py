@@ -20,8 +20,9 @@ def report(
     """Draw a job's run: GPU utilisation, step rate and network per node over time, restarts, cordons and
     stragglers marked; as a PNG (needs matplotlib, the train extra) and a self-contained HTML page.
 
-    From the samples recorded beside the job's logs on the leader while it ran (`monitoring enable`
-    records every running job). --json: the series and events.
+    From the samples recorded beside the job's logs on the leader while it ran (every job records its nodes
+    every 5 s unless run with --no-record; `monitoring enable`'s exporter records too). `run --follow` writes
+    the report by itself when the job ends. --json: the series and events.
     """
     from clustertool.cli import render
     from clustertool.watch.report import fetch, write

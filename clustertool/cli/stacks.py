@@ -26,6 +26,10 @@ def stacks(
     the same stack, biggest group first, innermost frame first (library frames between the user's
     shown as …). Without py-spy (or with --no-py-spy) a rank shows its state, system call, wchan,
     CPU time and command line from /proc. --json: every rank's threads and frames, and the groups.
+
+    Ranks started by a node launcher (torchrun, accelerate, deepspeed, process) also dump PyTorch's Flight
+    Recorder (their last collectives): one line per process group says which ranks wait in which collective and
+    which never called it, or called another one.
     """
     from clustertool.cli import render
     from clustertool.core.errors import UsageError
@@ -43,6 +47,8 @@ def stacks(
             typer.echo(f"{group.label}: {group.summary}")
         if not result.groups:
             typer.echo(f"job {result.job.id}: no rank found")
+        for line in result.flight:
+            typer.echo(line)
         for line in result.problems:
             typer.echo(line)
     raise typer.Exit(result.exit_code)

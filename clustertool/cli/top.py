@@ -61,6 +61,7 @@ def _tables(view: dict[str, Any], limit: int) -> list[Any]:
         NODE_HEADER,
         RANK_HEADER,
         job_title,
+        late_nodes,
         node_row,
         rank_row,
         ranks_shown,
@@ -81,8 +82,9 @@ def _tables(view: dict[str, Any], limit: int) -> list[Any]:
         t = Table(title=job_title(job), title_justify="left", header_style="bold")
         for col in RANK_HEADER:
             t.add_column(col, no_wrap=True)
+        late = late_nodes(job)
         for rank in ranks_shown(job, limit):
-            t.add_row(*styled(rank_row(rank)))
+            t.add_row(*styled(rank_row(rank, late)))
         out.append(t)
     if not view["jobs"]:
         out.append(Text("no running job", style="dim"))

@@ -55,6 +55,16 @@ def build_up_command() -> click.Command:
                           "See docs/slurm.md."),
         click.Option(["--no-leader-compute"], is_flag=True,
                      help="With --scheduler slurm: the leader runs slurmctld only, no jobs."),
+        click.Option(["--monitoring"], is_flag=True, flag_value=True, default=None,
+                     help="Start Prometheus on the cluster once it is up: the node exporter on every node, "
+                          "clustertool's exporter and a Prometheus server on the leader's loopback (as `clustertool "
+                          "monitoring enable`); started again after stop/start, reboot and replace."),
+        click.Option(["--scrape-interval"], metavar="DURATION",
+                     help="With --monitoring: how often Prometheus scrapes (default 15s)."),
+        click.Option(["--retention-time"], metavar="DURATION",
+                     help="With --monitoring: how long Prometheus keeps samples (default 15d)."),
+        click.Option(["--retention-size"], metavar="SIZE",
+                     help="With --monitoring: the most disk Prometheus's samples take on the leader (default 2GB)."),
         click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
     for key, (spec, providers) in sorted(every_provider_option().items()):
@@ -71,7 +81,8 @@ def build_up_command() -> click.Command:
 def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: int | None, slots: int | None,
         user: str | None, dry_run: bool, no_ssh: bool, json_output: bool, autostop: str | None,
         autodown: bool | None, wait_for: str | None, shared_fs: tuple[str, ...], shared_mount: str | None,
-        scheduler: str | None, no_leader_compute: bool, **options: Any) -> int:
+        scheduler: str | None, no_leader_compute: bool, monitoring: bool | None, scrape_interval: str | None,
+        retention_time: str | None, retention_size: str | None, **options: Any) -> int:
     from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.cluster import lifecycle, spec, sshinclude
@@ -82,7 +93,9 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
     overrides = {"name": name, "provider": provider, "nodes": nodes, "slots": slots, "user": user,
                  "autostop": autostop, "autodown": autodown, "wait_for": wait_for,
                  "shared_fs": list(shared_fs) or None, "shared_mount": shared_mount, "scheduler": scheduler,
-                 "leader_compute": False if no_leader_compute else None, **options}
+                 "leader_compute": False if no_leader_compute else None, "monitoring": monitoring,
+                 "scrape_interval": scrape_interval, "retention_time": retention_time,
+                 "retention_size": retention_size, **options}
     request = UpRequest(spec.load_spec(spec_file, overrides), dry_run=dry_run, no_ssh=no_ssh)
     result = lifecycle.up(request, report=reporter(json_output))
     if dry_run:
@@ -108,4 +121,9 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
     if cluster.scheduler and cluster.scheduler.get("release"):
         click.echo(f"slurm:    {cluster.scheduler['release']}, partition {cluster.scheduler.get('partition')}: "
                    "`clustertool run` queues through sbatch; `clustertool jobs` shows the queue")
+    if result.monitoring is not None:
+        click.echo("monitoring: " + (f"not started ({'; '.join(result.monitoring.problems)}); "
+                                     f"`clustertool monitoring enable -c {cluster.name}` tries again"
+                                     if result.monitoring.problems else
+                                     f"Prometheus on the leader; `clustertool metrics -c {cluster.name}` reaches it"))
     return 0

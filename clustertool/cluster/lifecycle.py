@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from clustertool import nodeprogs
-from clustertool.cluster import autostop, ledger, slurmadopt, slurmup, sshinclude, topology_order
+from clustertool.cluster import autostop, ledger, monitoring, slurmadopt, slurmup, sshinclude, topology_order
 from clustertool.cluster.clusterrequests import DownRequest, UpRequest
+from clustertool.cluster.monitoring import MonitoringRequest, MonitoringResult
 from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.spec import ClusterSpec
 from clustertool.cluster.status import list_all
@@ -41,12 +42,17 @@ class UpResult:
     hostfile: Path | None = None
     plan: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    monitoring: MonitoringResult | None = None  # up --monitoring: what runs where, and any problem
 
     def to_dict(self) -> dict[str, Any]:
-        """What `up --json` prints: the plan (a dry run), else the cluster, its hostfile and timings."""
+        """What `up --json` prints: the plan (a dry run), else the cluster, its hostfile and timings (and with
+        --monitoring, what the stack's start said)."""
         if self.cluster is None:
             return {"plan": self.plan}
-        return {"cluster": self.cluster.to_dict(), "hostfile": jsonable(self.hostfile), "timings": self.timings}
+        out = {"cluster": self.cluster.to_dict(), "hostfile": jsonable(self.hostfile), "timings": self.timings}
+        if self.monitoring is not None:
+            out["monitoring"] = self.monitoring.to_dict()
+        return out
 
 
 def hostfile_dir() -> Path:
@@ -102,7 +108,9 @@ def up(request: UpRequest, *, report: Reporter = silent) -> UpResult:
         provider.check(provision)
         plan = provider.plan(provision) + mount.plan_lines(cluster)
         plan += slurmup.plan_lines(provider, cluster) if slurmup.wanted(cluster) else []
-        return UpResult(None, plan=plan + ([autostop.plan_line(setting, cluster.provider)] if setting else []))
+        plan += [autostop.plan_line(setting, cluster.provider)] if setting else []
+        watch = MonitoringRequest.of(request.spec.monitoring)
+        return UpResult(None, plan=plan + ([monitoring.plan_line(watch)] if watch and not request.no_ssh else []))
     with state.locked(cluster.name, purpose="up"):
         if state.exists(cluster.name):  # under the lock: a second `up` of the name makes nothing
             raise _already(cluster.name)
@@ -116,7 +124,26 @@ def up(request: UpRequest, *, report: Reporter = silent) -> UpResult:
             state.delete(cluster.name)
             raise interrupts.Terminated(exc.signum, f"up stopped by {interrupts.signal_name(exc.signum)} before "
                                                     "it made anything") from None
-        return _provision(session, provision, request.no_ssh)
+        result = _provision(session, provision, request.no_ssh)
+        watch = MonitoringRequest.of(request.spec.monitoring)
+        if watch is not None and not request.no_ssh:
+            result.monitoring = _start_monitoring(session, watch)
+        return result
+
+
+def _start_monitoring(session: ClusterSession, request: MonitoringRequest) -> MonitoringResult:
+    """`up --monitoring`, once the cluster is up (its lock still held): the stack on every node; its problems are
+    reported and leave the cluster up, without monitoring recorded as on (`monitoring enable` tries again)."""
+    session.report("starting monitoring: the node exporter on every node, Prometheus on the leader")
+    try:
+        result = monitoring.start(session, request)
+    except ToolError as exc:
+        result = MonitoringResult(session.name, "enable", problems=[exc.message])
+    for line in result.problems:
+        session.report(f"monitoring: {line}")
+    session.record.monitoring = None if result.problems else request.to_dict()
+    state.save(session.record)
+    return result
 
 
 def _check_slurm(session: ClusterSession, request: UpRequest) -> None:
@@ -360,6 +387,7 @@ def down(session: ClusterSession, request: DownRequest = DownRequest()) -> list[
                     lines += autostop.reconcile(cluster, provider, provider.query_instances(cluster))
                 if cluster.status == ClusterState.READY:  # before the nodes go: no mount or sshfs left behind
                     lines += mount.unmount_phase(session, cluster, report)
+                    lines += _report_lines(report, monitoring.stop_lines(session, _owns(provider, cluster)))
                 if not _owns(provider, cluster) and cluster.nodes and cluster.status == ClusterState.READY:
                     lines += unwire(session)
                 close_masters(cluster)
@@ -430,6 +458,7 @@ def stop(session: ClusterSession, *, force_owner: bool = False) -> None:
             mount.unmount_phase(session, cluster, session.report)
             for line in slurmup.before_stop(session):
                 session.report(f"slurm: not stopped before the machines: {line}")
+            _report_lines(session.report, monitoring.stop_lines(session, _owns(provider, cluster)))
         close_masters(cluster)
         provider.stop_instances(cluster)
         was = cluster.status
@@ -465,7 +494,14 @@ def start(session: ClusterSession, *, force_owner: bool = False) -> ClusterRecor
         if cluster.status == ClusterState.READY:
             mount.mount_phase(session, cluster, session.report)
             slurmup.after_boot(session)
+            _report_lines(session.report, monitoring.restart_lines(session, "start"))
         return cluster
+
+
+def _report_lines(report: Reporter, lines: list[str]) -> list[str]:
+    for line in lines:
+        report(line)
+    return lines
 
 
 def repin(session: ClusterSession, node_names: list[str] | None = None) -> list[str]:

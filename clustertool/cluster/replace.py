@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from clustertool.cluster import autostop, slurmup
+from clustertool.cluster import autostop, monitoring, slurmup
 from clustertool.cluster.cordon import write_local_hostfile
 from clustertool.cluster.lifecycle import close_masters, wire
 from clustertool.cluster.session import ClusterSession
@@ -115,6 +115,8 @@ def replace(session: ClusterSession, selection: str, *, keep_old: bool = False) 
         state.save(record)
         mount.mount_phase(session, record, report)  # new nodes: shared fs
         slurmup.after_replace(session, [r.node for r in out.replaced])  # Slurm's files, key and daemons
+        for line in monitoring.restart_lines(session, "replace"):  # the new nodes' exporters, Prometheus's targets
+            report(line)
     out.seconds = round(time.monotonic() - t0, 2)
     return out
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from clustertool.cluster import autostop
+from clustertool.cluster.monitoring import SETTING_KEYS, MonitoringRequest
 from clustertool.core import state, yamlfile
 from clustertool.core.errors import SpecError, UsageError
 from clustertool.providers import base
@@ -37,6 +38,7 @@ AUTOSTOP_KEYS = ("autostop", "autodown", "wait_for")  # the cluster's own idle w
 SHARED_FS_KEYS = ("shared_fs", "shared_mount")  # shared filesystems (sharedfs/specs.py)
 SCHEDULER_KEYS = ("scheduler", "leader_compute")  # `scheduler: slurm`: jobs go through Slurm (cluster/slurmup.py)
 SCHEDULERS = ("none", "slurm")
+MONITORING_KEYS = ("monitoring", *SETTING_KEYS)  # Prometheus on the cluster (cluster/monitoring.py)
 DEFAULT_PROVIDER = "local"
 _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _TRUE = {"true", "yes", "on", "1"}
@@ -55,6 +57,7 @@ class ClusterSpec:
     autostop: dict | None = None  # autostop.Setting.to_dict(), when the cluster stops itself
     scheduler: str = "none"  # slurm: `up` sets Slurm up, and jobs go through its queue
     leader_compute: bool = True  # with Slurm: the leader runs jobs too (False: only slurmctld there)
+    monitoring: dict | None = None  # monitoring.MonitoringRequest.to_dict(), when `up` starts Prometheus
 
 
 class _Invalid(Exception):
@@ -250,7 +253,8 @@ def load_spec(path: str | None, overrides: dict[str, Any] | None = None) -> Clus
     scheduler, leader_compute = _scheduler(src, options)
     return ClusterSpec(name=values["name"] or default_name(provider, values["nodes"]), provider=provider,
                        nodes=values["nodes"], slots=values["slots"], user=values["user"], options=options, source=path,
-                       autostop=_autostop(src), scheduler=scheduler, leader_compute=leader_compute)
+                       autostop=_autostop(src), scheduler=scheduler, leader_compute=leader_compute,
+                       monitoring=_monitoring(src))
 
 
 def _scheduler(src: _Sources, options: dict[str, Any]) -> tuple[str, bool]:
@@ -326,9 +330,33 @@ def _autostop(src: _Sources) -> dict | None:
     return autostop.Setting(idle, bool(down), waits or "jobs").to_dict()
 
 
+def _monitoring(src: _Sources) -> dict | None:
+    """``monitoring: true`` (or a mapping of its settings) / ``--monitoring``; the settings' flags only with it."""
+    def check(value: Any) -> MonitoringRequest | None:
+        if isinstance(value, (dict, MonitoringRequest)):
+            try:
+                return MonitoringRequest.of(value)
+            except UsageError as exc:
+                raise _Invalid(exc.message) from None
+        return MonitoringRequest.of(_as_type(value, bool))
+
+    request = src.checked("monitoring", check)
+    given = {k: src.overrides[k] for k in SETTING_KEYS if k in src.overrides}
+    given.update({k: src.data[k] for k in SETTING_KEYS if k in src.data and k not in given})
+    if given and request is None:
+        raise SpecError(f"{_flag(next(iter(given)))}: needs --monitoring (Prometheus on the cluster)")
+    if given and request is not None:
+        try:
+            request = MonitoringRequest.of({**request.to_dict(), **given})
+        except UsageError as exc:
+            raise SpecError(exc.message, hint=exc.hint) from None
+    return request.to_dict() if request is not None else None
+
+
 def _reject_unknown(data: dict, overrides: dict, option_specs: dict, provider: str, label: str) -> None:
     """One line: the key, the closest valid one, where the full list is."""
-    valid = set(BASE_KEYS) | set(AUTOSTOP_KEYS) | set(SHARED_FS_KEYS) | set(SCHEDULER_KEYS) | set(option_specs)
+    valid = (set(BASE_KEYS) | set(AUTOSTOP_KEYS) | set(SHARED_FS_KEYS) | set(SCHEDULER_KEYS) | set(MONITORING_KEYS)
+             | set(option_specs))
     for key in data:
         if key not in valid:
             guess = difflib.get_close_matches(str(key), sorted(valid), n=1, cutoff=0.6)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from clustertool.cluster import autostop, blockend, topology_order
+from clustertool.cluster import autostop, blockend, monitoring, topology_order
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import ToolError
@@ -77,6 +77,7 @@ def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 
     extra.update(autostop.status_extra(session, check_ssh))
     extra.update(mount.status_extra(session, cluster, check_ssh))
     extra.update(blockend.status_extra(session, check_ssh))  # when the machines go; jobs warned of it
+    extra.update(monitoring.status_extra(cluster))  # Prometheus on the leader, while on
     if unfinished:
         extra["up"] = _unfinished(cluster, provider)
         wait = provider.up_waiting(cluster) if cluster.status == ClusterState.PROVISIONING else None

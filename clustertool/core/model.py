@@ -127,6 +127,7 @@ class ClusterRecord:
     keep_shared_fs: bool = False  # down --keep-shared-fs: the shared filesystems `up` made stay
     autostop: dict[str, Any] | None = None  # the autostop setting (cluster.autostop.Setting.to_dict())
     block_end: dict[str, Any] | None = None  # when the machines go; the leader warns jobs (cluster/blockend.py)
+    monitoring: dict[str, Any] | None = None  # while Prometheus runs on it: cluster.monitoring.MonitoringRequest's dict
     created: float = 0.0
     ssh_key: str | None = None  # path of the initial identity when not the cluster key (static)
     hostfile_path: str | None = None

@@ -174,6 +174,7 @@ class RunRequest:
     restarts: RestartPolicy = RestartPolicy()
     recovery: RecoveryPolicy = RecoveryPolicy()
     after: str | None = None  # a Slurm cluster: start once this job (id or name) has ended, however it ended
+    record: bool = True  # the job's watch recorder on the leader (what `report JOB` draws); --no-record: none
 
     def __post_init__(self) -> None:
         if self.after is not None and not self.after.strip():
@@ -198,12 +199,12 @@ class RunRequest:
            restart_on_exit_codes: Iterable[int] | None = None, replace_failed: bool = False,
            replace_wait: float | None = None, on_preempt_signal: str | None = None,
            fusion_mb: float | None = None, cycle_ms: float | None = None, timeline: str | None = None,
-           autotune: bool = False, after: str | None = None) -> "RunRequest":
+           autotune: bool = False, after: str | None = None, record: bool = True) -> "RunRequest":
         """The request from the flat keywords the API takes (the flags of `run`, in seconds where they
         take a TIME): ``command`` one string (a shell line) or a list of words; ``env`` ``{"A": 1}`` or
         ``["A=1", "B"]`` (B: the leader's value); ``sync`` a folder (``True``: this one); ``fusion_mb``,
         ``cycle_ms``, ``timeline``, ``autotune``: the --horovod-* flags; ``after``: a job this one waits for
-        (a Slurm cluster)."""
+        (a Slurm cluster); ``record=False``: --no-record."""
         hang = HangPolicy(hang_timeout, hang_action)  # checked in the order the flags were always checked
         restart = RestartPolicy(restarts, None if restart_on_exit_codes is None else
                                 tuple(int(c) for c in restart_on_exit_codes))
@@ -218,7 +219,7 @@ class RunRequest:
                                tag_output=tag_output)
         return cls(command=_words(command), nodes=nodes, name=name, launch=launch, plugin=plugin,
                    sync=None if folder is None else SyncPolicy(folder, sync_to), allow_concurrent=allow_concurrent,
-                   hang=hang, restarts=restart, recovery=recovery, after=after)
+                   hang=hang, restarts=restart, recovery=recovery, after=after, record=bool(record))
 
 
 def _words(command: str | Sequence[str]) -> tuple[str, ...]:

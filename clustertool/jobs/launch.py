@@ -23,6 +23,7 @@ from clustertool.jobs import output, records, recovery, reducers, scripts, slurm
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.jobrequests import RunRequest
 from clustertool.jobs.mpirun import split_command
+from clustertool.jobs.recorder import recorder_program
 from clustertool.nodeprogs import program_text
 from clustertool.plugin.build import load_record
 from clustertool.plugin.deploy import plugin_env
@@ -188,11 +189,13 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     started = []
     if servers:
         started = reducers.start(session, plan.job_id, plugin_env_dest(cluster))
-    plan = plan.with_facts(home, reducers.env(started) if started else None, port or _fallback_port(plan.job_id))
+    plugin_extra = {**(reducers.env(started) if started else {}),
+                    **(reducers.stats_env(home, plan.job_id, request.launch.env) if request.plugin else {})}
+    plan = plan.with_facts(home, plugin_extra or None, port or _fallback_port(plan.job_id))
     try:
         if plan.spec.node_launcher:
             _install_agent(session, plan)
-        return _start(session, plan, job_record(cluster, plan, request, preempt), started, synced)
+        return _start(session, plan, job_record(cluster, plan, request, preempt), started, synced, request.record)
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
@@ -276,7 +279,7 @@ def plugin_env_dest(cluster: ClusterRecord) -> str:
 
 
 def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list[reducers.Reducer],
-           synced: CopyResult | None) -> Launch:
+           synced: CopyResult | None, record: bool = True) -> Launch:
     cluster = session.record
     launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir,
                                       epilogue=reducers.epilogue_lines(plan.job_id, started),
@@ -285,7 +288,8 @@ def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job), supervisor=_supervisor(plan, job),
                                               hangstacks=_hang_stacks(plan, job), restarter=_restarter(plan, job),
-                                              spot=recovery.spot_program(plan, job))
+                                              spot=recovery.spot_program(plan, job),
+                                              recorder=recorder_program(session, plan) if record else None)
     recovery.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
     session.report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())

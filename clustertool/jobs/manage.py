@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from clustertool.cluster import slurmup
+from clustertool.cluster import monitoring, slurmup
 from clustertool.cluster.lifecycle import check_leader_mesh, close_masters
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset, state
@@ -83,6 +83,8 @@ def reboot(session: ClusterSession, selection: str | None, *, timeout: float = 6
         check_leader_mesh(session)
         mount.mount_phase(session, cluster, report)  # every node: a rebooted leader's export serves them all
         slurmup.after_boot(session, nodes)
+        for line in monitoring.restart_lines(session, "reboot"):  # the rebooted nodes' exporters ended with them
+            report(line)
         return nodes
 
 

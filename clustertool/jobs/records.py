@@ -34,6 +34,11 @@ def jobs_dir(cluster_name: str) -> Path:
     return state.cluster_dir(cluster_name) / "jobs"
 
 
+def reports_dir(cluster_name: str) -> Path:
+    """Where the end-of-job reports of `run --follow` go (``<job>.html``, ``<job>.png``); `clean --jobs` empties it."""
+    return state.cluster_dir(cluster_name) / "reports"
+
+
 def save(job: JobRecord) -> None:
     d = jobs_dir(job.cluster)
     d.mkdir(parents=True, exist_ok=True)
@@ -45,6 +50,8 @@ def save(job: JobRecord) -> None:
 
 def forget(cluster_name: str, job_id: str) -> None:
     (jobs_dir(cluster_name) / f"{job_id}.json").unlink(missing_ok=True)
+    for suffix in (".html", ".png"):
+        (reports_dir(cluster_name) / f"{job_id}{suffix}").unlink(missing_ok=True)
 
 
 def load_all(cluster_name: str) -> list[JobRecord]:

@@ -4,8 +4,9 @@ Each reducer listens on a port of its own (``--port 0`` and a port file), so job
 the same time never collide; it carries ``CLUSTERTOOL_JOB=<id>`` in its environment, so `kill`
 finds it like any process of the job.  Its files on the server live in the job's folder
 (``~/.clustertool/jobs/<id>/``): ``reducer.port`` (``ADDR:PORT``, removed when it exits),
-``reducer.pid`` and ``reducer.log``.  The job's launch script on the leader stops them when
-mpirun ends (``epilogue_lines``) and names any that died before.
+``reducer.pid`` and ``reducer.log``, and ``stragglers/`` (its sessions' lateness records, where the reducer
+writes them: ``CLUSTERTOOL_STRAGGLERS_DIR``; `clustertool stragglers` reads them).  The job's launch script on the
+leader stops them when mpirun ends (``epilogue_lines``) and names any that died before.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import RemoteError
-from clustertool.core.jobpaths import JOB_ENV
+from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 from clustertool.core.model import Node
 from clustertool.jobs.scripts import check_id, job_dir_sh
 from clustertool.plugin.build import REDUCER
@@ -23,6 +24,9 @@ from clustertool.remote.group import run_on_nodes
 
 ENV_LIST = "CLUSTERTOOL_REDUCERS"
 ENV_TIMEOUT = "CLUSTERTOOL_REDUCER_TIMEOUT_MS"
+ENV_STRAGGLERS = "CLUSTERTOOL_STRAGGLERS_DIR"  # the reducer's lateness records (native/src/ct_reducer_proto.h)
+ENV_STATS = "CLUSTERTOOL_COLLNET_STATS"  # the plugin's per-rank stats when a communicator closes (ct_coll_stats.c)
+STATS_FILE = "collnet-stats.jsonl"  # where a `run --plugin` job's ranks append them, in the job's folder
 START_WAIT_TENTHS = 100  # a reducer writes its port file within milliseconds; 10 s is for a loaded machine
 
 
@@ -56,7 +60,8 @@ def start_script(job_id: str, binary: str, bind: str, io_timeout_ms: int | None 
         'mkdir -p "$d"; rm -f "$d/reducer.port"',
         f"[ -x {shlex.quote(binary)} ] || {{ echo {shlex.quote(f'{binary} is missing: clustertool plugin deploy')} >&2;"
         " exit 1; }",
-        f'{JOB_ENV}={check_id(job_id)} setsid nohup {cmd} </dev/null >"$d/reducer.log" 2>&1 &',
+        f'{ENV_STRAGGLERS}="$d/stragglers" {JOB_ENV}={check_id(job_id)} setsid nohup {cmd} </dev/null '
+        '>"$d/reducer.log" 2>&1 &',
         'p=$!; echo "$p" > "$d/reducer.pid"',
         "i=0",
         f'while [ ! -s "$d/reducer.port" ] && [ $i -lt {START_WAIT_TENTHS} ]; do',
@@ -131,6 +136,14 @@ def env(reducers: list[Reducer], io_timeout_ms: int | None = None) -> dict[str, 
     if io_timeout_ms is not None:
         out[ENV_TIMEOUT] = str(int(io_timeout_ms))
     return out
+
+
+def stats_env(home: str, job_id: str, user_env: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
+    """The plugin's CollNet stats of every rank into the job's folder on its node (what `stragglers` reads without
+    servers), unless the user set the variable (``-x``)."""
+    if any(item.split("=", 1)[0] == ENV_STATS for item in user_env):
+        return {}
+    return {ENV_STATS: f"{home}/{JOBS_DIR}/{check_id(job_id)}/{STATS_FILE}"}
 
 
 def epilogue_lines(job_id: str, reducers: list[Reducer]) -> list[str]:

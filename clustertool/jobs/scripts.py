@@ -16,6 +16,8 @@ through ``shlex.quote`` (job ids are checked to be
                 (leader)                                     output, on the rank's node
     restarts.py   the restart loop (run --restarts) attempts.json  its attempts and verdict (leader)
     spot.py     watches spot notices (leader)       replaced  the recovery loop's "go on" (--replace-failed)
+    watchrec.py   records the job's samples (leader)  watch/    samples.jsonl: what `report` draws (leader)
+    fr/         the Flight Recorder's hook (py/) and the ranks' dumps: pipe.<pid>, dump.<pid> (node launchers)
     attempts/<k>/ what attempt k left (lost, hung, failure), set aside before the next one
 """
 
@@ -88,6 +90,11 @@ def launch_script(job_id: str, argv: list[str], workdir: str | None, epilogue: S
         'if [ -f "$d/spot.py" ] && [ ! -f "$d/restarts.py" ] && py=$(command -v python3 || command -v python); then',
         '  "$py" "$d/spot.py" </dev/null >/dev/null 2>&1 &',
         "fi",
+        # the job's watch recorder (jobs/recorder.py): neither the job's mark nor its session (it is no process of
+        # the job for kill, preflight or doctor); it ends by itself once the job has ended
+        'if [ -f "$d/watchrec.py" ] && py=$(command -v python3 || command -v python); then',
+        f'  env -u {JOB_ENV} setsid "$py" "$d/watchrec.py" </dev/null >/dev/null 2>&1 &',
+        "fi",
         'if [ -n "${TMUX:-}" ] && [ -f "$d/pane.py" ] && py=$(command -v python3 || command -v python); then',
         '  "$py" "$d/pane.py" & pane=$!',
         "fi",
@@ -103,7 +110,8 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
                              prefer_tmux: bool = True, pane: bytes | None = None,
                              supervisor: bytes | None = None, hangstacks: bytes | None = None,
                              restarter: bytes | None = None, spot: bytes | None = None,
-                             extra_files: dict[str, str] | None = None, before_start: Sequence[str] = ()) -> str:
+                             extra_files: dict[str, str] | None = None, before_start: Sequence[str] = (),
+                             recorder: bytes | None = None) -> str:
     """Leader: write the job's files, then start launch.sh detached (tmux, else setsid).
 
     ``extra_files``: more files of the job's folder (name -> text); ``before_start``: shell lines run once
@@ -128,6 +136,7 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
         *([_write_file('"$d/hangstacks.py"', hangstacks.decode())] if hangstacks else []),
         *([_write_file('"$d/restarts.py"', restarter.decode())] if restarter else []),
         *([_write_file('"$d/spot.py"', spot.decode())] if spot else []),
+        *([_write_file('"$d/watchrec.py"', recorder.decode())] if recorder else []),
         *[_write_file(f'"$d/{name}"', text) for name, text in (extra_files or {}).items()],
         ': > "$d/log"',
         *before_start,
@@ -139,14 +148,16 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
 
 
 def agent_install_script(job_id: str, agent_json: str) -> str:
-    """Any node of a node-launcher job: the job agent (nodeprogs/jobagent.py) and its plan."""
+    """Any node of a node-launcher job: the job agent (nodeprogs/jobagent.py), its plan, and the Flight Recorder's
+    hook its ranks start with (nodeprogs/frhook.py as fr/py/sitecustomize.py)."""
     d = job_dir_sh(job_id)
     return "\n".join([
         "set -e",
         f"d={d}",
-        'mkdir -p "$d/ranks" "$d/exits"',
+        'mkdir -p "$d/ranks" "$d/exits" "$d/fr/py"',
         _write_file('"$d/jobagent.py"', (nodeprogs.DIR / "jobagent.py").read_text(), "755"),
         _write_file('"$d/agent.json"', agent_json),
+        _write_file('"$d/fr/py/sitecustomize.py"', (nodeprogs.DIR / "frhook.py").read_text()),
         "",
     ])
 

@@ -4,7 +4,9 @@ Every node of the job runs ``nodeprogs/stacks.py`` at once: it finds the job's r
 ``ranks/`` records, checked against the job's environment marker) and asks py-spy for each one's
 stack, or, without py-spy, /proc for its state.  Ranks whose stacks are the same (the same
 (function, file name, line) list of the thread that matters) form one group; a hang shows as one
-big group and the few ranks that are elsewhere.
+big group and the few ranks that are elsewhere.  Beside the stacks, each rank's PyTorch Flight Recorder (its last
+collectives, where the rank runs clustertool's hook: ranks of the node launchers) is folded by jobs/flightfold.py,
+naming the ranks whose collective sequence differs.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR
 from clustertool.core.model import JobRecord, jsonable
-from clustertool.jobs import records, scripts
+from clustertool.jobs import flightfold, records, scripts
 from clustertool.jobs.jobrequests import StacksRequest
 from clustertool.jobs.kill import pick_running
 from clustertool.remote.group import run_on_node, run_on_nodes
@@ -69,6 +71,7 @@ class RankStack:
     proc: dict | None = None
     note: str | None = None  # why not py-spy; why gone
     py_spy: str | None = None  # the py-spy that was asked (on the node)
+    flight: dict | None = None  # its Flight Recorder's summary (nodeprogs/flightrec.py), or why there is none
 
     @property
     def key(self) -> tuple:
@@ -104,11 +107,12 @@ class StacksResult:
     groups: list[StackGroup]
     problems: list[str]  # nodes that did not answer, ranks nobody reported: one line each
     exit_code: int = 0  # 255 when a node did not answer
+    flight: list[str] = field(default_factory=list)  # the Flight Recorder's lines (jobs/flightfold.py)
 
     def to_dict(self) -> dict:
         """What `stacks --json` prints."""
         return {"job": self.job.id, "groups": [g.to_dict() for g in self.groups], "ranks": jsonable(self.ranks),
-                "problems": self.problems}
+                "problems": self.problems, "flight": self.flight}
 
 
 def fold_ranks(ranks: Iterable[int]) -> str:
@@ -145,7 +149,8 @@ def rank_stack(node: str, entry: dict) -> RankStack:
         return RankStack(rank, node, pid, "gone", note=entry.get("note"))
     threads = entry.get("threads") or []
     out = RankStack(rank, node, pid, entry.get("method") or "proc", threads=threads, proc=entry.get("proc"),
-                    note=entry.get("note"), py_spy=entry.get("py_spy"))
+                    note=entry.get("note"), py_spy=entry.get("py_spy"),
+                    flight=entry["flight"] if isinstance(entry.get("flight"), dict) else None)
     chosen = pick_thread(threads, pid) if out.method == "py-spy" else None
     if chosen is not None:
         out.thread = chosen.get("name")
@@ -268,11 +273,16 @@ def stacks(session: ClusterSession, request: StacksRequest) -> StacksResult:
         found += ranks or []
     found.sort(key=lambda s: s.rank)
     return StacksResult(job, found, fold(found), _problems(job, found, unanswered, empty),
-                        255 if unanswered else 0)
+                        255 if unanswered else 0, flightfold.fold(found))
 
 
 def saved(session: ClusterSession, job: JobRecord) -> list[StackGroup]:
     """The folded stacks the supervisor saved when it found ``job`` hung (``hang/<node>`` on the leader)."""
+    return fold(saved_ranks(session, job))
+
+
+def saved_ranks(session: ClusterSession, job: JobRecord) -> list[RankStack]:
+    """Every rank's stack (and Flight Recorder) as the supervisor saved them when it found ``job`` hung."""
     d = scripts.job_dir_sh(job.id)
     line = f'for f in {d}/hang/*; do [ -f "$f" ] && echo "$(basename "$f") $(base64 -w0 < "$f")"; done; true'
     result = run_on_node(session, session.record.leader, line, timeout=20)
@@ -283,4 +293,4 @@ def saved(session: ClusterSession, job: JobRecord) -> list[StackGroup]:
             found += parse_node(node, base64.b64decode(b64).decode("utf-8", "replace"))
         except (ValueError, KeyError, TypeError, binascii.Error):
             continue
-    return fold(found)
+    return sorted(found, key=lambda s: s.rank)

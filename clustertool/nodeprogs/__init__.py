@@ -24,8 +24,9 @@ _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # Programs made of several files (each importable here on its own), sent as one, in this order.
 PARTS = {"relay": ("stream", "extract", "link", "relay"), "manifest": ("stream", "manifest"),
          "survey": ("stream", "link", "manifest"), "supervise": ("procs", "supervise"), "spot": ("procs", "spot"),
-         "watchhub": ("watchcore", "watchhub", "watchrecord"), "watchnode": ("watchsteps", "watchnode"),
-         "gputext": ("watchsteps", "watchnode", "watchcore", "gputext")}
+         "stacks": ("flightrec", "stacks"),
+         "watchhub": ("watchlate", "watchcore", "watchhub", "watchrecord"), "watchnode": ("watchsteps", "watchnode"),
+         "gputext": ("watchsteps", "watchnode", "watchlate", "watchcore", "gputext")}
 
 
 def program_text(name: str, args: dict, lib: Sequence[str] = ()) -> bytes:

@@ -150,7 +150,23 @@ def rank_host(env):
     return path if path and os.path.isfile(path) else None
 
 
+def flight_env(env, folder=None):
+    """The Flight Recorder's hook for a rank (nodeprogs/frhook.py as fr/py/sitecustomize.py, put there at install):
+    its folder first on PYTHONPATH, and NCCL's own dump on timeout into fr/ (the user's settings win;
+    CLUSTERTOOL_FR=0 turns it all off)."""
+    folder = folder or os.path.join(job_dir(), "fr")
+    if env.get("CLUSTERTOOL_FR") == "0" or not os.path.exists(os.path.join(folder, "py", "sitecustomize.py")):
+        return env
+    env = dict(env, CLUSTERTOOL_FR_DIR=folder)
+    env["PYTHONPATH"] = os.path.join(folder, "py") + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    for key, value in (("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"), ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+                       ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(folder, "nccl_"))):
+        env.setdefault(key, value)
+    return env
+
+
 def start_rank(program, args, rank, out, width, env):
+    env = flight_env(env)
     stdout, stderr = rank_files(out, rank, width)
     env = dict(env)
     child = spawn(rank_command(program, args, rank_host(env)), stdout, stderr, env)

@@ -7,7 +7,9 @@ does not), this program asks ``py-spy dump --json`` for the stack of every threa
 once, each time-boxed.  Where py-spy is missing, switched off or fails (not permitted, a
 Python it does not know), the rank still gets what /proc says: its state (R, S, D ...), the
 kernel function it waits in (wchan), the system call it is in, its CPU time and its command
-line.  Each rank says which method gave its answer.  The program prints one JSON document.
+line.  Each rank says which method gave its answer.  Beside the stacks, each live rank's Flight Recorder
+(PyTorch's record of its last collectives) is asked for at once and summed up (flightrec.py, the part that comes
+first; ``flight`` false: not asked).  The program prints one JSON document.
 
 ``ARGS`` (prepended by the sender, see ``program_text``)::
 
@@ -29,6 +31,9 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+
+if "collect" not in globals():  # imported (tests); on a node the part comes first
+    from clustertool.nodeprogs.flightrec import collect, request
 
 ERROR_MAX = 300
 
@@ -210,12 +215,23 @@ def look(args, rank, pid):
     return out
 
 
+def ours(args, pid):
+    return (environ(pid) or {}).get(args["env"]) == args["job"]
+
+
 def main(args):
     host = os.uname().nodename
     job_dir = os.path.join(os.path.expanduser("~"), args["jobs_dir"], args["job"])
     records = rank_records(job_dir, host)
+    folder, live = os.path.join(job_dir, "fr"), {pid: rank for rank, pid in records if ours(args, pid)}
+    if args.get("flight", True):
+        asked, why = request(folder, list(live))
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(records)))) as pool:
         ranks = list(pool.map(lambda r: look(args, *r), records))
+    if args.get("flight", True):
+        flights = collect(folder, list(live), live, asked, why, float(args.get("timeout") or 10))
+        for entry in ranks:
+            entry["flight"] = flights.get(entry["pid"]) if entry["alive"] else None
     json.dump({"host": host, "job_dir": os.path.isdir(job_dir), "ranks": ranks}, sys.stdout)
     sys.stdout.write("\n")
 

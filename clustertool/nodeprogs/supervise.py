@@ -163,6 +163,8 @@ class HangWatch:
             return False
         self.reported = True
         self.save_stacks()
+        time.sleep(0.5)  # the ranks' Flight Recorder dumps (asked by the stacks program) used CPU: not progress
+        self.last = self.progress() or self.last
         write_json(os.path.join(self.d, "hung"), {"since": self.changed, "detected": time.time(),
                                                   "timeout": self.timeout, "action": self.action})
         say(self.d, f"no rank wrote a line or used CPU time for {self.timeout:g}s: hung? (stacks saved; "

@@ -10,6 +10,9 @@ median, or a rank whose step time is more than RATIO the ranks' median, for STRE
 
 import math
 
+if "summary" not in globals():  # imported (tests, the control side); on the leader the part comes first
+    from clustertool.nodeprogs.watchlate import merge, minus, node_of, summary
+
 RATIO = 1.25
 STREAK = 3
 MIN_PEERS = 3
@@ -108,8 +111,9 @@ def rank_rows(job_id, samples):
     return sorted(rows, key=lambda r: r["rank"])
 
 
-def job_view(job, samples, streaks):
-    """A watched job: its ranks with ``ratio`` (step time / median), ``outlier``, ``stalled``; the slowest."""
+def job_view(job, samples, streaks, late=None, nodes=()):
+    """A watched job: its ranks with ``ratio`` (step time / median), ``outlier``, ``stalled``; the slowest; and
+    ``stragglers`` from its reducers' records where there are any (``late``: the hub's memory of them)."""
     ranks = rank_rows(job["id"], samples)
     times = {r["rank"]: r.get("step_time") for r in ranks}
     off = off_median(times, both_ways=False)
@@ -123,21 +127,64 @@ def job_view(job, samples, streaks):
     known = [r for r in ranks if r.get("step_time") is not None]
     slowest = sorted(known, key=lambda r: -r["step_time"])[:SLOWEST] if len(known) > 1 else []
     rates = [r.get("rate") for r in ranks]
-    return dict(job, ranks=ranks, median_step_time=m, median_rate=median(rates),
-                slowest=[r["rank"] for r in slowest], outliers=[r["rank"] for r in ranks if r["outlier"]])
+    out = dict(job, ranks=ranks, median_step_time=m, median_rate=median(rates),
+               slowest=[r["rank"] for r in slowest], outliers=[r["rank"] for r in ranks if r["outlier"]])
+    stragglers = lateness(job["id"], samples, streaks, {} if late is None else late, nodes)
+    if stragglers is not None:
+        out["stragglers"] = stragglers
+        by_node: dict = {}
+        for w in stragglers["workers"]:
+            if w.get("node") and w.get("p99_us") is not None:
+                by_node[w["node"]] = max(by_node.get(w["node"], 0), w["p99_us"])
+        for r in ranks:
+            r["late_p99_us"] = by_node.get(r["node"])
+    return out
+
+
+def lateness(job_id, samples, streaks, late, nodes):
+    """The reducers' records of the job merged: per worker (its node, p50/p99 lateness over the job, the share of
+    requests it came last in, how long it made the others wait) and ``now``, the same since the previous reading
+    (None: no new line since).  ``flagged``: a straggler over the job so far, or since the previous reading for
+    STREAK readings with new lines in a row.  None: the job has no record."""
+    docs = [doc for sample, _, _, _ in samples.values()
+            for doc in (((sample or {}).get("stragglers") or {}).get(job_id) or {}).values()]
+    if not docs:
+        return None
+    workers, bounds = merge(docs)
+    before = late.get(job_id)
+    late[job_id] = workers
+    now = {w["worker"]: w for w in summary(minus(workers, before), bounds)} if before else {}
+    rows = summary(workers, bounds)
+    for row in rows:
+        row["node"] = node_of(row.get("peer"), nodes)
+        recent = now.get(row["worker"])
+        row["now"] = None
+        key = ("late", job_id, row["worker"])
+        if recent is not None and recent["requests"] > 0:
+            row["now"] = {k: recent[k] for k in ("requests", "p50_us", "p99_us", "last_share")}
+            streaks.update(key, recent["straggler"])
+        row["flagged"] = row["straggler"] or streaks.count.get(key, 0) >= streaks.need
+    return {"source": "servers", "files": len(docs), "workers": rows,
+            "flagged": [r["worker"] for r in rows if r["flagged"]]}
 
 
 def build_view(state, samples, jobs, now, now_mono):
     """The whole reading.  ``state``: {nodes, leader, cordoned, link_bps, interval, streaks} (the hub's)."""
     rows = node_rows(state["nodes"], samples, state["cordoned"], state.get("link_bps"), now_mono, state["interval"])
     mark_network(rows, state["streaks"])
-    views = [job_view(j, samples, state["streaks"]) for j in jobs]
+    late = state.setdefault("late", {})
+    views = [job_view(j, samples, state["streaks"], late, state["nodes"]) for j in jobs]
+    for job_id in [k for k in late if k not in {j["id"] for j in jobs}]:
+        del late[job_id]
     keys = {("net", r["name"], d) for r in rows for d in ("tx", "rx")}
     keys |= {("rank", v["id"], r["rank"]) for v in views for r in v["ranks"]}
+    keys |= {("late", v["id"], w["worker"]) for v in views for w in (v.get("stragglers") or {}).get("workers", [])}
     state["streaks"].forget_except(keys)
     return {"time": now, "leader": state["leader"], "interval": state["interval"], "nodes": rows, "jobs": views,
             "outliers": {"nodes": [r["name"] for r in rows if r["net_outlier"]],
-                         "ranks": {v["id"]: v["outliers"] for v in views if v["outliers"]}}}
+                         "ranks": {v["id"]: v["outliers"] for v in views if v["outliers"]},
+                         "late": {v["id"]: v["stragglers"]["flagged"] for v in views
+                                  if (v.get("stragglers") or {}).get("flagged")}}}
 
 
 # ---- a job's record (samples.jsonl beside its logs) --------------------------------------------
@@ -149,8 +196,14 @@ def record_line(view, job_id):
                          int(r["state"] == "ok")] for r in view["nodes"]}
     ranks = {str(r["rank"]): [r["node"], r.get("step"), r.get("rate"), r.get("step_time")]
              for r in (job or {}).get("ranks", [])}
-    return {"t": round(view["time"], 2), "nodes": nodes, "ranks": ranks,
+    line = {"t": round(view["time"], 2), "nodes": nodes, "ranks": ranks,
             "out": {"ranks": (job or {}).get("outliers", []), "nodes": view["outliers"]["nodes"]}}
+    late = (job or {}).get("stragglers")
+    if late:  # per worker: [node, p50 µs, p99 µs, last share] over the job so far; the flagged ones
+        line["late"] = {w["worker"]: [w.get("node"), w["p50_us"], w["p99_us"], w["last_share"]]
+                        for w in late["workers"]}
+        line["out"]["late"] = late["flagged"]
+    return line
 
 
 # ---- Prometheus's text format ------------------------------------------------------------------
@@ -182,6 +235,10 @@ class Exposition:
         return "\n".join(out) + "\n"
 
 
+def _seconds(us):
+    return None if us is None else us / 1e6
+
+
 def metrics_text(view, cost=None):
     """clustertool's own metrics from a view (node exporters carry the machines' own)."""
     e = Exposition()
@@ -206,6 +263,17 @@ def metrics_text(view, cost=None):
             e.add("clustertool_rank_output_age_seconds", "seconds since the rank's last output", r.get("age"), rl)
             e.add("clustertool_rank_straggler", "1 while the rank's step time is off the median (or it stalled)",
                   int(r.get("outlier", False)), rl)
+        for w in (j.get("stragglers") or {}).get("workers", []):
+            wl = {"job_id": j["id"], "worker": w["worker"], "node": w.get("node") or ""}
+            for q in ("p50", "p99"):
+                e.add(f"clustertool_worker_lateness_{q}_seconds", f"the worker's {q} arrival lateness at the reducers "
+                      "(after the first worker's data), over the job", _seconds(w.get(f"{q}_us")), wl)
+            e.add("clustertool_worker_last_ratio", "share of requests the worker's data came last in",
+                  w.get("last_share"), wl)
+            e.add("clustertool_worker_waited_for_seconds_total", "time the other workers waited for this one alone",
+                  _seconds(w.get("waited_for_us")), wl, kind="counter")
+            e.add("clustertool_worker_straggler", "1 while the reducers see the worker make the others wait",
+                  int(w.get("flagged", False)), wl)
     if cost is not None:
         e.add("clustertool_cluster_hourly_price_dollars", "the cluster's price per hour", cost.get("hourly"))
         e.add("clustertool_cluster_cost_dollars", "what the cluster cost since it came up", cost.get("so_far"))

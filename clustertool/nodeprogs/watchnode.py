@@ -264,11 +264,28 @@ class Tail:
 
 
 class Job:
-    """One watched job's ranks on this node."""
+    """One watched job's ranks on this node, and its reducers' lateness records where this node is a server."""
 
     def __init__(self, job_id, out, patterns):
         self.id, self.out, self.patterns = job_id, expand(out), patterns
-        self.ranks, self.tails = {}, {}
+        self.ranks, self.tails, self.late = {}, {}, {}
+
+    def lateness(self):
+        """{file: its last line} of the job's ``stragglers/*.jsonl`` here (watchlate.py says what they hold)."""
+        folder = os.path.join(os.path.dirname(self.out), "stragglers")
+        for name in _listdir(folder):
+            if name.endswith(".jsonl") and name not in self.late:
+                self.late[name] = [Tail(os.path.join(folder, name)), None]
+        out = {}
+        for name, entry in self.late.items():
+            for line in entry[0].lines():
+                try:
+                    entry[1] = json.loads(line)
+                except ValueError:
+                    continue
+            if entry[1] is not None:
+                out[name] = entry[1]
+        return out
 
     def sample(self, now):
         for rank, paths in rank_files(self.out).items():
@@ -349,6 +366,8 @@ class Sampler:
                     "disk": disk(where if os.path.isdir(where) else os.path.expanduser("~")),
                     "gpus": self.gpus.snapshot() if self.gpus else None,
                     "jobs": {job_id: job.sample(now) for job_id, job in self.jobs.items()}})
+        late = {job_id: job.lateness() for job_id, job in self.jobs.items()}
+        out["stragglers"] = {job_id: files for job_id, files in late.items() if files}
         return out
 
 

@@ -128,17 +128,23 @@ def keep(records, jobs, hub, view):
 
 
 def record(hub, args):
-    jobs = running_jobs([args["job"]])
+    """One job's record (the recorder started with the job): a reading every interval until the job ends, looked
+    for every half second so the recorder goes soon after the job."""
+    wanted = [args["job"]]
+    jobs = running_jobs(wanted)
     if not jobs:
         return
     rec = Record(jobs[0], hub.state["nodes"], hub.interval)
     if not rec.held:
         return  # another recorder keeps it
     try:
+        due = time.monotonic()
         while jobs:
             rec.add(hub.reading(jobs, wait_s=min(hub.interval * 0.8, 5.0)))
-            time.sleep(hub.interval)
-            jobs = running_jobs([args["job"]])
+            due += hub.interval
+            while jobs and time.monotonic() < due:
+                time.sleep(max(0.0, min(0.5, due - time.monotonic())))
+                jobs = running_jobs(wanted)
     finally:
         rec.close()
 

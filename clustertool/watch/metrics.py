@@ -15,24 +15,33 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from clustertool import nodeprogs
+from clustertool.cluster.monitoring import MonitoringRequest, setting
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import RemoteError, StateError, UsageError
 from clustertool.remote.group import run_on_node
 from clustertool.remote.transport import stop_process
-from clustertool.watch.monitoring import MonitoringRequest, load_setting
 
 READY_TIMEOUT = 30.0
 
 
+DASHBOARD = Path(__file__).resolve().parent / "grafana-dashboard.json"
+
+
+def dashboard() -> dict[str, Any]:
+    """The Grafana dashboard that ships with the package (import it with your Prometheus as its source)."""
+    return dict(json.loads(DASHBOARD.read_text()))
+
+
 def prometheus_port(session: ClusterSession) -> int:
-    setting = load_setting(session.name)
-    if setting is None:
-        raise StateError(f"monitoring is not enabled on {session.name} (from this machine)",
-                         hint=f"clustertool monitoring enable -c {session.name}")
-    return setting.prometheus_port
+    on = setting(session.record)
+    if on is None:
+        raise StateError(f"monitoring is not enabled on {session.name}",
+                         hint=f"clustertool monitoring enable -c {session.name} (or `up --monitoring`)")
+    return on.prometheus_port
 
 
 def free_port() -> int:
@@ -96,7 +105,7 @@ def query(session: ClusterSession, expr: str, timeout: float = 30.0) -> dict[str
     if not expr.strip():
         raise UsageError("an empty query", hint="e.g. clustertool metrics query 'up'")
     record = session.ready()
-    port = (load_setting(session.name) or MonitoringRequest()).prometheus_port
+    port = (setting(record) or MonitoringRequest()).prometheus_port
     program = nodeprogs.program_text("promquery", {"port": port, "query": expr, "timeout": timeout})
     r = run_on_node(session, record.leader, nodeprogs.python_command(), stdin_data=program, timeout=timeout + 10)
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from clustertool.cluster.session import ClusterSession
-from clustertool.core.errors import MissingPrerequisite, RemoteError
+from clustertool.core.errors import MissingPrerequisite, RemoteError, StateError
 from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import jsonable
 from clustertool.jobs import records
@@ -82,3 +82,15 @@ def write(run: Run, prefix: str | Path) -> ReportFiles:
     except MissingPrerequisite as exc:
         return ReportFiles(str(html), None, f"{exc.message} ({exc.hint})")
     return ReportFiles(str(html), str(png))
+
+
+def end_of_job(session: ClusterSession, job_id: str) -> str | None:
+    """`run --follow`'s last line: the job's report written to the cluster's reports folder on this machine
+    (``$CLUSTERTOOL_HOME/clusters/<name>/reports/<job>.html`` and ``.png``), or None where the job has no record
+    (run with --no-record, or it ended before the first reading)."""
+    try:
+        run = fetch(session, job_id)
+    except (StateError, RemoteError):
+        return None
+    files = write(run, records.reports_dir(session.name) / run.job)
+    return f"report: {files.html}" + (f" and {files.png}" if files.png else f" (no PNG: {files.png_skipped})")

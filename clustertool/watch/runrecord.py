@@ -93,6 +93,9 @@ def spans(lines: list[dict[str, Any]], start: float) -> list[Event]:
         ranks = line.get("ranks", {})
         now = {("straggler", str(r)): f"straggler rank {r} ({ranks.get(str(r), ['?'])[0]})"
                for r in line.get("out", {}).get("ranks", [])}
+        late = line.get("late") or {}
+        now.update({("straggler", f"w{w}"): f"late worker {w} ({(late.get(w) or ['?'])[0]}) at the reducers"
+                    for w in line.get("out", {}).get("late", [])})
         now.update({("network", n): f"network {n}" for n in line.get("out", {}).get("nodes", [])})
         for key in [k for k in open_ if k not in now]:
             out.append(open_.pop(key))
@@ -100,7 +103,10 @@ def spans(lines: list[dict[str, Any]], start: float) -> list[Event]:
             if key in open_:
                 open_[key].end = t
             else:
-                node = ranks.get(key[1], [None])[0] if key[0] == "straggler" else key[1]
+                if key[0] == "straggler" and key[1].startswith("w"):  # a worker the reducers flagged: its node
+                    node = (late.get(key[1][1:]) or [None])[0]
+                else:
+                    node = ranks.get(key[1], [None])[0] if key[0] == "straggler" else key[1]
                 open_[key] = Event(key[0], t, label, end=t, node=node)
     return out + list(open_.values())
 
@@ -118,8 +124,9 @@ def load(text_by_file: dict[str, str], job_id: str) -> Run:
     text = text_by_file.get("watch/samples.jsonl")
     if not text:
         raise StateError(f"job {job_id} has no watch record on the leader",
-                         hint="samples are recorded while `clustertool monitoring enable` runs (or a recorder was "
-                              "started with the job); `clustertool top` shows a running job live")
+                         hint="every job records its samples unless run with --no-record (a job started by an "
+                              "older clustertool, or ended within its first seconds, has none); `clustertool top` "
+                              "shows a running job live")
     docs = []
     for line in text.splitlines():
         try:

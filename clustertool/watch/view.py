@@ -9,7 +9,7 @@ from typing import Any
 
 Cell = tuple[str, str]
 NODE_HEADER = ["NODE", "STATE", "GPU", "GPU MEM", "POWER", "TEMP", "CLOCKS", "CPU", "MEM", "RX", "TX", "DISK FREE"]
-RANK_HEADER = ["RANK", "NODE", "STEP", "STEPS/S", "STEP TIME", "x MEDIAN", "LAST OUTPUT", ""]
+RANK_HEADER = ["RANK", "NODE", "STEP", "STEPS/S", "STEP TIME", "x MEDIAN", "LATE p99", "LAST OUTPUT", ""]
 HARMLESS_REASONS = {"idle", "app_clocks", "display_clocks"}
 
 
@@ -93,15 +93,30 @@ def node_row(row: dict[str, Any]) -> list[Cell]:
             (link_share(row, "tx"), "outlier" if "tx" in out else ""), (free, "")]
 
 
-def rank_row(rank: dict[str, Any]) -> list[Cell]:
+def rank_row(rank: dict[str, Any], late: set[str] | None = None) -> list[Cell]:
+    """A rank's cells; ``late``: the nodes of workers the reducers flag (their ranks' LATE p99 in red)."""
     flag = "outlier" if rank.get("outlier") else ""
+    us = rank.get("late_p99_us")
+    late_cell = ("-" if us is None else seconds(us / 1e6), "outlier" if late and rank["node"] in late else "")
     note = "stalled" if rank.get("stalled") else "slow" if rank.get("outlier") else "ended" if rank.get("ended") else ""
     step = "-" if rank.get("step") is None else str(rank["step"]) + (f"/{rank['total']}" if rank.get("total") else "")
     rate = rank.get("rate")
     ratio = rank.get("ratio")
     return [(str(rank["rank"]), flag), (rank["node"], ""), (step, ""), ("-" if rate is None else f"{rate:.2f}", ""),
-            (seconds(rank.get("step_time")), flag), ("-" if ratio is None else f"{ratio:.2f}", flag),
+            (seconds(rank.get("step_time")), flag), ("-" if ratio is None else f"{ratio:.2f}", flag), late_cell,
             (seconds(rank.get("age")) + " ago" if rank.get("age") is not None else "-", ""), (note, flag)]
+
+
+def late_nodes(job: dict[str, Any]) -> set[str]:
+    """The nodes of the workers the reducers flag as stragglers."""
+    return {w["node"] for w in (job.get("stragglers") or {}).get("workers", []) if w.get("flagged") and w.get("node")}
+
+
+def late_words(w: dict[str, Any]) -> str:
+    where = f" on {w['node']}" if w.get("node") else ""
+    share = f", last in {100 * w['last_share']:.0f}% of requests" if w.get("last_share") is not None else ""
+    return (f"worker {w['worker']}{where} made the others wait: p50 {seconds((w.get('p50_us') or 0) / 1e6)}, "
+            f"p99 {seconds((w.get('p99_us') or 0) / 1e6)} late{share}")
 
 
 def job_title(job: dict[str, Any]) -> str:
@@ -114,12 +129,20 @@ def job_title(job: dict[str, Any]) -> str:
         parts.append("slowest: " + ", ".join(f"rank {r}" for r in job["slowest"]))
     if job.get("outliers"):
         parts.append("OUTLIERS: " + ", ".join(f"rank {r}" for r in job["outliers"]))
+    late = [w for w in (job.get("stragglers") or {}).get("workers", []) if w.get("flagged")]
+    if late:
+        parts.append("STRAGGLERS: " + ", ".join(f"worker {w['worker']}" + (f" ({w['node']})" if w.get("node") else "")
+                                                for w in late))
     return "; ".join(parts)
 
 
 def ranks_shown(job: dict[str, Any], limit: int) -> list[dict[str, Any]]:
     """The ranks to show first: outliers, then the slowest, then the rest by rank, at most ``limit``."""
-    order = {r: i for i, r in enumerate(job.get("outliers", []) + job.get("slowest", []))}
+    late = late_nodes(job)   # the ranks on a node the reducers flag come right after the outliers
+    first = job.get("outliers", []) + [r["rank"] for r in job["ranks"] if r["node"] in late] + job.get("slowest", [])
+    order: dict[int, int] = {}
+    for i, r in enumerate(first):
+        order.setdefault(r, i)
     ranks = sorted(job["ranks"], key=lambda r: (order.get(r["rank"], len(order)), r["rank"]))
     return ranks[:limit]
 
@@ -137,4 +160,7 @@ def summary_lines(view: dict[str, Any]) -> list[str]:
             if rank.get("outlier"):
                 what = "stalled" if rank.get("stalled") else f"step time x{rank.get('ratio') or 0:.2f} of the median"
                 lines.append(f"job {job['id']}: rank {rank['rank']} on {rank['node']} {what}")
+        for w in (job.get("stragglers") or {}).get("workers", []):
+            if w.get("flagged"):
+                lines.append(f"job {job['id']}: {late_words(w)}")
     return lines

@@ -63,3 +63,22 @@ def test_chart_is_written(tmp_path):
                                                          "samples/sec: 15\n", None))
     path = compare.write_chart(result, tmp_path / "c.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_watch_variants_switch_the_cluster_before_each_run_and_the_command_needs_no_placeholder():
+    from clustertool.bench.watchvariants import check
+
+    order = []
+
+    def launch(nodes, per_node, argv):
+        order.append(("run", argv[-1]))
+        return 0, "[1,0]<stdout>:samples/sec: 100.0\n", None
+
+    result = compare.run_compare(_cluster(), ["off", "record", "monitoring"], ["python", "t.py"], launch=launch,
+                                 repeat=2, before=lambda name: order.append(("switch", name)))
+    assert order == [step for name in ("off", "record", "monitoring") for step in (("switch", name), ("run", "t.py"))
+                     ] * 2
+    assert result.ok and [v.argv for v in result.variants] == [["python", "t.py"]] * 3
+    check(["off", "monitoring"])
+    with pytest.raises(UsageError, match="--watch: variant.s. mpi: expected off, record, monitoring"):
+        check(["off", "mpi"])

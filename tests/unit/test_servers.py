@@ -53,6 +53,13 @@ def test_start_script_uses_port_zero_a_port_file_and_the_job_marker():
     assert "CLUSTERTOOL_JOB=j1-abc setsid nohup '/opt/x y/clustertool-reducer' --bind 10.0.0.3 --port 0 " \
            '--port-file "$d/reducer.port" --io-timeout-ms 2000' in text
     assert 'd="$HOME/.clustertool/jobs/j1-abc"' in text
+    assert 'CLUSTERTOOL_STRAGGLERS_DIR="$d/stragglers" CLUSTERTOOL_JOB=j1-abc' in text   # its lateness records
+
+
+def test_a_plugin_jobs_ranks_append_their_collnet_stats_to_the_jobs_folder_unless_told_otherwise():
+    assert reducers.stats_env("/root", "j1-abc") == {
+        "CLUSTERTOOL_COLLNET_STATS": "/root/.clustertool/jobs/j1-abc/collnet-stats.jsonl"}
+    assert reducers.stats_env("/root", "j1-abc", ("A=1", "CLUSTERTOOL_COLLNET_STATS=1")) == {}
 
 
 def test_start_script_refuses_a_bad_job_id():

@@ -238,3 +238,26 @@ def test_spec_errors_are_usage_errors_with_exit_code_2(write):
 
 def test_a_missing_node_count_without_a_file_names_the_flag():
     assert error_of(None, {"provider": "fake"}) == "--nodes: required for provider 'fake': a positive integer"
+
+
+# --- monitoring: true (up --monitoring) --------------------------------------------------------
+
+def test_monitoring_true_or_a_mapping_in_the_file_and_the_flags_with_it(write):
+    spec = load_spec(write("name: demo\nprovider: fake\nnodes: 2\nmonitoring: true\n"), {})
+    assert spec.monitoring == {"scrape_interval": "15s", "retention_time": "15d", "retention_size": "2GB",
+                               "node_port": 9100, "exporter_port": 9105, "prometheus_port": 9090}
+    mapped = load_spec(write("name: demo\nprovider: fake\nnodes: 2\nmonitoring:\n  scrape_interval: 5s\n"),
+                       {"retention_time": "2d"})
+    assert (mapped.monitoring["scrape_interval"], mapped.monitoring["retention_time"]) == ("5s", "2d")
+    assert load_spec(None, {"provider": "fake", "nodes": 2, "monitoring": True}).monitoring["retention_size"] == "2GB"
+    assert load_spec(write("name: demo\nprovider: fake\nnodes: 2\nmonitoring: false\n"), {}).monitoring is None
+    assert load_spec(None, {"provider": "fake", "nodes": 2}).monitoring is None
+
+
+def test_monitoring_mistakes_are_one_line_naming_the_flag_or_key(write):
+    assert error_of(None, {"provider": "fake", "nodes": 2, "scrape_interval": "5s"}) == (
+        "--scrape-interval: needs --monitoring (Prometheus on the cluster)")
+    assert "monitoring: expected true or false" in error_of(write("provider: fake\nnodes: 2\nmonitoring: lots\n"))
+    assert "unknown setting(s) every" in error_of(write("provider: fake\nnodes: 2\nmonitoring:\n  every: 5s\n"))
+    assert "--retention-size 'big'" in error_of(None, {"provider": "fake", "nodes": 2, "monitoring": True,
+                                                       "retention_size": "big"})

@@ -35,3 +35,45 @@ def test_once_reports_the_leader_and_names_the_unreachable_member(tmp_path):
     assert nodes["n1"]["state"] == "ok" and nodes["n1"]["cpu"] is not None and nodes["n1"]["gpus"] is None
     assert nodes["n2"]["state"] == "unreachable" and "refused" in (nodes["n2"]["error"] or "").lower()
     assert view["answered"] == 1 and view["jobs"] == []
+
+
+def test_the_job_recorder_writes_the_record_and_ends_soon_after_the_job(tmp_path):
+    """`record` mode (the recorder every job starts): a reading a interval into the job's samples.jsonl, with the
+    rank's steps from its output file; the job's ``exit`` file ends it within a few seconds."""
+    import os
+    import time
+
+    job = "j1128-rec001"
+    d = tmp_path / ".clustertool" / "jobs" / job
+    out = d / "out" / job / "rank.0"
+    out.mkdir(parents=True)
+    (d / "job.json").write_text(json.dumps({"id": job, "name": "rec", "nodes": ["n1"], "output_dir": str(d / "out")}))
+    launch = subprocess.Popen(["sleep", "120"], env=dict(os.environ, CLUSTERTOOL_JOB=job))
+    try:
+        (d / "launch.pid").write_text(f"{launch.pid} 1 1 1\n")
+        (out / "stdout").write_text("".join(f"step {i} loss 0.5 time 100.0ms\n" for i in range(3)))
+        args = {"mode": "record", "job": job, "leader": "n1", "nodes": [["n1", "127.0.0.1", "leader"]],
+                "node_source": nodeprogs.program_source("watchnode"), "remote_python": nodeprogs.stream_command(),
+                "interval": 0.3, "samples": 1, "regex": [], "jobs": [job], "gpu": False}
+        env = dict(os.environ, HOME=str(tmp_path))
+        hub = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        hub.stdin.write(nodeprogs.program_text("watchhub", args))
+        hub.stdin.close()
+        samples = d / "watch" / "samples.jsonl"
+        deadline = time.monotonic() + 60
+        while (not samples.exists() or len(samples.read_text().splitlines()) < 4) and hub.poll() is None:
+            assert time.monotonic() < deadline, "no readings recorded"
+            with open(out / "stdout", "a") as fh:
+                fh.write("step 3 loss 0.4 time 100.0ms\n")
+            time.sleep(0.3)
+        (d / "exit").write_text("0\n")
+        ended = time.monotonic()
+        assert hub.wait(timeout=30) == 0, hub.stderr.read().decode()
+        assert time.monotonic() - ended < 10   # the job's end is looked for every half second
+    finally:
+        launch.kill()
+        launch.wait()
+    lines = [json.loads(x) for x in samples.read_text().splitlines()]
+    assert lines[0]["header"]["job"] == job and lines[0]["header"]["nodes"] == [["n1", "leader"]]
+    assert all(set(x["nodes"]) == {"n1"} for x in lines[1:]) and len(lines) >= 4
+    assert lines[-1]["ranks"]["0"][0] == "n1" and lines[-1]["ranks"]["0"][1] >= 2   # [node, step, rate, time]

@@ -11,10 +11,11 @@ import subprocess
 
 import pytest
 
+from clustertool.cluster import monitoring
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.nodeprogs import gputext, watchnode
-from clustertool.watch import monitoring
+from clustertool.watch.metrics import dashboard
 
 pytestmark = pytest.mark.unit
 
@@ -67,7 +68,7 @@ def test_the_node_scripts_lines():
 
 
 def test_the_dashboard_asks_prometheus_valid_questions(tmp_path):
-    board = monitoring.dashboard()
+    board = dashboard()
     exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
     titles = [p["title"] for p in board["panels"]]
     assert len(exprs) >= 12 and {"GPU utilisation per node", "Step rate per rank", "Network transmit per node",
@@ -92,3 +93,30 @@ def test_gpu_textfile_metrics_from_a_real_recording(tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
     gputext.write(str(tmp_path), text)
     assert (tmp_path / "clustertool_gpu.prom").read_text() == text
+
+
+def test_the_spec_s_monitoring_value_becomes_one_request():
+    assert monitoring.MonitoringRequest.of(True) == monitoring.MonitoringRequest()
+    assert monitoring.MonitoringRequest.of(False) is None and monitoring.MonitoringRequest.of(None) is None
+    mine = monitoring.MonitoringRequest.of({"scrape_interval": "5s", "retention_size": "500MB"})
+    assert (mine.scrape_interval, mine.retention_time, mine.retention_size) == ("5s", "15d", "500MB")
+    with pytest.raises(UsageError, match="unknown setting.*scrape"):
+        monitoring.MonitoringRequest.of({"scrape": "5s"})
+    with pytest.raises(UsageError, match="expected true, false or a mapping"):
+        monitoring.MonitoringRequest.of("yes please")
+    assert monitoring.plan_line(mine) == ("monitoring: the node exporter on every node, Prometheus on the leader "
+                                          "(127.0.0.1:9090), scraping every 5s, keeping 15d / 500MB")
+
+
+def test_the_setting_is_the_records_and_a_phase_a_file_is_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTERTOOL_HOME", str(tmp_path))
+    rec = record()
+    assert monitoring.setting(rec) is None
+    legacy = tmp_path / "clusters" / "demo" / monitoring.LEGACY_FILE
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(json.dumps(monitoring.MonitoringRequest(scrape_interval="7s").to_dict()))
+    assert monitoring.setting(rec).scrape_interval == "7s"   # a cluster enabled before the record held it
+    rec.monitoring = monitoring.MonitoringRequest(retention_time="2d").to_dict()
+    assert monitoring.setting(rec).retention_time == "2d"   # the record wins
+    rebuilt = ClusterRecord.from_dict(json.loads(json.dumps(rec.to_dict())))
+    assert rebuilt.monitoring == rec.monitoring   # it survives the state file

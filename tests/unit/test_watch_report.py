@@ -57,7 +57,7 @@ def test_a_node_cordoned_before_the_job_is_no_event():
 def test_no_record_says_how_to_get_one():
     with pytest.raises(StateError, match="no watch record") as info:
         runrecord.load({}, "j9")
-    assert "monitoring enable" in (info.value.hint or "")
+    assert "unless run with --no-record" in (info.value.hint or "")
 
 
 def test_the_leaders_files_come_back_whole():

@@ -16,22 +16,21 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from clustertool import nodeprogs
 from clustertool.cluster import ledger
 from clustertool.cluster.session import ClusterSession
+from clustertool.cluster.watchplan import WatchRequest, hub_args
 from clustertool.core import state
 from clustertool.core.durations import parse_duration
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, Node, jsonable
 from clustertool.remote.group import run_on_nodes
-from clustertool.watch.hub import WatchRequest, hub_args
 
 MARK_ENV = "CLUSTERTOOL_MONITORING"
 PROCESSES = ("node-exporter", "gputext", "hub", "prometheus")
-SETTING_FILE = "monitoring.json"  # in the cluster's folder on this machine: what `metrics` reaches
+LEGACY_FILE = "monitoring.json"  # where the setting lived before the cluster record held it (read once, then gone)
 
 
 @dataclass(frozen=True)
@@ -61,6 +60,32 @@ class MonitoringRequest:
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(self)
+
+    @classmethod
+    def of(cls, value: Any) -> "MonitoringRequest | None":
+        """A spec's or the API's ``monitoring``: true/false, a mapping of the settings, or a request."""
+        if value is None or value is False or isinstance(value, cls):
+            return value or None
+        if value is True:
+            return cls()
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise UsageError(f"monitoring: unknown setting(s) {', '.join(map(str, unknown))}",
+                                 hint="settings: scrape_interval, retention_time, retention_size")
+            settings: dict[str, Any] = {k: str(v) if k in SETTING_KEYS else v for k, v in value.items()}
+            return cls(**settings)
+        raise UsageError(f"monitoring: expected true, false or a mapping of settings, got {value!r}")
+
+
+SETTING_KEYS = ("scrape_interval", "retention_time", "retention_size")
+
+
+def plan_line(request: MonitoringRequest) -> str:
+    """What `up --monitoring` adds to the plan."""
+    return ("monitoring: the node exporter on every node, Prometheus on the leader "
+            f"(127.0.0.1:{request.prometheus_port}), scraping every {request.scrape_interval}, "
+            f"keeping {request.retention_time} / {request.retention_size}")
 
 
 @dataclass
@@ -94,14 +119,6 @@ def prometheus_config(record: ClusterRecord, request: MonitoringRequest) -> dict
                 {"job_name": "prometheus", "static_configs": [
                     {"targets": [f"127.0.0.1:{request.prometheus_port}"],
                      "labels": dict(cluster, node=record.leader.name)}]}]}
-
-
-DASHBOARD = Path(__file__).resolve().parent / "grafana-dashboard.json"
-
-
-def dashboard() -> dict[str, Any]:
-    """The Grafana dashboard that ships with the package (import it with your Prometheus as its source)."""
-    return dict(json.loads(DASHBOARD.read_text()))
 
 
 def cost_args(record: ClusterRecord, now: float | None = None) -> dict[str, Any] | None:
@@ -169,38 +186,86 @@ def _run(session: ClusterSession, verb: str, request: MonitoringRequest) -> Moni
     return result
 
 
+def start(session: ClusterSession, request: MonitoringRequest) -> MonitoringResult:
+    """Start (or restart, with these settings) the stack on every node; the record is left as it is (lifecycle
+    calls this while it holds the cluster's lock, and records the setting itself)."""
+    return _run(session, "enable", request)
+
+
 def enable(session: ClusterSession, request: MonitoringRequest) -> MonitoringResult:
-    """Start (or restart, with these settings) the stack on every node."""
-    result = _run(session, "enable", request)
-    save_setting(session.name, request if not result.problems else None)
+    """`monitoring enable`: start the stack and keep its setting in the cluster's record (so `start`, `replace` and
+    `recover` start it again); a stack with problems is not recorded as on."""
+    result = start(session, request)
+    remember(session, request if not result.problems else None)
     return result
 
 
 def disable(session: ClusterSession) -> MonitoringResult:
     """Stop every process of the stack on every node (Prometheus's data stays on the leader)."""
-    result = _run(session, "disable", load_setting(session.name) or MonitoringRequest())
-    save_setting(session.name, None)
+    result = stop(session)
+    remember(session, None)
+    return result
+
+
+def stop(session: ClusterSession) -> MonitoringResult:
+    """Stop the stack, the record left as it is (lifecycle's `down` and `stop` of machines that stay)."""
+    result = _run(session, "disable", setting(session.record) or MonitoringRequest())
     result.problems += [f"{node}: {p} still running" for node, procs in result.nodes.items()
                         for p, st in procs.items() if st.startswith("running")]
     return result
 
 
 def status(session: ClusterSession) -> MonitoringResult:
-    return _run(session, "status", load_setting(session.name) or MonitoringRequest())
+    return _run(session, "status", setting(session.record) or MonitoringRequest())
 
 
-def save_setting(name: str, request: MonitoringRequest | None) -> None:
-    path = state.cluster_dir(name) / SETTING_FILE
-    if request is None:
-        path.unlink(missing_ok=True)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(request.to_dict(), indent=1) + "\n")
-
-
-def load_setting(name: str) -> MonitoringRequest | None:
-    """The setting `enable` recorded on this machine (None: not enabled from here)."""
+def setting(record: ClusterRecord) -> MonitoringRequest | None:
+    """The stack's setting while it is on (the cluster's record; a phase-A monitoring.json is read once)."""
+    if record.monitoring is not None:
+        return MonitoringRequest(**record.monitoring)
     try:
-        return MonitoringRequest(**json.loads((state.cluster_dir(name) / SETTING_FILE).read_text()))
+        return MonitoringRequest(**json.loads((state.cluster_dir(record.name) / LEGACY_FILE).read_text()))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def status_extra(record: ClusterRecord) -> dict[str, str]:
+    """`status`'s line while the stack is on (from the record: no node is asked)."""
+    on = setting(record)
+    if on is None or not record.nodes:
+        return {}
+    return {"monitoring": f"on: Prometheus on {record.leader.name} (127.0.0.1:{on.prometheus_port}), every "
+                          f"{on.scrape_interval}, keeping {on.retention_time} / {on.retention_size}; "
+                          f"`clustertool metrics -c {record.name}` reaches it"}
+
+
+def remember(session: ClusterSession, request: MonitoringRequest | None) -> None:
+    """Record the setting (None: off) in the cluster's record, under its lock."""
+    value = request.to_dict() if request is not None else None
+    with session.locked(purpose="monitoring") as record:
+        record.monitoring = value
+        state.save(record)
+    session.record.monitoring = value
+    (state.cluster_dir(session.name) / LEGACY_FILE).unlink(missing_ok=True)
+
+
+def restart_lines(session: ClusterSession, what: str) -> list[str]:
+    """After `start`, `replace` or `recover` (lock held by the caller): the stack again where the record says it
+    was on; one line per problem (the lifecycle verb goes on: monitoring never fails it)."""
+    request = setting(session.record)
+    if request is None:
+        return []
+    result = start(session, request)
+    return [f"monitoring ({what}): {p}" for p in result.problems] or [f"monitoring: started again after {what}"]
+
+
+def stop_lines(session: ClusterSession, owned: bool) -> list[str]:
+    """Before `down`/`stop` (lock held): machines that stay (static, adopted) get their stack stopped, best effort;
+    machines the provider stops or removes take the processes with them."""
+    if owned or setting(session.record) is None:
+        return []
+    try:
+        result = stop(session)
+    except Exception as exc:  # never fails the teardown
+        return [f"monitoring: could not stop the stack: {exc}"]
+    return [f"monitoring: {p}" for p in result.problems] or ["monitoring: stopped on every node"]
