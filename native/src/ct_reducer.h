@@ -3,6 +3,7 @@
 #ifndef CT_REDUCER_H
 #define CT_REDUCER_H
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "ct_reducer_proto.h"
 
@@ -50,6 +51,7 @@ struct ct_rsession {
   int stop;
   char err[256];         /* first error; empty: clean end */
   uint64_t bytes;        /* payload bytes reduced (one rank's share) */
+  struct ct_rlate* late; /* the lateness record (CT_RLATE_ENV set), or NULL; its counters under mu */
   ct_rsession_t* next;
 };
 
@@ -62,4 +64,13 @@ void ct_rsession_abort(ct_rsession_t* s, const char* why);
 /* After the master thread ended (or for a session that never started). */
 void ct_rsession_free(ct_rsession_t* s);
 void ct_rlog(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The session's lateness record (ct_reducer_late.c), where CT_RLATE_ENV names a folder: opened once the session
+ * starts (s->late stays NULL without it, or when it cannot be opened), its writer thread started and stopped with
+ * the session's threads; ct_rlate_arrival is called with the session's lock held. */
+void ct_rlate_open(ct_rsession_t* s);
+void ct_rlate_start(ct_rsession_t* s);
+void ct_rlate_arrival(ct_rsession_t* s, uint32_t rank, size_t slot, uint64_t t_us);
+void ct_rlate_close(ct_rsession_t* s);
+uint64_t ct_rlate_now_us(void);
 #endif

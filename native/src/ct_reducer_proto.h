@@ -51,6 +51,17 @@ typedef struct {
   uint32_t len;      /* payload bytes that follow */
   uint32_t pad2;
 } ct_rmsg_t;
+/* Lateness records, beside the protocol: with CLUSTERTOOL_STRAGGLERS_DIR set in the reducer's environment, each
+ * session appends one JSON line a second (while requests come) and one when it ends to
+ * $CLUSTERTOOL_STRAGGLERS_DIR/<host>.<session hex>.<server index>.jsonl, its counters cumulative since the
+ * session started. Per worker (rank): "late" of a request = its arrival minus the first worker's (µs), counted in
+ * late_hist[k] (late <= 2^k µs for k < CT_RLATE_BUCKETS - 1; the last count is everything above); "last": the
+ * requests it arrived last in; "waited_for_us": over those, its arrival minus the second-to-last arrival.
+ * clustertool reads them (clustertool/nodeprogs/watchlate.py); "v" is the format's version. */
+#define CT_RLATE_VERSION 1
+#define CT_RLATE_BUCKETS 24
+#define CT_RLATE_ENV "CLUSTERTOOL_STRAGGLERS_DIR"
+
 _Static_assert(sizeof(ct_rhello_t) == 40, "hello layout");
 _Static_assert(sizeof(ct_rmsg_t) == 24, "message layout");
 #endif

@@ -160,10 +160,14 @@ static void* recv_main(void* arg) {
       gone = errno == ECONNRESET || errno == EPIPE;
       bad = why();
     }
+    uint64_t arrived = s->late && !bad ? ct_rlate_now_us() : 0;   /* the whole chunk: what the reduction waits for */
     pthread_mutex_lock(&s->mu);
     if (bad && gone) stop_locked(s, "rank %d (%s) closed its connection mid-collective (receive: %s)", w, c->peer, bad);
     else if (bad) stop_locked(s, "rank %d (%s): receive: %s", w, c->peer, bad);
-    else s->recvd[w] = g + 1;
+    else {
+      s->recvd[w] = g + 1;
+      if (s->late) ct_rlate_arrival(s, (uint32_t)w, slot, arrived);
+    }
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     if (bad) break;
@@ -309,6 +313,7 @@ static void* master_main(void* arg) {
   targ_t* ta = calloc((size_t)nt, sizeof *ta);
   long t0 = now_ms();
   int started = 0;
+  ct_rlate_start(s);
   if (th && ta) {
     for (int i = 0; i < nt; i++) {
       ta[i] = (targ_t){s, i < (int)n ? i : i < 2 * (int)n ? i - (int)n : i - 2 * (int)n};
@@ -324,6 +329,7 @@ static void* master_main(void* arg) {
     pthread_mutex_unlock(&s->mu);
   }
   for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  ct_rlate_close(s);
   free(th);
   free(ta);
   double secs = (double)(now_ms() - t0) / 1000.0;
@@ -387,6 +393,7 @@ int ct_rsession_start(ct_rsession_t* s) {
   }
   s->state = CT_RS_RUNNING;
   if (!ok) return -1;
+  ct_rlate_open(s);
   char who[256] = "";
   for (uint32_t r = 0; r < n && strlen(who) < 200; r++)
     snprintf(who + strlen(who), sizeof who - strlen(who), "%s%s", r ? " " : "", s->conns[r].peer);
