@@ -33,6 +33,7 @@ def finish():
             if thread is not threading.current_thread() and not thread.daemon:
                 thread.join()
     atexit._run_exitfuncs()
+    _finalize_mpi()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -45,6 +46,17 @@ def finish():
     except (OSError, AttributeError):
         pass
     os._exit(0)
+
+
+def _finalize_mpi():
+    """mpi4py finalizes MPI in the interpreter's C-level exit, which os._exit skips: do it here (mpirun counts a
+    rank that initialized MPI and never finalized as an abnormal end and fails the job)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
+    except Exception:  # noqa: BLE001 - the script's own end stays the process's end
+        pass
 
 
 def _users_frames(tb):
