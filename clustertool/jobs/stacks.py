@@ -131,10 +131,14 @@ def _note_kind(note: str | None) -> str:
     return (note or "").split(":", 1)[0]
 
 
+OWN_THREADS = ("clustertool-flight-recorder",)  # nodeprogs/frhook.py's thread: busy because `stacks` asked it to dump
+
+
 def pick_thread(threads: list[dict], pid: int) -> dict | None:
     """The thread that counts: the main thread, unless it idles while another one works; a thread
-    with Python frames over one without."""
-    with_frames = [t for t in threads if t.get("frames")]
+    with Python frames over one without.  clustertool's own thread in the rank (the flight recorder's
+    server, which is dumping at that very moment) never counts."""
+    with_frames = [t for t in threads if t.get("frames") and t.get("name") not in OWN_THREADS]
     main = next((t for t in with_frames if t.get("id") == pid or t.get("name") == "MainThread"), None)
     busy = [t for t in with_frames if t.get("active")]
     if main is not None and (main.get("active") or not busy):

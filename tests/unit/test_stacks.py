@@ -91,6 +91,21 @@ def test_a_working_thread_counts_over_an_idle_main_thread():
     assert stacks.describe(stack) == "[thread heartbeat] heartbeat (sleeper.py:18)"   # threading.py bootstrap left out
 
 
+def test_the_flight_recorders_own_thread_never_counts_over_an_idle_main_thread():
+    """The recorder's thread is busy only because `stacks` asked it to dump (seen on a loaded box: every rank
+    showed it, none the collective it waited in)."""
+    threads = recorded("dump-sleep.json")
+    for t in threads:
+        if t["name"] == "heartbeat":
+            t["name"], t["active"] = "clustertool-flight-recorder", True
+        else:
+            t["active"] = False
+    stack = stacks.rank_stack("node-1", entry(3, threads, main_pid("dump-sleep.json")))
+    assert stack.thread == "MainThread"
+    source = (Path(stacks.__file__).parent.parent / "nodeprogs" / "frhook.py").read_text()
+    assert all(f'name="{name}"' in source for name in stacks.OWN_THREADS)  # the hook's thread, by its name
+
+
 def test_what_py_spy_says_when_it_cannot_is_its_error_line_not_the_backtrace():
     assert (DATA / "dump-not-python.rc").read_text().strip() == "1"
     stderr = (DATA / "dump-not-python.stderr").read_text()
