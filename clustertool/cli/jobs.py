@@ -53,11 +53,11 @@ def _follow(name: str, job: JobRecord) -> int:
         sys.stderr.write(f"detached; job {job.id} keeps running (`clustertool logs -f {job.id}`, "
                          f"`clustertool kill {job.id}`)\n")
         return 130
+    _report(session, job)  # before the verdict: a failed job's last line says why
     if code != 0:
         why = why_failed(session, job.id)
         if why:
             sys.stderr.write(why + "\n")
-    _report(session, job)
     if code is None:
         sys.stderr.write(f"job {job.id} ended without an exit code (killed or lost)\n")
         if job.replace_failed:  # the leader was lost: the stream and its restart loop went with it
