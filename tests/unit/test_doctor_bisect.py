@@ -306,3 +306,14 @@ def test_the_node_program_serves_round_trips_and_iperf3_then_stops(tmp_path):
     code, out = node(mode="rtt", peer="127.0.0.1", count=5, timeout=10)
     assert code == 1 and out == "error: Connection refused"  # stopped: nothing answers any more
     assert not (tmp_path / "pid").exists()
+
+
+def test_a_pairs_round_trip_is_its_fastest_sample_not_the_median_a_starved_cpu_raises():
+    """A clean cluster on a loaded box: the probe's median was 4 ms against 0.02 ms elsewhere, its fastest
+    sample 0.03 ms; a delayed link has every sample slow, so its fastest is slow too."""
+    from clustertool.doctor.netprobe import _rtt
+
+    assert _rtt('{"rtt_s": 0.00398, "min_s": 0.00003, "samples": 5}', "") == (0.00003, "")
+    assert _rtt('{"rtt_s": 0.0402, "min_s": 0.0401, "samples": 5}', "") == (0.0401, "")
+    assert _rtt('{"rtt_s": 0.002}', "") == (0.002, "")  # a probe that sends only the median
+    assert _rtt("error: refused", "")[0] is None
