@@ -44,11 +44,11 @@ def test_clean_cluster_is_reported_clean_by_every_check(cluster):
     assert code == 0 and report["clean"], problems(report)
     assert [c["name"] for c in report["checks"]] == [
         "reach", "ssh-mesh", "disk", "sameness", "strays", "clock", "mpi-smoke", "network", "plugin-nccl",
-        "gpu", "efa", "shared-fs"]
-    assert all(c["skipped"] is None and c["status"] == "ok" for c in report["checks"][:-4])
-    assert [(c["status"], c["skipped"]) for c in report["checks"][-4:]] == [
+        "gpu", "efa", "shared-fs", "slurm"]
+    assert all(c["skipped"] is None and c["status"] == "ok" for c in report["checks"][:-5])
+    assert [(c["status"], c["skipped"]) for c in report["checks"][-5:]] == [
         ("skipped", "no GPU"), ("skipped", "no GPU"), ("skipped", "no EFA interfaces"),
-        ("skipped", "no shared filesystem")]
+        ("skipped", "no shared filesystem"), ("skipped", "no Slurm")]
     network = next(c for c in report["checks"] if c["name"] == "network")["data"]
     # a clean cluster gets the whole budget of rounds, ceil(log2(4)) + 1; a pair that measured slow once
     # is measured again instead of a new one, so 4 to 6 of the 6 pairs
