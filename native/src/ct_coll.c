@@ -58,10 +58,11 @@ uint32_t ct_coll_threads_word(void) {
 int ct_coll_lanes(ct_handle_t* const* handles, int nranks) {
   if (nranks < 2) return 1;
   int want = (int)(handles[0]->threads & 0xff), cpus = (int)(handles[0]->threads >> 8);
-  if (want == 0) {   /* auto: half of rank 0's CPUs among the ranks that share its address (NCCL's proxy needs its own) */
-    int local = 0;
+  if (want == 0) {   /* auto: half of rank 0's CPUs among the ranks that share its address (NCCL's proxy needs its own), */
+    int local = 0;     /* at most 2 (each lane has its own sockets and staging; more is the setting's to ask) */
     for (int r = 0; r < nranks; r++) local += handles[r]->addr.sin_addr.s_addr == handles[0]->addr.sin_addr.s_addr;
     want = cpus / (2 * (local ? local : 1));
+    if (want > 2) want = 2;
   }
   return want < 1 ? 1 : want > CT_MAX_LANES ? CT_MAX_LANES : want;
 }

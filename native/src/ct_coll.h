@@ -199,8 +199,8 @@ typedef struct ct_coll {
 
 /* The handle's `threads` word at listen: CLUSTERTOOL_COLLNET_THREADS (0 = auto) and the online CPUs. */
 uint32_t ct_coll_threads_word(void);
-/* Lanes for a communicator from rank 0's word: the setting, else auto = CPUs / (2 x ranks on
- * rank 0's address), 1 to CT_MAX_LANES (every rank computes the same from the same handles). */
+/* Lanes for a communicator from rank 0's word: the setting (1 to CT_MAX_LANES), else auto =
+ * CPUs / (2 x ranks on rank 0's address), 1 or 2 (every rank computes the same from the same handles). */
 int ct_coll_lanes(ct_handle_t* const* handles, int nranks);
 /* Mesh setup: handles[] are ct_handle_t from every rank's listen. Blocks. */
 ct_coll_t* ct_coll_connect(ct_handle_t* const* handles, int nranks, int rank, int lfd);
