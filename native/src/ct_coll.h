@@ -31,6 +31,7 @@ enum { CT_ALGO_SHARDED = 0, CT_ALGO_RING = 1, CT_ALGO_SERVERS = 2 };
 #define CT_MAX_ALGO_RULES 32
 #define CT_MAX_SERVERS 256
 #define CT_MAX_SOCKS 16
+#define CT_MAX_LANES 8   /* CLUSTERTOOL_COLLNET_THREADS: progress threads (lanes) per communicator */
 enum { CT_KIND_ALLREDUCE = 0, CT_KIND_REDUCESCATTER = 1, CT_KIND_ALLGATHER = 2 };
 
 /* Rank-to-rank message header. credit and posted are cumulative (mod 2^32). */
@@ -139,6 +140,17 @@ typedef struct { uint64_t seq; size_t c; int j; size_t inflight; } ct_gen_t;   /
 
 typedef struct ct_coll {
   int rank, nranks, nsocks, algo, lockstep;   /* algo: the default, after any fallback */
+  /* Lanes: K independent engines (progress thread, sockets, window) of one communicator.
+   * The communicator NCCL holds is lane 0 (root == itself); it posts whole requests to the
+   * lanes in turn (the k-th to lane k mod K; servers collectives to lane 0, the only one
+   * with server connections). Statistics live in the root; a lane that fails fails all. */
+  int nlanes, lane;
+  struct ct_coll* lanes[CT_MAX_LANES];   /* root only: lanes[0] == root */
+  struct ct_coll* root;
+  uint64_t rr;                 /* root, API side: requests posted to the lanes so far */
+  _Atomic uint64_t lanes_posted, lanes_done;   /* root: for the in-flight figure across lanes */
+  _Atomic int group_failed;    /* root: a lane failed; every lane fails */
+  _Atomic long long cpu_ns;    /* the lane's progress thread's CPU time, written when it ends */
   size_t chunk_cfg;
   int* fds;                    /* [peer * nsocks + s] */
   int nrules;                  /* rank 0's collnet_algo rules */
@@ -185,6 +197,11 @@ typedef struct ct_coll {
   uint64_t nops, nbytes;       /* collectives posted and their bytes (ct_collnet.c logs them) */
 } ct_coll_t;
 
+/* The handle's `threads` word at listen: CLUSTERTOOL_COLLNET_THREADS (0 = auto) and the online CPUs. */
+uint32_t ct_coll_threads_word(void);
+/* Lanes for a communicator from rank 0's word: the setting (1 to CT_MAX_LANES), else auto =
+ * CPUs / (2 x ranks on rank 0's address), 1 or 2 (every rank computes the same from the same handles). */
+int ct_coll_lanes(ct_handle_t* const* handles, int nranks);
 /* Mesh setup: handles[] are ct_handle_t from every rank's listen. Blocks. */
 ct_coll_t* ct_coll_connect(ct_handle_t* const* handles, int nranks, int rank, int lfd);
 void ct_coll_close(ct_coll_t* c);
@@ -208,6 +225,7 @@ int ct_algo_parse(const char* s);
 
 /* The progress thread (ct_coll_engine.c). */
 int ct_engine_start(ct_coll_t* c);
+void ct_engine_join(ct_coll_t* c);   /* ends the thread (shutdown), frees nothing */
 void ct_engine_stop(ct_coll_t* c);
 void ct_engine_wake(ct_coll_t* c);
 /* Engine internals shared by the algorithm files. */
@@ -219,6 +237,8 @@ ct_out_t* ct_out_new(ct_coll_t* c);
 void ct_emit(ct_coll_t* c, ct_sock_t* s, ct_out_t* o, int lo);   /* queue (or park until the peer posted) */
 ct_out_t* ct_msg_out(ct_coll_t* c, ct_op_t* op, int type, int step, size_t chunk, const char* p, size_t len);
 void ct_fail(ct_coll_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 1 when the communicator (any of its lanes) has failed. */
+static inline int ct_coll_failed(ct_coll_t* c) { return atomic_load(&c->error) || atomic_load(&c->root->group_failed); }
 uint64_t ct_seq_extend(uint64_t near, uint32_t v);
 
 /* I/O (ct_coll_io.c), progress thread only. */

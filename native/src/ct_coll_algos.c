@@ -17,6 +17,7 @@
 #include "ct_coll.h"
 #include "ct_reduce.h"
 
+enum { CT_MAX_BLOCK_SRCS = 64 };
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 static ct_sock_t* sock_of(ct_coll_t* c, int peer, size_t k) { return &c->socks[peer * c->nsocks + (int)(k % (size_t)c->nsocks)]; }
 
@@ -120,24 +121,28 @@ int ct_algo_generate(ct_coll_t* c) {
   return any;
 }
 
-/* out = srcs[0] (op) srcs[1] (op) ... in rank order. When out is my own input (in place)
- * and I am not rank 0 or 1, the first steps would overwrite it before its turn: go
- * through the scratch buffer a block at a time. */
+/* out = srcs[0] (op) srcs[1] (op) ... in rank order, in one pass (ct_reduce_multi). When
+ * out is my own input (in place) and I am not rank 0 or 1, a pass would overwrite it
+ * before its turn: go through the scratch buffer a block at a time. */
 static void reduce_chunk(ct_coll_t* c, const ct_op_t* op, char* out, size_t bytes) {
   int n = c->nranks, me = c->rank;
   const char** s = c->srcs;
-  size_t cnt = bytes / op->esz;
   int alias = me >= 2 && out < s[me] + bytes && s[me] < out + bytes;
   if (!alias) {
-    ct_reduce(out, s[0], s[1], cnt, op->dt, op->rop);
-    for (int r = 2; r < n; r++) ct_reduce(out, out, s[r], cnt, op->dt, op->rop);
+    ct_reduce_multi(out, (const void* const*)s, n, bytes / op->esz, op->dt, op->rop);
     return;
   }
   size_t blk = CT_SCRATCH_BYTES - CT_SCRATCH_BYTES % op->esz;
+  const void* bs[CT_MAX_BLOCK_SRCS];
   for (size_t o = 0; o < bytes; o += blk) {
     size_t l = bytes - o < blk ? bytes - o : blk;
-    ct_reduce(c->scratch, s[0] + o, s[1] + o, l / op->esz, op->dt, op->rop);
-    for (int r = 2; r < n; r++) ct_reduce(c->scratch, c->scratch, s[r] + o, l / op->esz, op->dt, op->rop);
+    if (n <= CT_MAX_BLOCK_SRCS) {
+      for (int r = 0; r < n; r++) bs[r] = s[r] + o;
+      ct_reduce_multi(c->scratch, bs, n, l / op->esz, op->dt, op->rop);
+    } else {
+      ct_reduce(c->scratch, s[0] + o, s[1] + o, l / op->esz, op->dt, op->rop);
+      for (int r = 2; r < n; r++) ct_reduce(c->scratch, c->scratch, s[r] + o, l / op->esz, op->dt, op->rop);
+    }
     memcpy(out + o, c->scratch, l);
   }
 }

@@ -13,9 +13,11 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -43,7 +45,7 @@ static void op_release(ct_coll_t* c, ct_op_t* op, int state) {
   if (op->gated == 2) c->gated_all--;
   op->gated = 0;
   if (state == CT_REQ_DONE) {
-    ct_hist_add(&c->stats.post_to_done, (uint64_t)(ct_now_ns() - op->t_post_ns));
+    ct_hist_add(&c->root->stats.post_to_done, (uint64_t)(ct_now_ns() - op->t_post_ns));
     const char* from = op->p2_dst;
     for (int i = 0; i < op->scatter.n; i++) {
       memcpy(op->scatter.addr[i], from, op->scatter.size[i]);
@@ -57,6 +59,7 @@ static void op_release(ct_coll_t* c, ct_op_t* op, int state) {
   op->scatter.size = NULL;
   op->req = NULL;
   atomic_fetch_add_explicit(&c->ncompleted, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->root->lanes_done, 1, memory_order_relaxed);
   atomic_store_explicit(&op->state, CT_OP_FREE, memory_order_release);   /* the slot may be reused now */
   atomic_store_explicit(&r->state, state, memory_order_release);
 }
@@ -74,6 +77,21 @@ static void shut_all(ct_coll_t* c) {
     if (c->ssocks[k].fd >= 0) shutdown(c->ssocks[k].fd, SHUT_RDWR);
 }
 
+static void fail_lane(ct_coll_t* c, const char* why) {
+  if (why && !atomic_load(&c->shutdown)) CT_WARN("%s", why);
+  atomic_store(&c->error, 1);
+  ct_coll_t* root = c->root;
+  /* The other lanes fail too (quietly: this WARN says why); set before any request reads
+   * as failed, so a caller that saw one fail cannot post to another lane. */
+  if (!atomic_exchange(&root->group_failed, 1))
+    for (int l = 0; l < root->nlanes; l++)
+      if (root->lanes[l] != c && root->lanes[l]->evfd >= 0) ct_engine_wake(root->lanes[l]);
+  shut_all(c);   /* peers and servers see the end at once */
+  for (int i = 0; i < c->W; i++)
+    if (atomic_load_explicit(&c->ops[i].state, memory_order_relaxed) == CT_OP_ACTIVE)
+      op_release(c, &c->ops[i], CT_REQ_ERROR);
+}
+
 void ct_fail(ct_coll_t* c, const char* fmt, ...) {
   if (atomic_load(&c->error)) return;
   char why[512];
@@ -81,12 +99,7 @@ void ct_fail(ct_coll_t* c, const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
-  if (!atomic_load(&c->shutdown)) CT_WARN("%s", why);
-  atomic_store(&c->error, 1);
-  shut_all(c);   /* peers and servers see the end at once */
-  for (int i = 0; i < c->W; i++)
-    if (atomic_load_explicit(&c->ops[i].state, memory_order_relaxed) == CT_OP_ACTIVE)
-      op_release(c, &c->ops[i], CT_REQ_ERROR);
+  fail_lane(c, why);
 }
 
 /* ---------------- the loop ---------------- */
@@ -170,7 +183,11 @@ static void* progress_main(void* arg) {
   struct epoll_event evs[64];
   int busy = 1;
   long last_check = ct_now_ms();
+  char name[16];
+  snprintf(name, sizeof name, "ct-collnet-%d", c->lane);
+  prctl(PR_SET_NAME, name, 0, 0, 0);   /* per-thread CPU in top -H / perf */
   while (!atomic_load(&c->shutdown)) {
+    if (!atomic_load(&c->error) && atomic_load(&c->root->group_failed)) fail_lane(c, NULL);   /* another lane failed */
     if (atomic_load(&c->freeze)) {   /* test hook: held between passes, as by a long reduction */
       atomic_store(&c->frozen, 1);
       while (atomic_load(&c->freeze) && !atomic_load(&c->shutdown)) usleep(1000);
@@ -241,6 +258,9 @@ static void* progress_main(void* arg) {
     }
     busy = progress;
   }
+  struct timespec cpu;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
+    atomic_store(&c->cpu_ns, (long long)cpu.tv_sec * 1000000000LL + cpu.tv_nsec);
   return NULL;
 }
 
@@ -326,13 +346,17 @@ static void sock_free(ct_sock_t* s) {
   free(s->shdr);
 }
 
-void ct_engine_stop(ct_coll_t* c) {
+void ct_engine_join(ct_coll_t* c) {
   if (c->thread_started) {
     atomic_store(&c->shutdown, 1);
     ct_engine_wake(c);
     pthread_join(c->thread, NULL);
     c->thread_started = 0;
   }
+}
+
+void ct_engine_stop(ct_coll_t* c) {
+  ct_engine_join(c);
   int nm = c->socks ? c->nranks * c->nsocks : 0;
   for (int i = 0; i < nm; i++) sock_free(&c->socks[i]);
   for (int k = 0; c->ssocks && k < c->nserv; k++) sock_free(&c->ssocks[k]);

@@ -57,15 +57,18 @@ void ct_stats_report(ct_coll_t* c) {
   ct_stats_t* s = &c->stats;
   uint64_t req = atomic_load(&s->requests), bytes = atomic_load(&s->bytes);
   double mean = req ? (double)bytes / (double)req : 0, inflight = req ? (double)atomic_load(&s->inflight_sum) / (double)req : 0;
-  char json[768];
+  long long cpu = 0;   /* every lane's progress thread, read after they ended */
+  for (int l = 0; l < c->nlanes; l++) cpu += atomic_load(&c->lanes[l]->cpu_ns);
+  char json[896];
   int n = snprintf(json, sizeof json,
                    "{\"rank\": %d, \"nranks\": %d, \"algo\": \"%s\", \"window\": %d, \"requests\": %llu, \"bytes\": %llu, "
                    "\"mean_bytes\": %.1f, \"inflight_mean\": %.3f, \"inflight_max\": %llu, "
-                   "\"post_to_done_p50_us\": %.1f, \"post_to_done_p99_us\": %.1f, \"test_p99_us\": %.3f}",
+                   "\"post_to_done_p50_us\": %.1f, \"post_to_done_p99_us\": %.1f, \"test_p99_us\": %.3f, "
+                   "\"threads\": %d, \"progress_cpu_ms\": %.1f, \"progress_cpu_ns_per_byte\": %.3f}",
                    c->rank, c->nranks, ct_algo_name(c->algo), c->W, (unsigned long long)req, (unsigned long long)bytes,
                    mean, inflight, (unsigned long long)atomic_load(&s->inflight_max),
                    ct_hist_pct_us(&s->post_to_done, 50), ct_hist_pct_us(&s->post_to_done, 99),
-                   ct_hist_pct_us(&s->test, 99));
+                   ct_hist_pct_us(&s->test, 99), c->nlanes, (double)cpu / 1e6, bytes ? (double)cpu / (double)bytes : 0.0);
   CT_INFO("CollNet rank %d/%d stats: %s", c->rank, c->nranks, json);
   if (!strcmp(where, "1")) {
     fprintf(stderr, "clustertool-collnet-stats %s\n", json);

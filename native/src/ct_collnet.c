@@ -66,6 +66,7 @@ ncclResult_t ct_collnet_listen_algo(int dev, const char* algo, void* handle, voi
   l->h.nsocks = (uint32_t)ct_env_long("CLUSTERTOOL_SOCKS_PER_PEER", 1, 1, 16);
   const char* sched = ct_env_str("CLUSTERTOOL_SHARDED_SCHED", "lockstep");
   l->h.sched = strcasecmp(sched, "free") == 0;
+  l->h.threads = ct_coll_threads_word();
   /* servers: finer chunks interleave the K streams better (about 1.3-1.4 B busbw at 128K or 64K, 1.1 B at
    * 256K, n = K = 4 on 200 Mbit namespaces; 64K costs too much per message where the CPU limits) */
   long dflt = l->h.algo == CT_ALGO_SERVERS ? 128 * 1024 : 256 * 1024;
@@ -85,19 +86,30 @@ __attribute__((visibility("default"))) const char* ct_collnet_comm_algo(void* cc
 __attribute__((visibility("default"))) int ct_collnet_comm_servers(void* cc) { return cc ? ((ct_coll_t*)cc)->nserv : 0; }
 /* For tests: the window; stop (1) or resume (0) the progress thread between passes, as a
  * progress thread busy for a long time would be; bytes this comm moved through ct_pace. */
-__attribute__((visibility("default"))) int ct_collnet_comm_window(void* cc) { return cc ? ((ct_coll_t*)cc)->W : 0; }
+/* The window is every lane's together (requests go to the lanes in turn); freeze holds every lane. */
+__attribute__((visibility("default"))) int ct_collnet_comm_window(void* cc) {
+  return cc ? ((ct_coll_t*)cc)->W * ((ct_coll_t*)cc)->nlanes : 0;
+}
+__attribute__((visibility("default"))) int ct_collnet_comm_threads(void* cc) { return cc ? ((ct_coll_t*)cc)->nlanes : 0; }
 __attribute__((visibility("default"))) void ct_collnet_debug_freeze(void* cc, int on) {
-  ct_coll_t* c = cc;
-  if (!c || !c->thread_started) return;
-  atomic_store(&c->freeze, on);
-  if (!on) return;
-  ct_engine_wake(c);
-  for (int i = 0; i < 10000 && !atomic_load(&c->frozen); i++) usleep(1000);   /* held at the top of a pass */
+  ct_coll_t* root = cc;
+  if (!root) return;
+  for (int l = 0; l < root->nlanes; l++) {
+    ct_coll_t* c = root->lanes[l];
+    if (!c->thread_started) continue;
+    atomic_store(&c->freeze, on);
+    if (!on) continue;
+    ct_engine_wake(c);
+    for (int i = 0; i < 10000 && !atomic_load(&c->frozen); i++) usleep(1000);   /* held at the top of a pass */
+  }
 }
 __attribute__((visibility("default"))) void ct_collnet_comm_paced(void* cc, uint64_t* tx, uint64_t* rx) {
-  ct_coll_t* c = cc;
-  *tx = c ? atomic_load(&c->paced_tx) : 0;
-  *rx = c ? atomic_load(&c->paced_rx) : 0;
+  ct_coll_t* root = cc;
+  *tx = *rx = 0;
+  for (int l = 0; root && l < root->nlanes; l++) {
+    *tx += atomic_load(&root->lanes[l]->paced_tx);
+    *rx += atomic_load(&root->lanes[l]->paced_rx);
+  }
 }
 
 /* Unlike the net connect, NCCL calls CollNet connect once per group and takes a NULL
@@ -147,7 +159,7 @@ static ncclResult_t cn_deregmr(void* cc, void* mh) { (void)cc; (void)mh; return 
  * has completed some. Requests that finished but were not tested yet do not count. */
 static ncclResult_t wrap(ct_coll_t* c, int rc, ct_req_t* req, void** request) {
   *request = rc == 0 ? req : NULL;
-  if (rc < 0) return atomic_load(&c->error) ? ncclSystemError : ncclInvalidArgument;
+  if (rc < 0) return ct_coll_failed(c) ? ncclSystemError : ncclInvalidArgument;
   return ncclSuccess;
 }
 

@@ -61,6 +61,7 @@ typedef struct {
   uint64_t chunk_bytes;      /* collnet: pipeline chunk */
   uint64_t nonce;
   uint32_t sched;            /* collnet sharded: 0 lock-step, 1 free-running */
+  uint32_t threads;          /* collnet: CLUSTERTOOL_COLLNET_THREADS (bits 0-7, 0 = auto) | online CPUs << 8 */
   struct {                   /* net connect side's progress: NCCL keeps the handle between the */
     int32_t state;           /* connect calls of one connection (as its own socket transport */
     int32_t fd;              /* relies on), so a non-blocking connect resumes where it was. */

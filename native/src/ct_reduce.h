@@ -17,6 +17,11 @@ int ct_reduce_supported(ncclDataType_t t, ncclRedOp_t op);
 void ct_reduce(void* dst, const void* a, const void* b, size_t count, ncclDataType_t t,
                ncclRedOp_t op);
 
+/* d[i] = srcs[0][i] (op) srcs[1][i] (op) ... srcs[k-1][i], combined in that order (so
+ * float results equal k-1 ct_reduce passes bit for bit), one pass where it can. d must
+ * not overlap srcs[1..k-1]; it may be srcs[0]. */
+void ct_reduce_multi(void* d, const void* const* srcs, int k, size_t n, ncclDataType_t t, ncclRedOp_t op);
+
 float ct_half_to_float(uint16_t h);
 uint16_t ct_float_to_half(float f);      /* round to nearest even */
 float ct_bf16_to_float(uint16_t h);

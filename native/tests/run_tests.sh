@@ -45,6 +45,15 @@ done
 for np in $NPS; do   # the pipelined engine: requests out of order, the window full, credits, stats
   run "test_pipeline_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_pipeline_mpi" "$B"
 done
+# several progress threads per communicator (lanes: requests dealt to them in turn; a window per lane)
+run "test_pipeline_mpi np=4 threads=2" env ASAN_OPTIONS=detect_leaks=0 CLUSTERTOOL_COLLNET_THREADS=2 timeout 600 \
+  $MPIRUN -x ASAN_OPTIONS -x CLUSTERTOOL_COLLNET_THREADS -np 4 "$B/test_pipeline_mpi" "$B"
+run "test_pipeline_mpi np=3 threads=3" env ASAN_OPTIONS=detect_leaks=0 CLUSTERTOOL_COLLNET_THREADS=3 timeout 600 \
+  $MPIRUN -x ASAN_OPTIONS -x CLUSTERTOOL_COLLNET_THREADS -np 3 "$B/test_pipeline_mpi" "$B"
+run "test_coll_mpi np=3 threads=2" env ASAN_OPTIONS=detect_leaks=0 CLUSTERTOOL_COLLNET_THREADS=2 timeout 600 \
+  $MPIRUN -x ASAN_OPTIONS -x CLUSTERTOOL_COLLNET_THREADS -np 3 "$B/test_coll_mpi" "$B"
+run "test_servers_mpi np=3 threads=2" env ASAN_OPTIONS=detect_leaks=0 CLUSTERTOOL_COLLNET_THREADS=2 timeout 600 \
+  $MPIRUN -x ASAN_OPTIONS -x CLUSTERTOOL_COLLNET_THREADS -np 3 "$B/test_servers_mpi" "$B"
 # the engine paced by CLUSTERTOOL_LINK_RATE (80 Mbit/s = 10^7 bytes/s)
 run "test_pipeline_mpi paced" env ASAN_OPTIONS=detect_leaks=0 CLUSTERTOOL_LINK_RATE=80mbit CT_TEST_RATE_BYTES=10000000 \
   timeout 600 $MPIRUN -x ASAN_OPTIONS -x CLUSTERTOOL_LINK_RATE -x CT_TEST_RATE_BYTES -np 2 "$B/test_pipeline_mpi" "$B" paced

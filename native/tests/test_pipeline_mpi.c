@@ -200,7 +200,14 @@ static double jnum(const char* line, const char* key) {
 }
 
 static const char* KEYS[] = {"rank", "nranks", "window", "requests", "bytes", "mean_bytes", "inflight_mean",
-                             "inflight_max", "post_to_done_p50_us", "post_to_done_p99_us", "test_p99_us"};
+                             "inflight_max", "post_to_done_p50_us", "post_to_done_p99_us", "test_p99_us",
+                             "threads", "progress_cpu_ms", "progress_cpu_ns_per_byte"};
+
+/* The lanes (progress threads) a comm must have: CLUSTERTOOL_COLLNET_THREADS when the run sets it. */
+static int want_threads(void) {
+  const char* t = getenv("CLUSTERTOOL_COLLNET_THREADS");
+  return t && atoi(t) > 0 ? atoi(t) : 0;
+}
 
 static int stats_line_ok(const char* line, int r, const char* algo, int reqs, double bytes) {
   for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++)
@@ -211,7 +218,9 @@ static int stats_line_ok(const char* line, int r, const char* algo, int reqs, do
          jnum(line, "window") == 16 && jnum(line, "requests") == reqs && jnum(line, "bytes") == bytes &&
          fabs(jnum(line, "mean_bytes") - bytes / reqs) < 1 && jnum(line, "inflight_max") >= 1 &&
          jnum(line, "inflight_max") <= 16 && jnum(line, "inflight_mean") >= 1 &&
-         jnum(line, "post_to_done_p50_us") <= jnum(line, "post_to_done_p99_us") && jnum(line, "test_p99_us") > 0;
+         jnum(line, "post_to_done_p50_us") <= jnum(line, "post_to_done_p99_us") && jnum(line, "test_p99_us") > 0 &&
+         jnum(line, "threads") >= 1 && (!want_threads() || jnum(line, "threads") == want_threads()) &&
+         jnum(line, "progress_cpu_ms") > 0;
 }
 
 static void test_stats(const char* dir) {
@@ -318,6 +327,45 @@ static void run_algo(const char* algo) {
   close_comm(&c);
 }
 
+/* A rank leaves (closes its comm) while the others post: their request fails within the
+ * bound instead of hanging, and the next post, which goes to the next lane when there are
+ * several, is refused at once (one lane's failure fails them all). */
+static void test_peer_leaves(void) {
+  comm_t c;
+  int ok = agree(open_comm(&c, "sharded", "1", "262144") == 0);
+  size_t n = 65536;
+  float* in = malloc(n * 4);
+  float* out = malloc(n * 4);
+  for (size_t i = 0; i < n; i++) in[i] = ivalue(rank, 0, i);
+  int leaver = nranks - 1, good = 1;
+  /* one request that completes first: the failing one then goes to lane 1 of K >= 2, and the
+   * refused post to another lane than the failed one */
+  ok = ok && agree(run_stream(c.comm, in, out, n, n, 1) == 0 && check_exact(out, 0, n));
+  if (ok && rank == leaver) close_comm(&c);
+  if (ok && rank != leaver) {
+    void* req = NULL;
+    int failed = 0;
+    if (cn->iallreduce(c.comm, in, out, n, ncclFloat32, ncclSum, NULL, NULL, &req) != ncclSuccess || !req) good = 0;
+    for (double t0 = now_s(); good && !failed && now_s() - t0 < 120;) {   /* a hang guard, not a timing */
+      int done = 0, size = 0;
+      if (cn->test(req, &done, &size) != ncclSuccess) failed = 1;
+      else if (done) good = 0;   /* it cannot complete without the rank that left */
+      else sched_yield();
+    }
+    good = good && failed;
+    void* again = NULL;
+    good = good && cn->iallreduce(c.comm, in, out, n, ncclFloat32, ncclSum, NULL, NULL, &again) == ncclSystemError &&
+           !again;
+    close_comm(&c);
+  }
+  ok = agree(ok && good);
+  if (rank == 0)
+    CHECK(ok, "a rank left mid-collective (%d progress thread(s)): the request failed, the next post was refused",
+          want_threads() ? want_threads() : 1);
+  free(in);
+  free(out);
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -347,6 +395,7 @@ int main(int argc, char** argv) {
       test_stream_stress("ring", "2", "lockstep");
       test_stats(dir);
       test_paced_counters(0);
+      test_peer_leaves();
     }
     cn->finalize(ctx);
   }

@@ -76,6 +76,81 @@ static void test_all_types_odd_lengths(void) {
       }
 }
 
+/* The vector path (16 bytes at a time, two per step) against the scalar operation, bit for
+ * bit: random floats and doubles, unaligned pointers, the output aliasing either input. */
+static void test_vector_path_exact(void) {
+  enum { N = 1001 };
+  float* fa = malloc((N + 1) * sizeof(float));
+  float* fb = malloc((N + 1) * sizeof(float));
+  float* fr = malloc(N * sizeof(float));
+  double* da = malloc(N * sizeof(double));
+  double* db = malloc(N * sizeof(double));
+  double* dr = malloc(N * sizeof(double));
+  unsigned x = 12345;
+  for (int i = 0; i <= N; i++) {
+    x = x * 1103515245u + 12345u;
+    fa[i] = (float)((int)(x >> 8) - (1 << 23)) / 1024.0f;
+    x = x * 1103515245u + 12345u;
+    fb[i] = (float)((int)(x >> 8) - (1 << 23)) * 3.0e-5f;
+  }
+  for (int i = 0; i < N; i++) { da[i] = fa[i] * 1.0000001; db[i] = fb[i] / 7.0; }
+  for (int p = 0; p < 2; p++) {
+    ncclRedOp_t op = p ? ncclProd : ncclSum;
+    const float* a = fa + 1;   /* 4 bytes off the allocation: unaligned for 16-byte vectors */
+    float* b = fb + 1;
+    for (int i = 0; i < N; i++) fr[i] = p ? a[i] * b[i] : a[i] + b[i];
+    float* keep = malloc(N * sizeof(float));
+    memcpy(keep, b, N * sizeof(float));
+    ct_reduce(b, a, b, N, ncclFloat32, op);   /* into the second input */
+    CHECK(memcmp(b, fr, N * sizeof(float)) == 0, "float %s into the second input: bit-identical", ct_op_name(op));
+    memcpy(b, keep, N * sizeof(float));
+    free(keep);
+    for (int i = 0; i < N; i++) dr[i] = p ? da[i] * db[i] : da[i] + db[i];
+    double* dd = malloc(N * sizeof(double));
+    ct_reduce(dd, da, db, N, ncclFloat64, op);
+    CHECK(memcmp(dd, dr, N * sizeof(double)) == 0, "double %s: bit-identical", ct_op_name(op));
+    free(dd);
+  }
+  free(fa); free(fb); free(fr); free(da); free(db); free(dr);
+}
+
+/* ct_reduce_multi (one pass over k inputs) equals k-1 ct_reduce passes in order, bit for bit,
+ * for every type and op, odd lengths, k = 2..5, and with the output being the first input. */
+static void test_multi_equals_passes(void) {
+  const size_t lens[] = {1, 7, 33, 1001};
+  for (size_t ti = 0; ti < sizeof TYPES / sizeof TYPES[0]; ti++)
+    for (size_t oi = 0; oi < 4; oi++)
+      for (size_t li = 0; li < 4; li++)
+        for (int k = 2; k <= 5; k++) {
+          ncclDataType_t t = TYPES[ti];
+          size_t n = lens[li], es = ct_dtype_size(t), bytes = n * es;
+          unsigned char* in[5];
+          unsigned char *want = malloc(bytes), *got = malloc(bytes + es), *first = malloc(bytes);
+          unsigned x = (unsigned)(ti * 131 + oi * 17 + li * 7 + (size_t)k);
+          for (int j = 0; j < k; j++) {
+            in[j] = malloc(bytes);
+            for (size_t i = 0; i < n; i++) {
+              x = x * 1103515245u + 12345u;
+              put(in[j], i, t, (double)((x >> 16) % 7) + (t == ncclFloat32 || t == ncclFloat64 ? 0.1 * j : 0));
+            }
+          }
+          ct_reduce(want, in[0], in[1], n, t, OPS[oi]);
+          for (int j = 2; j < k; j++) ct_reduce(want, want, in[j], n, t, OPS[oi]);
+          memset(got + bytes, 0xab, es);
+          ct_reduce_multi(got, (const void* const*)in, k, n, t, OPS[oi]);
+          size_t guard = 0;
+          for (size_t b = 0; b < es; b++) guard += got[bytes + b] != 0xab;
+          CHECK(memcmp(got, want, bytes) == 0 && guard == 0, "multi %s %s n=%zu k=%d equals %d passes",
+                ct_dtype_name(t), ct_op_name(OPS[oi]), n, k, k - 1);
+          memcpy(first, in[0], bytes);
+          ct_reduce_multi(in[0], (const void* const*)in, k, n, t, OPS[oi]);   /* into the first input */
+          CHECK(memcmp(in[0], want, bytes) == 0, "multi %s %s n=%zu k=%d in place", ct_dtype_name(t),
+                ct_op_name(OPS[oi]), n, k);
+          for (int j = 0; j < k; j++) free(in[j]);
+          free(want); free(got); free(first);
+        }
+}
+
 static void test_unsupported(void) {
   CHECK(!ct_reduce_supported(ncclFloat8e4m3, ncclSum), "fp8 unsupported");
   CHECK(!ct_reduce_supported(ncclFloat32, ncclAvg), "avg unsupported");
@@ -157,6 +232,8 @@ static void test_bf16_conversions(void) {
 
 int main(void) {
   test_all_types_odd_lengths();
+  test_vector_path_exact();
+  test_multi_equals_passes();
   test_unsupported();
   test_nan_inf();
   test_int_wrap();
