@@ -207,9 +207,21 @@ def run(
     else:
         sys.stderr.write(f"job {job.id} started on {job.leader} ({job.np} ranks, {job.launcher}, in {job.detached}); "
                          f"`clustertool logs -f {job.id}`\n")
+        if job.replace_failed:
+            sys.stderr.write(_replacing_line(session.record.options, session.name, follow) + "\n")
     if follow:
         raise typer.Exit(_follow(session.name, job))
     typer.echo(job.id)
+
+
+def _replacing_line(options: dict, name: str, follow: bool) -> str:
+    """Who replaces a lost node of a --replace-failed job: the cluster's controller, else `recover` (or this command
+    with --follow)."""
+    if options.get("controller"):
+        return "a lost node: the cluster's controller replaces it (no `clustertool recover` needed)"
+    if follow:
+        return "a lost node: this command replaces it while it follows the job"
+    return f"a lost node: `clustertool recover -c {name}` replaces it while it runs (or `up --controller`)"
 
 
 def _duration(job: JobRecord) -> str:
@@ -302,8 +314,8 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
 
 def _waiting_line(w: dict) -> str:
     left = max(0, int(float(w.get("until") or 0) - time.time()))
-    return (f"waiting for the replacement of {', '.join(w.get('nodes') or [])} ({left}s left; `clustertool recover` "
-            "replaces it)")
+    who = w.get("replacer") or "`clustertool recover`"
+    return f"waiting for the replacement of {', '.join(w.get('nodes') or [])} ({left}s left; {who} replaces it)"
 
 
 def _attempt_line(a: dict) -> str:
@@ -311,6 +323,9 @@ def _attempt_line(a: dict) -> str:
         return time.strftime("%H:%M:%S", time.localtime(float(t))) if t else "..."
 
     how = "running" if a.get("end") is None else ("exit code 0" if a.get("code") == 0 else a.get("cause") or "?")
+    replaced = a.get("replaced") or {}
+    if replaced.get("by"):
+        how += f"; {', '.join(replaced.get('nodes') or [])} replaced by {replaced['by']}"
     return f"attempt {a.get('attempt')}: {at(a.get('start'))}-{at(a.get('end'))} {how}"
 
 

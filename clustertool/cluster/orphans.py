@@ -26,6 +26,9 @@ def find(provider: str, *, region: str | None = None, profile: str | None = None
 
 def remove(swept: Sweep, report: Reporter = silent) -> tuple[list[str], list[str]]:
     """Delete what ``swept`` marked; (what was removed, the lines about this machine's files)."""
+    from clustertool.controller import process
+
+    strays = process.stop_strays()  # first: a controller whose state is gone must not see the nodes go
     done = get_provider(swept.provider, report=report).remove_swept(swept, report)
-    return done.removed, [line for name, cluster_id in done.forget
-                          for line in lifecycle.forget_leftovers(name, cluster_id or "")]
+    return done.removed, strays + [line for name, cluster_id in done.forget
+                                   for line in lifecycle.forget_leftovers(name, cluster_id or "")]

@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from clustertool.cluster.session import ClusterSession
-from clustertool.controller.loop import Loop
+from clustertool.controller.loop import Loop, relauncher, replacer
 from clustertool.core import state
 from clustertool.core.errors import ToolError
 
@@ -155,6 +156,40 @@ def stop(session: ClusterSession | str, timeout: float = 20.0) -> Stopped:
     return Stopped(pid, "killed")
 
 
+def strays() -> list[tuple[int, str]]:
+    """(pid, cluster) of this home's controllers whose cluster state is gone (`down --sweep` stops them; each also
+    ends by itself at its next round)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            words = [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+        except OSError:
+            continue
+        if "clustertool.controller.daemon" not in words or "run" not in words or "--log" not in words:
+            continue
+        at = words.index("run") + 1
+        name, log = (words[at] if at < len(words) else ""), words[words.index("--log") + 1:][:1]
+        if name and log == [str(files(name).log)] and not state.exists(name) and _alive(int(pid)):
+            found.append((int(pid), name))
+    return found
+
+
+def stop_strays(timeout: float = 20.0) -> list[str]:
+    """SIGTERM this home's controllers whose cluster state is gone, SIGKILL what is left after ``timeout``."""
+    lines = []
+    for pid, name in strays():
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        how = "stopped"
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            how = "killed"
+        lines.append(f"{name}: {how} its controller (pid {pid}), whose cluster state is gone")
+    return lines
+
+
 def _wait_for_pid(name: str, wait_s: float = 5.0) -> int | None:
     """The running controller's pid (a controller that just took the lock writes its pid file next)."""
     deadline = time.monotonic() + wait_s
@@ -214,7 +249,8 @@ def serve(name: str, poll: float) -> int:
     say = _sayer()
     say(f"controller of {name} started (pid {os.getpid()}, a round every {poll:g}s)")
     try:
-        Loop(ClusterSession.load(name), report=say, status_path=f.status).run(stop, poll)
+        Loop(ClusterSession.load(name, report=say), handle=replacer(by()), report=say, status_path=f.status,
+             on_leader_lost=relauncher).run(stop, poll)
     except ToolError as exc:  # the cluster is gone (its state removed): nothing left to watch
         say(f"controller of {name} ends: {exc.message}")
         return 1
@@ -222,6 +258,11 @@ def serve(name: str, poll: float) -> int:
         f.pid.unlink(missing_ok=True)
     say(f"controller of {name} stopped")
     return 0
+
+
+def by() -> str:
+    """How `jobs` names this controller as the replacer of a node."""
+    return f"the controller on {socket.gethostname() or 'this machine'}"
 
 
 def _now() -> str:

@@ -195,10 +195,14 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     try:
         if plan.spec.node_launcher:
             _install_agent(session, plan)
-        return _start(session, plan, job_record(cluster, plan, request, preempt), started, synced, request.record)
+        launched = _start(session, plan, job_record(cluster, plan, request, preempt), started, synced, request.record)
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
+    from clustertool.jobs.replan import keep_request  # a lost leader: the job is planned again from its request
+
+    keep_request(launched.job, request)
+    return launched
 
 
 def _python(plan: JobPlan, environment: RankEnvironment) -> str:
@@ -249,14 +253,21 @@ def _install_agent(session: ClusterSession, plan: JobPlan) -> None:
         raise RemoteError(f"could not put the job agent on {len(down)} node(s): {detail}")
 
 
-def _restarter(plan: JobPlan, job: JobRecord) -> bytes | None:
-    """The restart loop that runs mpirun on the leader, once per attempt (nodeprogs/restarts.py)."""
+def _restarter(plan: JobPlan, job: JobRecord, replacer: str | None = None) -> bytes | None:
+    """The restart loop that runs mpirun on the leader, once per attempt (nodeprogs/restarts.py); ``replacer``:
+    who replaces a lost node (the cluster's controller), named in its wait line."""
     if not job.restarts:
         return None
     return program_text("restarts", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "argv": plan.argv,
                                      "out": plan.options.output_dir, "restarts": job.restarts,
                                      "codes": job.restart_on_exit_codes, "nodes": _node_ports(plan.nodes[1:]),
-                                     "replace_failed": job.replace_failed, "replace_wait": job.replace_wait})
+                                     "replace_failed": job.replace_failed, "replace_wait": job.replace_wait,
+                                     "replacer": replacer})
+
+
+def replacer_of(cluster: ClusterRecord) -> str | None:
+    """Who replaces a lost node of the cluster's jobs without `recover`: its controller, where `up` started one."""
+    return "the cluster's controller" if cluster.options.get("controller") else None
 
 
 def job_record(cluster: ClusterRecord, plan: JobPlan, request: RunRequest, preempt: str | None) -> JobRecord:
@@ -279,7 +290,9 @@ def plugin_env_dest(cluster: ClusterRecord) -> str:
 
 
 def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list[reducers.Reducer],
-           synced: CopyResult | None, record: bool = True) -> Launch:
+           synced: CopyResult | None, record: bool = True, prefix: str = "") -> Launch:
+    """Send the job's files to the leader and start it there (``prefix``: shell lines run first: the attempts so
+    far of a job planned again after its leader was lost, jobs/replan.py)."""
     cluster = session.record
     launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir,
                                       epilogue=reducers.epilogue_lines(plan.job_id, started),
@@ -287,12 +300,13 @@ def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list
     job.detached = "pending"
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job), supervisor=_supervisor(plan, job),
-                                              hangstacks=_hang_stacks(plan, job), restarter=_restarter(plan, job),
+                                              hangstacks=_hang_stacks(plan, job),
+                                              restarter=_restarter(plan, job, replacer_of(cluster)),
                                               spot=recovery.spot_program(plan, job),
                                               recorder=recorder_program(session, plan) if record else None)
     recovery.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
     session.report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
-    result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
+    result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=(prefix + script).encode())
     if not result.ok:
         raise RemoteError(f"could not start the job on the leader: {result.reason}")
     job.detached = "tmux" if "detached=tmux" in result.stdout else "setsid"

@@ -1,0 +1,77 @@
+"""The recovery controller in the cluster's life: `up --controller` gives it its rights and starts it, `status`
+shows it, `down` stops it first (before the nodes go, else it would see them vanish and replace them), `down
+--sweep` stops one whose cluster state is gone (controller/ has the pieces; this module wires them).
+
+Where it runs: ``cluster.options["controller"] = {"node": None}`` is a detached process on this machine (the
+local provider, and AWS without --controller-node); a node name (AWS --controller-node) gets an instance
+profile scoped to the cluster (providers/aws/controller_iam.py).  The service on that node is not started by
+this module yet: `up` says so, and `recover` here does the replacing.
+"""
+
+from __future__ import annotations
+
+from clustertool.cluster.session import ClusterSession
+from clustertool.core import state
+from clustertool.core.model import ClusterRecord
+
+KEY = "controller"  # in the record's options: {"node": None | name, "pid": ...}
+
+
+def wanted(controller: bool, controller_node: str | None) -> bool:
+    return bool(controller or controller_node)
+
+
+def of(cluster: ClusterRecord) -> dict | None:
+    """The cluster's controller setting (None: `up` started none)."""
+    found = cluster.options.get(KEY)
+    return found if isinstance(found, dict) else None
+
+
+def start_at_up(session: ClusterSession, node: str | None) -> list[str]:
+    """`up --controller` once the cluster is ready (its lock held, inside up's rollback): the rights (the
+    provider's hook), recorded, then the process on this machine; the lines saying what was done."""
+    from clustertool.controller import identity, process
+
+    cluster = session.record
+    if node is not None:
+        cluster.node(node)  # a name of the cluster (UsageError otherwise)
+    lines = list(identity.give(session, node))
+    cluster.options[KEY] = {"node": node}
+    state.save(cluster)
+    if node is not None:
+        lines.append(f"controller: rights given to {node}; its service there is not started by this version "
+                     f"(leave `clustertool recover -c {cluster.name}` running to replace lost nodes)")
+        return lines
+    started = process.start(session)
+    cluster.options[KEY] = {"node": None, "pid": started.pid}
+    state.save(cluster)
+    lines.append(f"controller: running on this machine (pid {started.pid}, log {started.log}): it replaces the "
+                 "nodes that jobs run with --replace-failed lose")
+    return lines
+
+
+def stop_lines(session: ClusterSession | str) -> list[str]:
+    """Stop the cluster's controller on this machine (idempotent): `down` first, up's rollback, a sweep."""
+    from clustertool.controller import process
+
+    stopped = process.stop(session, timeout=STOP_TIMEOUT_S)
+    if stopped.pid is None:
+        return []
+    name = session if isinstance(session, str) else session.name
+    return [f"controller of {name}: {stopped.how} (pid {stopped.pid})"]
+
+
+STOP_TIMEOUT_S = 180.0  # a replacement in progress ends first (SIGTERM lets the round finish)
+
+
+def status_extra(cluster: ClusterRecord) -> dict:
+    """`status`'s ``controller`` line (nothing for a cluster without one)."""
+    from clustertool.controller import process
+
+    line = process.status_line(cluster.name)
+    setting = of(cluster)
+    if line is None and setting is None:
+        return {}
+    if setting is not None and setting.get("node"):
+        return {"controller": f"rights on {setting['node']}; its service there is not started by this version"}
+    return {"controller": line or "not running (`up --controller` starts it)"}
