@@ -147,6 +147,10 @@ def run(
         None, "--on-preempt-signal", metavar="SIG",
         help="Spot clusters: the signal every rank gets when a node's spot interruption notice comes (default "
              "TERM; e.g. USR1 for a script that checkpoints on it); that node then counts as lost."),
+    checkpoint_dir: Optional[str] = typer.Option(
+        None, "--checkpoint-dir", metavar="DIR",
+        help="Where the job checkpoints: every rank gets CLUSTERTOOL_CHECKPOINT_DIR=DIR. With --restarts, put it on "
+             "a shared filesystem (`up --shared-fs`), else a lost leader restarts the job from step 0 (run warns)."),
     no_record: bool = typer.Option(
         False, "--no-record", help="No watch recorder beside the job (by default the leader samples the job's nodes "
                                    "every 5 s into its folder: what `clustertool report JOB` draws)."),
@@ -180,7 +184,7 @@ def run(
         replace_failed=replace_failed, on_preempt_signal=on_preempt_signal,
         replace_wait=parse_duration(replace_wait, "--replace-wait") if replace_wait else None,
         fusion_mb=fusion_mb, cycle_ms=cycle_ms, timeline=timeline, autotune=autotune, after=after,
-        record=not no_record)
+        record=not no_record, checkpoint_dir=checkpoint_dir)
     session = open_session(cluster, json_output)
     with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
         started = launch.run(session, request, dry_run=dry_run, on_progress=bars.update)

@@ -175,6 +175,11 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     plan = plan_job(cluster, nodes, request.mpi_options(), records.new_id(), sync=synced_dir, plugin_env=env,
                     servers=servers, node_env=environment.env)
     preempt = recovery.preempt_signal(cluster, request.recovery)
+    from clustertool.jobs.checkpoints import warning  # run --checkpoint-dir (issue 35): where a restart resumes
+
+    checkpoint_warning = warning(cluster, request.checkpoint_dir, request.restarts.count)
+    if checkpoint_warning:
+        report(f"warning: {checkpoint_warning}")
     if dry_run:
         commands = [(n.name, argv) for n, argv in plan.shown_node_commands()] if plan.spec.node_launcher else None
         return Launch(job_record(cluster, plan, request, preempt), plan.argv, dry_run=True, sync=synced_dir,

@@ -57,7 +57,7 @@ def from_doc(doc: dict[str, Any]) -> RunRequest:
                       hang=HangPolicy(**(doc.get("hang") or {})),
                       restarts=RestartPolicy(int(restarts.get("count") or 0), None if codes is None else tuple(codes)),
                       recovery=RecoveryPolicy(**(doc.get("recovery") or {})), after=doc.get("after"),
-                      record=bool(doc.get("record", True)))
+                      record=bool(doc.get("record", True)), checkpoint_dir=doc.get("checkpoint_dir"))
 
 
 def keep_request(job: JobRecord, request: RunRequest) -> None:

@@ -40,7 +40,8 @@ dist.all_reduce(total)
 print(f"rank {dist.get_rank()} sum={int(total.item())}", flush=True)
 dist.destroy_process_group()
 """
-SCRIPT = 'echo "count=$CLUSTERTOOL_RESTART_COUNT"; [ "$CLUSTERTOOL_RESTART_COUNT" = 0 ] && exec sleep 600; exit 0'
+SCRIPT = ('echo "count=$CLUSTERTOOL_RESTART_COUNT ckpt=$CLUSTERTOOL_CHECKPOINT_DIR"; '
+          '[ "$CLUSTERTOOL_RESTART_COUNT" = 0 ] && exec sleep 600; exit 0')
 
 
 def controllers(name: str) -> list[int]:
@@ -113,9 +114,11 @@ def test_status_shows_the_controller_running_on_this_machine(cluster):
 def test_the_controller_replaces_a_killed_node_and_the_detached_job_succeeds_with_no_recover(cluster):
     name, env, _ = cluster
     started = run_cli("run", "-c", name, "--restarts", "1", "--replace-failed", "--replace-wait", "4m",
-                      "--no-tag-output", "--", "sh", "-c", SCRIPT, env=env)
+                      "--checkpoint-dir", "/scratch/ckpt", "--no-tag-output", "--", "sh", "-c", SCRIPT, env=env)
     assert started.returncode == 0, started.stderr
     assert "the cluster's controller replaces it (no `clustertool recover` needed)" in started.stderr
+    assert ("warning: --checkpoint-dir /scratch/ckpt is not on a shared filesystem (the cluster has no shared "
+            "filesystem (`up --shared-fs`)): the leader's copy dies with it") in started.stderr, started.stderr
     job_id = started.stdout.strip().splitlines()[-1]
 
     def every_rank_started() -> bool:
@@ -134,7 +137,7 @@ def test_the_controller_replaces_a_killed_node_and_the_detached_job_succeeds_wit
     assert first["replaced"]["by"].startswith("the controller on "), first
     assert second["restart_count"] == 1 and second["code"] == 0
     logs = run_cli("logs", "-c", name, job_id, "--attempt", "2", env=env).stdout
-    assert logs.count("count=1") == 3, logs  # every rank of the new attempt, the new node-3 included
+    assert logs.count("count=1 ckpt=/scratch/ckpt") == 3, logs  # every rank of the new attempt, new node-3 too
     table = run_cli("jobs", "-c", name, env=env).stdout
     assert "node-3 lost; node-3 replaced by the controller on " in table, table
     assert not any(sysops.alive(p) for p in old)
@@ -164,6 +167,7 @@ def test_the_controller_replaces_a_killed_leader_and_a_torchrun_job_starts_again
     started = run_cli("run", "-c", name, "--restarts", "1", "--replace-failed", "--replace-wait", "4m",
                       "--no-tag-output", "--", torchrun, str(torch_script), env=env)
     assert started.returncode == 0, started.stderr
+    assert "a lost leader restarts this job from step 0 unless its checkpoints are on shared storage" in started.stderr
     job_id = started.stdout.strip().splitlines()[-1]
     assert job_of(name, env, job_id)["launcher"] == "torchrun"
     wait_for("start of every rank", lambda: run_cli("logs", "-c", name, job_id, env=env).stdout.count("count=0") == 3)
