@@ -24,8 +24,6 @@ class UpRequest:
     def __post_init__(self) -> None:
         if self.controller_node is not None and not self.controller_node.strip():
             raise UsageError("--controller-node: an empty node name", hint="e.g. --controller-node node-2")
-        if self.no_ssh and (self.controller or self.controller_node):
-            raise UsageError("--controller watches the jobs' leader over SSH: leave out --no-ssh")
 
     @property
     def wants_controller(self) -> bool:

@@ -2,10 +2,11 @@
 shows it, `down` stops it first (before the nodes go, else it would see them vanish and replace them), `down
 --sweep` stops one whose cluster state is gone (controller/ has the pieces; this module wires them).
 
-Where it runs: ``cluster.options["controller"] = {"node": None}`` is a detached process on this machine (the
-local provider, and AWS without --controller-node); a node name (AWS --controller-node) gets an instance
-profile scoped to the cluster (providers/aws/controller_iam.py).  The service on that node is not started by
-this module yet: `up` says so, and `recover` here does the replacing.
+Where it runs: a detached process on this machine (controller/process.py), with this machine's rights.
+``cluster.options["controller"] = {"node": ...}``: with AWS's --controller-node, that node also gets an
+instance profile scoped to the cluster (providers/aws/controller_iam.py), made inside up's rollback and removed
+by `down` before the instances; the service that would run the controller there (so that it goes on with this
+machine off) is not started by this version: `up` says so.
 """
 
 from __future__ import annotations
@@ -29,21 +30,23 @@ def of(cluster: ClusterRecord) -> dict | None:
 
 def start_at_up(session: ClusterSession, node: str | None) -> list[str]:
     """`up --controller` once the cluster is ready (its lock held, inside up's rollback): the rights (the
-    provider's hook), recorded, then the process on this machine; the lines saying what was done."""
+    provider's hook: on AWS with --controller-node, an instance profile on that node), recorded, then the process
+    on this machine (not with --no-ssh: it watches the leader over SSH); the lines saying what was done."""
     from clustertool.controller import identity, process
 
     cluster = session.record
     if node is not None:
         cluster.node(node)  # a name of the cluster (UsageError otherwise)
-    lines = list(identity.give(session, node))
     cluster.options[KEY] = {"node": node}
     state.save(cluster)
+    lines = list(identity.give(session, node))
     if node is not None:
-        lines.append(f"controller: rights given to {node}; its service there is not started by this version "
-                     f"(leave `clustertool recover -c {cluster.name}` running to replace lost nodes)")
-        return lines
+        lines.append(f"controller: rights given to {node}; the service on {node} is not started by this version: "
+                     "the controller runs on this machine")
+    if cluster.no_ssh:
+        return lines + ["controller: not started (--no-ssh: it watches the jobs' leader over SSH)"]
     started = process.start(session)
-    cluster.options[KEY] = {"node": None, "pid": started.pid}
+    cluster.options[KEY] = {"node": node, "pid": started.pid}
     state.save(cluster)
     lines.append(f"controller: running on this machine (pid {started.pid}, log {started.log}): it replaces the "
                  "nodes that jobs run with --replace-failed lose")
@@ -65,13 +68,12 @@ STOP_TIMEOUT_S = 180.0  # a replacement in progress ends first (SIGTERM lets the
 
 
 def status_extra(cluster: ClusterRecord) -> dict:
-    """`status`'s ``controller`` line (nothing for a cluster without one)."""
+    """`status`'s ``controller`` line (nothing for a cluster without one; AWS's identity line is the provider's)."""
     from clustertool.controller import process
 
     line = process.status_line(cluster.name)
-    setting = of(cluster)
-    if line is None and setting is None:
+    if line is None and of(cluster) is None:
         return {}
-    if setting is not None and setting.get("node"):
-        return {"controller": f"rights on {setting['node']}; its service there is not started by this version"}
+    if line is None and cluster.no_ssh:
+        return {"controller": "not started (--no-ssh: it watches the jobs' leader over SSH)"}
     return {"controller": line or "not running (`up --controller` starts it)"}

@@ -127,8 +127,6 @@ def test_up_controller_requests_are_checked_and_the_dry_run_plan_says_it():
     spec = load_spec(None, {"provider": "local", "nodes": 2, "name": "ctl-plan"})
     with pytest.raises(UsageError, match="--controller-node: an empty node name"):
         UpRequest(spec, controller_node="")
-    with pytest.raises(UsageError, match="leave out --no-ssh"):
-        UpRequest(spec, no_ssh=True, controller=True)
     assert UpRequest(spec, controller_node="node-2").wants_controller and not UpRequest(spec).wants_controller
     from clustertool.cluster import lifecycle
 
