@@ -142,6 +142,6 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
 
 
 def _controller_line(name: str) -> str | None:
-    from clustertool.controller import process
+    from clustertool.cluster import controllerproc
 
-    return process.status_line(name)
+    return controllerproc.status_line(name)

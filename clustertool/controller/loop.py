@@ -26,6 +26,8 @@ from clustertool.core import nodeset
 from clustertool.core.errors import ToolError
 from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import Reporter, silent
+from clustertool.jobs import recovery
+from clustertool.jobs.replacing import NotReplaced, replace_waiting
 from clustertool.nodeprogs import program_text, python_command
 from clustertool.remote.group import run_on_node
 
@@ -93,8 +95,6 @@ def relauncher(session: ClusterSession) -> str | None:
     """The controller on this machine, when the leader is lost: `recover`'s flow (jobs/recovery.py), with the same
     claim (a file per job and attempt in this home), so `recover` running here too never does it twice: the
     leader replaced, the jobs run with --replace-failed planned again there; None when no job needed it."""
-    from clustertool.jobs import recovery
-
     loop = recovery.Loop(session, None, ())
     acted = loop.leader_lost()
     if loop.result.problem:
@@ -109,8 +109,6 @@ def relauncher(session: ClusterSession) -> str | None:
 def replacer(by: str, copy: tuple[str, ...] = ()) -> Handler:
     """The controller's handler: replace the nodes a job waits for (jobs/replacing.py), naming itself ``by``."""
     def handle(session: ClusterSession, wait: Wait) -> Handled:
-        from clustertool.jobs.replacing import NotReplaced, replace_waiting
-
         try:
             done = replace_waiting(session, wait.job, wait.attempt, list(wait.nodes), copy=copy, by=by,
                                    report=session.report, since=wait.since)

@@ -19,7 +19,7 @@ from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Node
-from clustertool.jobs import output, records, recovery, reducers, scripts, slurmrun, stacks, syncdir
+from clustertool.jobs import checkpoints, output, records, recoveryprep, reducers, scripts, slurmrun, stacks, syncdir
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.jobrequests import RunRequest
 from clustertool.jobs.mpirun import split_command
@@ -174,10 +174,8 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     environment = session.provider.rank_environment(cluster)
     plan = plan_job(cluster, nodes, request.mpi_options(), records.new_id(), sync=synced_dir, plugin_env=env,
                     servers=servers, node_env=environment.env)
-    preempt = recovery.preempt_signal(cluster, request.recovery)
-    from clustertool.jobs.checkpoints import warning  # run --checkpoint-dir (issue 35): where a restart resumes
-
-    checkpoint_warning = warning(cluster, request.checkpoint_dir, request.restarts.count)
+    preempt = recoveryprep.preempt_signal(cluster, request.recovery)
+    checkpoint_warning = checkpoints.warning(cluster, request.checkpoint_dir, request.restarts.count)
     if checkpoint_warning:
         report(f"warning: {checkpoint_warning}")
     if dry_run:
@@ -204,9 +202,7 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
-    from clustertool.jobs.replan import keep_request  # a lost leader: the job is planned again from its request
-
-    keep_request(launched.job, request)
+    recoveryprep.keep_request(launched.job, request)  # a lost leader: the job is planned again from its request
     return launched
 
 
@@ -307,9 +303,9 @@ def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list
                                               pane=output.pane_program(job), supervisor=_supervisor(plan, job),
                                               hangstacks=_hang_stacks(plan, job),
                                               restarter=_restarter(plan, job, replacer_of(cluster)),
-                                              spot=recovery.spot_program(plan, job),
+                                              spot=recoveryprep.spot_program(plan, job),
                                               recorder=recorder_program(session, plan) if record else None)
-    recovery.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
+    recoveryprep.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
     session.report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=(prefix + script).encode())
     if not result.ok:

@@ -30,48 +30,22 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from clustertool.cluster.replace import replace
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.errors import ToolError, UsageError
-from clustertool.core.jobpaths import JOBS_DIR
-from clustertool.core.model import ClusterRecord, JobRecord, jsonable
-from clustertool.jobs import records, scripts
-from clustertool.jobs.jobplan import JobPlan
-from clustertool.jobs.jobrequests import RecoverRequest, RecoveryPolicy
+from clustertool.core.model import JobRecord, jsonable
+from clustertool.jobs import records, replan, scripts
+from clustertool.jobs.jobrequests import RecoverRequest
+from clustertool.jobs.recoveryprep import IMDS_ENV, keep_launch, kept_request, launch_path, preempt_signal, spot_program
 from clustertool.jobs.replacing import NotReplaced, Recovered, replace_waiting
-from clustertool.nodeprogs import program_text
 from clustertool.remote.group import run_on_node, run_on_nodes
 
-IMDS_ENV = "CLUSTERTOOL_IMDS_URL"  # only tests set it: the metadata's base URL ({node}: the node's name)
-IMDS_URL = "http://169.254.169.254"
-SPOT_POLL_S = 2.0  # how often each node asks its metadata for a notice
-SPOT_GRACE_S = 30.0  # after the signal, how long the ranks get before mpirun is stopped
+__all__ = ["IMDS_ENV", "Recovered", "keep_launch", "preempt_signal", "spot_program"]  # run's side: recoveryprep.py
+_launch_path = launch_path
 LEADER_MISSES = 3  # polls in a row without the leader's answer before it counts as lost
 RETRY_S = 30.0  # after a replacement failed (no capacity ...), the next try
-
-
-def preempt_signal(cluster: ClusterRecord, policy: RecoveryPolicy) -> str | None:
-    """The signal a spot notice sends the job's ranks: spot notices are watched on spot clusters (and where
-    a test points the metadata elsewhere), TERM unless run --on-preempt-signal says otherwise; None
-    where nothing watches.  A signal asked for on a cluster that gets no notices is refused."""
-    watched = bool(cluster.options.get("spot")) or bool(os.environ.get(IMDS_ENV))
-    if policy.on_preempt_signal and not watched:
-        raise UsageError(f"--on-preempt-signal: cluster {cluster.name!r} is not made of spot instances: "
-                         "no notice comes", hint="leave it out (spot clusters: `up --spot`)")
-    return (policy.on_preempt_signal or "TERM") if watched else None
-
-
-def spot_program(plan: JobPlan, job: JobRecord) -> bytes | None:
-    """The leader's spot-notice watcher for the job (nodeprogs/spot.py), where notices are watched."""
-    if not job.on_preempt_signal:
-        return None
-    return program_text("spot", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "job": plan.job_id,
-                                 "nodes": [[n.name, n.address] for n in plan.nodes],
-                                 "url": os.environ.get(IMDS_ENV) or IMDS_URL, "interval": SPOT_POLL_S,
-                                 "signal": job.on_preempt_signal, "grace": SPOT_GRACE_S})
 
 
 @dataclass
@@ -189,30 +163,13 @@ def _claim(job: JobRecord) -> bool:
         return False
 
 
-def _launch_path(job: JobRecord) -> Path:
-    return records.jobs_dir(job.cluster) / f"{job.id}.launch"
-
-
-def keep_launch(job: JobRecord, script: str) -> None:
-    """What `run` sent the leader to start a job with --replace-failed (its files, then the start), kept here."""
-    if not job.replace_failed:
-        return
-    path = _launch_path(job)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(script)
-
-
 def relaunch(session: ClusterSession, job: JobRecord, cause: str, address: str) -> str | None:
     """Start ``job`` again on a new leader: what is left of it on the members stopped, then the job planned
     again from its kept request (jobs/replan.py: new hostfile, MASTER_ADDR, agent on every node) with its
     attempts so far (the last one ended by ``cause``).  A job without a kept request (run before it was kept)
     has its kept launch files sent again: mpirun jobs only, and only when the leader kept its ``address``.
     None, or why it could not."""
-    from clustertool.jobs import replan
-
-    request = replan.kept_request(job)
+    request = kept_request(job)
     path = _launch_path(job)
     if request is None and (job.launcher != "mpirun" or not path.exists() or session.record.leader.address != address):
         return (f"job {job.id} ({job.launcher}) cannot be started again from here after its leader was lost: "

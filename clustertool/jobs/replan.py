@@ -1,9 +1,9 @@
 """A lost leader survived: the job planned again from its kept request (issue 35, section 6).
 
 `run` keeps the job's :class:`RunRequest` as JSON beside its record (``jobs/<id>.request.json``, 0600) when
-it was run with --replace-failed.  After the leader was replaced (jobs/recovery.py: `recover`, or the
-cluster's controller), :func:`relaunch` plans the job again with the same id on the cluster as it is now:
-the hostfile and mpirun's ``-H`` name the new addresses, MASTER_ADDR and the rendezvous the new leader, a
+it was run with --replace-failed (jobs/recoveryprep.py).  After the leader was replaced (jobs/recovery.py:
+`recover`, or the cluster's controller), :func:`relaunch` plans the job again with the same id on the cluster
+as it is now: the hostfile and mpirun's ``-H`` name the new addresses, MASTER_ADDR and the rendezvous the new leader, a
 node launcher's agent (agent.json, jobagent.py) is put on every node (the new leader's disk is empty), and
 the start carries the attempts so far (``prefix``), so the restart loop goes on with the next restart count.
 The ssh configuration follows the new leader already: `replace` wires every node again.
@@ -15,75 +15,15 @@ unless they were on shared storage).
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from pathlib import Path
-from typing import Any
-
 from clustertool.cluster.session import ClusterSession
 from clustertool.core.model import JobRecord
-from clustertool.jobs import records, syncdir
-from clustertool.jobs.jobrequests import (
-    HangPolicy,
-    HorovodKnobs,
-    LaunchOptions,
-    RecoveryPolicy,
-    RestartPolicy,
-    RunRequest,
-    SyncPolicy,
-)
-
-
-def request_path(job: JobRecord) -> Path:
-    return records.jobs_dir(job.cluster) / f"{job.id}.request.json"
-
-
-def to_doc(request: RunRequest) -> dict[str, Any]:
-    return dataclasses.asdict(request)
-
-
-def from_doc(doc: dict[str, Any]) -> RunRequest:
-    """The request :func:`to_doc` wrote (checked again as it is made)."""
-    launch = dict(doc.get("launch") or {})
-    launch["horovod"] = HorovodKnobs(**(launch.get("horovod") or {}))
-    launch["env"], launch["mpi_args"] = tuple(launch.get("env") or ()), tuple(launch.get("mpi_args") or ())
-    restarts = dict(doc.get("restarts") or {})
-    codes = restarts.get("exit_codes")
-    sync = doc.get("sync")
-    return RunRequest(command=tuple(doc["command"]), nodes=doc.get("nodes"), name=doc.get("name"),
-                      launch=LaunchOptions(**launch), plugin=bool(doc.get("plugin")),
-                      sync=SyncPolicy(**sync) if sync else None, allow_concurrent=bool(doc.get("allow_concurrent")),
-                      hang=HangPolicy(**(doc.get("hang") or {})),
-                      restarts=RestartPolicy(int(restarts.get("count") or 0), None if codes is None else tuple(codes)),
-                      recovery=RecoveryPolicy(**(doc.get("recovery") or {})), after=doc.get("after"),
-                      record=bool(doc.get("record", True)), checkpoint_dir=doc.get("checkpoint_dir"))
-
-
-def keep_request(job: JobRecord, request: RunRequest) -> None:
-    """What a new leader needs to plan the job again (jobs run with --replace-failed only)."""
-    if not job.replace_failed:
-        return
-    path = request_path(job)
-    records.jobs_dir(job.cluster).mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(to_doc(request), fh)
-
-
-def kept_request(job: JobRecord) -> RunRequest | None:
-    try:
-        with open(request_path(job)) as fh:
-            return from_doc(json.load(fh))
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
+from clustertool.jobs import launch, syncdir
+from clustertool.jobs.jobrequests import RunRequest
 
 
 def relaunch(session: ClusterSession, job: JobRecord, request: RunRequest, prefix: str) -> str | None:
     """Plan ``job`` again on the cluster as it is now and start it on the (new) leader, ``prefix`` (the attempts
     so far) written first; None, or why it could not."""
-    from clustertool.jobs import launch
-
     if request.plugin:
         return f"job {job.id} ran with --plugin: its reduction servers are not started again after a lost leader"
     cluster = session.record

@@ -15,7 +15,7 @@ from clustertool.cluster.spec import load_spec
 from clustertool.controller import loop
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import ClusterRecord
-from clustertool.jobs import checkpoints, replan
+from clustertool.jobs import checkpoints, recoveryprep
 from clustertool.jobs.jobrequests import RunRequest
 
 
@@ -84,7 +84,7 @@ def test_the_kept_request_gives_back_the_same_request(tmp_path):
                             sync=str(tmp_path), sync_to="/srv/code", hang_timeout=60, hang_action="kill",
                             restarts=2, restart_on_exit_codes=[137, 1], replace_failed=True, replace_wait=120,
                             fusion_mb=8, checkpoint_dir="/shared/ckpt", record=False)
-    assert replan.from_doc(replan.to_doc(request)) == request
+    assert recoveryprep.from_doc(recoveryprep.to_doc(request)) == request
 
 
 def _cluster(mounts=()):
