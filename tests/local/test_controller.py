@@ -169,3 +169,17 @@ def test_a_sweep_stops_a_controller_whose_cluster_state_is_gone(home):
         for pid in _controllers(other):
             os.kill(pid, 9)
         state.delete(other)
+
+
+def test_recover_says_the_controller_replaces_lost_nodes_too(home):
+    from clustertool.cluster.session import ClusterSession
+    from clustertool.controller import process
+
+    name, env = home
+    started = process.start(ClusterSession.load(name), poll=1.0)
+    done = run_cli("recover", "-c", name, env=env)
+    assert done.returncode == 0, done.stderr
+    assert (f"the cluster's controller (pid {started.pid}) replaces lost nodes too: each wait is claimed once on "
+            "the leader, so nothing is replaced twice") in done.stderr
+    assert "no running job run with --replace-failed" in done.stdout
+    assert process.stop(name).how == "stopped"
