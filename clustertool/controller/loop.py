@@ -8,7 +8,8 @@ replacing.<attempt>`` on the leader, `replace`, then ``replaced`` naming who rep
 `clustertool recover` on the user's machine and the controller never replace one node twice.  A handling
 that did nothing (the replacement failed; the claim given back) is tried again after ``RETRY_S``.
 :func:`note_only` only says what waits (for a loop that must not act).  A leader silent for
-``LEADER_MISSES`` rounds goes to ``on_leader_lost`` (controller/leader.py), when one is given.
+``LEADER_MISSES`` rounds goes to ``on_leader_lost`` (:func:`relauncher`: `recover`'s lost-leader flow), when
+one is given.
 """
 
 from __future__ import annotations
