@@ -133,13 +133,15 @@ class Cluster(ClusterWatch):
 
     @classmethod
     def up(cls, spec: SpecSource = None, *, no_ssh: bool = False, report: Reporter = silent,
-           **keywords: Any) -> "Cluster":
+           controller: bool = False, controller_node: str | None = None, **keywords: Any) -> "Cluster":
         """Bring a cluster up, like `clustertool up`: a spec file's path, a dict of its keys, or keywords
         (``provider="local", nodes=4, name="demo", link_rate="200mbit"``; keywords win over the file).
         ``shared_fs=["local"]`` (or ``["efs", "fsx:fs-...@/data"]``, ``shared_mount="/shared"``): filesystems
         every node mounts, as `up --shared-fs`.  ``monitoring=True`` (or ``{"scrape_interval": "5s"}``): Prometheus
-        on the cluster once it is up, as `up --monitoring`."""
-        result = lifecycle.up(UpRequest(cls._spec(spec, keywords), no_ssh=no_ssh), report=report)
+        on the cluster once it is up, as `up --monitoring`.  ``controller=True``: the recovery controller, as `up
+        --controller` (``controller_node="node-2"``: `--controller-node`)."""
+        result = lifecycle.up(UpRequest(cls._spec(spec, keywords), no_ssh=no_ssh, controller=controller,
+                                        controller_node=controller_node), report=report)
         assert result.cluster is not None  # only a dry run has none
         return cls(result.cluster, report=report)
 

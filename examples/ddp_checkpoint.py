@@ -2,9 +2,10 @@
 
 It checkpoints after every step on rank 0's disk, which is the leader's (``~/ckpt-<job>.pt``; or CKPT): a
 replaced member comes back with an empty disk and loses nothing, because on a restart rank 0 loads the
-checkpoint and DDP hands its parameters to every rank.  On a cluster with a shared filesystem, point CKPT
-there instead.  Every rank says the step it resumed at.  On the spot notice's signal (run
---on-preempt-signal USR1) a rank leaves a mark in MARKS (when set) and trains on: the last step's checkpoint
+checkpoint and DDP hands its parameters to every rank.  On a cluster with a shared filesystem, run it with
+--checkpoint-dir on it (CLUSTERTOOL_CHECKPOINT_DIR; or CKPT): a lost leader then takes no checkpoint with
+it.  Every rank says the step it resumed at.  On the spot notice's signal (run --on-preempt-signal USR1) a
+rank leaves a mark in MARKS (when set) and trains on: the last step's checkpoint
 is written already, and the job is stopped before the machine goes.  STEPS, STEP_S: how many steps, and a
 pause in each (a toy model trains in no time).
 
@@ -22,7 +23,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 STEPS, STEP_S = int(os.environ.get("STEPS", "10")), float(os.environ.get("STEP_S", "0.5"))
 job, count = os.environ["CLUSTERTOOL_JOB"], os.environ["CLUSTERTOOL_RESTART_COUNT"]
-ckpt = os.path.expanduser(os.environ.get("CKPT") or f"~/ckpt-{job}.pt")  # rank 0 writes it: the leader's disk
+folder = os.environ.get("CLUSTERTOOL_CHECKPOINT_DIR")  # run --checkpoint-dir (on a shared filesystem: survives)
+ckpt = os.path.expanduser(os.environ.get("CKPT") or (os.path.join(folder, f"ckpt-{job}.pt") if folder else
+                                                      f"~/ckpt-{job}.pt"))  # rank 0 writes it (default: the leader)
 
 
 def preempted(signum, _frame):  # the spot notice's signal: the last step's checkpoint is written already
@@ -51,6 +54,7 @@ for step in range(int(start), STEPS):
     ddp(torch.randn(4, 8)).sum().backward()
     opt.step()
     if rank == 0:
+        os.makedirs(os.path.dirname(ckpt) or ".", exist_ok=True)
         torch.save({"model": model.state_dict(), "step": step + 1}, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)
     time.sleep(STEP_S)

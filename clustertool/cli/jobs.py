@@ -147,6 +147,10 @@ def run(
         None, "--on-preempt-signal", metavar="SIG",
         help="Spot clusters: the signal every rank gets when a node's spot interruption notice comes (default "
              "TERM; e.g. USR1 for a script that checkpoints on it); that node then counts as lost."),
+    checkpoint_dir: Optional[str] = typer.Option(
+        None, "--checkpoint-dir", metavar="DIR",
+        help="Where the job checkpoints: every rank gets CLUSTERTOOL_CHECKPOINT_DIR=DIR. With --restarts, put it on "
+             "a shared filesystem (`up --shared-fs`), else a lost leader restarts the job from step 0 (run warns)."),
     no_record: bool = typer.Option(
         False, "--no-record", help="No watch recorder beside the job (by default the leader samples the job's nodes "
                                    "every 5 s into its folder: what `clustertool report JOB` draws)."),
@@ -180,7 +184,7 @@ def run(
         replace_failed=replace_failed, on_preempt_signal=on_preempt_signal,
         replace_wait=parse_duration(replace_wait, "--replace-wait") if replace_wait else None,
         fusion_mb=fusion_mb, cycle_ms=cycle_ms, timeline=timeline, autotune=autotune, after=after,
-        record=not no_record)
+        record=not no_record, checkpoint_dir=checkpoint_dir)
     session = open_session(cluster, json_output)
     with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
         started = launch.run(session, request, dry_run=dry_run, on_progress=bars.update)
@@ -207,9 +211,21 @@ def run(
     else:
         sys.stderr.write(f"job {job.id} started on {job.leader} ({job.np} ranks, {job.launcher}, in {job.detached}); "
                          f"`clustertool logs -f {job.id}`\n")
+        if job.replace_failed:
+            sys.stderr.write(_replacing_line(session.record.options, session.name, follow) + "\n")
     if follow:
         raise typer.Exit(_follow(session.name, job))
     typer.echo(job.id)
+
+
+def _replacing_line(options: dict, name: str, follow: bool) -> str:
+    """Who replaces a lost node of a --replace-failed job: the cluster's controller, else `recover` (or this command
+    with --follow)."""
+    if options.get("controller"):
+        return "a lost node: the cluster's controller replaces it (no `clustertool recover` needed)"
+    if follow:
+        return "a lost node: this command replaces it while it follows the job"
+    return f"a lost node: `clustertool recover -c {name}` replaces it while it runs (or `up --controller`)"
 
 
 def _duration(job: JobRecord) -> str:
@@ -302,8 +318,8 @@ def jobs(cluster: Optional[str] = ClusterOpt, json_output: bool = JsonOpt) -> No
 
 def _waiting_line(w: dict) -> str:
     left = max(0, int(float(w.get("until") or 0) - time.time()))
-    return (f"waiting for the replacement of {', '.join(w.get('nodes') or [])} ({left}s left; `clustertool recover` "
-            "replaces it)")
+    who = w.get("replacer") or "`clustertool recover`"
+    return f"waiting for the replacement of {', '.join(w.get('nodes') or [])} ({left}s left; {who} replaces it)"
 
 
 def _attempt_line(a: dict) -> str:
@@ -311,6 +327,9 @@ def _attempt_line(a: dict) -> str:
         return time.strftime("%H:%M:%S", time.localtime(float(t))) if t else "..."
 
     how = "running" if a.get("end") is None else ("exit code 0" if a.get("code") == 0 else a.get("cause") or "?")
+    replaced = a.get("replaced") or {}
+    if replaced.get("by"):
+        how += f"; {', '.join(replaced.get('nodes') or [])} replaced by {replaced['by']}"
     return f"attempt {a.get('attempt')}: {at(a.get('start'))}-{at(a.get('end'))} {how}"
 
 

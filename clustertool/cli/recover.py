@@ -31,6 +31,7 @@ def recover(
     credentials: the replacing happens here. `run --follow --replace-failed` runs this loop for its
     own job. Exit code: the job's (with JOB), else 0; 1 when the leader itself is lost."""
     from clustertool.cli import render
+    from clustertool.cluster import controllerproc
     from clustertool.jobs import recovery
     from clustertool.jobs.jobrequests import RecoverRequest
 
@@ -38,6 +39,10 @@ def recover(
     session = open_session(cluster, json_output)
     session.report(f"recovery loop on {session.name}: watching {job or 'every running job run with --replace-failed'} "
         "(Ctrl-C stops watching; the jobs keep running)")
+    pid = controllerproc.running(session.name)
+    if pid:
+        session.report(f"the cluster's controller (pid {pid}) replaces lost nodes too: each wait is claimed once on "
+                       "the leader, so nothing is replaced twice")
     try:
         result = recovery.recover(session, request)
     except KeyboardInterrupt:

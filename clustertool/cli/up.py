@@ -65,6 +65,13 @@ def build_up_command() -> click.Command:
                      help="With --monitoring: how long Prometheus keeps samples (default 15d)."),
         click.Option(["--retention-size"], metavar="SIZE",
                      help="With --monitoring: the most disk Prometheus's samples take on the leader (default 2GB)."),
+        click.Option(["--controller"], is_flag=True,
+                     help="Start the cluster's recovery controller once it is up: it replaces the nodes that jobs "
+                          "run with --replace-failed lose, with nobody watching (local: a detached process on this "
+                          "machine; `status` shows it, `down` stops it first)."),
+        click.Option(["--controller-node"], metavar="NODE",
+                     help="AWS: the node whose instance profile gets the controller's rights (only what `replace` "
+                          "needs, only on this cluster); implies --controller."),
         click.Option(["--json", "json_output"], is_flag=True, help="Print the result as JSON."),
     ]
     for key, (spec, providers) in sorted(every_provider_option().items()):
@@ -82,7 +89,8 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
         user: str | None, dry_run: bool, no_ssh: bool, json_output: bool, autostop: str | None,
         autodown: bool | None, wait_for: str | None, shared_fs: tuple[str, ...], shared_mount: str | None,
         scheduler: str | None, no_leader_compute: bool, monitoring: bool | None, scrape_interval: str | None,
-        retention_time: str | None, retention_size: str | None, **options: Any) -> int:
+        retention_time: str | None, retention_size: str | None, controller: bool, controller_node: str | None,
+        **options: Any) -> int:
     from clustertool.cli import render
     from clustertool.cli.common import reporter
     from clustertool.cluster import lifecycle, spec, sshinclude
@@ -96,7 +104,8 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
                  "leader_compute": False if no_leader_compute else None, "monitoring": monitoring,
                  "scrape_interval": scrape_interval, "retention_time": retention_time,
                  "retention_size": retention_size, **options}
-    request = UpRequest(spec.load_spec(spec_file, overrides), dry_run=dry_run, no_ssh=no_ssh)
+    request = UpRequest(spec.load_spec(spec_file, overrides), dry_run=dry_run, no_ssh=no_ssh, controller=controller,
+                        controller_node=controller_node)
     result = lifecycle.up(request, report=reporter(json_output))
     if dry_run:
         if json_output:
@@ -121,9 +130,18 @@ def _up(spec_file: str | None, name: str | None, provider: str | None, nodes: in
     if cluster.scheduler and cluster.scheduler.get("release"):
         click.echo(f"slurm:    {cluster.scheduler['release']}, partition {cluster.scheduler.get('partition')}: "
                    "`clustertool run` queues through sbatch; `clustertool jobs` shows the queue")
+    controller_line = cluster.options.get("controller") and _controller_line(cluster.name)
+    if controller_line:
+        click.echo(f"controller: {controller_line}")
     if result.monitoring is not None:
         click.echo("monitoring: " + (f"not started ({'; '.join(result.monitoring.problems)}); "
                                      f"`clustertool monitoring enable -c {cluster.name}` tries again"
                                      if result.monitoring.problems else
                                      f"Prometheus on the leader; `clustertool metrics -c {cluster.name}` reaches it"))
     return 0
+
+
+def _controller_line(name: str) -> str | None:
+    from clustertool.cluster import controllerproc
+
+    return controllerproc.status_line(name)

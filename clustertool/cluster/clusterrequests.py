@@ -18,6 +18,16 @@ class UpRequest:
     spec: ClusterSpec
     dry_run: bool = False  # print the plan, make nothing
     no_ssh: bool = False  # stop after provisioning and the hostfile
+    controller: bool = False  # start the recovery controller (cluster/controllerup.py) once the cluster is up
+    controller_node: str | None = None  # where it runs (AWS: its instance profile there); implies controller
+
+    def __post_init__(self) -> None:
+        if self.controller_node is not None and not self.controller_node.strip():
+            raise UsageError("--controller-node: an empty node name", hint="e.g. --controller-node node-2")
+
+    @property
+    def wants_controller(self) -> bool:
+        return self.controller or self.controller_node is not None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any, cast
 from clustertool import nodeprogs
 from clustertool.cluster import autostop, ledger, monitoring, slurmadopt, slurmup, sshinclude, topology_order
 from clustertool.cluster.clusterrequests import DownRequest, UpRequest
+from clustertool.cluster.controllerup import start_at_up, stop_lines
 from clustertool.cluster.monitoring import MonitoringRequest, MonitoringResult
 from clustertool.cluster.session import ClusterSession
 from clustertool.cluster.spec import ClusterSpec
@@ -109,6 +110,8 @@ def up(request: UpRequest, *, report: Reporter = silent) -> UpResult:
         plan = provider.plan(provision) + mount.plan_lines(cluster)
         plan += slurmup.plan_lines(provider, cluster) if slurmup.wanted(cluster) else []
         plan += [autostop.plan_line(setting, cluster.provider)] if setting else []
+        plan += [f"start the recovery controller ({request.controller_node or 'on this machine'})"] \
+            if request.wants_controller else []
         watch = MonitoringRequest.of(request.spec.monitoring)
         return UpResult(None, plan=plan + ([monitoring.plan_line(watch)] if watch and not request.no_ssh else []))
     with state.locked(cluster.name, purpose="up"):
@@ -124,7 +127,8 @@ def up(request: UpRequest, *, report: Reporter = silent) -> UpResult:
             state.delete(cluster.name)
             raise interrupts.Terminated(exc.signum, f"up stopped by {interrupts.signal_name(exc.signum)} before "
                                                     "it made anything") from None
-        result = _provision(session, provision, request.no_ssh)
+        result = _provision(session, provision, request.no_ssh,
+                            (request.controller_node,) if request.wants_controller else None)
         watch = MonitoringRequest.of(request.spec.monitoring)
         if watch is not None and not request.no_ssh:
             result.monitoring = _start_monitoring(session, watch)
@@ -171,7 +175,8 @@ def _slurm_phase(session: ClusterSession, slots: int | None) -> None:
         slurmup.setup(session)
 
 
-def _provision(session: ClusterSession, request: ProvisionRequest, no_ssh: bool) -> UpResult:
+def _provision(session: ClusterSession, request: ProvisionRequest, no_ssh: bool,
+               controller: tuple[str | None] | None = None) -> UpResult:
     cluster, provider, report = session.record, session.provider, session.report
     timings: dict[str, float] = {}
     t0 = time.monotonic()
@@ -204,6 +209,8 @@ def _provision(session: ClusterSession, request: ProvisionRequest, no_ssh: bool)
         provider.finish(cluster)
         cluster.status = ClusterState.READY if not no_ssh else ClusterState.PROVISIONED
         state.save(cluster)
+        if controller is not None:  # up --controller (its node: None, this machine), still inside the rollback
+            _report_lines(report, start_at_up(session, controller[0]))
     except BaseException as exc:
         _rollback(session, exc)
         if isinstance(exc, interrupts.Terminated):
@@ -223,6 +230,7 @@ def _rollback(session: ClusterSession, exc: BaseException) -> None:
         why = "interrupted (Ctrl-C)"
     report(f"up failed ({why}); removing what was made")
     try:
+        _report_lines(report, stop_lines(cluster.name))
         for line in provider.terminate_instances(cluster):
             report(line)
     except BaseException as cleanup_exc:  # keep state so `down` can finish
@@ -374,9 +382,10 @@ def down(session: ClusterSession, request: DownRequest = DownRequest()) -> list[
     A SIGTERM/SIGHUP lets the delete in progress finish, then stops with the state kept, so a
     second `down` completes the job."""
     name, report = session.name, session.report
+    stopped = stop_lines(session)  # first: a controller that sees the nodes go would replace them
     with session.locked(purpose="down") as cluster:
         provider = session.provider
-        lines: list[str] = []
+        lines: list[str] = _report_lines(report, stopped)
         if request.terminate_adopted:
             cluster.terminate_adopted = True
         cluster.keep_shared_fs = request.keep_shared_fs  # the file systems `up` made stay (the provider says what)

@@ -6,7 +6,7 @@ powered off are noticed (as `ls` does)."""
 
 from __future__ import annotations
 
-from clustertool.cluster import autostop, lifecycle
+from clustertool.cluster import autostop, controllerproc, lifecycle
 from clustertool.cluster.status import list_all
 from clustertool.core.model import Reporter, silent
 from clustertool.providers.base import Sweep, SweepRequest, get_provider
@@ -26,6 +26,7 @@ def find(provider: str, *, region: str | None = None, profile: str | None = None
 
 def remove(swept: Sweep, report: Reporter = silent) -> tuple[list[str], list[str]]:
     """Delete what ``swept`` marked; (what was removed, the lines about this machine's files)."""
+    strays = controllerproc.stop_strays()  # first: a controller whose state is gone must not see the nodes go
     done = get_provider(swept.provider, report=report).remove_swept(swept, report)
-    return done.removed, [line for name, cluster_id in done.forget
-                          for line in lifecycle.forget_leftovers(name, cluster_id or "")]
+    return done.removed, strays + [line for name, cluster_id in done.forget
+                                   for line in lifecycle.forget_leftovers(name, cluster_id or "")]

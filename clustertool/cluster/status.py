@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from clustertool.cluster import autostop, blockend, monitoring, topology_order
+from clustertool.cluster import autostop, blockend, controllerup, monitoring, topology_order
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import state
 from clustertool.core.errors import ToolError
@@ -78,6 +78,7 @@ def status(session: ClusterSession, *, check_ssh: bool = True, timeout: float = 
     extra.update(mount.status_extra(session, cluster, check_ssh))
     extra.update(blockend.status_extra(session, check_ssh))  # when the machines go; jobs warned of it
     extra.update(monitoring.status_extra(cluster))  # Prometheus on the leader, while on
+    extra.update(controllerup.status_extra(cluster))  # the recovery controller: running, what it last saw
     if unfinished:
         extra["up"] = _unfinished(cluster, provider)
         wait = provider.up_waiting(cluster) if cluster.status == ClusterState.PROVISIONING else None

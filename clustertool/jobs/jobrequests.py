@@ -175,8 +175,12 @@ class RunRequest:
     recovery: RecoveryPolicy = RecoveryPolicy()
     after: str | None = None  # a Slurm cluster: start once this job (id or name) has ended, however it ended
     record: bool = True  # the job's watch recorder on the leader (what `report JOB` draws); --no-record: none
+    checkpoint_dir: str | None = None  # where the job checkpoints (CLUSTERTOOL_CHECKPOINT_DIR on every rank)
 
     def __post_init__(self) -> None:
+        if self.checkpoint_dir is not None and (not self.checkpoint_dir.strip() or "\n" in self.checkpoint_dir):
+            raise UsageError("--checkpoint-dir: give a folder (on a shared filesystem, e.g. /shared/ckpt)",
+                             hint="clustertool run --restarts 2 --checkpoint-dir /shared/ckpt -- CMD")
         if self.after is not None and not self.after.strip():
             raise UsageError("--after: give a job (its id or name)", hint="clustertool run --after JOB -- CMD")
         if not self.command:
@@ -186,7 +190,10 @@ class RunRequest:
                              "them)", hint="clustertool run --restarts 2 --replace-failed --follow -- CMD")
 
     def mpi_options(self) -> MpiOptions:
-        return self.launch.mpi_options(self.command)
+        options = self.launch.mpi_options(self.command)
+        if self.checkpoint_dir is not None:  # every rank: where to checkpoint and resume from
+            options.env.append(f"CLUSTERTOOL_CHECKPOINT_DIR={self.checkpoint_dir}")
+        return options
 
     @classmethod
     def of(cls, command: str | Sequence[str], *, nodes: str | None = None, name: str | None = None,
@@ -199,12 +206,13 @@ class RunRequest:
            restart_on_exit_codes: Iterable[int] | None = None, replace_failed: bool = False,
            replace_wait: float | None = None, on_preempt_signal: str | None = None,
            fusion_mb: float | None = None, cycle_ms: float | None = None, timeline: str | None = None,
-           autotune: bool = False, after: str | None = None, record: bool = True) -> "RunRequest":
+           autotune: bool = False, after: str | None = None, record: bool = True,
+           checkpoint_dir: str | None = None) -> "RunRequest":
         """The request from the flat keywords the API takes (the flags of `run`, in seconds where they
         take a TIME): ``command`` one string (a shell line) or a list of words; ``env`` ``{"A": 1}`` or
         ``["A=1", "B"]`` (B: the leader's value); ``sync`` a folder (``True``: this one); ``fusion_mb``,
         ``cycle_ms``, ``timeline``, ``autotune``: the --horovod-* flags; ``after``: a job this one waits for
-        (a Slurm cluster); ``record=False``: --no-record."""
+        (a Slurm cluster); ``record=False``: --no-record; ``checkpoint_dir``: --checkpoint-dir."""
         hang = HangPolicy(hang_timeout, hang_action)  # checked in the order the flags were always checked
         restart = RestartPolicy(restarts, None if restart_on_exit_codes is None else
                                 tuple(int(c) for c in restart_on_exit_codes))
@@ -219,7 +227,8 @@ class RunRequest:
                                tag_output=tag_output)
         return cls(command=_words(command), nodes=nodes, name=name, launch=launch, plugin=plugin,
                    sync=None if folder is None else SyncPolicy(folder, sync_to), allow_concurrent=allow_concurrent,
-                   hang=hang, restarts=restart, recovery=recovery, after=after, record=bool(record))
+                   hang=hang, restarts=restart, recovery=recovery, after=after, record=bool(record),
+                   checkpoint_dir=checkpoint_dir)
 
 
 def _words(command: str | Sequence[str]) -> tuple[str, ...]:

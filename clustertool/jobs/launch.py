@@ -19,7 +19,7 @@ from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Node
-from clustertool.jobs import output, records, recovery, reducers, scripts, slurmrun, stacks, syncdir
+from clustertool.jobs import checkpoints, output, records, recoveryprep, reducers, scripts, slurmrun, stacks, syncdir
 from clustertool.jobs.jobplan import JobPlan, plan_job
 from clustertool.jobs.jobrequests import RunRequest
 from clustertool.jobs.mpirun import split_command
@@ -174,7 +174,10 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     environment = session.provider.rank_environment(cluster)
     plan = plan_job(cluster, nodes, request.mpi_options(), records.new_id(), sync=synced_dir, plugin_env=env,
                     servers=servers, node_env=environment.env)
-    preempt = recovery.preempt_signal(cluster, request.recovery)
+    preempt = recoveryprep.preempt_signal(cluster, request.recovery)
+    checkpoint_warning = checkpoints.warning(cluster, request.checkpoint_dir, request.restarts.count)
+    if checkpoint_warning:
+        report(f"warning: {checkpoint_warning}")
     if dry_run:
         commands = [(n.name, argv) for n, argv in plan.shown_node_commands()] if plan.spec.node_launcher else None
         return Launch(job_record(cluster, plan, request, preempt), plan.argv, dry_run=True, sync=synced_dir,
@@ -195,10 +198,12 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     try:
         if plan.spec.node_launcher:
             _install_agent(session, plan)
-        return _start(session, plan, job_record(cluster, plan, request, preempt), started, synced, request.record)
+        launched = _start(session, plan, job_record(cluster, plan, request, preempt), started, synced, request.record)
     except BaseException:
         reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
+    recoveryprep.keep_request(launched.job, request)  # a lost leader: the job is planned again from its request
+    return launched
 
 
 def _python(plan: JobPlan, environment: RankEnvironment) -> str:
@@ -249,14 +254,21 @@ def _install_agent(session: ClusterSession, plan: JobPlan) -> None:
         raise RemoteError(f"could not put the job agent on {len(down)} node(s): {detail}")
 
 
-def _restarter(plan: JobPlan, job: JobRecord) -> bytes | None:
-    """The restart loop that runs mpirun on the leader, once per attempt (nodeprogs/restarts.py)."""
+def _restarter(plan: JobPlan, job: JobRecord, replacer: str | None = None) -> bytes | None:
+    """The restart loop that runs mpirun on the leader, once per attempt (nodeprogs/restarts.py); ``replacer``:
+    who replaces a lost node (the cluster's controller), named in its wait line."""
     if not job.restarts:
         return None
     return program_text("restarts", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "argv": plan.argv,
                                      "out": plan.options.output_dir, "restarts": job.restarts,
                                      "codes": job.restart_on_exit_codes, "nodes": _node_ports(plan.nodes[1:]),
-                                     "replace_failed": job.replace_failed, "replace_wait": job.replace_wait})
+                                     "replace_failed": job.replace_failed, "replace_wait": job.replace_wait,
+                                     "replacer": replacer})
+
+
+def replacer_of(cluster: ClusterRecord) -> str | None:
+    """Who replaces a lost node of the cluster's jobs without `recover`: its controller, where `up` started one."""
+    return "the cluster's controller" if cluster.options.get("controller") else None
 
 
 def job_record(cluster: ClusterRecord, plan: JobPlan, request: RunRequest, preempt: str | None) -> JobRecord:
@@ -279,7 +291,9 @@ def plugin_env_dest(cluster: ClusterRecord) -> str:
 
 
 def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list[reducers.Reducer],
-           synced: CopyResult | None, record: bool = True) -> Launch:
+           synced: CopyResult | None, record: bool = True, prefix: str = "") -> Launch:
+    """Send the job's files to the leader and start it there (``prefix``: shell lines run first: the attempts so
+    far of a job planned again after its leader was lost, jobs/replan.py)."""
     cluster = session.record
     launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir,
                                       epilogue=reducers.epilogue_lines(plan.job_id, started),
@@ -287,12 +301,13 @@ def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list
     job.detached = "pending"
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job), supervisor=_supervisor(plan, job),
-                                              hangstacks=_hang_stacks(plan, job), restarter=_restarter(plan, job),
-                                              spot=recovery.spot_program(plan, job),
+                                              hangstacks=_hang_stacks(plan, job),
+                                              restarter=_restarter(plan, job, replacer_of(cluster)),
+                                              spot=recoveryprep.spot_program(plan, job),
                                               recorder=recorder_program(session, plan) if record else None)
-    recovery.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
+    recoveryprep.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
     session.report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
-    result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
+    result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=(prefix + script).encode())
     if not result.ok:
         raise RemoteError(f"could not start the job on the leader: {result.reason}")
     job.detached = "tmux" if "detached=tmux" in result.stdout else "setsid"

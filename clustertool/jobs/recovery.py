@@ -13,10 +13,11 @@ leader stops the job and says why.
 
 A lost leader takes the restart loop with it.  This loop notices (the leader does not answer for a
 few rounds), replaces the leader, stops what is left of the job on the members, and starts the job
-again on the new leader from the files `run` sent (kept here, ``<id>.launch``) with the same job id and
-the next restart count; the job's attempts so far go with it.  A checkpoint on the old leader's disk is
-gone with it: such a job starts from its beginning (keep checkpoints on a shared filesystem to resume).
-Jobs whose ranks a node launcher starts (torchrun ...) are not started again that way: it says so.
+again on the new leader with the same job id and the next restart count; the job's attempts so far go
+with it.  The job is planned again from its kept request
+(jobs/replan.py), so node launchers (torchrun ...) and a new leader address are covered.  A checkpoint on the
+old leader's disk is gone with it: such a job starts from its beginning (keep checkpoints on a shared filesystem
+to resume).
 """
 
 from __future__ import annotations
@@ -24,64 +25,27 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from clustertool.cluster.replace import replace
 from clustertool.cluster.session import ClusterSession
-from clustertool.core import nodeset
 from clustertool.core.errors import ToolError, UsageError
-from clustertool.core.jobpaths import JOBS_DIR
-from clustertool.core.model import ClusterRecord, JobRecord, Node, jsonable
-from clustertool.jobs import records, scripts
-from clustertool.jobs.jobplan import JobPlan
-from clustertool.jobs.jobrequests import RecoverRequest, RecoveryPolicy
-from clustertool.nodeprogs import program_text
+from clustertool.core.model import JobRecord, jsonable
+from clustertool.jobs import records, replan, scripts
+from clustertool.jobs.jobrequests import RecoverRequest
+from clustertool.jobs.recoveryprep import IMDS_ENV, keep_launch, kept_request, launch_path, preempt_signal, spot_program
+from clustertool.jobs.replacing import NotReplaced, Recovered, replace_waiting
 from clustertool.remote.group import run_on_node, run_on_nodes
-from clustertool.transfer.refill import copy_back
 
-IMDS_ENV = "CLUSTERTOOL_IMDS_URL"  # only tests set it: the metadata's base URL ({node}: the node's name)
-IMDS_URL = "http://169.254.169.254"
-SPOT_POLL_S = 2.0  # how often each node asks its metadata for a notice
-SPOT_GRACE_S = 30.0  # after the signal, how long the ranks get before mpirun is stopped
+__all__ = ["IMDS_ENV", "Recovered", "keep_launch", "preempt_signal", "spot_program"]  # run's side: recoveryprep.py
+_launch_path = launch_path
 LEADER_MISSES = 3  # polls in a row without the leader's answer before it counts as lost
 RETRY_S = 30.0  # after a replacement failed (no capacity ...), the next try
-
-
-def preempt_signal(cluster: ClusterRecord, policy: RecoveryPolicy) -> str | None:
-    """The signal a spot notice sends the job's ranks: spot notices are watched on spot clusters (and where
-    a test points the metadata elsewhere), TERM unless run --on-preempt-signal says otherwise; None
-    where nothing watches.  A signal asked for on a cluster that gets no notices is refused."""
-    watched = bool(cluster.options.get("spot")) or bool(os.environ.get(IMDS_ENV))
-    if policy.on_preempt_signal and not watched:
-        raise UsageError(f"--on-preempt-signal: cluster {cluster.name!r} is not made of spot instances: "
-                         "no notice comes", hint="leave it out (spot clusters: `up --spot`)")
-    return (policy.on_preempt_signal or "TERM") if watched else None
-
-
-def spot_program(plan: JobPlan, job: JobRecord) -> bytes | None:
-    """The leader's spot-notice watcher for the job (nodeprogs/spot.py), where notices are watched."""
-    if not job.on_preempt_signal:
-        return None
-    return program_text("spot", {"job_dir": f"{plan.home}/{JOBS_DIR}/{plan.job_id}", "job": plan.job_id,
-                                 "nodes": [[n.name, n.address] for n in plan.nodes],
-                                 "url": os.environ.get(IMDS_ENV) or IMDS_URL, "interval": SPOT_POLL_S,
-                                 "signal": job.on_preempt_signal, "grace": SPOT_GRACE_S})
-
-
-@dataclass
-class Recovered:
-    job: str
-    nodes: list[str]
-    cause: str  # "node-3 lost", "node-2 spot interruption"
-    attempt: int  # the attempt that ended (the next one runs on the new nodes)
-    detected: float  # when the leader started waiting
-    replaced: float  # when the leader was told to go on
-    seconds: float  # the replacement itself
 
 
 @dataclass
@@ -97,11 +61,6 @@ class RecoverResult:
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(self)
-
-
-def _leader_port(node: Node) -> list:
-    """[address, ssh port] as the leader reaches the node."""
-    return [node.address, node.ssh_port if node.ssh_host in (None, node.address) else 22]
 
 
 def _watched(jobs: list[JobRecord], job_id: str | None) -> list[JobRecord]:
@@ -176,51 +135,21 @@ class Loop:
     def handle(self, job: JobRecord) -> None:
         wait = job.waiting or {}
         nodes, number = [str(n) for n in wait.get("nodes") or []], int(wait.get("attempt") or 0)
-        d = scripts.job_dir_sh(job.id)
-        leader = self.session.record.leader
-        if not nodes or not run_on_node(self.session, leader, f"mkdir {d}/replacing.{number}", timeout=20).ok:
-            return  # another loop has it (or had it: the leader goes on once it wrote `replaced`)
-        cause = next((a.get("cause") for a in reversed(job.attempts) if a.get("cause")), None) or \
-            f"{', '.join(nodes)} lost"
-        self.report(f"job {job.id}: {cause}; replacing {nodeset.fold(nodes)} (the job waits on {leader.name})")
-        t0 = time.monotonic()
+        cause = next((a.get("cause") for a in reversed(job.attempts) if a.get("cause")), None)
         try:
-            replace(self.session, ",".join(nodes))
-        except BaseException as exc:
-            run_on_node(self.session, self.session.record.leader, f"rmdir {d}/replacing.{number}", timeout=20)
-            if not isinstance(exc, ToolError):
-                raise
+            done = replace_waiting(self.session, job.id, number, nodes, copy=self.copy, by=f"recover on {_host()}",
+                                   report=self.report, cause=cause, since=float(wait.get("since") or 0))
+        except NotReplaced as exc:
             until = time.strftime("%H:%M:%S", time.localtime(float(wait.get("until") or 0)))
-            self.report(f"job {job.id}: replacing {nodeset.fold(nodes)} failed: {exc.message}; trying again in "
-                        f"{RETRY_S:.0f}s (the leader waits until {until})")
+            self.report(f"{exc.message}; trying again in {RETRY_S:.0f}s (the leader waits until {until})")
             self.retry_at[job.id] = time.monotonic() + RETRY_S
             return
-        try:
-            self.after_replace(job, nodes)
-        except ToolError as exc:  # the node is new: the job goes on; what failed here can be done by hand
-            self.report(f"job {job.id}: {exc.message}")
-        record = self.session.record
-        doc = {"attempt": number, "at": time.time(), "nodes": {n: _leader_port(record.node(n)) for n in nodes}}
-        line = (f"printf %s {shlex.quote(json.dumps(doc))} > {d}/replaced.tmp && mv {d}/replaced.tmp {d}/replaced")
-        told = run_on_node(self.session, record.leader, line, timeout=20)
-        if not told.ok:
-            raise ToolError(f"replaced {nodeset.fold(nodes)} but could not tell the leader: {told.reason}")
-        self.result.recovered.append(Recovered(job.id, nodes, cause, number, float(wait.get("since") or 0),
-                                               time.time(), round(time.monotonic() - t0, 2)))
-        self.report(f"job {job.id}: {nodeset.fold(nodes)} replaced in {time.monotonic() - t0:.1f}s; "
-                    f"the leader starts attempt {number + 1}")
+        if done is not None:
+            self.result.recovered.append(done)
 
-    def after_replace(self, job: JobRecord, nodes: list[str]) -> None:
-        """What the new disks lack: the job agent (node launchers) and the ``copy`` paths."""
-        record = self.session.record
-        new = [record.node(n) for n in nodes]
-        if job.launcher != "mpirun":
-            agent = run_on_node(self.session, record.leader, f"cat {scripts.job_dir_sh(job.id)}/agent.json",
-                                timeout=20)
-            if agent.ok:
-                script = scripts.agent_install_script(job.id, agent.stdout)
-                run_on_nodes(self.session, new, "sh -s", timeout=30, stdin_data=script.encode())
-        copy_back(self.session, [n.name for n in new], self.copy)
+
+def _host() -> str:
+    return socket.gethostname() or "this machine"
 
 
 def _claim(job: JobRecord) -> bool:
@@ -234,27 +163,15 @@ def _claim(job: JobRecord) -> bool:
         return False
 
 
-def _launch_path(job: JobRecord) -> Path:
-    return records.jobs_dir(job.cluster) / f"{job.id}.launch"
-
-
-def keep_launch(job: JobRecord, script: str) -> None:
-    """What `run` sent the leader to start a job with --replace-failed (its files, then the start), kept here."""
-    if not job.replace_failed:
-        return
-    path = _launch_path(job)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(script)
-
-
 def relaunch(session: ClusterSession, job: JobRecord, cause: str, address: str) -> str | None:
-    """Start ``job`` again on a new leader: what is left of it on the members stopped, its files sent
-    again with its attempts so far (the last one ended by ``cause``).  None, or why it could not (the
-    files name the old leader's ``address``: a new leader elsewhere needs a new `run`)."""
+    """Start ``job`` again on a new leader: what is left of it on the members stopped, then the job planned
+    again from its kept request (jobs/replan.py: new hostfile, MASTER_ADDR, agent on every node) with its
+    attempts so far (the last one ended by ``cause``).  A job without a kept request (run before it was kept)
+    has its kept launch files sent again: mpirun jobs only, and only when the leader kept its ``address``.
+    None, or why it could not."""
+    request = kept_request(job)
     path = _launch_path(job)
-    if job.launcher != "mpirun" or not path.exists() or session.record.leader.address != address:
+    if request is None and (job.launcher != "mpirun" or not path.exists() or session.record.leader.address != address):
         return (f"job {job.id} ({job.launcher}) cannot be started again from here after its leader was lost: "
                 "run it again (it resumes from its checkpoint where that was not on the leader's disk)")
     attempts = [dict(a) for a in job.attempts] or [{"attempt": 1, "restart_count": 0, "start": job.started}]
@@ -270,6 +187,11 @@ def relaunch(session: ClusterSession, job: JobRecord, cause: str, address: str) 
     prefix = f"mkdir -p {d} && printf %s {shlex.quote(json.dumps(doc))} > {d}/attempts.json\n"
     session.report(f"job {job.id}: starting it again on the new {record.leader.name} (CLUSTERTOOL_RESTART_COUNT="
            f"{len(attempts)}; a checkpoint on the old leader's disk is gone)")
+    if request is not None:
+        try:
+            return replan.relaunch(session, job, request, prefix)
+        except ToolError as exc:
+            return f"job {job.id}: could not start it again on the new leader: {exc.message}"
     started = run_on_node(session, record.leader, "sh -s", timeout=30, stdin_data=(prefix + path.read_text()).encode())
     if not started.ok:
         return f"job {job.id}: could not start it again on the new leader: {started.reason}"

@@ -10,8 +10,9 @@ same command starts again.  Because the loop runs on the leader, the job restart
 laptop closed; no cloud call is made here.  With ``--replace-failed`` a lost node (or one whose spot notice
 came, nodeprogs/spot.py) is replaced by whoever holds the credentials: this loop writes ``waiting`` in
 attempts.json (which nodes, until when) and waits for ``replaced`` in the job's folder, which the recovery
-loop on the user's machine (jobs/recovery.py: `clustertool recover`, `run --follow --replace-failed`) writes
-once `replace` made the new nodes; then the same command starts again on them.  Nobody within
+loop on the user's machine (jobs/recovery.py: `clustertool recover`, `run --follow --replace-failed`) or the
+cluster's controller (controller/, ARGS ``replacer`` names it) writes once `replace` made the new nodes; then
+the same command starts again on them.  Nobody within
 ``replace_wait`` seconds: the job stops and says so.
 
 The job's exit code, per attempt, is mpirun's: the first failing rank's code, or 128+signal for a rank
@@ -168,14 +169,18 @@ def duration(seconds):
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def await_replacement(d, state, path, lost, number, wait_s):
-    """Until the recovery loop on the user's machine says ``lost`` (names) are replaced: its ``replaced``
-    document, or (None, why the job stops: `kill`, or nobody replaced them within ``wait_s``)."""
+def await_replacement(d, state, path, lost, number, wait_s, replacer=None):
+    """Until the recovery loop (``replacer``: the cluster's controller, else `clustertool recover` on the user's
+    machine) says ``lost`` (names) are replaced: its ``replaced`` document, or (None, why the job stops: `kill`,
+    or nobody replaced them within ``wait_s``)."""
     since = time.time()
     state["waiting"] = {"nodes": lost, "since": since, "until": since + wait_s, "attempt": number}
+    if replacer:
+        state["waiting"]["replacer"] = replacer
     write_json(path, state)
-    say(f"waiting up to {duration(wait_s)} for {', '.join(lost)} to be replaced (`clustertool recover`, or "
-        "`run --follow --replace-failed`, on the machine with the cloud credentials does it)")
+    who = replacer or ("`clustertool recover`, or `run --follow --replace-failed`, on the machine with the cloud "
+                       "credentials")
+    say(f"waiting up to {duration(wait_s)} for {', '.join(lost)} to be replaced ({who} does it)")
     marker = os.path.join(d, "replaced")
     try:
         while True:
@@ -289,13 +294,13 @@ def main(args):
                             os.path.exists(os.path.join(d, "blockend")))
         if again and gone and replace_failed:
             say(f"attempt {k + 1} ended: {cause}; {why}")
-            doc, stop_why = await_replacement(d, state, path, gone, k + 1, wait_s)
+            doc, stop_why = await_replacement(d, state, path, gone, k + 1, wait_s, args.get("replacer"))
             if doc is None:
                 again, why = False, stop_why
             else:
                 readdress(args, d, doc)
                 silent = all_answer(args.get("nodes") or [])
-                attempt["replaced"] = {"nodes": gone, "at": time.time()}
+                attempt["replaced"] = {"nodes": gone, "at": time.time(), "by": doc.get("by")}
                 if silent is not None:
                     again, why = False, f"{silent} does not answer after the replacement: no restart"
                 else:

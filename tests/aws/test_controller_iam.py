@@ -239,3 +239,45 @@ def test_the_controller_s_role_replaces_a_node_of_its_cluster_and_another_role_i
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     iam.delete_role(RoleName=f"{name}-other")
     assert aws.ct("down", "-c", name, "--yes")[0] == 0 and iamworld.leaks(aws.url, name) == 0
+
+
+def test_up_controller_node_makes_the_identity_records_it_status_shows_it_and_down_removes_it(aws):
+    """`up --controller-node node-2`: the identity is made by `up` itself (inside its rollback) and recorded;
+    --no-ssh (moto's instances run no sshd) leaves the controller process unstarted and says so."""
+    from clustertool.core import state
+    from clustertool.providers.aws import controller_policy
+
+    name = unique("cu")
+    code, _, err = aws.ct(*UP, "--name", name, "--controller-node", "node-2")
+    assert code == 0, err
+    record = state.load(name)
+    names = controller_policy.names(record.id)
+    node2 = record.node("node-2").instance_id
+    assert f"made the controller's role {names.role}" in err and f"on node-2 ({node2})" in err
+    assert "controller: not started (--no-ssh: it watches the jobs' leader over SSH)" in err
+    assert record.options["controller"] == {"node": "node-2"}
+    assert record.provider_state["controller_identity"]["node"] == "node-2"
+    (assoc,) = iamworld.associations(aws.url, name)
+    assert assoc["InstanceId"] == node2
+    code, out, err = aws.ct("status", "-c", name, "--no-check", "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["controller identity"].startswith(f"role {names.role} in instance profile {names.profile} on "
+                                                   f"node-2 ({node2})")
+    assert shown["controller"] == "not started (--no-ssh: it watches the jobs' leader over SSH)"
+    code, _, err = aws.ct("down", "-c", name, "--yes")
+    assert code == 0, err
+    assert f"removed the controller's instance profile {names.profile} and role {names.role}" in err
+    assert iamworld.leaks(aws.url, name) == 0 and aws.total_leaks(name) == 0
+
+
+def test_up_controller_whose_identity_fails_rolls_everything_back(aws):
+    from clustertool.core import state
+
+    name = unique("cx")
+    aws.faults.add("associate_iam_instance_profile", client_error("UnauthorizedOperation", "Associate", "no"))
+    code, _, err = aws.ct(*UP, "--name", name, "--controller-node", "node-3")
+    assert code != 0 and "UnauthorizedOperation" in err, err
+    assert "removing what was made" in err
+    assert not state.exists(name)
+    assert iamworld.leaks(aws.url, name) == 0 and aws.total_leaks(name) == 0

@@ -2,7 +2,7 @@
 2-node local cluster: it outlives the command that started it, there are never two of it (two starts at
 once give one process), `stop` leaves no process; and its loop sees, on the real leader, the wait state the
 restart loop writes when a node of a `--restarts 1 --replace-failed` job dies (node-2's namespace killed),
-without claiming it (phase A: the replacing itself is wired in phase B; `recover` still does it).
+and leaves alone a wait another replacer (`recover`) claimed.  The replacing itself: test_controller_recovery.py.
 """
 
 from __future__ import annotations
@@ -95,34 +95,46 @@ def _status(name: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def test_the_controller_sees_a_job_wait_for_the_replacement_of_a_killed_node_and_claims_nothing(home):
+def _waiting(job_dir: Path) -> dict | None:
+    try:
+        return json.loads((job_dir / "attempts.json").read_text()).get("waiting")
+    except (OSError, ValueError):  # not written yet (it is written whole, then moved)
+        return None
+
+
+def test_the_controller_leaves_a_wait_another_replacer_claimed_alone(home):
+    """`recover` and the controller claim a wait with ``mkdir replacing.<attempt>`` on the leader: a wait claimed
+    by another replacer (made here, as `recover` does, before the controller starts) is seen and left alone."""
     from clustertool.cluster.session import ClusterSession
     from clustertool.controller import process
 
     name, env = home
-    started = process.start(ClusterSession.load(name), poll=1.0)
     run = run_cli("run", "-c", name, "--restarts", "1", "--replace-failed", "--replace-wait", "2m", "--",
                   "sleep", "600", env=env)
     assert run.returncode == 0, run.stderr
     job_id = run.stdout.strip().split()[-1]
+    nodes_dir = Path(provider_state(env, name)["nodes_dir"])
+    job_dir = nodes_dir / "node-1" / "home" / ".clustertool" / "jobs" / job_id
     try:
         ns = net.netns_name(name, 2)
         sysops.kill_all(sysops.pids_in_netns([ns])[ns])  # node-2 dies: sshd, orted and its rank
         deadline = time.monotonic() + 120
-        while not [h for h in _status(name).get("handled", []) if h["job"] == job_id]:
+        while not _waiting(job_dir):
+            assert time.monotonic() < deadline, "the restart loop did not wait for a replacement"
+            time.sleep(0.5)
+        (job_dir / "replacing.1").mkdir()  # another replacer has it
+        started = process.start(ClusterSession.load(name), poll=1.0)
+        deadline = time.monotonic() + 120
+        while not [w for w in _status(name).get("waiting", []) if w["job"] == job_id]:
             assert time.monotonic() < deadline, (_status(name), Path(started.log).read_text()[-2000:])
             time.sleep(0.5)
-        (handled,) = [h for h in _status(name)["handled"] if h["job"] == job_id]
-        assert handled["nodes"] == ["node-2"] and handled["attempt"] == 1
-        log = Path(started.log).read_text()
-        assert f"job {job_id} waits on node-1 for node-2 to be replaced (attempt 1, until " in log
-        job_dir = Path(provider_state(env, name)["nodes_dir"]) / "node-1" / "home" / ".clustertool" / "jobs" / job_id
-        assert not list(job_dir.glob("replacing.*"))  # not claimed: `recover` would still replace the node
         (seen,) = [w for w in _status(name)["waiting"] if w["job"] == job_id]
-        assert (seen["claimed"], seen["replaced"]) == (False, False)
+        assert (seen["nodes"], seen["attempt"], seen["claimed"], seen["replaced"]) == (["node-2"], 1, True, False)
+        assert _status(name)["handled"] == []  # left alone: no replacement, no second claim
+        assert not (job_dir / "replaced").exists()
         line = process.status_line(name) or ""
         assert line.startswith(f"running (pid {started.pid}), last look at node-1 ") and \
-            line.endswith(f"{job_id} waits for node-2"), line
+            line.endswith("no job waits"), line
     finally:
         run_cli("kill", "-c", name, job_id, env=env)
     deadline = time.monotonic() + 60
@@ -131,3 +143,43 @@ def test_the_controller_sees_a_job_wait_for_the_replacement_of_a_killed_node_and
         time.sleep(0.5)
     assert process.stop(name).how == "stopped"
     assert process.status_line(name) == "not running (`up --controller` starts it)"
+
+
+def test_a_sweep_stops_a_controller_whose_cluster_state_is_gone(home):
+    """`down --sweep` stops this home's controllers whose cluster state was removed (each would also end at its
+    next round; this one's rounds are 10 minutes apart, so only the sweep's stop ends it now)."""
+    from clustertool.cluster.session import ClusterSession
+    from clustertool.controller import process
+    from clustertool.core import state
+
+    name, env = home
+    other = name + "-gone"
+    doc = json.loads(state.state_path(name).read_text())
+    doc["name"] = other
+    state.state_path(other).write_text(json.dumps(doc))
+    try:
+        started = process.start(ClusterSession.load(other), poll=600)
+        assert _controllers(other) == [started.pid] and process.strays() == []  # its state is there: not a stray
+        state.state_path(other).unlink()  # the state is gone, the process not yet
+        assert process.strays() == [(started.pid, other)]
+        assert process.stop_strays() == [f"{other}: stopped its controller (pid {started.pid}), whose cluster "
+                                         "state is gone"]
+        assert _controllers(other) == [] and process.strays() == []
+    finally:
+        for pid in _controllers(other):
+            os.kill(pid, 9)
+        state.delete(other)
+
+
+def test_recover_says_the_controller_replaces_lost_nodes_too(home):
+    from clustertool.cluster.session import ClusterSession
+    from clustertool.controller import process
+
+    name, env = home
+    started = process.start(ClusterSession.load(name), poll=1.0)
+    done = run_cli("recover", "-c", name, env=env)
+    assert done.returncode == 0, done.stderr
+    assert (f"the cluster's controller (pid {started.pid}) replaces lost nodes too: each wait is claimed once on "
+            "the leader, so nothing is replaced twice") in done.stderr
+    assert "no running job run with --replace-failed" in done.stdout
+    assert process.stop(name).how == "stopped"
