@@ -89,11 +89,12 @@ def test_kill_script_forces_kill_after_the_grace_period(tmp_path):
                                 start_new_session=True)
     try:
         time.sleep(0.2)
-        t0 = time.monotonic()
         out = sh(scripts.kill_script(job_id, "TERM", 0.5), tmp_path, check=True).stdout
         result = kill.parse_kill_output("here", out)
+        # TERM ignored, KILL after the grace: the script says it forced it, and KILL is what ended it (the
+        # seconds a loaded box takes are not the behaviour: a wall-clock bound failed at load 20)
         assert stubborn.pid in result.forced and result.remaining == []
-        assert stubborn.wait(timeout=5) == -9 and time.monotonic() - t0 < 5
+        assert stubborn.wait(timeout=30) == -9
     finally:
         stubborn.kill()
         stubborn.wait()
