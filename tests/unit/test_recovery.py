@@ -73,7 +73,11 @@ def _waiting(d):
 def test_the_leader_waits_for_the_replacement_then_restarts_with_the_same_job_id(tmp_path, listening):
     job_id, d = start(tmp_path, listening, 60)
     deadline = time.monotonic() + 30
-    while _waiting(d) is None and time.monotonic() < deadline:
+
+    def said() -> bool:  # attempts.json's wait and the log's lines are two writes: both, before looking
+        return _waiting(d) is not None and "waiting up to" in ((d / "log").read_text() if (d / "log").exists() else "")
+
+    while not said() and time.monotonic() < deadline:
         time.sleep(0.05)
     waiting = _waiting(d)
     assert waiting["nodes"] == ["node-3"] and waiting["attempt"] == 1 and waiting["until"] > time.time()
