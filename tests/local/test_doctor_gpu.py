@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -86,18 +85,20 @@ def test_the_node_with_a_faulty_gpu_is_named_with_its_xid_and_fix_and_the_others
 
 
 def test_a_dcgm_that_never_answers_is_reported_as_timed_out_within_the_box(cluster):
+    """The dcgmi stand-in never ends by itself: doctor came back at all only because its box (3 s, the
+    node's timeout(1)) stopped it, and says so.  Events, not seconds: the stand-in started (its pid file),
+    the finding is the box's (not the whole check's limit, 4 x (60 + 3) + 6 + 30 s, which would read "could
+    not run"), the stand-in is gone on the node.  run_cli's 600 s is a safety above that limit, not a bound."""
     with standins(cluster, {"node-3": {"xml": REAL / "smi-xml.out", "dcgm": gpu_standins.HANG}}):
-        t0 = time.monotonic()
-        proc = doctor(cluster, "--check", "gpu", "--deep", "--deep-timeout", "3", "--json", timeout=90)
-        took = time.monotonic() - t0
+        proc = doctor(cluster, "--check", "gpu", "--deep", "--deep-timeout", "3", "--json", timeout=600)
         name, env = cluster
         alive = run_cli("exec", "-c", name, "-n", "node-3", "--no-live", "--",
-                        f"kill -0 $(cat {STANDIN}/dcgmi.pid)", env=env)
+                        f"pid=$(cat {STANDIN}/dcgmi.pid) && echo started && kill -0 $pid", env=env)
     [hung] = check(json.loads(proc.stdout), "gpu")["findings"]
     assert (hung["node"], hung["severity"], hung["data"]["timed_out"]) == ("node-3", "warning", True)
     assert hung["message"] == "dcgmi diag -r 2 did not finish within 3 s (stopped; doctor does not wait longer)"
+    assert "started" in alive.stdout, alive.stdout + alive.stderr   # the stand-in did run on the node
     assert alive.returncode != 0          # the stand-in was stopped on the node, not left running
-    assert took < 80, took                # the box held (run_cli's own limit is 90 s)
 
 
 def test_missing_efa_device_and_nccl_on_sockets_are_named(cluster):
