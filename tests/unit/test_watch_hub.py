@@ -4,6 +4,7 @@ reach (nothing listens on 127.0.0.2:22 here), and what `top --once` then says ab
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import subprocess
 import sys
@@ -35,6 +36,29 @@ def test_once_reports_the_leader_and_names_the_unreachable_member(tmp_path):
     assert nodes["n1"]["state"] == "ok" and nodes["n1"]["cpu"] is not None and nodes["n1"]["gpus"] is None
     assert nodes["n2"]["state"] == "unreachable" and "refused" in (nodes["n2"]["error"] or "").lower()
     assert view["answered"] == 1 and view["jobs"] == []
+
+
+# A stand-in for a loaded machine: the real sampler, each of its answers held back DELAY_S (twice the interval).
+DELAY_S = 0.6
+LATE_ANSWERS = ("import sys, time\nfor line in iter(sys.stdin.buffer.readline, b''):\n"
+                "    time.sleep(%s)\n    sys.stdout.buffer.write(line)\n    sys.stdout.buffer.flush()\n" % DELAY_S)
+
+
+def test_once_waits_for_a_sampler_slower_than_the_interval():
+    """`top --once` on a loaded machine: the leader's sampler answers each reading after twice the interval.  The
+    view printed holds its answer to the last reading (rates over an interval, CPU known), not an older answer of
+    a reading that timed out at one interval (the race that made the test above fail now and then under load)."""
+    late = f"{nodeprogs.stream_command()} | {sys.executable} -u -c {shlex.quote(LATE_ANSWERS)}"
+    args = {"mode": "once", "leader": "n1", "nodes": [["n1", "127.0.0.1", "leader"]],
+            "node_source": nodeprogs.program_source("watchnode"), "remote_python": late,
+            "interval": DELAY_S / 2, "samples": 2, "regex": [], "jobs": None, "gpu": False, "connect_s": 20}
+    done = subprocess.run([sys.executable, "-"], input=nodeprogs.program_text("watchhub", args), capture_output=True,
+                          timeout=90)
+    assert done.returncode == 0, done.stderr.decode()
+    view = json.loads(done.stdout)
+    assert view["answered"] == 1, view   # the answer to the reading printed, however late it came
+    (node,) = view["nodes"]
+    assert node["state"] == "ok" and node["cpu"] is not None and node["rx"] is not None, node
 
 
 def test_the_job_recorder_writes_the_record_and_ends_soon_after_the_job(tmp_path):
