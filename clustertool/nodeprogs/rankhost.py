@@ -33,6 +33,7 @@ def finish():
             if thread is not threading.current_thread() and not thread.daemon:
                 thread.join()
     atexit._run_exitfuncs()
+    finalize_mpi()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -45,6 +46,20 @@ def finish():
     except (OSError, AttributeError):
         pass
     os._exit(0)
+
+
+def finalize_mpi():
+    """MPI_Finalize where the script's mpi4py initialised MPI and would finalise it at exit: mpi4py does it from the
+    interpreter's own finalisation (a C-level exit function), which os._exit skips, and Open MPI's mpirun then
+    fails the job however well each rank ended ("exiting improperly": every mpi4py script, train_mlp.py's too)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or getattr(getattr(sys.modules.get("mpi4py"), "rc", None), "finalize", None) is False:
+        return
+    try:
+        if mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
+    except Exception as exc:  # an MPI error at its end: said, and the process still ends as the script did
+        sys.stderr.write(f"rankhost: MPI_Finalize: {exc}\n")
 
 
 def _users_frames(tb):

@@ -8,6 +8,7 @@ only thing it skips."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -99,3 +100,23 @@ def test_the_job_agent_runs_python_ranks_under_the_host(tmp_path):
         ["python3", "/h/rh.py", "t.py"]
     assert jobagent.rank_command({"mode": "exec", "argv": ["./run.sh"]}, [], "/h/rh.py") == ["./run.sh"]
     assert jobagent.rank_command({"mode": "python", "target": "t.py"}, [], None) == [sys.executable, "-u", "t.py"]
+
+
+MPI_SCRIPT = textwrap.dedent('''
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Barrier()
+    open(f"rank.{MPI.COMM_WORLD.Get_rank()}", "w").write("done")
+''')
+
+
+def test_an_mpi4py_rank_under_the_host_finalizes_so_mpirun_succeeds(tmp_path):
+    """mpi4py finalises MPI in the interpreter's own teardown, which the host skips: the host calls MPI_Finalize
+    itself, else real Open MPI's mpirun fails a job whose every rank ended well (exit 1, "exiting improperly")."""
+    pytest.importorskip("mpi4py", reason="needs mpi4py (the dev extra)")
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs Open MPI's mpirun (`make apt`)")
+    (tmp_path / "train.py").write_text(MPI_SCRIPT)
+    proc = _run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, HOST,
+                 str(tmp_path / "train.py")], cwd=tmp_path)
+    assert proc.returncode == 0 and "improperly" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert [(tmp_path / f"rank.{r}").read_text() for r in (0, 1)] == ["done", "done"]   # both ran to the end
