@@ -1,7 +1,8 @@
 """`monitoring enable|disable|status`: Prometheus and its exporters on a running cluster.
 
 Every node: Prometheus's node exporter on its private address (the cluster's network only), with its
-textfile collector fed by ``nodeprogs/gputext.py`` where nvidia-smi answers.  The leader also: the
+textfile collector fed by ``nodeprogs/gputext.py`` where nvidia-smi answers, or NVIDIA's dcgm-exporter where a
+node has it installed (then Prometheus scrapes it as job ``dcgm``, and gputext does not run).  The leader also: the
 watch hub as clustertool's own exporter (jobs, ranks' steps and step rates, stragglers, cordons, the
 cost so far; on its loopback) and a Prometheus server (on its loopback) scraping them all, with a
 bounded retention.  Nothing listens beyond the cluster: `metrics` reaches Prometheus through ssh.
@@ -26,10 +27,13 @@ from clustertool.core import state
 from clustertool.core.durations import parse_duration
 from clustertool.core.errors import UsageError
 from clustertool.core.model import ClusterRecord, Node, jsonable
-from clustertool.remote.group import run_on_nodes
+from clustertool.remote.group import run_on_node, run_on_nodes
 
 MARK_ENV = "CLUSTERTOOL_MONITORING"
-PROCESSES = ("node-exporter", "gputext", "hub", "prometheus")
+PROCESSES = ("node-exporter", "gputext", "dcgm", "hub", "prometheus")
+DCGM_PORT = 9400   # dcgm-exporter's own default port, on the node's private address as the node exporter's
+DCGM_TARGETS = "dcgm-targets.json"   # beside prometheus.yml on the leader: the nodes whose dcgm-exporter runs
+MONITORING_DIR = "~/.clustertool/monitoring"
 LEGACY_FILE = "monitoring.json"  # where the setting lived before the cluster record held it (read once, then gone)
 
 
@@ -114,11 +118,27 @@ def prometheus_config(record: ClusterRecord, request: MonitoringRequest) -> dict
     return {"global": {"scrape_interval": every, "evaluation_interval": every},
             "scrape_configs": [
                 {"job_name": "node", "static_configs": nodes},
+                # the nodes that run dcgm-exporter are known once every node ran monitoring.sh: a file the leader
+                # re-reads when it changes (relative to prometheus.yml's folder)
+                {"job_name": "dcgm", "file_sd_configs": [{"files": [DCGM_TARGETS], "refresh_interval": every}]},
                 {"job_name": "clustertool", "honor_labels": True,  # its node label names the node it speaks of
                  "static_configs": [{"targets": [f"127.0.0.1:{request.exporter_port}"], "labels": cluster}]},
                 {"job_name": "prometheus", "static_configs": [
                     {"targets": [f"127.0.0.1:{request.prometheus_port}"],
                      "labels": dict(cluster, node=record.leader.name)}]}]}
+
+
+def dcgm_targets(record: ClusterRecord, running: list[str]) -> list[dict[str, Any]]:
+    """The ``dcgm`` job's targets (file_sd's form): the nodes named in ``running``, labelled as the node job's."""
+    return [{"targets": [f"{n.address}:{DCGM_PORT}"],
+             "labels": {"cluster": record.name, "node": n.name, "role": n.role}}
+            for n in record.ordered_nodes() if n.name in running]
+
+
+def write_targets_command(name: str = DCGM_TARGETS) -> str:
+    """The leader's shell line that puts its stdin in place as ``name`` at once (Prometheus watches the file)."""
+    path = f"{MONITORING_DIR}/{name}"
+    return f"cat > {path}.tmp && mv -f {path}.tmp {path}"
 
 
 def cost_args(record: ClusterRecord, now: float | None = None) -> dict[str, Any] | None:
@@ -141,7 +161,7 @@ def node_inputs(session: ClusterSession, node: Node, request: MonitoringRequest,
                               "NODE_PORT": request.node_port, "ROLE": "leader" if node.is_leader else node.role,
                               "PROM_PORT": request.prometheus_port, "RETENTION_TIME": request.retention_time,
                               "RETENTION_SIZE": request.retention_size, "PROM_CONFIG_B64": "", "HUB_B64": "",
-                              "GPU_B64": ""}
+                              "GPU_B64": "", "DCGM_PORT": DCGM_PORT, "DCGM_MS": 1000 * request.interval_s}
     if mode != "enable":
         return inputs
     gpu = {"dir": "~/.clustertool/monitoring/textfile", "interval": request.interval_s}
@@ -183,7 +203,18 @@ def _run(session: ClusterSession, verb: str, request: MonitoringRequest) -> Moni
             result.problems.append(f"{r.node}: {r.reason}")
     if verb == "enable":
         result.prometheus = f"127.0.0.1:{request.prometheus_port} on {record.leader.name} (the leader)"
+        result.problems += scrape_dcgm(session, record, result)
     return result
+
+
+def scrape_dcgm(session: ClusterSession, record: ClusterRecord, result: MonitoringResult) -> list[str]:
+    """Tell Prometheus which nodes run dcgm-exporter (none: the leader's script left the list empty)."""
+    running = [node for node, procs in result.nodes.items() if procs.get("dcgm", "").startswith("running")]
+    if not running:
+        return []
+    data = json.dumps(dcgm_targets(record, running), indent=1).encode()
+    done = run_on_node(session, record.leader, write_targets_command(), timeout=60, stdin_data=data)
+    return [] if done.ok else [f"{record.leader.name}: dcgm-exporter's targets not written: {done.reason}"]
 
 
 def start(session: ClusterSession, request: MonitoringRequest) -> MonitoringResult:

@@ -4,8 +4,10 @@
 # starts carries it, so disable finds them all), ADDR (the node's private address: its node exporter
 # listens there, reachable within the cluster only), NODE_PORT, ROLE (leader: Prometheus and clustertool's
 # exporter too), PROM_PORT (Prometheus on the leader's loopback), RETENTION_TIME, RETENTION_SIZE,
-# PROM_CONFIG_B64, HUB_B64 (the exporter: nodeprogs/watchhub in serve mode), GPU_B64 (nodeprogs/gputext).
-# Everything lives in ~/.clustertool/monitoring: NAME.pid, NAME.log, textfile/, data/ (Prometheus's TSDB).
+# PROM_CONFIG_B64, HUB_B64 (the exporter: nodeprogs/watchhub in serve mode), GPU_B64 (nodeprogs/gputext),
+# DCGM_PORT, DCGM_MS (NVIDIA's dcgm-exporter, on ADDR, where installed: then it, not gputext, is the GPU exporter).
+# Everything lives in ~/.clustertool/monitoring: NAME.pid, NAME.log, textfile/, data/ (Prometheus's TSDB),
+# dcgm-targets.json on the leader (the nodes whose dcgm-exporter Prometheus scrapes: written after every node ran).
 # Prints one line per process: `running NAME PID`, `stopped NAME`, `skipped NAME why`, `missing NAME what`.
 d="$HOME/.clustertool/monitoring"
 export PATH="$HOME/.local/bin:$PATH:/usr/sbin:/usr/local/nvidia/bin"
@@ -25,7 +27,7 @@ marked() {  # the pids that carry MARK, this shell left out
 }
 
 stop_all() {  # TERM what carries MARK (the exporter first: it closes its samplers), then KILL what is left
-  for name in hub gputext node-exporter prometheus; do
+  for name in hub gputext dcgm node-exporter prometheus; do
     p=$(pid_of "$name") && kill -TERM "$p" 2>/dev/null
   done
   for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
@@ -44,8 +46,12 @@ start() {  # start NAME CMD...: in its own session, detached, carrying MARK
   echo $! > "$d/$name.pid"
 }
 
+gpu_exporter() {  # the GPU exporter this node runs: NVIDIA's dcgm-exporter where installed, else gputext
+  if command -v dcgm-exporter > /dev/null 2>&1; then echo dcgm; else echo gputext; fi
+}
+
 status() {  # the leader's four processes, a member's two
-  names="node-exporter gputext"
+  names="node-exporter $(gpu_exporter)"
   [ "$ROLE" = leader ] && names="$names hub prometheus"
   for name in $names; do
     if p=$(pid_of "$name"); then echo "running $name $p"; else echo "stopped $name"; fi
@@ -69,7 +75,9 @@ mkdir -p "$d/textfile" "$d/data" || exit 1
 rm -f "$d/textfile/clustertool_gpu.prom"
 start node-exporter "$exporter" "--web.listen-address=$ADDR:$NODE_PORT" \
   "--collector.textfile.directory=$d/textfile"
-if [ -n "$py" ] && command -v nvidia-smi > /dev/null 2>&1; then
+if [ "$(gpu_exporter)" = dcgm ]; then
+  start dcgm dcgm-exporter "--address=$ADDR:$DCGM_PORT" "--collect-interval=$DCGM_MS"
+elif [ -n "$py" ] && command -v nvidia-smi > /dev/null 2>&1; then
   printf %s "$GPU_B64" | base64 -d > "$d/gputext.py" || exit 1
   start gputext "$py" "$d/gputext.py"
 else
@@ -78,6 +86,7 @@ fi
 if [ "$ROLE" = leader ]; then
   printf %s "$HUB_B64" | base64 -d > "$d/hub.py" || exit 1
   printf %s "$PROM_CONFIG_B64" | base64 -d > "$d/prometheus.yml" || exit 1
+  echo '[]' > "$d/dcgm-targets.json" || exit 1
   start hub "$py" "$d/hub.py"
   start prometheus prometheus "--config.file=$d/prometheus.yml" "--storage.tsdb.path=$d/data" \
     "--storage.tsdb.retention.time=$RETENTION_TIME" "--storage.tsdb.retention.size=$RETENTION_SIZE" \
@@ -85,7 +94,7 @@ if [ "$ROLE" = leader ]; then
 fi
 sleep 1
 status
-for name in node-exporter gputext hub prometheus; do  # one that died at once says why
+for name in node-exporter gputext dcgm hub prometheus; do  # one that died at once says why
   [ -f "$d/$name.pid" ] && ! pid_of "$name" > /dev/null && echo "failed $name $(tail -n 2 "$d/$name.log" | tr '\n' ' ')"
 done
 exit 0

@@ -196,16 +196,21 @@ class Hub:
         for m in self.members:
             m.start()
 
-    def reading(self, jobs, wait_s):
-        """Ask every sampler; wait until all answered or ``wait_s``; the view."""
+    def answering(self):
+        """The members that answered the latest reading."""
+        return [m for m in self.members if m.last_seq == self.seq]
+
+    def reading(self, jobs, wait_s, expect=None):
+        """Ask every sampler; wait until each of ``expect`` (default: all) answered or ``wait_s``; the view."""
         self.seq += 1
         request = {"seq": self.seq, "jobs": [{"id": j["id"], "out": j["out"]} for j in jobs]}
+        waiting = self.members if expect is None else expect
         asked = time.monotonic()
         for m in self.members:
             m.ask(request)
         deadline = asked + wait_s
         while time.monotonic() < deadline:
-            if all(m.last_seq == self.seq or m.state == "unreachable" for m in self.members):
+            if all(m.last_seq == self.seq or m.state == "unreachable" for m in waiting):
                 break
             self.answered.wait(max(0.0, min(0.05, deadline - time.monotonic())))
             self.answered.clear()
@@ -250,12 +255,18 @@ def stdin_watch(stop):
 
 def run_once(hub, args):
     """A first reading once every sampler answered (not counted: its rates span each sampler's start), then
-    ``samples`` readings ``interval`` apart; prints the last."""
-    wanted = args.get("jobs")
-    view = hub.reading(running_jobs(wanted), wait_s=float(args.get("connect_s", 10.0)))
+    ``samples`` readings ``interval`` apart; prints the last.
+
+    Each reading waits for the answer of every sampler that answered the one before (up to ``connect_s``), not
+    for an interval: on a loaded machine an answer may take longer than ``interval``, and the view printed
+    must hold every answering node's reading of that moment (and no request may queue behind a late one,
+    which would make its rates span nothing).  A node that stopped answering is waited for once, then shown
+    stale; one that never answered is not waited for again."""
+    wanted, connect_s = args.get("jobs"), float(args.get("connect_s", 10.0))
+    view = hub.reading(running_jobs(wanted), wait_s=connect_s)
     for _ in range(int(args.get("samples", 3))):
         time.sleep(hub.interval)
-        view = hub.reading(running_jobs(wanted), wait_s=hub.interval)
+        view = hub.reading(running_jobs(wanted), wait_s=connect_s, expect=hub.answering())
     emit(view)
 
 

@@ -129,7 +129,9 @@ def keep(records, jobs, hub, view):
 
 def record(hub, args):
     """One job's record (the recorder started with the job): a reading every interval until the job ends, looked
-    for every half second so the recorder goes soon after the job."""
+    for every half second so the recorder goes soon after the job.  The first reading waits for every sampler's
+    first answer (up to ``connect_s``, as ``once`` does): a sampler slow to start on a loaded node must not leave
+    the record's first lines without it."""
     wanted = [args["job"]]
     jobs = running_jobs(wanted)
     if not jobs:
@@ -138,10 +140,10 @@ def record(hub, args):
     if not rec.held:
         return  # another recorder keeps it
     try:
-        due = time.monotonic()
+        due, wait_s = None, float(args.get("connect_s", 10.0))   # the first reading once every sampler answered
         while jobs:
-            rec.add(hub.reading(jobs, wait_s=min(hub.interval * 0.8, 5.0)))
-            due += hub.interval
+            rec.add(hub.reading(jobs, wait_s=wait_s))
+            due, wait_s = (due or time.monotonic()) + hub.interval, min(hub.interval * 0.8, 5.0)
             while jobs and time.monotonic() < due:
                 time.sleep(max(0.0, min(0.5, due - time.monotonic())))
                 jobs = running_jobs(wanted)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
-from clustertool.plugin.build import REDUCER, current_build
+from clustertool.plugin.build import REDUCER
 from clustertool.workloads import node_python
 from tests.conftest import REPO, run_cli
 from tests.local.conftest import module_cluster
@@ -30,9 +31,9 @@ def cluster(tmp_path_factory):
     gen = module_cluster(tmp_path_factory, 3, "sl", "--reduction-servers", "1", "--link-rate", f"{RATE_MBIT}mbit")
     name, env = next(gen)
     try:
-        built = run_cli("plugin", "build", "-c", name, env=env, timeout=900)
+        built = run_cli("plugin", "build", "-c", name, "--json", env=env, timeout=900)
         assert built.returncode == 0, built.stderr[-2000:]
-        reducer = current_build(name).dir / REDUCER
+        reducer = Path(json.loads(built.stdout)["dir"]) / REDUCER   # the build this cluster deploys
         if b"CLUSTERTOOL_STRAGGLERS_DIR" not in reducer.read_bytes():
             pytest.skip(f"{reducer} writes no lateness record yet (the reducer's straggler record is not applied to "
                         "native/)")

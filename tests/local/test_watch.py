@@ -21,7 +21,7 @@ import pytest
 
 from clustertool.providers.local import net, sysops
 from tests.conftest import CLI, run_cli
-from tests.fakes import smi_loop
+from tests.fakes import dcgm_exporter, smi_loop
 from tests.local.conftest import module_cluster, provider_state
 
 pytestmark = pytest.mark.local
@@ -216,6 +216,29 @@ def test_monitoring_enable_prometheus_answers_up_for_every_nodes_exporter(cluste
     listening = subprocess.run(["ip", "netns", "exec", net.netns_name(name, 1), "ss", "-Htln"], capture_output=True,
                                text=True).stdout
     assert "127.0.0.1:9090" in listening and "127.0.0.1:9105" in listening   # Prometheus and ours: loopback only
+
+
+def test_monitoring_runs_dcgm_exporter_where_installed_and_prometheus_scrapes_it(cluster):
+    """node-2 has a dcgm-exporter (a stand-in serving DCGM's metric names: no GPU here): `monitoring enable` starts
+    it there instead of the nvidia-smi textfile collector, on the node's private address, and Prometheus scrapes it
+    as job `dcgm`; the other nodes keep theirs and are no dcgm target."""
+    name, env = cluster
+    dcgm_exporter.write(home(cluster, "node-2") / ".local" / "bin")
+    try:
+        proc = run_cli("monitoring", "enable", "-c", name, "--scrape-interval", "2s", "--json", env=env, timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        nodes = json.loads(proc.stdout)["nodes"]
+        assert nodes["node-2"]["dcgm"].startswith("running") and "gputext" not in nodes["node-2"], nodes
+        assert nodes["node-1"]["gputext"] == "skipped no nvidia-smi" and "dcgm" not in nodes["node-1"], nodes
+        up = wait_query(cluster, 'up{job="dcgm"}', lambda r: len(r) == 1 and r[0]["value"][1] == "1")
+        assert up[0]["metric"]["node"] == "node-2" and up[0]["metric"]["cluster"] == name
+        util = wait_query(cluster, "DCGM_FI_DEV_GPU_UTIL", lambda r: len(r) == 2)
+        assert sorted((s["metric"]["node"], s["metric"]["gpu"], s["value"][1]) for s in util) == [
+            ("node-2", "0", "97"), ("node-2", "1", "95")]
+        status = run_cli("monitoring", "status", "-c", name, "--json", env=env, timeout=120)
+        assert json.loads(status.stdout)["nodes"]["node-2"]["dcgm"].startswith("running"), status.stdout
+    finally:
+        shutil.rmtree(home(cluster, "node-2") / ".local")
 
 
 def test_job_metrics_move_and_the_record_draws_a_report_a_browser_shows(cluster, folder, tmp_path):

@@ -47,6 +47,28 @@ def test_prometheus_scrapes_every_node_the_exporter_and_itself(tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_dcgm_exporter_is_scraped_where_it_runs(tmp_path):
+    """The `dcgm` job's targets are a file beside the config (the nodes that run dcgm-exporter are known once every
+    node ran its script), in file_sd's form with the node job's labels; promtool takes both."""
+    config = monitoring.prometheus_config(record(), monitoring.MonitoringRequest(scrape_interval="5s"))
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert jobs["dcgm"]["file_sd_configs"] == [{"files": ["dcgm-targets.json"], "refresh_interval": "5s"}]
+    targets = monitoring.dcgm_targets(record(), ["node-2"])
+    labels = {"cluster": "demo", "node": "node-2", "role": "member"}
+    assert targets == [{"targets": ["10.0.0.2:9400"], "labels": labels}]
+    (tmp_path / "dcgm-targets.json").write_text(json.dumps(targets))
+    (tmp_path / "prometheus.yml").write_text(json.dumps(config))
+    check = subprocess.run([promtool(), "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert monitoring.write_targets_command() == ("cat > ~/.clustertool/monitoring/dcgm-targets.json.tmp && mv -f "
+                                                  "~/.clustertool/monitoring/dcgm-targets.json.tmp "
+                                                  "~/.clustertool/monitoring/dcgm-targets.json")
+    inputs = monitoring.node_inputs(type("S", (), {"record": record()})(), record().nodes[1],
+                                    monitoring.MonitoringRequest(scrape_interval="5s"), "status")
+    assert (inputs["DCGM_PORT"], inputs["DCGM_MS"]) == (9400, 5000)
+
+
 def test_bad_settings_are_refused_in_one_line():
     with pytest.raises(UsageError, match="--retention-time"):
         monitoring.MonitoringRequest(retention_time="15 days")
@@ -63,6 +85,8 @@ def test_the_node_scripts_lines():
     assert procs == {"gputext": "skipped no nvidia-smi", "node-exporter": "running 41", "hub": "running 44",
                      "prometheus": "failed"}
     assert problems == ["prometheus failed: bind: address already in use"]
+    dcgm, _ = monitoring.parse_lines("running node-exporter 41\nrunning dcgm 42\n")
+    assert dcgm == {"node-exporter": "running 41", "dcgm": "running 42"}
     _, missing = monitoring.parse_lines("missing node-exporter prometheus-node-exporter (or node_exporter) on PATH")
     assert missing == ["node-exporter missing: prometheus-node-exporter (or node_exporter) on PATH"]
 
