@@ -9,28 +9,34 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
+from clustertool import nodeprogs
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Node
-from clustertool.jobs import output, records, recovery, reducers, scripts, slurmrun, stacks, syncdir
-from clustertool.jobs.jobplan import JobPlan, plan_job
-from clustertool.jobs.jobrequests import RunRequest
+from clustertool.jobs import output, records, scripts
+from clustertool.jobs.jobplan import FAN, JobPlan, plan_job
+from clustertool.jobs.jobrequests import RecoveryPolicy, RunRequest
 from clustertool.jobs.mpirun import split_command
 from clustertool.jobs.recorder import recorder_program
 from clustertool.nodeprogs import program_text
-from clustertool.plugin.build import load_record
-from clustertool.plugin.deploy import plugin_env
 from clustertool.providers.base import IMAGE_PYTHON, RankEnvironment
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.slurm import slurminfo
-from clustertool.transfer.results import CopyResult, ProgressCb
+
+# Imported where they are used (`run` starts faster): the plugin's reducers, Slurm's path, --sync's copy,
+# the hang check's stacks, and the recovery module (which brings `replace` and the cluster spec).
+if TYPE_CHECKING:
+    from clustertool.jobs.reducers import Reducer
+    from clustertool.transfer.results import CopyResult, ProgressCb
+IMDS_ENV = "CLUSTERTOOL_IMDS_URL"  # jobs/recovery.py's: spot notices are watched where a test points it
 
 
 @dataclass
@@ -159,6 +165,8 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     cluster = session.ready()
     report = session.report
     if slurminfo.wanted(cluster):  # through Slurm's queue (jobs/slurmrun.py)
+        from clustertool.jobs import slurmrun
+
         chosen = rank_nodes(cluster, request.nodes) if request.nodes is not None else None
         made = slurmrun.run(session, request, chosen, job_record, dry_run=dry_run, on_progress=on_progress)
         return Launch(made.job, made.argv, dry_run=dry_run, sync=made.sync, synced=made.synced)
@@ -167,14 +175,20 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
                          hint="`clustertool up --scheduler slurm` makes one; `clustertool logs -f JOB` waits here")
     nodes = rank_nodes(cluster, request.nodes)
     servers = cluster.schedulable_servers if request.plugin else []  # a cordoned server gets no reducer
-    env = plugin_env(cluster) if request.plugin else {}
+    env: dict[str, str] = {}
+    if request.plugin:
+        from clustertool.plugin.deploy import plugin_env
+
+        env = plugin_env(cluster)
     if servers:  # the real ports are known once the reducers listen (after preflight)
+        from clustertool.jobs import reducers
+
         env[reducers.ENV_LIST] = ",".join(f"{n.address}:PORT" for n in servers)
     synced_dir = request.sync.target() if request.sync is not None else None
     environment = session.provider.rank_environment(cluster)
     plan = plan_job(cluster, nodes, request.mpi_options(), records.new_id(), sync=synced_dir, plugin_env=env,
                     servers=servers, node_env=environment.env)
-    preempt = recovery.preempt_signal(cluster, request.recovery)
+    preempt = _preempt_signal(cluster, request.recovery)
     if dry_run:
         commands = [(n.name, argv) for n, argv in plan.shown_node_commands()] if plan.spec.node_launcher else None
         return Launch(job_record(cluster, plan, request, preempt), plan.argv, dry_run=True, sync=synced_dir,
@@ -185,20 +199,46 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     synced = None
     if synced_dir is not None:
         report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(n.name for n in plan.nodes)}")
+        from clustertool.jobs import syncdir
+
         synced = syncdir.sync(session, *synced_dir, list(plan.nodes), on_progress=on_progress)
-    started = []
-    if servers:
-        started = reducers.start(session, plan.job_id, plugin_env_dest(cluster))
-    plugin_extra = {**(reducers.env(started) if started else {}),
-                    **(reducers.stats_env(home, plan.job_id, request.launch.env) if request.plugin else {})}
+    started: list[Reducer] = []
+    plugin_extra: dict[str, str] = {}
+    if request.plugin:
+        from clustertool.jobs import reducers
+
+        started = reducers.start(session, plan.job_id, plugin_env_dest(cluster)) if servers else []
+        plugin_extra = {**(reducers.env(started) if started else {}),
+                        **reducers.stats_env(home, plan.job_id, request.launch.env)}
     plan = plan.with_facts(home, plugin_extra or None, port or _fallback_port(plan.job_id))
     try:
         if plan.spec.node_launcher:
             _install_agent(session, plan)
         return _start(session, plan, job_record(cluster, plan, request, preempt), started, synced, request.record)
     except BaseException:
-        reducers.stop(session, plan.job_id, [r.node for r in started])
+        if started:
+            from clustertool.jobs import reducers
+
+            reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
+
+
+def _preempt_signal(cluster: ClusterRecord, policy: RecoveryPolicy) -> str | None:
+    """recovery.preempt_signal, its module imported only where it can say anything but None: a spot cluster,
+    a signal asked for, or spot notices pointed elsewhere by a test."""
+    if not (policy.on_preempt_signal or cluster.options.get("spot") or os.environ.get(IMDS_ENV)):
+        return None
+    from clustertool.jobs import recovery
+
+    return recovery.preempt_signal(cluster, policy)
+
+
+def _spot(plan: JobPlan, job: JobRecord) -> bytes | None:
+    if not job.on_preempt_signal:
+        return None
+    from clustertool.jobs import recovery
+
+    return recovery.spot_program(plan, job)
 
 
 def _python(plan: JobPlan, environment: RankEnvironment) -> str:
@@ -234,6 +274,8 @@ def _hang_stacks(plan: JobPlan, job: JobRecord) -> bytes | None:
     """The stacks node program the supervisor runs on every node when the job looks hung."""
     if job.hang_timeout is None:
         return None
+    from clustertool.jobs import stacks
+
     return program_text("stacks", stacks.node_args(plan.job_id, None, 10.0))
 
 
@@ -275,23 +317,35 @@ def job_record(cluster: ClusterRecord, plan: JobPlan, request: RunRequest, preem
 
 
 def plugin_env_dest(cluster: ClusterRecord) -> str:
+    from clustertool.plugin.build import load_record
+
     return load_record(cluster.name)["deployed"]["dest"]
 
 
-def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list[reducers.Reducer],
+def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list[Reducer],
            synced: CopyResult | None, record: bool = True) -> Launch:
     cluster = session.record
-    launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir,
-                                      epilogue=reducers.epilogue_lines(plan.job_id, started),
+    epilogue: list[str] = []
+    if started:
+        from clustertool.jobs import reducers
+
+        epilogue = reducers.epilogue_lines(plan.job_id, started)
+    launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir, epilogue=epilogue,
                                       restarts=bool(job.restarts))
     job.detached = "pending"
+    fan = {FAN: (nodeprogs.DIR / "fan.py").read_text()} if plan.spec.node_launcher else None
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job), supervisor=_supervisor(plan, job),
                                               hangstacks=_hang_stacks(plan, job), restarter=_restarter(plan, job),
-                                              spot=recovery.spot_program(plan, job),
-                                              recorder=recorder_program(session, plan) if record else None)
-    recovery.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
-    session.report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
+                                              spot=_spot(plan, job),
+                                              recorder=recorder_program(session, plan) if record else None,
+                                              extra_files=fan, before_start=[f'chmod 755 "$d/{FAN}"'] if fan else ())
+    if job.replace_failed:  # a lost leader takes the job's files: the recovery loop sends them again
+        from clustertool.jobs import recovery
+
+        recovery.keep_launch(job, script)
+    what = f"{job.launcher} on {len(plan.layout)} node(s)" if fan else f"{shlex.join(plan.argv[:1])} -np {job.np}"
+    session.report(f"starting job {plan.job_id} on {cluster.leader.name}: {what} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=script.encode())
     if not result.ok:
         raise RemoteError(f"could not start the job on the leader: {result.reason}")

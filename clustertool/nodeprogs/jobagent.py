@@ -3,13 +3,14 @@
 
 It runs in two roles, told apart by the environment:
 
-* **node agent** (mpirun starts one per node; ``OMPI_COMM_WORLD_RANK`` is the node's rank; in a Slurm
-  job srun starts it, ``SLURM_PROCID`` then; jobs/slurmbatch.py):
+* **node agent** (the leader's fan-out, nodeprogs/fan.py, starts one per node, ``CLUSTERTOOL_AGENT_NODE`` its
+  node rank, its stdin the leader's end: closed, it stops as on SIGTERM; in a Slurm job srun starts it,
+  ``SLURM_PROCID`` then, jobs/slurmbatch.py; under mpirun ``OMPI_COMM_WORLD_RANK``):
   reads ``agent.json`` beside this file, then either starts that node's launcher (torchrun,
   accelerate launch, deepspeed) with the node's own command line, or (``process``) one process per
   slot itself.  When its launcher or one of its ranks fails, it stops the rest on this node, writes
   ``failure`` (which rank, how it ended, its last stderr lines), says so in one line on stderr, and
-  exits non-zero, so mpirun aborts the job on every other node.  SIGTERM/SIGINT/SIGHUP are passed
+  exits non-zero, so the fan-out (or srun) stops the job on every other node.  SIGTERM/SIGINT/SIGHUP are passed
   on; its children die with it (PR_SET_PDEATHSIG).
 * **rank runner** (``CLUSTERTOOL_RANK_PROGRAM`` is set; the launcher runs this file as the training
   script): sends the rank's output to ``out/1/rank.N/std{out,err}`` on this node (the files
@@ -31,6 +32,7 @@ import time
 # subprocess: imported only where a node launcher starts (the rank runner, once per rank, forks by itself)
 
 PROGRAM_ENV = "CLUSTERTOOL_RANK_PROGRAM"
+NODE_ENV = "CLUSTERTOOL_AGENT_NODE"  # the node rank fan.py gives each agent
 RESTART_ENV = "CLUSTERTOOL_RESTART_COUNT"  # run --restarts: which attempt this is (0: the first)
 RANK_HOST_ENV = "CLUSTERTOOL_RANK_HOST"  # rankhost.py, relative to the home: how a Python rank is run
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
@@ -327,8 +329,8 @@ def stop_all(children, sig=signal.SIGTERM):
 
 def child_env(plan, share, node_rank):
     """The launcher's (and so its ranks') environment: the job's, less MPI's, plus this node's place."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(MPI_PREFIXES) and not (k.startswith("SLURM_") and k not in SLURM_KEPT)}
+    env = {k: v for k, v in os.environ.items() if k != NODE_ENV
+           and not k.startswith(MPI_PREFIXES) and not (k.startswith("SLURM_") and k not in SLURM_KEPT)}
     nprocs = str(share["nprocs"])
     env.update({"NODE_RANK": str(node_rank), "CLUSTERTOOL_NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
                 "LOCAL_WORLD_SIZE": nprocs, "CLUSTERTOOL_GPUS_PER_NODE": nprocs})
@@ -376,6 +378,9 @@ def run_processes(plan, share, env):
             return 127
         children[child.pid] = (rank, child)
         stopper.children.append(child)
+    if stopper.told is not None:  # told while they started
+        for _, child in children.values():
+            child.send_signal(stopper.told)
     failed = None
     while children:
         try:
@@ -425,6 +430,8 @@ def run_launcher(plan, share, env):
         sys.stderr.write(f"clustertool: cannot start {argv[0]} on {host()}: {exc}\n")
         return 127
     stopper.children.append(child)
+    if stopper.told is not None:  # told while it started
+        child.send_signal(stopper.told)
     status = wait(child)
     if status != 0 and stopper.told is None:
         report_failure(first_failure(plan["out"], plan["width"]), status)
@@ -442,12 +449,31 @@ def node_agent():
     restart = os.environ.get(RESTART_ENV, "")
     if restart.isdigit() and int(restart) > 0:
         plan["out"] = begin_attempt(plan["out"], int(restart))
-    node_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID") or "0")
+    node_rank = int(os.environ.get(NODE_ENV) or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID")
+                    or "0")
+    if NODE_ENV in os.environ:
+        stop_on_hangup()
     share = plan["nodes"][node_rank]
     env = child_env(plan, share, node_rank)
     if plan["launcher"] == "process":
         return run_processes(plan, share, env)
     return run_launcher(plan, share, env)
+
+
+def stop_on_hangup():
+    """Started by fan.py: our stdin is the leader's end.  Its close (the job stopped there, or the link to the
+    leader gone) stops this node's part as SIGTERM does (the Stopper passes it on to the launcher or ranks)."""
+    import threading
+
+    def watch():
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def begin_attempt(out, k):
