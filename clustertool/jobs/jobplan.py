@@ -65,6 +65,8 @@ class JobPlan:
             argv += ["-wdir", self.options.workdir]
         for item in env_items(self.options):
             argv += ["-x", item]
+        if not any(item.split("=", 1)[0] == "MASTER_PORT" for item in self.options.env):  # not the user's own
+            argv += ["-free-port", "MASTER_PORT"]
         return argv
 
     @property

@@ -91,11 +91,12 @@ def rank_nodes(cluster: ClusterRecord, selection: str | None) -> list[Node]:
 ENDING_GRACE_S = 10.0  # how long a job that has ended may take to lose its last processes
 
 
-def _scan(session: ClusterSession, nodes: list[Node], program: str | None = None,
-          path: str | None = None) -> tuple[GroupResult, dict[str, list[str]]]:
+def _scan(session: ClusterSession, nodes: list[Node], program: str | None = None, path: str | None = None,
+          then: str | None = None, port: bool = True) -> tuple[GroupResult, dict[str, list[str]]]:
     """(the scan's result, {job id: [nodes with its processes]}); ``program``: a program the ranks cannot find
-    there is a UsageError naming it and the nodes."""
-    script = scripts.scan_script(program, path).encode()
+    there is a UsageError naming it and the nodes; ``then``: shell lines run after the scan, in the same
+    connection (a node launcher's agent, put in place)."""
+    script = (scripts.scan_script(program, path, port) + (f"\n{then}" if then else "")).encode()
     result = run_on_nodes(session, nodes, "sh -s", timeout=20, stdin_data=script)
     down = result.failed()
     if down:
@@ -126,18 +127,20 @@ def _ended(session: ClusterSession, job_ids: Iterable[str]) -> bool:
 
 def preflight(session: ClusterSession, nodes: list[Node], allow_concurrent: bool,
               grace: float = ENDING_GRACE_S, *, program: str | None = None,
-              path: str | None = None) -> tuple[str, int | None]:
+              path: str | None = None, install: str | None = None, port: bool = True) -> tuple[str, int | None]:
     """Every node answers; no other clustertool job has processes there; the ranks find ``program`` there
     (with ``path``, their PATH; else the node's own). Returns the leader's $HOME and a port free there now
-    (None where the leader has no python3 to ask).
+    (None where the leader has no python3 to ask, or not ``port``).  ``install``: shell lines each node runs
+    after its scan (in the same connection: one round trip, not two); the caller takes them back if preflight
+    refuses.
 
     Processes of a job that has ended (the one before, in a loop of jobs) get ``grace`` seconds to go."""
     cluster = session.record
-    result, busy = _scan(session, nodes, program, path)
+    result, busy = _scan(session, nodes, program, path, install, port)
     deadline = time.monotonic() + grace
     while busy and not allow_concurrent and time.monotonic() < deadline and _ended(session, busy):
         time.sleep(0.3)
-        busy = _scan(session, [n for n in nodes if any(n.name in w for w in busy.values())])[1]
+        busy = _scan(session, [n for n in nodes if any(n.name in w for w in busy.values())], port=False)[1]
     if busy and not allow_concurrent:
         job_id, where = next(iter(busy.items()))
         raise UsageError(f"job {job_id} is still running on {nodeset.fold(where)}",
@@ -194,8 +197,18 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
         return Launch(job_record(cluster, plan, request, preempt), plan.argv, dry_run=True, sync=synced_dir,
                       node_commands=commands, python=_python(plan, environment))
     report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
-    home, port = preflight(session, list(plan.nodes), request.allow_concurrent, program=plan.program,
-                           path=plan.rank_path)
+    install = None
+    if plan.spec.node_launcher:  # the agents go in with preflight's scan (their plan's $HOME expands on the node)
+        report(f"{plan.launcher}: one launcher on each of {nodeset.fold(n.name for n, _ in plan.layout)}")
+        install = scripts.agent_install_script(plan.job_id, json.dumps(plan.agent_plan()))
+    try:
+        # a node launcher's port: the fan-out's pick on the leader, as it starts (no python3 run for it here)
+        home, port = preflight(session, list(plan.nodes), request.allow_concurrent, program=plan.program,
+                               path=plan.rank_path, install=install, port=install is None)
+    except UsageError:  # refused (another job there, no such program): the agents taken back (a node that did
+        if install:      # not answer keeps an unused folder, which `clustertool clean` removes)
+            run_on_nodes(session, list(plan.nodes), f"rm -rf {scripts.job_dir_sh(plan.job_id)}", timeout=20)
+        raise
     synced = None
     if synced_dir is not None:
         report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(n.name for n in plan.nodes)}")
@@ -212,8 +225,6 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
                         **reducers.stats_env(home, plan.job_id, request.launch.env)}
     plan = plan.with_facts(home, plugin_extra or None, port or _fallback_port(plan.job_id))
     try:
-        if plan.spec.node_launcher:
-            _install_agent(session, plan)
         return _start(session, plan, job_record(cluster, plan, request, preempt), started, synced, request.record)
     except BaseException:
         if started:
@@ -277,18 +288,6 @@ def _hang_stacks(plan: JobPlan, job: JobRecord) -> bytes | None:
     from clustertool.jobs import stacks
 
     return program_text("stacks", stacks.node_args(plan.job_id, None, 10.0))
-
-
-def _install_agent(session: ClusterSession, plan: JobPlan) -> None:
-    """The job agent and its plan, in the job's folder on every node that runs ranks."""
-    nodes = [n for n, _ in plan.layout]
-    session.report(f"{plan.launcher}: one launcher on each of {nodeset.fold(n.name for n in nodes)}")
-    script = scripts.agent_install_script(plan.job_id, json.dumps(plan.agent_plan()))
-    result = run_on_nodes(session, nodes, "sh -s", timeout=30, stdin_data=script.encode())
-    down = result.failed()
-    if down:
-        detail = ", ".join(f"{r.node} ({r.reason})" for r in down)
-        raise RemoteError(f"could not put the job agent on {len(down)} node(s): {detail}")
 
 
 def _restarter(plan: JobPlan, job: JobRecord) -> bytes | None:

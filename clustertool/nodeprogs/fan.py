@@ -16,10 +16,12 @@ the job together as mpirun held it:
 
 Its command line is mpirun's shape, so the restart loop and a readdressed node treat it alike::
 
-    fan.py -H ADDR[:PORT],ADDR[:PORT],... [-wdir DIR] [-x NAME=VALUE | -x NAME]...
+    fan.py -H ADDR[:PORT],ADDR[:PORT],... [-wdir DIR] [-x NAME=VALUE | -x NAME]... [-free-port NAME]
 
 The first address is the leader (node rank 0, this machine); node rank k is the k-th address.  ``-x NAME``
-passes this process's own value of NAME.  Each agent gets ``CLUSTERTOOL_AGENT_NODE=k`` (its node rank).
+passes this process's own value of NAME; ``-free-port NAME``: NAME is a port free here now (the launchers'
+MASTER_PORT: picked as they start, so no node runs a python3 before to ask).  Each agent gets
+``CLUSTERTOOL_AGENT_NODE=k`` (its node rank).
 """
 
 import json
@@ -43,8 +45,8 @@ SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ControlMaster=auto", "-o", "Control
 
 
 def parse(argv):
-    """(hosts [(address, port or None)], workdir or None, env items)."""
-    hosts, workdir, items, i = [], None, [], 0
+    """(hosts [(address, port or None)], workdir or None, env items, names of free ports)."""
+    hosts, workdir, items, free, i = [], None, [], [], 0
     while i < len(argv):
         word, value = argv[i], argv[i + 1] if i + 1 < len(argv) else None
         if value is None:
@@ -57,10 +59,18 @@ def parse(argv):
             workdir = value
         elif word == "-x":
             items.append(value)
+        elif word == "-free-port":
+            free.append(value)
         else:
             raise SystemExit(f"fan.py: unknown option {word}")
         i += 2
-    return hosts, workdir, items
+    return hosts, workdir, items, free
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def env_of(items, environ):
@@ -98,8 +108,9 @@ def die_with_parent():
 
 
 class Fan:
-    def __init__(self, hosts, workdir, items):
+    def __init__(self, hosts, workdir, items, free=()):
         self.env = env_of(items, os.environ)
+        self.env.update({name: str(free_port()) for name in free})
         self.hosts, self.workdir = hosts, workdir
         self.procs = []  # (address, Popen)
         self.ended = []  # (address, returncode) in the order they ended
@@ -208,10 +219,10 @@ class Fan:
 
 
 def main(argv):
-    hosts, workdir, items = parse(argv)
+    hosts, workdir, items, free = parse(argv)
     if not hosts:
         raise SystemExit("fan.py: no hosts (-H)")
-    fan = Fan(hosts, workdir, items)
+    fan = Fan(hosts, workdir, items, free)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, fan.on_signal)
     fan.start()

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S python3 -I -S
 """The job agent: one per node for every launcher but mpirun (stdlib only; never imports clustertool).
 
 It runs in two roles, told apart by the environment:
@@ -13,10 +13,11 @@ It runs in two roles, told apart by the environment:
   exits non-zero, so the fan-out (or srun) stops the job on every other node.  SIGTERM/SIGINT/SIGHUP are passed
   on; its children die with it (PR_SET_PDEATHSIG).
 * **rank runner** (``CLUSTERTOOL_RANK_PROGRAM`` is set; the launcher runs this file as the training
-  script): sends the rank's output to ``out/1/rank.N/std{out,err}`` on this node (the files
+  script, torchrun and accelerate with their ``--no-python``: this file's own #! line then, ``-I -S``, no
+  site to load): sends the rank's output to ``out/1/rank.N/std{out,err}`` on this node (the files
   mpirun's ranks write, which `logs` reads), records the rank's process in ``ranks/`` (for `kill`
-  and `stacks`), runs the user's program with this interpreter, passes signals on, and records how
-  it ended in ``exits/``.
+  and `stacks`), runs the user's program with the launcher's interpreter, passes signals on, and
+  records how it ended in ``exits/``.
 
 Files (in the job's folder ``~/.clustertool/jobs/<id>/`` on every node): ``jobagent.py``,
 ``agent.json`` (the plan: per node its command, processes and first rank), ``ranks/``, ``exits/``,
@@ -33,6 +34,8 @@ import time
 
 PROGRAM_ENV = "CLUSTERTOOL_RANK_PROGRAM"
 NODE_ENV = "CLUSTERTOOL_AGENT_NODE"  # the node rank fan.py gives each agent
+# The launchers whose ranks can run this file directly (its #! line) rather than under their own python
+NO_PYTHON = {"torchrun": "--no-python", "accelerate": "--no_python"}
 RESTART_ENV = "CLUSTERTOOL_RESTART_COUNT"  # run --restarts: which attempt this is (0: the first)
 RANK_HOST_ENV = "CLUSTERTOOL_RANK_HOST"  # rankhost.py, relative to the home: how a Python rank is run
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
@@ -140,9 +143,10 @@ def rank_command(program, args, host=None):
             return [argv[0], host, *argv[1:]]
         return argv
     hosted = [host] if host else []
+    python = program.get("python") or sys.executable  # the launcher's interpreter (where we run without it)
     if mode == "module":
-        return [sys.executable, "-u", *hosted, "-m", program["target"], *args]
-    return [sys.executable, "-u", *hosted, program["target"], *args]
+        return [python, "-u", *hosted, "-m", program["target"], *args]
+    return [python, "-u", *hosted, program["target"], *args]
 
 
 def rank_host(env):
@@ -420,7 +424,13 @@ def run_launcher(plan, share, env):
         lines = [f"{ip} slots={n}\n" for ip, n in zip(ips, plan["hostfile_slots"])]
         write_atomic(fill["{ds_hostfile}"], "".join(lines))
     argv = [fill.get(w, w).replace("{port}", port).replace("{master_addr}", master) for w in share["argv"]]
-    env[PROGRAM_ENV] = json.dumps(dict(plan["program"], out=plan["out"], width=plan["width"]))
+    program = dict(plan["program"], out=plan["out"], width=plan["width"])
+    python = launcher_python(argv[0], env) if plan["launcher"] in NO_PYTHON else None
+    if python and fill["{agent}"] in argv:  # this file runs as it is (#!: -I -S), the user's program under python
+        at = argv.index(fill["{agent}"])
+        argv = argv[:at] + [NO_PYTHON[plan["launcher"]]] + argv[at:]
+        program["python"] = python
+    env[PROGRAM_ENV] = json.dumps(program)
     import subprocess
 
     try:
@@ -438,6 +448,28 @@ def run_launcher(plan, share, env):
     if stopper.told is not None:
         return 128 + stopper.told
     return exit_status(status) if status else 0
+
+
+def launcher_python(word, env):
+    """The Python a launcher (``torchrun``, ``accelerate``, ``python3``) runs under: the word itself where it is a
+    python, else the interpreter its #! line names; None where that is not plainly a python."""
+    import shutil
+
+    path = shutil.which(word, path=env.get("PATH")) or word
+    if os.path.basename(path).startswith("python"):
+        return path
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        words[:1] = [shutil.which(words[0], path=env.get("PATH")) or ""] if words else []
+    if words and os.path.basename(words[0]).startswith("python") and len(words) == 1 and os.path.isabs(words[0]):
+        return words[0]
+    return None
 
 
 def node_agent():

@@ -27,7 +27,7 @@ AGENT = '''
 import json, os, sys
 d = os.path.dirname(os.path.abspath(__file__))
 k = os.environ["CLUSTERTOOL_AGENT_NODE"]
-keys = ("CLUSTERTOOL_JOB", "GIVEN", "FORWARDED", "PWD_SEEN")
+keys = ("CLUSTERTOOL_JOB", "GIVEN", "FORWARDED", "MASTER_PORT")
 with open(os.path.join(d, "started." + k), "w") as fh:
     json.dump(dict({x: os.environ.get(x) for x in keys}, cwd=os.getcwd()), fh)
 if k == os.environ.get("FAIL_NODE"):
@@ -62,7 +62,8 @@ def started(d: Path, k: int) -> dict:
 
 def fan(d: Path, env: dict, *args: str) -> subprocess.Popen:
     return subprocess.Popen([str(d / "fan.py"), "-H", "10.0.0.1,10.0.0.2,10.0.0.3", "-x", f"CLUSTERTOOL_JOB={JOB}",
-                             "-x", "GIVEN=a b $HOME", "-x", "FORWARDED", *args], env=env, cwd=d,
+                             "-x", "GIVEN=a b $HOME", "-x", "FORWARDED", "-x", "MASTER_PORT=PORT",
+                             "-free-port", "MASTER_PORT", *args], env=env, cwd=d,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -82,6 +83,8 @@ def test_the_first_agent_that_fails_stops_every_other_and_gives_the_job_its_code
     for k in range(3):   # each its node rank, the job's variables as given, a bare -x from the leader's own
         seen = started(d, k)
         assert (seen["CLUSTERTOOL_JOB"], seen["GIVEN"], seen["FORWARDED"]) == (JOB, "a b $HOME", "yes")
+    ports = {started(d, k)["MASTER_PORT"] for k in range(3)}   # one port, picked on the leader as it started
+    assert len(ports) == 1 and ports.pop().isdigit()
 
 
 def test_a_signal_to_the_fan_out_stops_every_agent(leader):
@@ -133,3 +136,23 @@ def test_a_node_agent_whose_stdin_closes_stops_its_ranks(tmp_path):
     assert sorted((e["rank"], e["signal"], e["stopped"]) for e in exits) == [(0, 15, True), (1, 15, True)]
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_the_rank_runner_gets_the_launchers_own_python(tmp_path):
+    """torchrun/accelerate run the agent as it is (#!: -I -S); the user's program keeps the launcher's python."""
+    from clustertool.nodeprogs import jobagent
+
+    py = tmp_path / "venv" / "bin" / "python3"
+    py.parent.mkdir(parents=True)
+    py.symlink_to(sys.executable)
+    for name, first in (("torchrun", f"#!{py}\n"), ("accelerate", "#!/usr/bin/env python3\n"),
+                        ("wrapped", "#!/bin/sh\nexec python3 -m x\n")):
+        (py.parent / name).write_text(first)
+        (py.parent / name).chmod(0o755)
+    env = {"PATH": f"{py.parent}:/usr/bin:/bin"}
+    assert jobagent.launcher_python("torchrun", env) == str(py)
+    assert jobagent.launcher_python("accelerate", env) == str(py)   # env's python3: the first on its PATH
+    assert jobagent.launcher_python("python3", env) == str(py)
+    assert jobagent.launcher_python("wrapped", env) is None   # not plainly a python: the rank runner's own
+    assert jobagent.rank_command({"mode": "python", "target": "t.py", "python": str(py)}, ["--lr", "1"]) == [
+        str(py), "-u", "t.py", "--lr", "1"]
