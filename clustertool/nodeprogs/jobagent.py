@@ -206,6 +206,47 @@ class Child:
         self.send_signal(signal.SIGKILL)
 
 
+class Group:
+    """A launcher in its own process group, with all it started (DeepSpeed's runner starts its per-node launcher,
+    which starts the ranks): signals go to the whole group, as mpirun's daemons sent them, so a launcher that
+    dies of SIGTERM leaves nothing behind."""
+
+    def __init__(self, proc):
+        self.proc, self.pid = proc, proc.pid
+
+    def send_signal(self, sig):
+        try:
+            os.killpg(self.pid, sig)
+        except OSError:
+            pass
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self):
+        return self.proc.wait()
+
+    def poll(self):
+        return self.proc.poll()
+
+    def alive(self):
+        try:
+            os.killpg(self.pid, 0)
+            return True
+        except OSError:
+            return False
+
+    def clear(self):
+        """Once the launcher has ended: what is left of its group gets SIGTERM, SIGKILL after the grace."""
+        if not self.alive():
+            return
+        self.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and self.alive():
+            time.sleep(0.05)
+        self.kill()
+
+
 def spawn(argv, stdout, stderr, env):
     """fork + exec (PATH searched), stdin /dev/null, output appended to the files, SIGKILL when this process
     dies; an exec that fails raises OSError here, as Popen's would."""
@@ -434,8 +475,8 @@ def run_launcher(plan, share, env):
     import subprocess
 
     try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env,
-                                 preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+        child = Group(subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, process_group=0,
+                                       preexec_fn=lambda: die_with_parent(signal.SIGTERM)))
     except OSError as exc:
         sys.stderr.write(f"clustertool: cannot start {argv[0]} on {host()}: {exc}\n")
         return 127
@@ -445,6 +486,7 @@ def run_launcher(plan, share, env):
     status = wait(child)
     if status != 0 and stopper.told is None:
         report_failure(first_failure(plan["out"], plan["width"]), status)
+    child.clear()
     if stopper.told is not None:
         return 128 + stopper.told
     return exit_status(status) if status else 0

@@ -156,3 +156,28 @@ def test_the_rank_runner_gets_the_launchers_own_python(tmp_path):
     assert jobagent.launcher_python("wrapped", env) is None   # not plainly a python: the rank runner's own
     assert jobagent.rank_command({"mode": "python", "target": "t.py", "python": str(py)}, ["--lr", "1"]) == [
         str(py), "-u", "t.py", "--lr", "1"]
+
+
+def test_a_stopped_launcher_leaves_nothing_of_what_it_started(tmp_path):
+    """DeepSpeed's runner starts its per-node launcher, which starts the ranks; SIGTERM kills the runner alone.
+    The agent signals the launcher's whole process group (as mpirun's daemons did): nothing is left."""
+    from clustertool.nodeprogs import jobagent
+
+    shutil.copy(jobagent.__file__, tmp_path / "jobagent.py")
+    left = tmp_path / "grandchild.pid"
+    line = f"sleep 60 & echo $! > {left}; wait"   # the shell dies of SIGTERM; its sleep would outlive it
+    plan = {"launcher": "deepspeed", "out": str(tmp_path / "out"), "width": 1, "world_size": 1,
+            "program": {"mode": "python", "target": "t.py"}, "nodes": [{"nprocs": 1, "first_rank": 0,
+                                                                        "argv": ["sh", "-c", line]}]}
+    (tmp_path / "agent.json").write_text(json.dumps(plan))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CLUSTERTOOL_AGENT_NODE": "0"}
+    agent = subprocess.Popen(["python3", "-I", "-S", str(tmp_path / "jobagent.py")], stdin=subprocess.PIPE, env=env)
+    wait_for(left)
+    time.sleep(0.2)   # the shell's write of the pid done
+    pid = int(left.read_text())
+    agent.stdin.close()
+    assert agent.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "the launcher's child outlived the job"
+        time.sleep(0.05)
