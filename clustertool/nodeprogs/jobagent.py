@@ -206,6 +206,13 @@ class Child:
         self.send_signal(signal.SIGKILL)
 
 
+def own_group():
+    """In the launcher, before exec: a process group of its own (Python 3.8's Popen has no process_group), and
+    SIGTERM when the agent dies."""
+    os.setpgid(0, 0)
+    die_with_parent(signal.SIGTERM)
+
+
 class Group:
     """A launcher in its own process group, with all it started (DeepSpeed's runner starts its per-node launcher,
     which starts the ranks): signals go to the whole group, as mpirun's daemons sent them, so a launcher that
@@ -475,8 +482,7 @@ def run_launcher(plan, share, env):
     import subprocess
 
     try:
-        child = Group(subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, process_group=0,
-                                       preexec_fn=lambda: die_with_parent(signal.SIGTERM)))
+        child = Group(subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, preexec_fn=own_group))
     except OSError as exc:
         sys.stderr.write(f"clustertool: cannot start {argv[0]} on {host()}: {exc}\n")
         return 127
