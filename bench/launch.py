@@ -5,21 +5,32 @@ Brings up local clusters (real sshd nodes in namespaces) of 8 and 32 nodes x 2 s
 alternating rounds, starts a tiny rank program (it prints its RANK and the time, then sleeps a
 little) with:
 
-  clustertool run                      the default launcher (mpirun)
-  clustertool run --launcher torchrun  one torchrun per node, carried there by mpirun
-  clustertool run --launcher process   one process per slot, started by clustertool's agent
-  pdsh ... torchrun (by hand)          what a user types: pdsh -w <every node> torchrun --nnodes N
-                                       --nproc-per-node 2 --node-rank <from the host name>
-                                       --master-addr <leader> --master-port <port>
+  clustertool run                          the default launcher (mpirun)
+  clustertool run -- torchrun ...          one torchrun per node, started by the leader's fan-out
+  clustertool run --launcher process       one process per slot, started by clustertool's agent
+  clustertool run -- accelerate launch ... one `accelerate launch` per node
+  clustertool run -- deepspeed ...         one DeepSpeed runner per node (its --no_ssh form)
+
+and what a user types by hand, each through pdsh -w <every node> (this machine's ssh config, its
+ControlMaster connections to the nodes kept from `up`), the node rank from the host name:
+
+  pdsh torchrun      torchrun --nnodes N --nproc-per-node 2 --node-rank K --master-addr <leader>
+                     --master-port <port> first.py
+  pdsh accelerate    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_machines N --machine_rank K
+                     --main_process_ip <leader> --main_process_port <port> --num_processes 2N first.py
+                     (ACCELERATE_USE_CPU=1: what clustertool's agent sets on nodes without a GPU)
+  pdsh deepspeed     deepspeed --hostfile <file> --no_ssh --num_nodes N --node_rank K --master_addr
+                     <leader> --master_port <port> --num_gpus 2 first.py
 
 The start time is the moment the command starts; a run's figure is the last rank's timestamp minus
-it (the nodes share this machine's clock).  Ratios are to the pdsh row, medians of the rounds.
+it (the nodes share this machine's clock).  Ratios are to the by-hand row of the same launcher
+(mpirun and process: to pdsh torchrun), medians of the rounds.
 
-Fail fast: a job of 32 nodes where rank 1 exits 1 at once and every other rank sleeps: the time
-from that rank's exit to the last process of the job gone from every node (read from /proc in
-every node's namespace), for each launcher.
+Fail fast (--fail, at 32 nodes and more): a job where rank 1 exits 1 at once and every other rank
+sleeps: the time from that rank's exit to the last process of the job gone from every node (read from
+/proc in every node's namespace), for each launcher.
 
-    sudo .venv/bin/python bench/launch.py [--nodes 8,32] [--rounds 3] [--json out.json]
+    sudo .venv/bin/python bench/launch.py [--nodes 8,32] [--rounds 3] [--launchers ...] [--fail ...] [--json out.json]
 
 --slurm: the Slurm path instead (issue 34).  Two local clusters of each size side by side, one plain and one
 made by `up --scheduler slurm`; in alternating rounds the same mpirun job (`run --follow`) starts on each:
@@ -36,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
@@ -57,7 +69,7 @@ import os, sys, time
 # one write: under pdsh two ranks share a pipe, and `python -u` prints each piece of a print() apart
 sys.stdout.write(f"first {os.environ.get('RANK')} {time.time()!r}\n")
 sys.stdout.flush()
-if len(sys.argv) > 1 and sys.argv[1] == "fail":
+if "fail" in sys.argv[1:]:   # DeepSpeed puts --local_rank=N first
     if os.environ.get("RANK") == "1":
         sys.exit(1)
     time.sleep(600)
@@ -80,11 +92,36 @@ def node_python() -> list[str]:
     return workloads.node_python()
 
 
+LAUNCHERS = ("mpirun", "torchrun", "process", "accelerate", "deepspeed")
+BY_HAND = {"torchrun": "pdsh torchrun", "accelerate": "pdsh accelerate", "deepspeed": "pdsh deepspeed",
+           "mpirun": "pdsh torchrun", "process": "pdsh torchrun"}
+
+
 def command(launcher: str, script: str) -> list[str]:
-    """What follows `clustertool run`: torchrun as users write it (detected), the others by flag."""
+    """What follows `clustertool run`: torchrun, accelerate and deepspeed as users write them (detected),
+    the others by flag."""
     if launcher == "torchrun":
         return ["--", node_bin("torchrun"), script]
+    if launcher == "accelerate":
+        return ["--", node_bin("accelerate"), "launch", script]
+    if launcher == "deepspeed":
+        return ["--", node_bin("deepspeed"), script]
     return ["--launcher", launcher, "--", *node_python(), script]
+
+
+def by_hand(kind: str, nodes: int, leader_addr: str, port: int, script: str, hostfile: str) -> str:
+    """The remote line a user types for ``kind`` (node rank K from the host name, node-K: K-1)."""
+    rank = "$(( $(hostname | sed 's/^node-//') - 1 ))"
+    if kind == "pdsh torchrun":
+        # static rendezvous: the same as clustertool's torchrun launcher, so the rows compare the starting
+        return (f"{node_bin('torchrun')} --nnodes {nodes} --nproc-per-node {SLOTS} --node-rank {rank} "
+                f"--master-addr {leader_addr} --master-port {port} {script}")
+    if kind == "pdsh accelerate":
+        return (f"ACCELERATE_USE_CPU=1 {node_bin('accelerate')} launch --multi_gpu --num_machines {nodes} "
+                f"--machine_rank {rank} --main_process_ip {leader_addr} --main_process_port {port} "
+                f"--num_processes {nodes * SLOTS} {script}")
+    return (f"{node_bin('deepspeed')} --hostfile {hostfile} --no_ssh --num_nodes {nodes} --node_rank {rank} "
+            f"--master_addr {leader_addr} --master_port {port} --num_gpus {SLOTS} {script}")
 
 
 def firsts(text: str) -> dict[int, float]:
@@ -102,20 +139,16 @@ def ct_start(name, env, launcher, script, nranks) -> float:
     return max(seen.values()) - t0
 
 
-def pdsh_start(name, home, env, nodes, leader_addr, script, nranks, port) -> float:
+def pdsh_start(kind, name, home, env, nodes, leader_addr, script, nranks, port, hostfile) -> float:
     cfg = f"{home}/clusters/{name}/ssh_config"
     aliases = [f"{name}-node-{i}" for i in range(1, nodes + 1)]
-    # node-K's rank among the nodes from its host name, as a careful user would write it (static rendezvous:
-    # the same as clustertool's torchrun launcher, so the rows compare the starting, not the rendezvous)
-    remote = (f"{node_bin('torchrun')} --nnodes {nodes} --nproc-per-node {SLOTS} "
-              f"--node-rank $(( $(hostname | sed 's/^node-//') - 1 )) --master-addr {leader_addr} "
-              f"--master-port {port} {script}")
+    remote = by_hand(kind, nodes, leader_addr, port, script, hostfile)
     penv = dict(env, PDSH_SSH_ARGS=f"-F {cfg} -l%u %h")
     t0 = time.time()
     proc = sh(["pdsh", "-R", "ssh", "-f", str(nodes), "-w", ",".join(aliases), remote], penv, check=False, timeout=900)
     seen = firsts(proc.stdout)
     if len(seen) != nranks:
-        raise SystemExit(f"pdsh torchrun: {proc.returncode}, {len(seen)} of {nranks} ranks: {proc.stderr[-800:]}")
+        raise SystemExit(f"{kind}: {proc.returncode}, {len(seen)} of {nranks} ranks: {proc.stderr[-800:]}")
     return max(seen.values()) - t0
 
 
@@ -149,7 +182,7 @@ def fail_fast(name, env, launcher, script) -> float:
     raise SystemExit(f"{launcher}: job {job_id} still has processes after 300 s")
 
 
-def bench_size(nodes: int, rounds: int, home: str, env: dict) -> dict:
+def bench_size(nodes: int, rounds: int, home: str, env: dict, launchers: list[str], fail: list[str]) -> dict:
     name = f"bl{nodes}"
     sh(CT + ["up", "--provider", "local", "--nodes", str(nodes), "--slots", str(SLOTS), "--name", name], env)
     folder = Path(tempfile.mkdtemp(prefix="ct-bench-launch-", dir="/var/tmp"))  # every local node sees /var/tmp
@@ -158,17 +191,24 @@ def bench_size(nodes: int, rounds: int, home: str, env: dict) -> dict:
     try:
         status = json.loads(sh(CT + ["status", "-c", name, "--json"], env).stdout)
         leader = next(n["address"] for n in status["nodes"] if n["role"] == "leader")
+        hostfile = folder / "ds_hostfile"  # the by-hand DeepSpeed's: every node, leader first
+        hostfile.write_text("".join(f"{n['address']} slots={SLOTS}\n" for n in status["nodes"]))
         nranks = nodes * SLOTS
-        times: dict[str, list[float]] = {"mpirun": [], "torchrun": [], "process": [], "pdsh torchrun": []}
-        for i in range(rounds):
-            for launcher in ("mpirun", "torchrun", "process"):
+        hands = list(dict.fromkeys(BY_HAND[k] for k in launchers))
+        times: dict[str, list[float]] = {k: [] for k in [*launchers, *hands]}
+        port = 29400
+        for _ in range(rounds):
+            for launcher in launchers:
                 times[launcher].append(ct_start(name, env, launcher, script, nranks))
-            times["pdsh torchrun"].append(pdsh_start(name, home, env, nodes, leader, script, nranks, 29400 + i))
+            for kind in hands:
+                port += 1
+                times[kind].append(pdsh_start(kind, name, home, env, nodes, leader, script, nranks, port,
+                                              str(hostfile)))
         fails = {}
         if nodes >= 32:
-            for launcher in ("mpirun", "torchrun", "process"):
+            for launcher in fail:
                 fails[launcher] = fail_fast(name, env, launcher, script)
-        return {"start": times, "fail_fast": fails}
+        return {"start": times, "fail_fast": fails, "load": os.getloadavg()}
     finally:
         sh(CT + ["down", "-c", name, "--yes"], env, check=False)
         shutil.rmtree(folder, ignore_errors=True)
@@ -239,14 +279,18 @@ def slurm_report(results: dict, queue: dict | None, rounds: int) -> None:
 def report(results: dict, rounds: int) -> None:
     for nodes, res in results.items():
         med = {k: statistics.median(v) for k, v in res["start"].items()}
-        base = med["pdsh torchrun"]
-        print(f"\n{nodes} local nodes x {SLOTS} slots, {rounds} alternating rounds, run -> every rank's first line:")
-        print(f"{'contender':30} {'median s':>9} {'x pdsh':>8}")
+        print(f"\n{nodes} local nodes x {SLOTS} slots, {rounds} alternating rounds, run -> every rank's first line "
+              f"(load at the end: {' '.join(f'{x:.1f}' for x in res.get('load', ()))}):")
+        print(f"{'contender':22} {'median s':>9} {'by hand':>16} {'x by hand':>10}")
         for key, value in med.items():
-            print(f"{key:30} {value:9.2f} {value / base:8.2f}")
+            hand = BY_HAND.get(key)
+            if hand is None or hand not in med:
+                print(f"{key:22} {value:9.2f}")
+                continue
+            print(f"{key:22} {value:9.2f} {hand:>16} {value / med[hand]:10.2f}")
         for key, value in res["fail_fast"].items():
             print(f"fail fast ({key}): a rank exits -> the job's last process gone: {value:.2f} s")
-    print("\ntargets: every launcher <= 1.0x the pdsh start; fail fast at 32 nodes <= 5 s")
+    print("\ntargets: every launcher <= 1.0x its by-hand start; fail fast at 32 nodes <= 5 s")
 
 
 def main() -> None:
@@ -254,6 +298,8 @@ def main() -> None:
     ap.add_argument("--nodes", default="8,32")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--launchers", default=",".join(LAUNCHERS), help="clustertool's rows (their by-hand rows follow)")
+    ap.add_argument("--fail", default=",".join(LAUNCHERS), help="launchers whose fail fast is timed at 32+ nodes")
     ap.add_argument("--slurm", action="store_true", help="the Slurm path: sbatch vs mpirun, then the queue")
     ap.add_argument("--queue", type=int, default=50, help="with --slurm: one-node jobs queued at once (0: none)")
     args = ap.parse_args()
@@ -262,10 +308,14 @@ def main() -> None:
     if not shutil.which("pdsh"):
         raise SystemExit("pdsh not found: apt-get install pdsh")
     home = Home("ct-bench-launch-")   # a throw-away clustertool home
+    # as a user's shell: Python writes its bytecode (a session that says otherwise compiles clustertool anew
+    # at every `run`, ~0.5 s CPU that no user pays)
+    home.env.pop("PYTHONDONTWRITEBYTECODE", None)
     results = {}
     try:
         for n in [int(x) for x in args.nodes.split(",")]:
-            results[n] = bench_size(n, args.rounds, home.path, home.env)
+            results[n] = bench_size(n, args.rounds, home.path, home.env, args.launchers.split(","),
+                                    [x for x in args.fail.split(",") if x])
     finally:
         home.remove()
     report(results, args.rounds)

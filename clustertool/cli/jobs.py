@@ -160,8 +160,8 @@ def run(
 
     Every rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NNODES, MASTER_ADDR and
     MASTER_PORT (free, chosen per job), so a torch.distributed script runs as it is. Under torchrun,
-    accelerate, deepspeed or process, mpirun starts one launcher per node (no ssh from the launcher)
-    and aborts the whole job when one fails. mpirun runs on the leader in tmux (setsid without tmux)
+    accelerate, deepspeed or process, the leader starts one launcher per node, all at once over
+    ssh, and stops the whole job when one fails. mpirun runs on the leader in tmux (setsid without tmux)
     with -bind-to none -map-by slot, TCP
     on the cluster subnet, one rank per slot unless --np/--per-node say otherwise; every rank gets
     CLUSTERTOOL_JOB=<id> and PYTHONUNBUFFERED=1 (live logs). Each rank's output goes to its own

@@ -158,7 +158,7 @@ def explain(session: ClusterSession, job: JobRecord) -> dict:
     failure = first(found)
     if failure is not None and failure.get("address"):
         node = next((n.name for n in cluster.nodes if failure["address"] in (n.address, n.name)), failure["address"])
-        return {"kind": "lost", "node": node, "what": "mpirun lost its daemon there"}
+        return {"kind": "lost", "node": node, "what": failure.get("what") or "mpirun lost its daemon there"}
     if failure is None:
         if said is None:
             return {"unknown": True}

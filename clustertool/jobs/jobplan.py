@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustertool.core.errors import UsageError
-from clustertool.core.jobpaths import JOB_ENV, JOBS_DIR, RANK_HOST_ENV
+from clustertool.core.jobpaths import JOBS_DIR, RANK_HOST_ENV
 from clustertool.core.model import ClusterRecord, Node
 from clustertool.jobs import launchers
 from clustertool.jobs.launchers import LaunchSpec
@@ -31,8 +31,7 @@ from clustertool.jobs.mpirun import (
 from clustertool.jobs.scripts import rank_host
 
 HOME = "$HOME"  # the leader's home until preflight says it
-# What mpirun starts on each node for a node launcher (torchrun, accelerate, deepspeed, process).
-AGENT_COMMAND = ["sh", "-c", f'exec python3 "$HOME/{JOBS_DIR}/${JOB_ENV}/jobagent.py"', "ct-agent"]
+FAN = "fan.py"  # nodeprogs/fan.py, in the job's folder on the leader: what starts the node launchers
 PORT = "PORT"  # MASTER_PORT until preflight finds a free one on the leader (a dry run shows this)
 
 
@@ -52,14 +51,23 @@ class JobPlan:
 
     @property
     def argv(self) -> list[str]:
-        if self.spec.node_launcher:  # one job agent per node that has ranks, started by mpirun
-            return build_argv([(n.address, 1) for n, _ in self.layout], self._agent_options())
+        if self.spec.node_launcher:  # one job agent per node that has ranks, started by the leader's fan-out
+            return self.fan_argv()
         return build_argv([(n.address, n.slots) for n in self.nodes], self.options)
 
-    def _agent_options(self) -> MpiOptions:
-        return dataclasses.replace(self.options, command=list(AGENT_COMMAND), np=None, per_node=None,
-                                   output_dir=None, tag_output=False, oversubscribe=False, rank_wrapper=False,
-                                   hostfile=self.options.hostfile)
+    def fan_argv(self) -> list[str]:
+        """nodeprogs/fan.py in the job's folder on the leader: every node's agent at once (the leader's here,
+        the others' over ssh), the job stopped when one fails; mpirun's -H, -wdir and -x, as mpirun's argv."""
+        if not self.options.command:
+            raise UsageError("no command given", hint="clustertool run -- torchrun train.py")
+        argv = [_job_path(self.home, self.job_id, FAN), "-H", ",".join(n.address for n, _ in self.layout)]
+        if self.options.workdir:
+            argv += ["-wdir", self.options.workdir]
+        for item in env_items(self.options):
+            argv += ["-x", item]
+        if not any(item.split("=", 1)[0] == "MASTER_PORT" for item in self.options.env):  # not the user's own
+            argv += ["-free-port", "MASTER_PORT"]
+        return argv
 
     @property
     def program(self) -> str:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from clustertool.core.errors import UsageError
-from clustertool.jobs import syncdir
 from clustertool.jobs.mpirun import MpiOptions
 
 SIGNALS = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2")  # what --on-preempt-signal may name
@@ -108,6 +107,8 @@ class SyncPolicy:
 
     def target(self) -> tuple[str, str]:
         """(the local folder, its path on the nodes): the job's working directory."""
+        from clustertool.jobs import syncdir  # the copy's modules: only for a run that syncs
+
         return syncdir.resolve(self.dir, self.to)
 
 

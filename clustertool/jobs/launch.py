@@ -12,25 +12,29 @@ import json
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
+from clustertool import nodeprogs
 from clustertool.cluster.session import ClusterSession
 from clustertool.core import nodeset
 from clustertool.core.errors import RemoteError, ToolError, UsageError
 from clustertool.core.jobpaths import JOBS_DIR
 from clustertool.core.model import ClusterRecord, GroupResult, JobRecord, Node
-from clustertool.jobs import checkpoints, output, records, recoveryprep, reducers, scripts, slurmrun, stacks, syncdir
-from clustertool.jobs.jobplan import JobPlan, plan_job
+from clustertool.jobs import checkpoints, output, records, recoveryprep, scripts
+from clustertool.jobs.jobplan import FAN, JobPlan, plan_job
 from clustertool.jobs.jobrequests import RunRequest
 from clustertool.jobs.mpirun import split_command
 from clustertool.jobs.recorder import recorder_program
 from clustertool.nodeprogs import program_text
-from clustertool.plugin.build import load_record
-from clustertool.plugin.deploy import plugin_env
 from clustertool.providers.base import IMAGE_PYTHON, RankEnvironment
 from clustertool.remote.group import run_on_node, run_on_nodes
 from clustertool.slurm import slurminfo
-from clustertool.transfer.results import CopyResult, ProgressCb
+
+# Imported where they are used (`run` starts faster): the plugin's reducers, Slurm's path, --sync's copy,
+# the hang check's stacks, and the recovery module (which brings `replace` and the cluster spec).
+if TYPE_CHECKING:
+    from clustertool.jobs.reducers import Reducer
+    from clustertool.transfer.results import CopyResult, ProgressCb
 
 
 @dataclass
@@ -85,11 +89,12 @@ def rank_nodes(cluster: ClusterRecord, selection: str | None) -> list[Node]:
 ENDING_GRACE_S = 10.0  # how long a job that has ended may take to lose its last processes
 
 
-def _scan(session: ClusterSession, nodes: list[Node], program: str | None = None,
-          path: str | None = None) -> tuple[GroupResult, dict[str, list[str]]]:
+def _scan(session: ClusterSession, nodes: list[Node], program: str | None = None, path: str | None = None,
+          then: str | None = None, port: bool = True) -> tuple[GroupResult, dict[str, list[str]]]:
     """(the scan's result, {job id: [nodes with its processes]}); ``program``: a program the ranks cannot find
-    there is a UsageError naming it and the nodes."""
-    script = scripts.scan_script(program, path).encode()
+    there is a UsageError naming it and the nodes; ``then``: shell lines run after the scan, in the same
+    connection (a node launcher's agent, put in place)."""
+    script = (scripts.scan_script(program, path, port) + (f"\n{then}" if then else "")).encode()
     result = run_on_nodes(session, nodes, "sh -s", timeout=20, stdin_data=script)
     down = result.failed()
     if down:
@@ -120,18 +125,20 @@ def _ended(session: ClusterSession, job_ids: Iterable[str]) -> bool:
 
 def preflight(session: ClusterSession, nodes: list[Node], allow_concurrent: bool,
               grace: float = ENDING_GRACE_S, *, program: str | None = None,
-              path: str | None = None) -> tuple[str, int | None]:
+              path: str | None = None, install: str | None = None, port: bool = True) -> tuple[str, int | None]:
     """Every node answers; no other clustertool job has processes there; the ranks find ``program`` there
     (with ``path``, their PATH; else the node's own). Returns the leader's $HOME and a port free there now
-    (None where the leader has no python3 to ask).
+    (None where the leader has no python3 to ask, or not ``port``).  ``install``: shell lines each node runs
+    after its scan (in the same connection: one round trip, not two); the caller takes them back if preflight
+    refuses.
 
     Processes of a job that has ended (the one before, in a loop of jobs) get ``grace`` seconds to go."""
     cluster = session.record
-    result, busy = _scan(session, nodes, program, path)
+    result, busy = _scan(session, nodes, program, path, install, port)
     deadline = time.monotonic() + grace
     while busy and not allow_concurrent and time.monotonic() < deadline and _ended(session, busy):
         time.sleep(0.3)
-        busy = _scan(session, [n for n in nodes if any(n.name in w for w in busy.values())])[1]
+        busy = _scan(session, [n for n in nodes if any(n.name in w for w in busy.values())], port=False)[1]
     if busy and not allow_concurrent:
         job_id, where = next(iter(busy.items()))
         raise UsageError(f"job {job_id} is still running on {nodeset.fold(where)}",
@@ -159,6 +166,8 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
     cluster = session.ready()
     report = session.report
     if slurminfo.wanted(cluster):  # through Slurm's queue (jobs/slurmrun.py)
+        from clustertool.jobs import slurmrun
+
         chosen = rank_nodes(cluster, request.nodes) if request.nodes is not None else None
         made = slurmrun.run(session, request, chosen, job_record, dry_run=dry_run, on_progress=on_progress)
         return Launch(made.job, made.argv, dry_run=dry_run, sync=made.sync, synced=made.synced)
@@ -167,8 +176,14 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
                          hint="`clustertool up --scheduler slurm` makes one; `clustertool logs -f JOB` waits here")
     nodes = rank_nodes(cluster, request.nodes)
     servers = cluster.schedulable_servers if request.plugin else []  # a cordoned server gets no reducer
-    env = plugin_env(cluster) if request.plugin else {}
+    env: dict[str, str] = {}
+    if request.plugin:
+        from clustertool.plugin.deploy import plugin_env
+
+        env = plugin_env(cluster)
     if servers:  # the real ports are known once the reducers listen (after preflight)
+        from clustertool.jobs import reducers
+
         env[reducers.ENV_LIST] = ",".join(f"{n.address}:PORT" for n in servers)
     synced_dir = request.sync.target() if request.sync is not None else None
     environment = session.provider.rank_environment(cluster)
@@ -183,24 +198,40 @@ def run(session: ClusterSession, request: RunRequest, *, dry_run: bool = False,
         return Launch(job_record(cluster, plan, request, preempt), plan.argv, dry_run=True, sync=synced_dir,
                       node_commands=commands, python=_python(plan, environment))
     report(f"preflight on {nodeset.fold(n.name for n in plan.nodes)}")
-    home, port = preflight(session, list(plan.nodes), request.allow_concurrent, program=plan.program,
-                           path=plan.rank_path)
+    install = None
+    if plan.spec.node_launcher:  # the agents go in with preflight's scan (their plan's $HOME expands on the node)
+        report(f"{plan.launcher}: one launcher on each of {nodeset.fold(n.name for n, _ in plan.layout)}")
+        install = scripts.agent_install_script(plan.job_id, json.dumps(plan.agent_plan()))
+    try:
+        # a node launcher's port: the fan-out's pick on the leader, as it starts (no python3 run for it here)
+        home, port = preflight(session, list(plan.nodes), request.allow_concurrent, program=plan.program,
+                               path=plan.rank_path, install=install, port=install is None)
+    except UsageError:  # refused (another job there, no such program): the agents taken back (a node that did
+        if install:      # not answer keeps an unused folder, which `clustertool clean` removes)
+            run_on_nodes(session, list(plan.nodes), f"rm -rf {scripts.job_dir_sh(plan.job_id)}", timeout=20)
+        raise
     synced = None
     if synced_dir is not None:
         report(f"syncing {synced_dir[0]} to {synced_dir[1]} on {nodeset.fold(n.name for n in plan.nodes)}")
+        from clustertool.jobs import syncdir
+
         synced = syncdir.sync(session, *synced_dir, list(plan.nodes), on_progress=on_progress)
-    started = []
-    if servers:
-        started = reducers.start(session, plan.job_id, plugin_env_dest(cluster))
-    plugin_extra = {**(reducers.env(started) if started else {}),
-                    **(reducers.stats_env(home, plan.job_id, request.launch.env) if request.plugin else {})}
+    started: list[Reducer] = []
+    plugin_extra: dict[str, str] = {}
+    if request.plugin:
+        from clustertool.jobs import reducers
+
+        started = reducers.start(session, plan.job_id, plugin_env_dest(cluster)) if servers else []
+        plugin_extra = {**(reducers.env(started) if started else {}),
+                        **reducers.stats_env(home, plan.job_id, request.launch.env)}
     plan = plan.with_facts(home, plugin_extra or None, port or _fallback_port(plan.job_id))
     try:
-        if plan.spec.node_launcher:
-            _install_agent(session, plan)
         launched = _start(session, plan, job_record(cluster, plan, request, preempt), started, synced, request.record)
     except BaseException:
-        reducers.stop(session, plan.job_id, [r.node for r in started])
+        if started:
+            from clustertool.jobs import reducers
+
+            reducers.stop(session, plan.job_id, [r.node for r in started])
         raise
     recoveryprep.keep_request(launched.job, request)  # a lost leader: the job is planned again from its request
     return launched
@@ -239,11 +270,14 @@ def _hang_stacks(plan: JobPlan, job: JobRecord) -> bytes | None:
     """The stacks node program the supervisor runs on every node when the job looks hung."""
     if job.hang_timeout is None:
         return None
+    from clustertool.jobs import stacks
+
     return program_text("stacks", stacks.node_args(plan.job_id, None, 10.0))
 
 
 def _install_agent(session: ClusterSession, plan: JobPlan) -> None:
-    """The job agent and its plan, in the job's folder on every node that runs ranks."""
+    """The job agent and its plan, in the job's folder on every node that runs ranks, on their own (`run` sends
+    them with preflight's scan; a job planned again after a lost leader, jobs/replan.py, sends them here)."""
     nodes = [n for n, _ in plan.layout]
     session.report(f"{plan.launcher}: one launcher on each of {nodeset.fold(n.name for n in nodes)}")
     script = scripts.agent_install_script(plan.job_id, json.dumps(plan.agent_plan()))
@@ -287,26 +321,35 @@ def job_record(cluster: ClusterRecord, plan: JobPlan, request: RunRequest, preem
 
 
 def plugin_env_dest(cluster: ClusterRecord) -> str:
+    from clustertool.plugin.build import load_record
+
     return load_record(cluster.name)["deployed"]["dest"]
 
 
-def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list[reducers.Reducer],
+def _start(session: ClusterSession, plan: JobPlan, job: JobRecord, started: list[Reducer],
            synced: CopyResult | None, record: bool = True, prefix: str = "") -> Launch:
     """Send the job's files to the leader and start it there (``prefix``: shell lines run first: the attempts so
     far of a job planned again after its leader was lost, jobs/replan.py)."""
     cluster = session.record
-    launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir,
-                                      epilogue=reducers.epilogue_lines(plan.job_id, started),
+    epilogue: list[str] = []
+    if started:
+        from clustertool.jobs import reducers
+
+        epilogue = reducers.epilogue_lines(plan.job_id, started)
+    launch_sh = scripts.launch_script(plan.job_id, plan.argv, plan.options.workdir, epilogue=epilogue,
                                       restarts=bool(job.restarts))
     job.detached = "pending"
+    fan = {FAN: (nodeprogs.DIR / "fan.py").read_text()} if plan.spec.node_launcher else None
     script = scripts.install_and_start_script(plan.job_id, launch_sh, plan.hostfile, json.dumps(job.to_dict()),
                                               pane=output.pane_program(job), supervisor=_supervisor(plan, job),
                                               hangstacks=_hang_stacks(plan, job),
                                               restarter=_restarter(plan, job, replacer_of(cluster)),
                                               spot=recoveryprep.spot_program(plan, job),
-                                              recorder=recorder_program(session, plan) if record else None)
+                                              recorder=recorder_program(session, plan) if record else None,
+                                              extra_files=fan, before_start=[f'chmod 755 "$d/{FAN}"'] if fan else ())
     recoveryprep.keep_launch(job, script)  # a lost leader takes the job's files: the recovery loop sends them again
-    session.report(f"starting job {plan.job_id} on {cluster.leader.name}: {shlex.join(plan.argv[:1])} -np {job.np} ...")
+    what = f"{job.launcher} on {len(plan.layout)} node(s)" if fan else f"{shlex.join(plan.argv[:1])} -np {job.np}"
+    session.report(f"starting job {plan.job_id} on {cluster.leader.name}: {what} ...")
     result = run_on_node(session, cluster.leader, "sh -s", timeout=30, stdin_data=(prefix + script).encode())
     if not result.ok:
         raise RemoteError(f"could not start the job on the leader: {result.reason}")

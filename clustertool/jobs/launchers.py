@@ -1,10 +1,10 @@
 """What starts a job's ranks: mpirun (the default), torchrun, accelerate, deepspeed, or the tool
 itself (``process``), as pure functions of the command and the rank layout.
 
-Every launcher but mpirun runs as one *node launcher* per node.  mpirun still carries them there
-(`-np NODES`, one per host): that keeps every promise `run` makes (detached on the leader, `kill`
-by the job's processes, the whole job aborted when one node's launcher fails or its node is lost),
-and lets nothing but mpirun need ssh.  On each node the job agent (nodeprogs/jobagent.py) starts
+Every launcher but mpirun runs as one *node launcher* per node.  The leader's fan-out (nodeprogs/fan.py,
+in mpirun's place) starts every node's agent at once over its ssh, as pdsh would, and keeps every promise
+`run` makes (detached on the leader, `kill` by the job's processes, the whole job stopped when one node's
+launcher fails or its node is lost).  On each node the job agent (nodeprogs/jobagent.py) starts
 that node's launcher with the node's own flags (its node rank, its number of processes), or, for
 ``process``, one process per slot itself.  Each rank then runs under the agent's rank runner, which
 writes its output to the same per-rank files mpirun's ranks use and records how it ended.

@@ -181,12 +181,13 @@ FREE_PORT = ("python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0));
              "2>/dev/null")
 
 
-def scan_script(program: str | None = None, path: str | None = None) -> str:
-    """Any node: ids of clustertool jobs that have processes here, the home directory, a free port; with
-    ``program``, ``missing=PROGRAM`` where the ranks (their PATH: ``path``, else the node's own) cannot find it."""
+def scan_script(program: str | None = None, path: str | None = None, port: bool = True) -> str:
+    """Any node: ids of clustertool jobs that have processes here, the home directory, a free port (``port``);
+    with ``program``, ``missing=PROGRAM`` where the ranks (their PATH: ``path``, else the node's own) cannot
+    find it."""
     return "\n".join([
         'echo "home=$HOME"',
-        f'echo "port=$({FREE_PORT})"',
+        *([f'echo "port=$({FREE_PORT})"'] if port else []),
         f"grep -a -z -o -h '^{JOB_ENV}=[a-z0-9-]*$' /proc/[0-9]*/environ 2>/dev/null "
         "| tr '\\0' '\\n' | sort -u | sed 's/^/running /'",
         *([program_check(program, path)] if program else []),

@@ -1,21 +1,23 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S python3 -I -S
 """The job agent: one per node for every launcher but mpirun (stdlib only; never imports clustertool).
 
 It runs in two roles, told apart by the environment:
 
-* **node agent** (mpirun starts one per node; ``OMPI_COMM_WORLD_RANK`` is the node's rank; in a Slurm
-  job srun starts it, ``SLURM_PROCID`` then; jobs/slurmbatch.py):
+* **node agent** (the leader's fan-out, nodeprogs/fan.py, starts one per node, ``CLUSTERTOOL_AGENT_NODE`` its
+  node rank, its stdin the leader's end: closed, it stops as on SIGTERM; in a Slurm job srun starts it,
+  ``SLURM_PROCID`` then, jobs/slurmbatch.py; under mpirun ``OMPI_COMM_WORLD_RANK``):
   reads ``agent.json`` beside this file, then either starts that node's launcher (torchrun,
   accelerate launch, deepspeed) with the node's own command line, or (``process``) one process per
   slot itself.  When its launcher or one of its ranks fails, it stops the rest on this node, writes
   ``failure`` (which rank, how it ended, its last stderr lines), says so in one line on stderr, and
-  exits non-zero, so mpirun aborts the job on every other node.  SIGTERM/SIGINT/SIGHUP are passed
+  exits non-zero, so the fan-out (or srun) stops the job on every other node.  SIGTERM/SIGINT/SIGHUP are passed
   on; its children die with it (PR_SET_PDEATHSIG).
 * **rank runner** (``CLUSTERTOOL_RANK_PROGRAM`` is set; the launcher runs this file as the training
-  script): sends the rank's output to ``out/1/rank.N/std{out,err}`` on this node (the files
+  script, torchrun and accelerate with their ``--no-python``: this file's own #! line then, ``-I -S``, no
+  site to load): sends the rank's output to ``out/1/rank.N/std{out,err}`` on this node (the files
   mpirun's ranks write, which `logs` reads), records the rank's process in ``ranks/`` (for `kill`
-  and `stacks`), runs the user's program with this interpreter, passes signals on, and records how
-  it ended in ``exits/``.
+  and `stacks`), runs the user's program with the launcher's interpreter, passes signals on, and
+  records how it ended in ``exits/``.
 
 Files (in the job's folder ``~/.clustertool/jobs/<id>/`` on every node): ``jobagent.py``,
 ``agent.json`` (the plan: per node its command, processes and first rank), ``ranks/``, ``exits/``,
@@ -31,6 +33,9 @@ import time
 # subprocess: imported only where a node launcher starts (the rank runner, once per rank, forks by itself)
 
 PROGRAM_ENV = "CLUSTERTOOL_RANK_PROGRAM"
+NODE_ENV = "CLUSTERTOOL_AGENT_NODE"  # the node rank fan.py gives each agent
+# The launchers whose ranks can run this file directly (its #! line) rather than under their own python
+NO_PYTHON = {"torchrun": "--no-python", "accelerate": "--no_python"}
 RESTART_ENV = "CLUSTERTOOL_RESTART_COUNT"  # run --restarts: which attempt this is (0: the first)
 RANK_HOST_ENV = "CLUSTERTOOL_RANK_HOST"  # rankhost.py, relative to the home: how a Python rank is run
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
@@ -138,9 +143,10 @@ def rank_command(program, args, host=None):
             return [argv[0], host, *argv[1:]]
         return argv
     hosted = [host] if host else []
+    python = program.get("python") or sys.executable  # the launcher's interpreter (where we run without it)
     if mode == "module":
-        return [sys.executable, "-u", *hosted, "-m", program["target"], *args]
-    return [sys.executable, "-u", *hosted, program["target"], *args]
+        return [python, "-u", *hosted, "-m", program["target"], *args]
+    return [python, "-u", *hosted, program["target"], *args]
 
 
 def rank_host(env):
@@ -198,6 +204,54 @@ class Child:
 
     def kill(self):
         self.send_signal(signal.SIGKILL)
+
+
+def own_group():
+    """In the launcher, before exec: a process group of its own (Python 3.8's Popen has no process_group), and
+    SIGTERM when the agent dies."""
+    os.setpgid(0, 0)
+    die_with_parent(signal.SIGTERM)
+
+
+class Group:
+    """A launcher in its own process group, with all it started (DeepSpeed's runner starts its per-node launcher,
+    which starts the ranks): signals go to the whole group, as mpirun's daemons sent them, so a launcher that
+    dies of SIGTERM leaves nothing behind."""
+
+    def __init__(self, proc):
+        self.proc, self.pid = proc, proc.pid
+
+    def send_signal(self, sig):
+        try:
+            os.killpg(self.pid, sig)
+        except OSError:
+            pass
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self):
+        return self.proc.wait()
+
+    def poll(self):
+        return self.proc.poll()
+
+    def alive(self):
+        try:
+            os.killpg(self.pid, 0)
+            return True
+        except OSError:
+            return False
+
+    def clear(self):
+        """Once the launcher has ended: what is left of its group gets SIGTERM, SIGKILL after the grace."""
+        if not self.alive():
+            return
+        self.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and self.alive():
+            time.sleep(0.05)
+        self.kill()
 
 
 def spawn(argv, stdout, stderr, env):
@@ -327,8 +381,8 @@ def stop_all(children, sig=signal.SIGTERM):
 
 def child_env(plan, share, node_rank):
     """The launcher's (and so its ranks') environment: the job's, less MPI's, plus this node's place."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(MPI_PREFIXES) and not (k.startswith("SLURM_") and k not in SLURM_KEPT)}
+    env = {k: v for k, v in os.environ.items() if k != NODE_ENV
+           and not k.startswith(MPI_PREFIXES) and not (k.startswith("SLURM_") and k not in SLURM_KEPT)}
     nprocs = str(share["nprocs"])
     env.update({"NODE_RANK": str(node_rank), "CLUSTERTOOL_NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
                 "LOCAL_WORLD_SIZE": nprocs, "CLUSTERTOOL_GPUS_PER_NODE": nprocs})
@@ -376,6 +430,9 @@ def run_processes(plan, share, env):
             return 127
         children[child.pid] = (rank, child)
         stopper.children.append(child)
+    if stopper.told is not None:  # told while they started
+        for _, child in children.values():
+            child.send_signal(stopper.told)
     failed = None
     while children:
         try:
@@ -415,22 +472,52 @@ def run_launcher(plan, share, env):
         lines = [f"{ip} slots={n}\n" for ip, n in zip(ips, plan["hostfile_slots"])]
         write_atomic(fill["{ds_hostfile}"], "".join(lines))
     argv = [fill.get(w, w).replace("{port}", port).replace("{master_addr}", master) for w in share["argv"]]
-    env[PROGRAM_ENV] = json.dumps(dict(plan["program"], out=plan["out"], width=plan["width"]))
+    program = dict(plan["program"], out=plan["out"], width=plan["width"])
+    python = launcher_python(argv[0], env) if plan["launcher"] in NO_PYTHON else None
+    if python and fill["{agent}"] in argv:  # this file runs as it is (#!: -I -S), the user's program under python
+        at = argv.index(fill["{agent}"])
+        argv = argv[:at] + [NO_PYTHON[plan["launcher"]]] + argv[at:]
+        program["python"] = python
+    env[PROGRAM_ENV] = json.dumps(program)
     import subprocess
 
     try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env,
-                                 preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+        child = Group(subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, preexec_fn=own_group))
     except OSError as exc:
         sys.stderr.write(f"clustertool: cannot start {argv[0]} on {host()}: {exc}\n")
         return 127
     stopper.children.append(child)
+    if stopper.told is not None:  # told while it started
+        child.send_signal(stopper.told)
     status = wait(child)
     if status != 0 and stopper.told is None:
         report_failure(first_failure(plan["out"], plan["width"]), status)
+    child.clear()
     if stopper.told is not None:
         return 128 + stopper.told
     return exit_status(status) if status else 0
+
+
+def launcher_python(word, env):
+    """The Python a launcher (``torchrun``, ``accelerate``, ``python3``) runs under: the word itself where it is a
+    python, else the interpreter its #! line names; None where that is not plainly a python."""
+    import shutil
+
+    path = shutil.which(word, path=env.get("PATH")) or word
+    if os.path.basename(path).startswith("python"):
+        return path
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        words[:1] = [shutil.which(words[0], path=env.get("PATH")) or ""] if words else []
+    if words and os.path.basename(words[0]).startswith("python") and len(words) == 1 and os.path.isabs(words[0]):
+        return words[0]
+    return None
 
 
 def node_agent():
@@ -442,12 +529,31 @@ def node_agent():
     restart = os.environ.get(RESTART_ENV, "")
     if restart.isdigit() and int(restart) > 0:
         plan["out"] = begin_attempt(plan["out"], int(restart))
-    node_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID") or "0")
+    node_rank = int(os.environ.get(NODE_ENV) or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID")
+                    or "0")
+    if NODE_ENV in os.environ:
+        stop_on_hangup()
     share = plan["nodes"][node_rank]
     env = child_env(plan, share, node_rank)
     if plan["launcher"] == "process":
         return run_processes(plan, share, env)
     return run_launcher(plan, share, env)
+
+
+def stop_on_hangup():
+    """Started by fan.py: our stdin is the leader's end.  Its close (the job stopped there, or the link to the
+    leader gone) stops this node's part as SIGTERM does (the Stopper passes it on to the launcher or ranks)."""
+    import threading
+
+    def watch():
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def begin_attempt(out, k):

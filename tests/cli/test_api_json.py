@@ -183,8 +183,8 @@ def test_a_playbook_run_step_takes_a_launcher_and_a_hang_timeout(recorded, tmp_p
     assert step.argv[:5] == ["run", "--launcher", "torchrun", "--hang-timeout", "10m"]
     proc = run_cli(*step.argv, env=env)  # the real CLI: one torchrun a node, python's script kept
     assert proc.returncode == 0, proc.stderr
-    assert "ct-agent" in proc.stdout and "-m torch.distributed.run --nnodes" in proc.stdout
-    assert "t.py --lr 1" not in proc.stdout.splitlines()[0]  # mpirun starts the agents; each node's line has it
+    assert "/fan.py' -H 10.0.0.1,10.0.0.2 " in proc.stdout and "-m torch.distributed.run --nnodes" in proc.stdout
+    assert "t.py --lr 1" not in proc.stdout.splitlines()[0]  # the fan-out starts the agents; each node's line has it
     assert "--master-port PORT t.py --lr 1" in proc.stdout and "{agent}" not in proc.stdout
 
 

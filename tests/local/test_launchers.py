@@ -211,7 +211,7 @@ def test_kill_leaves_nothing_on_any_node(cluster, folder, launcher):
 
 
 @pytest.mark.parametrize("launcher,how", [("mpirun", "exit"), ("torchrun", "exit"), ("process", "exit"),
-                                          ("process", "kill"), ("torchrun", "kill")])
+                                          ("process", "kill"), ("torchrun", "kill"), ("deepspeed", "kill")])
 def test_one_rank_failing_stops_the_job_everywhere_and_jobs_names_it(cluster, folder, launcher, how):
     name, env = cluster
     words = run_words(name, launcher, str(folder / "fail.py"), how)

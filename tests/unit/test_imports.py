@@ -28,6 +28,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "clustertool"
 LAZY_ALLOWED = {
     # `clustertool up --help` builds the aws provider's options without loading its modules
     "clustertool.providers.aws.aws_provider": "the provider's verbs load their modules (and so boto3) on first use",
+    # `clustertool run` (issue 35: a job's start as fast as pdsh + torchrun): what only some jobs need
+    "clustertool.jobs.launch": "recovery (replace, the cluster spec), reducers, stacks, plugin, Slurm, --sync's copy",
+    "clustertool.jobs.jobrequests": "--sync's copy modules, only for a run that syncs",
 }
 
 

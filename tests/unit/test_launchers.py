@@ -1,5 +1,5 @@
 """Launchers: which one a command names, the user's options kept, each node's command line, and the
-mpirun line that carries one job agent per node.  Pure functions: no node involved."""
+leader's fan-out line that starts one job agent per node.  Pure functions: no node involved."""
 
 from __future__ import annotations
 
@@ -103,9 +103,12 @@ def test_a_node_launcher_job_is_one_agent_per_node_servers_excluded():
     c = cluster(3, 2, servers=1)
     plan = plan_job(c, c.workers, MpiOptions(["torchrun", "t.py"]), "j1")
     argv = plan.argv
-    assert argv[argv.index("-np") + 1] == "3" and plan.np == 6
+    assert argv[0] == "$HOME/.clustertool/jobs/j1/fan.py" and "mpirun" not in argv
+    assert argv[argv.index("-H") + 1] == "10.0.0.1,10.0.0.2,10.0.0.3" and plan.np == 6  # the leader first
     assert plan.hostfile == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n10.0.0.3 slots=1\n"
-    assert "ct-agent" in argv and "--output-filename" not in argv
+    exported = [argv[i + 1] for i, w in enumerate(argv) if w == "-x"]
+    assert "CLUSTERTOOL_JOB=j1" in exported and "MASTER_ADDR=10.0.0.1" in exported
+    assert "--output-filename" not in argv
     agent = plan.agent_plan()
     assert [(s["nprocs"], s["first_rank"]) for s in agent["nodes"]] == [(2, 0), (2, 2), (2, 4)]
     assert agent["world_size"] == 6 and agent["program"] == {"mode": "python", "target": "t.py"}
@@ -129,7 +132,7 @@ def test_process_with_np_runs_only_on_the_nodes_that_get_ranks():
     agent = plan.agent_plan()
     assert [(s["nprocs"], s["first_rank"]) for s in agent["nodes"]] == [(2, 0), (1, 2)]
     assert agent["program"] == {"mode": "exec", "argv": ["python", "t.py"]}
-    assert plan.argv[plan.argv.index("-np") + 1] == "2"
+    assert plan.argv[plan.argv.index("-H") + 1] == "10.0.0.1,10.0.0.2"  # one agent on each of the two nodes
 
 
 def test_accelerate_needs_the_same_number_of_processes_on_every_node():
