@@ -143,6 +143,10 @@ class Waiter:
         doc["user"] = fields.get("UserId", doc["user"]).split("(", 1)[0]
         if restarts > doc["restarts"] or state in REQUEUED:
             self.close_attempt(attempt_codes(fields), reason)
+            while len(doc["attempts"]) < restarts:  # a run that began and was requeued between two looks
+                doc["attempts"].append({"attempt": len(doc["attempts"]) + 1, "start": None, "end": None, "code": None,
+                                        "cause": None, "nodes": [], "batch_host": ""})
+                self.close_attempt(attempt_codes(fields), reason)
         if state == "RUNNING" or state in FINAL:  # (COMPLETING: a run ending, perhaps before a requeue)
             self.open_attempt(fields, restarts)
         if state == "PENDING" and (state, reason) != (doc["state"], doc["reason"]) and reason != "None":

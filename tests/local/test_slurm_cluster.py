@@ -2,19 +2,21 @@
 through the CLI as a user runs it.  Real slurmctld, slurmd and munged (Debian's 22.05) inside the nodes; the
 stand-in GPUs are character devices in each node's own /dev with no driver behind them (GRES counts them).
 
-What a user would notice: every node idle in sinfo once `up` returns; a 2-node job under each launcher
-(mpirun inside the allocation, torchrun, accelerate, deepspeed and process started by srun) with the same
-variables and results; a second job waits in the queue (`jobs` shows it pending, with Slurm's reason and
-who submitted it) and both succeed; a failing rank's exit code is the job's; a cordon is a drain in sinfo
-and the drained node gets no work; `kill` leaves nothing in Slurm or on the nodes; `run --after` chains;
-`--restarts` requeues; a node's death requeues the job (Slurm's SlurmdTimeout shortened for the test, through
-CLUSTERTOOL_SLURM_TIMERS) and the job ends once the node is back; stop/start and replace bring the daemons
-back; `down` leaves no slurmd, slurmctld or munged (tests/local/conftest.py's leftover check).
+What a user would notice: every node idle in sinfo once `up` returns; a 2-node job under each launcher (mpirun
+inside the allocation, torchrun, accelerate, deepspeed and process started by srun) with the same variables and
+results; a second job waits in the queue (`jobs` shows it pending, with Slurm's reason and who submitted it) and
+both succeed; a teammate's home that adopted the cluster (`--slurm-login`) queues behind the maker's job and
+both succeed, and its `down` leaves the made Slurm as it was; a failing rank's exit code is the job's; a cordon
+is a drain in sinfo and the drained node gets no work; `kill` leaves nothing in Slurm or on the nodes;
+`run --after` chains; `--restarts` requeues; a node's death requeues the job (Slurm's SlurmdTimeout shortened
+for the test, through CLUSTERTOOL_SLURM_TIMERS) and the job ends once the node is back; stop/start and replace
+bring the daemons back; `down` leaves no slurmd, slurmctld or munged (tests/local/conftest.py's leftover check).
 
 Run this file alone: it is heavy for a shared 2-core machine (`pytest tests/local/test_slurm_cluster.py`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -25,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from clustertool.workloads import node_python
-from tests.conftest import run_cli
-from tests.local.conftest import module_cluster, stop_node_sshd, torch_teardown_abort
+from tests.conftest import run_cli, unique
+from tests.local.conftest import local_leftovers, module_cluster, slurm_daemons, stop_node_sshd, torch_teardown_abort
 from tests.local.test_launchers import gone_within, launch_words, needs
 from tests.local.test_slurm import _slurm_missing
 
@@ -165,6 +167,76 @@ def test_a_second_job_waits_in_the_queue_and_both_succeed(cluster, folder):
         assert (done["state"], done["exit_code"], done["slurm"]["state"]) == ("succeeded", 0, "COMPLETED"), done
     assert job(env, name, second)["slurm"]["attempts"][0]["start"] >= job(env, name, hold)["slurm"]["attempts"][0][
         "start"]
+
+
+def slurm_as_made(env, name) -> tuple[str, list[tuple[int, str]], dict[str, str]]:
+    """The made cluster's Slurm as its maker sees it: slurm.conf's digest, its daemons (pid, name), node states."""
+    conf = on(env, name, "node-1", f"cat {CONF}")
+    daemons = sorted((pid, comm) for pid, comm in slurm_daemons(name) if comm != "slurmstepd")  # (a job's own)
+    return (hashlib.sha256(conf.encode()).hexdigest(), daemons,
+            {n: v[0] for n, v in sinfo(env, name).items()})
+
+
+def wired(env, name, adopter) -> list[str]:
+    """What the adopting home's `up` put on each node (its key, its ~/.ssh/config block), as the maker finds it."""
+    proc = ct(env, "exec", "-c", name, "-n", "all", "--json", "--", f"ls /root/.ssh | grep -F clustertool-{adopter}; "
+              f"grep -F 'clustertool {adopter}' /root/.ssh/config; true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [r["stdout"] for r in sorted(json.loads(proc.stdout)["results"], key=lambda r: r["node"])]
+
+
+def test_a_teammate_who_adopted_the_cluster_queues_behind_the_makers_job_and_both_succeed(cluster, folder, tmp_path):
+    """docs/slurm.md's "Share it": home A made the cluster (`up --scheduler slurm`, the module's fixture); home B
+    adopts it from its own machine (`up --provider static --slurm-login <the leader's address>`).  Both homes
+    run as root here (one Unix user): the two "users" are two clustertool homes, as two teammates' machines
+    would be, sharing the one Slurm queue.  B's key is the one A's nodes accept (A's cluster key), as a
+    teammate's key the leader accepts."""
+    name, env = cluster
+    theirs = dict(env, CLUSTERTOOL_HOME=str(tmp_path / "home"), CLUSTERTOOL_HOSTFILE_DIR=str(tmp_path / "hf"))
+    record = json.loads((Path(env["CLUSTERTOOL_HOME"]) / "clusters" / f"{name}.json").read_text())
+    key = Path(env["CLUSTERTOOL_HOME"]) / "clusters" / name / "id_ecdsa"
+    mine = unique("sb")
+    before = slurm_as_made(env, name)
+    release = folder / f"release-{uuid.uuid4().hex[:6]}"
+    try:
+        up = ct(theirs, "up", "--provider", "static", "--slurm-login", record["nodes"][0]["address"], "--key",
+                str(key), "--user", "root", "--slurm-conf", CONF, "--name", mine)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert all(wired(env, name, mine)), up.stdout
+        hold = submit(env, name, "--launcher", "process", "--name", "makers", "--", "sh", "-c",
+                      f"while [ ! -e {release} ]; do sleep 0.2; done; echo makers $RANK")
+        held = wait_for("the maker's job runs", lambda: (lambda j: j if j["state"] == "running" else None)(
+            job(env, name, hold)))
+        assert sorted(held["nodes"]) == sorted(before[2])  # it holds every node
+        theirs_id = submit(theirs, mine, "--launcher", "process", "--name", "teammates", "--", "sh", "-c",
+                           "echo teammates $RANK")
+        waiting = wait_for("the teammate's job waits for Resources", lambda: (
+            lambda j: j if j["state"] == "pending" and j["slurm"].get("reason") in ("Resources", "Priority") else None)(
+            job(theirs, mine, theirs_id)))
+        queue = {q["slurm_id"]: q for q in jobs(theirs, mine)["queue"]}
+        makers = queue[held["slurm"]["id"]]  # not one of B's jobs: Slurm's name for it is A's job id
+        assert (makers["state"], makers["job"], makers["name"], makers["user"]) == ("RUNNING", None, hold, "root")
+        assert (queue[waiting["slurm"]["id"]]["state"], queue[waiting["slurm"]["id"]]["job"]) == ("PENDING", theirs_id)
+        shown = ct(theirs, "jobs", "-c", mine).stdout
+        assert re.search(rf"{theirs_id}\s+teammates\s+pending \((Resources|Priority)\)", shown), shown
+        released = time.time()
+        release.touch()
+        for home, cname, job_id in ((env, name, hold), (theirs, mine, theirs_id)):
+            done = wait_for(f"{job_id} ends", lambda h=home, c=cname, j=job_id: (
+                lambda r: r if r["state"] not in ("running", "pending") else None)(job(h, c, j)))
+            assert (done["state"], done["exit_code"], done["slurm"]["state"]) == ("succeeded", 0, "COMPLETED"), done
+        started = job(theirs, mine, theirs_id)["slurm"]["attempts"][0]["start"]
+        assert started >= released and started >= job(env, name, hold)["slurm"]["attempts"][0]["start"]
+        ran = ct(theirs, "logs", "-c", mine, theirs_id).stdout
+        assert sorted(set(re.findall(r"teammates (\d)", ran))) == [str(r) for r in range(NODES * SLOTS)], ran
+    finally:
+        release.touch()  # (a failure above must not leave the maker's job holding the nodes)
+        gone = ct(theirs, "down", "-c", mine, "--yes")
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    assert local_leftovers(mine) == []
+    assert wired(env, name, mine) == [""] * NODES  # B's key and ssh config block are gone from every node
+    after = slurm_as_made(env, name)
+    assert after[:2] == before[:2] and set(after[2].values()) == {"idle"}, (before, after)
 
 
 def test_a_failing_ranks_exit_code_is_the_jobs_and_the_other_ranks_stop_at_once(cluster):

@@ -246,6 +246,18 @@ def test_the_waiter_follows_a_queued_job_to_its_end_and_releases_a_requeue_at_on
     assert "pending (Resources)" in out and "attempt 1 failed with exit code 3: requeued" in out
 
 
+def test_a_run_that_failed_and_was_requeued_between_two_looks_is_still_an_attempt_with_its_code(tmp_path, capsys):
+    for first in ([line("PENDING", "BeginTime", restarts=1, comment="ct:3")], []):  # its requeue seen, or not even
+        module, _ = waiter_module(tmp_path, [line("PENDING", "Resources"), *first,
+                                             line("RUNNING", restarts=1, nodes="node-[2-3]", comment="ct:3"),
+                                             line("COMPLETED", restarts=1, nodes="node-[2-3]", comment="ct:3")])
+        assert module.Waiter().run() == 0
+        doc = json.loads((tmp_path / "slurm.json").read_text())
+        assert [(a["attempt"], a["code"], a["cause"]) for a in doc["attempts"]] == [(1, 3, "exit code 3"),
+                                                                                     (2, 0, None)]
+        assert "attempt 1 failed with exit code 3: requeued" in capsys.readouterr().out
+
+
 def test_a_node_death_is_a_requeue_without_a_code_and_a_short_job_seen_only_ended_still_has_its_nodes(tmp_path):
     module, _ = waiter_module(tmp_path, [line("RUNNING", nodes="node-[1-2]"),
                                          line("COMPLETING", restarts=1, nodes="node-2"),
