@@ -9,7 +9,7 @@ order.  Ranks without a record say why, once per reason.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 from clustertool.core import nodeset
 
@@ -21,8 +21,8 @@ class Ranked(Protocol):
     flight: dict[str, Any] | None
 
 
-def fold_ranks(ranks: Sequence[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
+def fold_ranks(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
     runs: list[list[int]] = []
     for r in sorted(set(ranks)):
         if runs and runs[-1][-1] == r - 1:

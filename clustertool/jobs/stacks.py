@@ -19,7 +19,6 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from clustertool import nodeprogs
 from clustertool.cluster.session import ClusterSession
@@ -115,15 +114,7 @@ class StacksResult:
                 "problems": self.problems, "flight": self.flight}
 
 
-def fold_ranks(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
-    runs: list[list[int]] = []
-    for r in sorted(set(ranks)):
-        if runs and runs[-1][-1] == r - 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+fold_ranks = flightfold.fold_ranks  # [0, 1, 2, 5, 7, 8] -> "0-2,5,7-8" (one definition, there)
 
 
 def _note_kind(note: str | None) -> str:
