@@ -114,7 +114,8 @@ def _agent_step(job: BatchJob) -> list[str]:
     names = list(job.agent_files)
     writes = " && ".join(f'printf %s "${i + 2}" | base64 -d > "$1/{name}.$$" && mv -f "$1/{name}.$$" "$1/{name}"'
                          for i, name in enumerate(names))
-    program = f'mkdir -p "$1/ranks" "$1/exits" "$1/out" && {writes}'
+    program = (f'mkdir -p "$1/ranks" "$1/exits" "$1/out" && {writes}'
+               + (' && chmod 755 "$1/jobagent.py"' if "jobagent.py" in names else ""))  # torchrun --no-python runs it
     args = " ".join(shlex.quote(_b64(job.agent_files[n])) for n in names)
     return [f"{step_line(PER_NODE)} sh -c {shlex.quote(program)} ct-setup \"$d\" "
             f"{args} || {{ echo 'clustertool: could not put the job agent on every node' >&2; exit 1; }}"]

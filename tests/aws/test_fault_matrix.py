@@ -503,7 +503,9 @@ def test_sweeps_during_up_touch_nothing_and_down_stops_that_up_leaving_nothing(f
     [found] = [o for o in json.loads(other.out)["orphans"] if o["name"] == name]
     assert found["action"] == "keep" and "up in flight" in found["why"]
     code, out, err = fx.aws.ct("down", "-c", name)   # no terminal to ask on: not without --yes
-    assert code != 0 and f"error: cluster {name!r} is being created by pid {up.pid}" in err and "--yes" in err
+    # no terminal to ask on: refused, naming the `up` and its pid, with the --yes form as the hint (issue 33)
+    assert code != 0 and f"error: refusing to stop the `up` of {name!r} (pid {up.pid}) without --yes" in err, err
+    assert f"clustertool down -c {name} --yes" in err
     code, out, err = fx.aws.ct("down", "-c", name, "--yes")
     assert code == 0, err
     assert f"stopped the `up` of {name!r} (pid {up.pid})" in out, out

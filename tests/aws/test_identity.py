@@ -257,7 +257,7 @@ def test_a_second_up_of_a_name_being_created_is_refused_naming_the_pid_and_makes
         assert code != 0 and f"error: cluster {name!r} is being created by pid {proc.pid}" in err
         assert aws.recorder.ops[start:] == []  # not one AWS call
         code, _, err = aws.ct("down", "-c", name)   # without --yes (and no terminal): not stopped
-        assert code != 0 and f"is being created by pid {proc.pid}" in err
+        assert code != 0 and f"refusing to stop the `up` of {name!r} (pid {proc.pid}) without --yes" in err, err
         code, out, err = aws.ct("down", "-c", name, "--yes")   # ours: stopped, and nothing was made
         assert code == 0 and f"(pid {proc.pid})" in out and "nothing of cluster" in out, err
     finally:

@@ -148,8 +148,10 @@ def test_scratch_tmp_and_shm_are_private_per_node(make, directory):
 
 def test_node_names_resolve_inside_the_cluster(make):
     m = make(2)
-    result = m.ssh(1, "getent hosts node-2")
+    result = m.ssh(1, "getent ahostsv4 node-2")  # IPv4 (getent hosts prefers the ::ffff: name, for PyTorch's store)
     assert result.stdout.split()[0] == m.cluster.nodes[1].address
+    mapped = m.ssh(1, "getent hosts node-2").stdout.split()[0]
+    assert mapped in (m.cluster.nodes[1].address, f"::ffff:{m.cluster.nodes[1].address}")
 
 
 def test_pkill_python_on_one_node_leaves_other_nodes_and_itself_alive(make):
