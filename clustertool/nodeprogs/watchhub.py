@@ -79,12 +79,15 @@ class Member:
         try:
             self.proc = proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                 stderr=subprocess.PIPE, start_new_session=True)
-            assert proc.stdin is not None  # spawned with pipes
-            proc.stdin.write(b"%d\n" % len(data) + data)
-            proc.stdin.flush()
         except OSError as exc:
             self.state, self.error = "unreachable", str(exc)
             return
+        try:
+            assert proc.stdin is not None  # spawned with pipes
+            proc.stdin.write(b"%d\n" % len(data) + data)
+            proc.stdin.flush()
+        except OSError:  # ssh has ended already (a refused connection): its reader below says why, in ssh's words
+            pass
         threading.Thread(target=self.read, args=(self.proc,), daemon=True).start()
 
     def read(self, proc):
