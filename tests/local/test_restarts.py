@@ -145,6 +145,7 @@ def test_torchrun_ranks_get_the_restart_count(cluster, scripts):
 def test_a_lost_node_stops_the_restarts_and_is_named(cluster, scripts):
     """Last in this module: in the local provider a node whose sshd dies is gone (its PID 1 exits)."""
     proc = cli(cluster, "run", "--restarts", "2", "-x", "FAIL=hang", "--", "sh", str(scripts / "step.sh"))
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
     job_id = proc.stdout.strip().splitlines()[-1]
     deadline = time.monotonic() + 60
     while "attempt 0 resumed" not in cli(cluster, "logs", job_id, "--rank", "1").stdout \
