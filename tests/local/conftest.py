@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.local)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=f"local provider tier: {reason}"))
+
+
+def controllers(name: str) -> list[int]:
+    """Live processes running this cluster's controller (zombies are gone for this purpose)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            alive = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            continue
+        if alive and b"clustertool.controller.daemon" in words and name.encode() in words:
+            found.append(int(pid))
+    return found
 
 
 def local_leftovers(name: str) -> list[str]:

@@ -18,7 +18,7 @@ import pytest
 
 from clustertool.providers.local import net, sysops
 from tests.conftest import REPO, run_cli
-from tests.local.conftest import module_cluster, provider_state
+from tests.local.conftest import controllers, module_cluster, provider_state
 
 pytestmark = pytest.mark.local
 START = ("import sys\n"
@@ -48,20 +48,6 @@ def _starter(name: str, env: dict, poll: float = 1.0) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _controllers(name: str) -> list[int]:
-    """Live processes running this cluster's controller (zombies are gone for this purpose)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            alive = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            continue
-        if alive and b"clustertool.controller.daemon" in words and name.encode() in words:
-            found.append(int(pid))
-    return found
-
-
 def test_the_controller_outlives_its_starter_is_never_two_and_stop_leaves_no_process(home):
     from clustertool.cluster.session import ClusterSession
     from clustertool.controller import process
@@ -71,21 +57,21 @@ def test_the_controller_outlives_its_starter_is_never_two_and_stop_leaves_no_pro
     out, err = starter.communicate(timeout=120)
     assert starter.returncode == 0, err
     pid = int(out.split()[-1])
-    assert _controllers(name) == [pid] and process.running(name) == pid   # the starter is gone, it is not
+    assert controllers(name) == [pid] and process.running(name) == pid   # the starter is gone, it is not
     assert os.getsid(pid) == pid  # a session of its own: no terminal's hangup reaches it
     again = process.start(ClusterSession.load(name))
-    assert (again.pid, again.already) == (pid, True) and _controllers(name) == [pid]
+    assert (again.pid, again.already) == (pid, True) and controllers(name) == [pid]
     assert "controller of " + name + " started" in Path(again.log).read_text()
 
     stopped = process.stop(name)
-    assert (stopped.pid, stopped.how) == (pid, "stopped") and _controllers(name) == []
+    assert (stopped.pid, stopped.how) == (pid, "stopped") and controllers(name) == []
     assert process.running(name) is None and process.stop(name).how == "not running"
     assert f"controller of {name} stopped" in Path(again.log).read_text()
 
     both = [_starter(name, env), _starter(name, env)]  # two at once: one wins the lock, both name it
     pids = {int(p.communicate(timeout=120)[0].split()[-1]) for p in both}
-    assert len(pids) == 1 and _controllers(name) == list(pids)
-    assert process.stop(name).how == "stopped" and _controllers(name) == []
+    assert len(pids) == 1 and controllers(name) == list(pids)
+    assert process.stop(name).how == "stopped" and controllers(name) == []
 
 
 def _status(name: str) -> dict:
@@ -159,14 +145,14 @@ def test_a_sweep_stops_a_controller_whose_cluster_state_is_gone(home):
     state.state_path(other).write_text(json.dumps(doc))
     try:
         started = process.start(ClusterSession.load(other), poll=600)
-        assert _controllers(other) == [started.pid] and process.strays() == []  # its state is there: not a stray
+        assert controllers(other) == [started.pid] and process.strays() == []  # its state is there: not a stray
         state.state_path(other).unlink()  # the state is gone, the process not yet
         assert process.strays() == [(started.pid, other)]
         assert process.stop_strays() == [f"{other}: stopped its controller (pid {started.pid}), whose cluster "
                                          "state is gone"]
-        assert _controllers(other) == [] and process.strays() == []
+        assert controllers(other) == [] and process.strays() == []
     finally:
-        for pid in _controllers(other):
+        for pid in controllers(other):
             os.kill(pid, 9)
         state.delete(other)
 

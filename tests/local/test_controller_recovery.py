@@ -21,7 +21,7 @@ import pytest
 
 from clustertool.providers.local import net, sysops
 from tests.conftest import run_cli, unique
-from tests.local.conftest import local_leftovers
+from tests.local.conftest import controllers, local_leftovers
 
 pytestmark = pytest.mark.local
 
@@ -42,20 +42,6 @@ dist.destroy_process_group()
 """
 SCRIPT = ('echo "count=$CLUSTERTOOL_RESTART_COUNT ckpt=$CLUSTERTOOL_CHECKPOINT_DIR"; '
           '[ "$CLUSTERTOOL_RESTART_COUNT" = 0 ] && exec sleep 600; exit 0')
-
-
-def controllers(name: str) -> list[int]:
-    """Live processes running this cluster's controller."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            alive = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            continue
-        if alive and b"clustertool.controller.daemon" in words and name.encode() in words:
-            found.append(int(pid))
-    return found
 
 
 @pytest.fixture(scope="module")
