@@ -1,7 +1,7 @@
 #!/bin/sh
 # What doctor learns from a node in one round: `key=value` lines, `df PATH TOTAL_KB AVAIL_KB MOUNT`
-# per folder, and `proc PID COMM JOB ARGS` per python/MPI process (JOB: the clustertool job in
-# its environment or its children's, else -).
+# per folder, and `proc PID COMM JOB ARGS` per python/MPI process or process a job marked (JOB: the
+# clustertool job in its environment or its children's, else -).
 # Inputs: PLUGIN (the NCCL plugin's path), JOBS_DIR (jobs' folder under $HOME), JOB_ENV (the
 # variable that marks a job's processes), STRAY_RE (command names that count, an ERE);
 # positional parameters: more folders whose free space counts (besides $HOME and the jobs').
@@ -34,7 +34,10 @@ jobof() {
   echo "${j:--}"
 }
 
-ps -e -o pid=,comm= | awk -v re="^($STRAY_RE)\$" '$2 ~ re {print $1, $2}' | while read -r pid comm; do
+# python/MPI processes by name, and any process a job marked whatever its name (torchrun, accelerate, a shell)
+marked=$(grep -l -a -z "^$JOB_ENV=" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | tr '\n' ' ')
+ps -e -o pid=,comm= | awk -v re="^($STRAY_RE)\$" -v marked=" $marked" \
+    '$2 ~ re || index(marked, " " $1 " ") {print $1, $2}' | while read -r pid comm; do
   [ "$pid" = "$$" ] && continue
   echo "proc $pid $comm $(jobof "$pid") $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-120)"
 done

@@ -39,7 +39,10 @@ NO_PYTHON = {"torchrun": "--no-python", "accelerate": "--no_python"}
 RESTART_ENV = "CLUSTERTOOL_RESTART_COUNT"  # run --restarts: which attempt this is (0: the first)
 RANK_HOST_ENV = "CLUSTERTOOL_RANK_HOST"  # rankhost.py, relative to the home: how a Python rank is run
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
-STOP_GRACE_S = 5.0
+# How long children told to stop get before SIGKILL.  Inside fan.py's own grace (4 s) for the leader's agent, which
+# it SIGKILLs then: a launcher left behind would outlive the job (torchrun waiting in its exit barrier takes no
+# SIGTERM until the barrier's 300 s are up).
+STOP_GRACE_S = 3.0
 TAIL_LINES = 5
 # What MPI put in the agent's environment: a launcher's ranks must not take it for their own.
 MPI_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "ORTE_")
@@ -114,20 +117,37 @@ def tail(path, lines=TAIL_LINES):
 
 
 class Stopper:
-    """Passes the signals it gets on to the children; remembers that we were told to stop."""
+    """Passes the signals it gets on to the children; remembers that we were told to stop.  ``kill_after``:
+    once told, the children still there that many seconds later get SIGKILL (a child that ignores SIGTERM, or
+    cannot take it yet, ends anyway)."""
 
-    def __init__(self):
+    def __init__(self, kill_after=None):
         self.children = []
         self.told = None
+        self.kill_after = kill_after
         for sig in FORWARDED:
             signal.signal(sig, self.handle)
 
     def handle(self, sig, _frame):
-        if self.told is None:
+        first = self.told is None
+        if first:
             self.told = sig
         for child in self.children:
             try:
                 child.send_signal(sig)
+            except OSError:
+                pass
+        if first and self.kill_after is not None:
+            import threading
+
+            timer = threading.Timer(self.kill_after, self.kill_all)
+            timer.daemon = True
+            timer.start()
+
+    def kill_all(self):
+        for child in list(self.children):
+            try:
+                child.kill()
             except OSError:
                 pass
 
@@ -413,7 +433,7 @@ def deepspeed_env(env):
 
 def run_processes(plan, share, env):
     """``process``: one rank per slot, started here; the first failure stops the others."""
-    stopper = Stopper()
+    stopper = Stopper(kill_after=STOP_GRACE_S)
     out, width, program = plan["out"], plan["width"], plan["program"]
     children: dict = {}
     for local in range(share["nprocs"]):
@@ -462,7 +482,7 @@ def run_processes(plan, share, env):
 
 def run_launcher(plan, share, env):
     """torchrun / accelerate / deepspeed: this node's launcher, whose ranks run this file as their script."""
-    stopper = Stopper()
+    stopper = Stopper(kill_after=STOP_GRACE_S)
     port, master = os.environ.get("MASTER_PORT", ""), os.environ.get("MASTER_ADDR", "")
     fill = {"{agent}": os.path.abspath(__file__), "{ds_hostfile}": os.path.join(job_dir(), "ds_hostfile")}
     if "hostfile" in plan:

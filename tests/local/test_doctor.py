@@ -69,6 +69,21 @@ def test_stray_python_is_found_and_fix_kills_only_it(cluster):
     assert "python3" not in comms and "sshd" in comms
 
 
+def test_a_process_left_by_an_ended_job_is_a_stray_whatever_its_name(cluster):
+    """A torchrun agent stuck in its exit barrier is named ``torchrun``, no python by name: its job's mark
+    (CLUSTERTOOL_JOB of a job that is not running) makes it a stray, as `run`'s preflight already sees it."""
+    assert on(cluster, "node-3", "CLUSTERTOOL_JOB=j0101-0ded00 setsid sleep 600 "
+                                 ">/dev/null 2>&1 < /dev/null &").returncode == 0
+    code, report = doctor(cluster, "--check", "strays")
+    found = problems(report, "strays")
+    assert [f["node"] for f in found] == ["node-3"], found
+    assert "sleep (job j0101-0ded00, ended)" in found[0]["message"]
+    code, report = doctor(cluster, "--check", "strays", "--fix")
+    assert report["clean"] and report["fixed"] == ["node-3: killed 1 stray process(es)"]
+    ns = net.netns_name(cluster[0], 3)
+    assert "sleep" not in [sysops.comm(p) for p in sysops.pids_in_netns([ns]).get(ns, [])]
+
+
 def test_full_disk_on_one_node_is_an_error(cluster):
     fill = ("mount -t tmpfs -o size=1m tmpfs /scratch && "
             "dd if=/dev/zero of=/scratch/fill bs=64k count=64 2>/dev/null; df -k /scratch")

@@ -181,3 +181,31 @@ def test_a_stopped_launcher_leaves_nothing_of_what_it_started(tmp_path):
     while os.path.exists(f"/proc/{pid}") and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the launcher's child outlived the job"
         time.sleep(0.05)
+
+
+def test_a_launcher_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    """torchrun in its exit barrier takes no SIGTERM until the barrier's own 300 s are up: the agent kills the
+    launcher's group after its grace (inside fan.py's), so no launcher outlives its job on the leader."""
+    from clustertool.nodeprogs import jobagent
+
+    shutil.copy(jobagent.__file__, tmp_path / "jobagent.py")
+    left = tmp_path / "child.pid"
+    line = f"trap '' TERM; sleep 120 & echo $! > {left}; wait"   # deaf to SIGTERM, as its child is
+    plan = {"launcher": "torchrun", "out": str(tmp_path / "out"), "width": 1, "world_size": 1,
+            "program": {"mode": "python", "target": "t.py"}, "nodes": [{"nprocs": 1, "first_rank": 0,
+                                                                        "argv": ["sh", "-c", line]}]}
+    (tmp_path / "agent.json").write_text(json.dumps(plan))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CLUSTERTOOL_AGENT_NODE": "0"}
+    agent = subprocess.Popen(["python3", "-I", "-S", str(tmp_path / "jobagent.py")], stdin=subprocess.PIPE, env=env)
+    wait_for(left)
+    time.sleep(0.2)
+    pid = int(left.read_text())
+    agent.stdin.close()
+    assert agent.wait(timeout=30) == 128 + signal.SIGTERM   # not the sleep's 120 s
+    from clustertool.nodeprogs import fan as fan_py
+
+    assert jobagent.STOP_GRACE_S < fan_py.GRACE_S   # fan.py SIGKILLs the leader's agent then
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "the launcher's child outlived the job"
+        time.sleep(0.05)
