@@ -141,9 +141,11 @@ def preflight(session: ClusterSession, nodes: list[Node], allow_concurrent: bool
         busy = _scan(session, [n for n in nodes if any(n.name in w for w in busy.values())], port=False)[1]
     if busy and not allow_concurrent:
         job_id, where = next(iter(busy.items()))
+        if _ended(session, [job_id]):
+            raise UsageError(f"job {job_id} has ended but processes of it are still on {nodeset.fold(where)}",
+                             hint="`clustertool doctor --fix` kills them; or add --allow-concurrent")
         raise UsageError(f"job {job_id} is still running on {nodeset.fold(where)}",
-                         hint=f"wait, `clustertool kill {job_id}`, or add --allow-concurrent "
-                              "(leftovers of a job that ended: `clustertool doctor --fix`)")
+                         hint=f"wait, `clustertool kill {job_id}`, or add --allow-concurrent")
     said = dict(line.split("=", 1) for line in result.by_node()[cluster.leader.name].stdout.splitlines()
                 if line.startswith(("home=", "port=")))
     if "home" not in said:

@@ -47,9 +47,10 @@ def test_a_job_still_running_refuses_at_once_and_names_it(ct_env, tmp_path):
     c = saved_cluster("pf", 2)
     fake = ScriptedTransport(tmp_path / "nodes")
     seen = scanning(fake, [["j2-bbbb"]])
-    with pytest.raises(UsageError, match=r"job j2-bbbb is still running on node-\[1-2\]"):
+    with pytest.raises(UsageError, match=r"job j2-bbbb is still running on node-\[1-2\]") as exc:
         launch.preflight(ClusterSession(c, fake), c.nodes, False)
     assert len(seen) == 2  # no exit recorded: no waiting
+    assert "clustertool kill j2-bbbb" in exc.value.hint
 
 
 def test_leftovers_that_outlive_the_grace_are_refused_with_the_fix(ct_env, tmp_path):
@@ -57,6 +58,6 @@ def test_leftovers_that_outlive_the_grace_are_refused_with_the_fix(ct_env, tmp_p
     fake = ScriptedTransport(tmp_path / "nodes")
     ended(fake, "j3-cccc")
     scanning(fake, [["j3-cccc"]])
-    with pytest.raises(UsageError, match="job j3-cccc is still running") as exc:
+    with pytest.raises(UsageError, match="job j3-cccc has ended but processes of it are still on node-") as exc:
         launch.preflight(ClusterSession(c, fake), c.nodes, False, grace=0.5)
     assert "doctor --fix" in exc.value.hint
