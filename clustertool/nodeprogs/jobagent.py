@@ -502,20 +502,76 @@ def run_launcher(plan, share, env):
     import subprocess
 
     try:
-        child = Group(subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, preexec_fn=own_group))
+        child = Group(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                                       preexec_fn=own_group))
     except OSError as exc:
         sys.stderr.write(f"clustertool: cannot start {argv[0]} on {host()}: {exc}\n")
         return 127
     stopper.children.append(child)
     if stopper.told is not None:  # told while it started
         child.send_signal(stopper.told)
+    err = Teardown(child.proc.stderr, range(share["first_rank"], share["first_rank"] + share["nprocs"]),
+                   os.path.basename(argv[0]))
     status = wait(child)
     if status != 0 and stopper.told is None:
         report_failure(first_failure(plan["out"], plan["width"]), status)
     child.clear()
+    err.finish(status)
     if stopper.told is not None:
         return 128 + stopper.told
     return exit_status(status) if status else 0
+
+
+class Teardown:
+    """The launcher's stderr, passed on line by line, except what it writes once every rank on this node has
+    ended well: held, and where the launcher then ends well too, kept in ``teardown.<host>`` and said in one
+    line.  torchrun's exit barrier lives in node 0's launcher; where that one ends first, the others' barrier
+    fails with c10d errors although the job succeeded (PyTorch's own race)."""
+
+    def __init__(self, pipe, ranks, name):
+        import threading
+
+        self.pipe, self.ranks, self.name, self.held, self.done = pipe, list(ranks), name, [], False
+        self.thread = threading.Thread(target=self.copy, daemon=True)
+        self.thread.start()
+
+    def ended_well(self):
+        if not self.done:
+            codes = []
+            for rank in self.ranks:
+                try:
+                    with open(os.path.join(job_dir(), "exits", f"{host()}.{rank}")) as fh:
+                        codes.append(json.load(fh).get("code"))
+                except (OSError, ValueError):
+                    return False
+            self.done = all(code == 0 for code in codes)
+        return self.done
+
+    def copy(self):
+        out = getattr(sys.stderr, "buffer", sys.stderr)
+        for line in iter(self.pipe.readline, b""):
+            if self.ended_well():
+                self.held.append(line)
+                continue
+            try:
+                out.write(line)
+                out.flush()
+            except (OSError, ValueError):
+                pass
+
+    def finish(self, status):
+        self.thread.join(5.0)
+        if not self.held:
+            return
+        if status != 0:
+            sys.stderr.write(b"".join(self.held).decode("utf-8", "replace"))
+            return
+        path = os.path.join(job_dir(), f"teardown.{host()}")
+        with open(path, "ab") as fh:
+            fh.writelines(self.held)
+        sys.stderr.write(f"clustertool: {self.name} on {host()} wrote {len(self.held)} line(s) after every rank there "
+                         f"had ended well, then ended well itself (its teardown; nothing lost): {path}\n")
+        sys.stderr.flush()
 
 
 def launcher_python(word, env):

@@ -209,3 +209,31 @@ def test_a_launcher_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     while os.path.exists(f"/proc/{pid}") and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the launcher's child outlived the job"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_what_the_launcher_writes_after_its_ranks_ended_well_is_one_line_when_it_ends_well(tmp_path, code):
+    """torchrun's exit barrier fails with c10d errors where node 0's launcher ended first (PyTorch's race): after
+    every rank on the node ended well, and the launcher too, the job's log gets one line, the lines a file."""
+    from clustertool.nodeprogs import jobagent
+
+    shutil.copy(jobagent.__file__, tmp_path / "jobagent.py")
+    exits = tmp_path / "exits"
+    line = (f"echo 'starting' >&2; mkdir -p {exits}; for r in 2 3; do "
+            f"echo '{{\"code\": 0}}' > {exits}/$(uname -n).$r; done; "
+            f"echo '[c10d] Error waiting on exit barrier' >&2; exit {code}")
+    plan = {"launcher": "torchrun", "out": str(tmp_path / "out"), "width": 1, "world_size": 4,
+            "program": {"mode": "python", "target": "t.py"}, "nodes": [{"nprocs": 2, "first_rank": 2,
+                                                                        "argv": ["sh", "-c", line]}]}
+    (tmp_path / "agent.json").write_text(json.dumps(plan))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_PROCID": "0"}   # no stdin to watch
+    agent = subprocess.run(["python3", "-I", "-S", str(tmp_path / "jobagent.py")], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert agent.returncode == code
+    assert "starting" in agent.stderr   # before the ranks ended: as it came
+    kept = tmp_path / f"teardown.{os.uname().nodename}"
+    if code == 0:
+        assert "[c10d]" not in agent.stderr and "sh on " in agent.stderr and str(kept) in agent.stderr
+        assert kept.read_text() == "[c10d] Error waiting on exit barrier\n"
+    else:   # a launcher that failed shows all it wrote
+        assert "[c10d] Error waiting on exit barrier" in agent.stderr and not kept.exists()
