@@ -117,7 +117,7 @@ def run(
         True, "--tag-output/--no-tag-output", help="Show each line as [job,rank]<stream>:text (or bare)."),
     hang_timeout: Optional[str] = typer.Option(
         None, "--hang-timeout", metavar="TIME",
-        help="When no rank has written a line and no rank's CPU time has moved for TIME (10m, 1h, 90s), save "
+        help="When no rank has written a line and no rank used over 1% of a core for TIME (10m, 1h, 90s), save "
              "every rank's stack in the job's folder and show the job as hung? in `jobs`."),
     hang_action: str = typer.Option("keep", "--hang-action", metavar="keep|kill",
                                     help="With --hang-timeout: keep the hung job running (default) or kill it."),

@@ -10,10 +10,10 @@ that still answer then stop their ranks.
 
 With ``hang_timeout``, it also asks every node of the job (the leader itself, the others over ssh,
 as mpirun reaches them) how many bytes the job's ranks have written there and how much CPU time they
-have used.  When neither has moved anywhere for that long, it saves every node's stacks (the stacks
-node program, ``hangstacks.py``) in ``hang/<node>``, writes ``hung`` (since when), says so in the
-log, and with ``hang_action`` "kill" stops the job as for a lost node.  Output or CPU that moves
-again clears ``hung``.
+have used.  When no output moved anywhere, nor CPU beyond QUIET_CPU of a core per rank, for that long,
+it saves every node's stacks (the stacks node program, ``hangstacks.py``) in ``hang/<node>``, writes
+``hung`` (since when), says so in the log, and with ``hang_action`` "kill" stops the job as for a lost
+node.  Output or CPU that moves again clears ``hung``.
 
 ``ARGS`` (prepended by the sender): ``job_dir``, ``nodes`` ([name, address, port] of the other
 nodes), ``interval``, ``misses``, ``grace``; ``hang_timeout`` (seconds, or null), ``hang_action``,
@@ -36,13 +36,14 @@ if "read_pid" not in globals():  # imported (tests); on a node the part comes fi
 PROBE = r"""
 d="$HOME/.clustertool/jobs/$1"; b=0; c=0
 for f in "$d"/out/*/rank.*/std* "$d"/out/attempt.*/*/rank.*/std*; do [ -f "$f" ] && b=$((b + $(stat -c %s "$f"))); done
+n=0
 for r in "$d/ranks/$(uname -n)".*; do
   [ -f "$r" ] || continue
   read -r p _ < "$r"
   t=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}')
-  c=$((c + ${t:-0}))
+  c=$((c + ${t:-0})); n=$((n + 1))
 done
-echo "progress $b $c"
+echo "progress $b $c $n"
 """
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
 
@@ -123,8 +124,14 @@ def on_all(nodes, leader, argv, stdin, timeout):
     return at_once(nodes, lambda n: on_node(n, leader, argv, stdin, timeout), timeout)
 
 
+# A rank waiting in a collective is not idle to the clock tick: its backend's threads wake now and then (gloo's,
+# NCCL's watchdog), and on a loaded machine each wake costs more.  Under this share of a core per rank, averaged
+# since the last change, its CPU time is no progress; a rank that works uses most of a core.
+QUIET_CPU = 0.01
+
+
 class HangWatch:
-    """No rank wrote a byte and no rank used CPU time on any node for ``timeout`` seconds."""
+    """No rank wrote a byte, and no rank used more than QUIET_CPU of a core, on any node for ``timeout`` seconds."""
 
     def __init__(self, args):
         self.d, self.timeout = args["job_dir"], float(args["hang_timeout"])
@@ -142,7 +149,17 @@ class HangWatch:
         said = on_all(self.nodes, self.leader, ["sh", "-s", job], PROBE.replace("$1", job), 15.0)
         if any(v is None or "progress " not in v for v in said.values()):
             return None  # a node did not answer: no verdict this round (a lost node is the other check's)
-        return tuple(sorted((k, v.split("progress ", 1)[1].strip()) for k, v in said.items()))
+        counts = [v.split("progress ", 1)[1].split() for v in said.values()]
+        # per node: bytes written there (a node's own figure: one that shrinks or grows is output), CPU, ranks
+        return (tuple(sorted((k, c[0]) for k, c in zip(said, counts))), sum(int(c[1]) for c in counts),
+                sum(int(c[2]) for c in counts if len(c) > 2))
+
+    def moved(self, seen):
+        """Output anywhere, or CPU above QUIET_CPU a rank since the last change."""
+        if self.last is None or seen[0] != self.last[0]:
+            return True
+        cpu_s = (seen[1] - self.last[1]) / os.sysconf("SC_CLK_TCK")
+        return cpu_s > QUIET_CPU * max(1, seen[2]) * max(self.poll, time.time() - self.changed)
 
     def check(self):
         """True when the job is to be stopped (hung, and the action is kill)."""
@@ -153,7 +170,7 @@ class HangWatch:
         seen = self.progress()
         if seen is None:
             return False
-        if seen != self.last:
+        if self.moved(seen):
             self.last, self.changed = seen, time.time()
             if self.reported:
                 self.reported = False
@@ -167,7 +184,8 @@ class HangWatch:
         self.last = self.progress() or self.last
         write_json(os.path.join(self.d, "hung"), {"since": self.changed, "detected": time.time(),
                                                   "timeout": self.timeout, "action": self.action})
-        say(self.d, f"no rank wrote a line or used CPU time for {self.timeout:g}s: hung? (stacks saved; "
+        say(self.d, f"no rank wrote a line or used over {QUIET_CPU:.0%} of a core for {self.timeout:g}s: hung? "
+                    "(stacks saved; "
                     + ("stopping the job" if self.action == "kill" else "the job keeps running") + ")")
         if self.action == "kill":
             write_json(os.path.join(self.d, "lost"), {"node": None, "time": self.changed, "what": "hung",
