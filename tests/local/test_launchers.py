@@ -263,7 +263,7 @@ def test_a_hang_is_found_and_stacks_show_the_odd_rank_alone(cluster, folder):
         shown = run_cli("jobs", "-c", name, env=env, timeout=60).stdout
         if re.search(rf"{job_id}\s+hung\? \(no output, no CPU for \d+s\)", shown):
             break
-        assert time.monotonic() < deadline, shown
+        assert time.monotonic() < deadline, shown + run_cli("logs", "-c", name, job_id, env=env, timeout=60).stdout
         time.sleep(2)
     assert re.search(r"rank 7 \(node-4\): stuck_here \(hang\.py:\d+\)", shown), shown   # where, as saved
     record = job_record(name, env, job_id)
