@@ -202,9 +202,9 @@ def test_a_launcher_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     pid = int(left.read_text())
     agent.stdin.close()
     assert agent.wait(timeout=30) == 128 + signal.SIGTERM   # not the sleep's 120 s
-    from clustertool.nodeprogs import fan as fan_py
+    from clustertool.nodeprogs.fan import GRACE_S
 
-    assert jobagent.STOP_GRACE_S < fan_py.GRACE_S   # fan.py SIGKILLs the leader's agent then
+    assert jobagent.STOP_GRACE_S < GRACE_S   # fan.py SIGKILLs the leader's agent then
     deadline = time.monotonic() + 10
     while os.path.exists(f"/proc/{pid}") and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the launcher's child outlived the job"
