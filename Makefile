@@ -15,7 +15,7 @@ APT_PACKAGES := python3 python3-venv python3-pip python3-dev build-essential mak
 # slurmd and slurmctld do not start without /etc/slurm/slurm.conf (their units' condition).
 NO_DAEMONS := prometheus prometheus-node-exporter munge slurmd slurmctld
 
-.PHONY: setup apt quiet-daemons venv native demo lint test test-fast test-faults bench clean
+.PHONY: setup apt quiet-daemons venv native demo lint test test-fast test-faults test-slow bench clean
 
 setup: apt venv
 
@@ -106,6 +106,11 @@ test: setup
 test-faults: venv
 	CLUSTERTOOL_FAULT_TABLE=$(FAULT_TABLE) $(VENV)/bin/pytest -q -m aws tests/aws/test_fault_matrix.py
 	$(VENV)/bin/pytest -q -m slow tests/local/test_recovery.py
+
+# Everything `make test` leaves out (-m slow): the fault matrix and slow recovery cases above, and the C tests
+# under AddressSanitizer and UBSan (`make -C native asan`).
+test-slow: test-faults
+	$(VENV)/bin/pytest -q -m slow tests/native
 
 test-fast: venv
 	$(VENV)/bin/ruff check clustertool tests bench examples

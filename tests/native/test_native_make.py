@@ -54,6 +54,7 @@ def test_make_test_passes_with_multi_rank_collnet():
         assert f"== {name}: " in proc.stdout and f"== {name}: 0 passed" not in proc.stdout, name
 
 
+@pytest.mark.slow  # 2-3 minutes of a loaded 2-core box: `make test-slow`
 def test_sanitizer_build_passes():
     proc = _make("asan")
     passed, failed = _summary(proc.stdout)
