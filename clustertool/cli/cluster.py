@@ -270,12 +270,12 @@ def start(cluster: Optional[str] = ClusterOpt, force_owner: bool = ForceOwnerOpt
 
 def repin(cluster: Optional[str] = ClusterOpt, nodes: Optional[str] = NodesOpt) -> None:
     """Re-collect host keys of nodes that were legitimately rebuilt, then re-wire."""
-    from clustertool.cluster import lifecycle
+    from clustertool.cluster import wiring
     from clustertool.core import nodeset
 
     session = open_session(cluster)
     picked = [n.name for n in nodeset.select(session.record, nodes)]
-    changed = lifecycle.repin(session, picked)
+    changed = wiring.repin(session, picked)
     typer.echo(f"re-pinned host keys of {nodeset.fold(changed)}")
 
 

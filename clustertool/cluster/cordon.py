@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from clustertool.cluster import slurmdrain
-from clustertool.cluster.lifecycle import write_hostfile
 from clustertool.cluster.session import ClusterSession
+from clustertool.cluster.wiring import write_hostfile
 from clustertool.core import nodeset, state
 from clustertool.core.errors import UsageError
 from clustertool.core.hostfile import render_cluster

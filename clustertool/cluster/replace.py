@@ -22,8 +22,8 @@ from typing import Any
 
 from clustertool.cluster import autostop, monitoring, slurmup
 from clustertool.cluster.cordon import write_local_hostfile
-from clustertool.cluster.lifecycle import close_masters, wire
 from clustertool.cluster.session import ClusterSession
+from clustertool.cluster.wiring import close_masters, wire
 from clustertool.core import interrupts, nodeset, state
 from clustertool.core.errors import NotSupported, ToolError, UsageError
 from clustertool.core.model import ClusterRecord, ClusterState, Node, jsonable

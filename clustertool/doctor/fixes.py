@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 
-from clustertool.cluster import lifecycle
+from clustertool.cluster import wiring
 from clustertool.cluster.session import ClusterSession
 from clustertool.doctor.findings import Finding
 from clustertool.jobs import scripts
@@ -53,7 +53,7 @@ def apply_fixes(session: ClusterSession, findings: list[Finding]) -> list[str]:
         done += [f"shared-fs: {line}" for line in mount.summary(results, "mounted")]
     if any(f.check == "ssh-mesh" and f.fixable for f in findings):
         report("pushing keys and known_hosts to every node again")
-        lifecycle.wire(session)
+        wiring.wire(session)
         done.append("pushed the cluster key, pinned known_hosts and ssh config to every node")
     for line in done:
         report(line)

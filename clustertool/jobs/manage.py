@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from clustertool.cluster import monitoring, slurmup
-from clustertool.cluster.lifecycle import check_leader_mesh, close_masters
 from clustertool.cluster.session import ClusterSession
+from clustertool.cluster.wiring import check_leader_mesh, close_masters
 from clustertool.core import nodeset, state
 from clustertool.core.errors import ToolError, UsageError
 from clustertool.core.model import GroupResult, Node

@@ -232,8 +232,8 @@ def test_a_home_under_tmp_gets_no_include_and_up_says_what_works(ct_env, tmp_pat
 
 
 def test_past_32_nodes_up_checks_the_leader_by_sample_and_banner_and_a_dead_sshd_is_named(ct_env, local_cluster):
-    from clustertool.cluster.lifecycle import check_leader_mesh
     from clustertool.cluster.session import ClusterSession
+    from clustertool.cluster.wiring import check_leader_mesh
     from clustertool.core.errors import RemoteError
     from clustertool.remote.mesh import leader_targets
 

@@ -126,7 +126,7 @@ def _cycle(graph: dict[str, list[str]]) -> list[str] | None:
 def test_the_walk_sees_the_package():
     assert "clustertool.transfer.copy" in MODULES and "clustertool.cli.app" in MODULES
     assert "clustertool.transfer.drive" in GRAPH["clustertool.transfer.copy"]
-    assert "clustertool.remote.group" in GRAPH["clustertool.cluster.lifecycle"]
+    assert "clustertool.remote.group" in GRAPH["clustertool.cluster.wiring"]
 
 
 def test_the_walk_counts_the_packages_an_import_runs():
