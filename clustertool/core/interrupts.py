@@ -10,11 +10,15 @@ Inside :func:`deferred` (``down``), a signal is remembered instead of raised, an
 :func:`checkpoint` raises it at the next safe point (between two deletes), so a delete already
 sent to the provider is seen through and the state on disk says what is left.  After the first
 signal, further SIGTERM/SIGHUP are ignored so that the cleanup they started can finish.
+
+A signal (Ctrl-C too) that comes while Python runs code whose exceptions it prints and drops (an at-fork hook, a
+finalizer) is sent again a moment later instead of being raised there and lost.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from types import FrameType
@@ -56,23 +60,59 @@ class _State(TypedDict):
 _STATE: _State = {"deferring": 0, "pending": None, "fired": False}
 
 
+# Python code where an exception is printed ("Exception ignored in ...") and lost: the hooks os.fork runs
+# (logging's lock release after every fork, so after every subprocess started) and finalizers.
+SWALLOWING = frozenset({"_releaseLock", "_acquireLock", "_after_at_fork_child_reinit_locks", "__del__"})
+REDELIVER_S = 0.05
+
+
+def _swallowed(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name in SWALLOWING:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _again_soon(signum: int) -> None:
+    """The signal once more in a moment, from a thread: raised now it would be lost."""
+    timer = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
 def _handler(signum: int, frame: FrameType | None) -> None:
     if _STATE["fired"] or _STATE["pending"] is not None:
         return  # the cleanup the first signal started keeps running
     if _STATE["deferring"]:
         _STATE["pending"] = signum
         return
+    if _swallowed(frame):
+        _again_soon(signum)
+        return
     _STATE["fired"] = True
     raise Terminated(signum)
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C: KeyboardInterrupt, as Python's own handler raises it, but never where it would be lost (a Ctrl-C
+    that came as a step's subprocess was forked was printed and ignored, and the step ran on)."""
+    if _swallowed(frame):
+        _again_soon(signum)
+        return
+    raise KeyboardInterrupt
+
+
 def install() -> Callable[[], None]:
-    """Handle SIGTERM/SIGHUP in this (main) thread; returns a function restoring the old handlers."""
+    """Handle SIGTERM/SIGHUP (and SIGINT, where Python's own handler is in place) in this (main) thread; returns
+    a function restoring the old handlers."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     _STATE.update({"deferring": 0, "pending": None, "fired": False})
     # a signal the caller chose to ignore (`nohup` ignores SIGHUP) stays ignored
     old = {sig: signal.signal(sig, _handler) for sig in HANDLED if signal.getsignal(sig) is not signal.SIG_IGN}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
 
     def restore() -> None:
         for sig, handler in old.items():
