@@ -70,7 +70,30 @@ def serve(folder, pid):
             return
 
 
+OLD_SIZE, NEW_SIZE = "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"
+
+
+def buffer_name():
+    """The agent's record size (CLUSTERTOOL_FR_SET names what it set) under the name this rank's torch reads: a
+    torch that reads TORCH_FR_BUFFER_SIZE prints a deprecation line for the NCCL name.  Which one it reads is
+    in its own distributed_c10d.py, read here as text (torch is not imported)."""
+    if os.environ.get("CLUSTERTOOL_FR_SET") != OLD_SIZE or NEW_SIZE in os.environ or OLD_SIZE not in os.environ:
+        return
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        path = os.path.join(os.path.dirname(spec.origin), "distributed", "distributed_c10d.py")
+        with open(path, "rb") as fh:
+            renamed = NEW_SIZE.encode() in fh.read()
+    except (ImportError, AttributeError, TypeError, ValueError, OSError):
+        return
+    if renamed:
+        os.environ[NEW_SIZE] = os.environ.pop(OLD_SIZE)
+
+
 def start():
+    buffer_name()
     folder, pid = os.environ.get("CLUSTERTOOL_FR_DIR"), os.getpid()
     owner = os.environ.get("CLUSTERTOOL_FR_PID")
     if not folder or os.environ.get("RANK") is None or (owner and owner != str(pid)):

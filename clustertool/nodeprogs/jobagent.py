@@ -185,7 +185,10 @@ def flight_env(env, folder=None):
         return env
     env = dict(env, CLUSTERTOOL_FR_DIR=folder)
     env["PYTHONPATH"] = os.path.join(folder, "py") + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    for key, value in (("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"), ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env and "TORCH_FR_BUFFER_SIZE" not in env:
+        # the hook gives it the name the rank's torch reads (a recent one warns of this one)
+        env.update(TORCH_NCCL_TRACE_BUFFER_SIZE="2000", CLUSTERTOOL_FR_SET="TORCH_NCCL_TRACE_BUFFER_SIZE")
+    for key, value in (("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
                        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(folder, "nccl_"))):
         env.setdefault(key, value)
     return env

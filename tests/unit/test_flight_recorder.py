@@ -118,6 +118,27 @@ def test_the_agent_puts_the_hook_first_on_the_ranks_path_and_leaves_the_users_se
     env = jobagent.flight_env({"PYTHONPATH": "/mine", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}, str(tmp_path))
     assert env["PYTHONPATH"] == f"{tmp_path / 'py'}:/mine" and env["CLUSTERTOOL_FR_DIR"] == str(tmp_path)
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0" and env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert env["CLUSTERTOOL_FR_SET"] == "TORCH_NCCL_TRACE_BUFFER_SIZE"   # the hook may rename it
+    assert "CLUSTERTOOL_FR_SET" not in jobagent.flight_env({"TORCH_FR_BUFFER_SIZE": "50"}, str(tmp_path))
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl_")
     assert jobagent.flight_env({"CLUSTERTOOL_FR": "0"}, str(tmp_path)) == {"CLUSTERTOOL_FR": "0"}
     assert json.loads(json.dumps(env)) == env
+
+
+@pytest.mark.parametrize("reads_new_name", [True, False], ids=["torch-reads-TORCH_FR", "older-torch"])
+def test_the_hook_gives_the_record_size_the_name_the_ranks_torch_reads(tmp_path, reads_new_name):
+    """A torch that reads TORCH_FR_BUFFER_SIZE warns that the NCCL name is deprecated; an older one reads only the
+    NCCL name.  The hook reads which from torch's own source (a stand-in torch package here: not imported)."""
+    fr, fake = tmp_path / "fr", tmp_path / "site"
+    (fr / "py").mkdir(parents=True)
+    (fr / "py" / "sitecustomize.py").write_text(Path(frhook.__file__).read_text())
+    (fake / "torch" / "distributed").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    source = 'os.environ.get("TORCH_FR_BUFFER_SIZE")' if reads_new_name else 'os.environ.get("OTHER")'
+    (fake / "torch" / "distributed" / "distributed_c10d.py").write_text(source + "\n")
+    env = dict(jobagent.flight_env({k: v for k, v in os.environ.items() if "BUFFER_SIZE" not in k}, str(fr)),
+               RANK="0", PYTHONPATH=f"{fr / 'py'}:{fake}")
+    env.pop("CLUSTERTOOL_FR_PID", None)
+    code = "import os; print(os.environ.get('TORCH_FR_BUFFER_SIZE'), os.environ.get('TORCH_NCCL_TRACE_BUFFER_SIZE'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == (["2000", "None"] if reads_new_name else ["None", "2000"]), out.stderr
