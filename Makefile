@@ -107,10 +107,10 @@ test-faults: venv
 	CLUSTERTOOL_FAULT_TABLE=$(FAULT_TABLE) $(VENV)/bin/pytest -q -m aws tests/aws/test_fault_matrix.py
 	$(VENV)/bin/pytest -q -m slow tests/local/test_recovery.py
 
-# Everything `make test` leaves out (-m slow): the fault matrix and slow recovery cases above, and the C tests
-# under AddressSanitizer and UBSan (`make -C native asan`).
+# Everything `make test` leaves out (-m slow): the fault matrix and slow recovery cases above, the C tests
+# under AddressSanitizer and UBSan (`make -C native asan`), and Slurm's jobs under the other node launchers.
 test-slow: test-faults
-	$(VENV)/bin/pytest -q -m slow tests/native
+	$(VENV)/bin/pytest -q -m slow tests/native tests/local/test_slurm_cluster.py
 
 test-fast: venv
 	$(VENV)/bin/ruff check clustertool tests bench examples

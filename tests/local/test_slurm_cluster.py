@@ -116,7 +116,14 @@ def test_up_returns_once_every_node_is_idle_in_slurm_with_its_stand_in_gpus(clus
     assert scheduler["release"] == on(env, name, "node-2", "slurmd -V").split()[-1]
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "torchrun", "process", "accelerate", "deepspeed"])
+# mpirun and torchrun (one node agent per node) in the default run; the other node launchers go through Slurm the
+# way torchrun does (srun starts the same agent, whose launcher code tests/local/test_launchers.py runs for each):
+# `make test-slow` runs them, 2 minutes of a loaded 2-core box.
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun", pytest.param("process", marks=SLOW),
+                                      pytest.param("accelerate", marks=SLOW), pytest.param("deepspeed", marks=SLOW)])
 def test_a_two_node_job_under_each_launcher_goes_through_sbatch_with_the_same_variables(cluster, folder, launcher):
     pytest.importorskip("torch", reason="PyTorch (CPU) is installed by `make venv`")
     needs(launcher)
