@@ -158,77 +158,78 @@ def test_the_rank_runner_gets_the_launchers_own_python(tmp_path):
         str(py), "-u", "t.py", "--lr", "1"]
 
 
-def test_a_stopped_launcher_leaves_nothing_of_what_it_started(tmp_path):
-    """DeepSpeed's runner starts its per-node launcher, which starts the ranks; SIGTERM kills the runner alone.
-    The agent signals the launcher's whole process group (as mpirun's daemons did): nothing is left."""
+def launcher_agent(tmp_path: Path, launcher: str, line: str, nprocs: int = 1, first_rank: int = 0,
+                   env: dict | None = None) -> list[str]:
+    """The real agent's command for a node whose launcher is ``sh -c LINE`` (agent.json written beside it)."""
     from clustertool.nodeprogs import jobagent
 
     shutil.copy(jobagent.__file__, tmp_path / "jobagent.py")
-    left = tmp_path / "grandchild.pid"
-    line = f"sleep 60 & echo $! > {left}; wait"   # the shell dies of SIGTERM; its sleep would outlive it
-    plan = {"launcher": "deepspeed", "out": str(tmp_path / "out"), "width": 1, "world_size": 1,
-            "program": {"mode": "python", "target": "t.py"}, "nodes": [{"nprocs": 1, "first_rank": 0,
-                                                                        "argv": ["sh", "-c", line]}]}
+    plan = {"launcher": launcher, "out": str(tmp_path / "out"), "width": 1, "world_size": first_rank + nprocs,
+            "program": {"mode": "python", "target": "t.py"},
+            "nodes": [{"nprocs": nprocs, "first_rank": first_rank, "argv": ["sh", "-c", line]}]}
     (tmp_path / "agent.json").write_text(json.dumps(plan))
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CLUSTERTOOL_AGENT_NODE": "0"}
-    agent = subprocess.Popen(["python3", "-I", "-S", str(tmp_path / "jobagent.py")], stdin=subprocess.PIPE, env=env)
-    wait_for(left)
-    time.sleep(0.2)   # the shell's write of the pid done
-    pid = int(left.read_text())
-    agent.stdin.close()
-    assert agent.wait(timeout=30) == 128 + signal.SIGTERM
-    deadline = time.monotonic() + 10
+    return ["python3", "-I", "-S", str(tmp_path / "jobagent.py")]
+
+
+def pid_written(path: Path) -> int:
+    deadline = time.monotonic() + 30
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path.name} never written"
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def gone_or_zombie(pid: int, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
     while os.path.exists(f"/proc/{pid}") and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the launcher's child outlived the job"
         time.sleep(0.05)
+
+
+AGENT_ENV = {"PATH": "/usr/bin:/bin", "CLUSTERTOOL_AGENT_NODE": "0"}
+
+
+def test_a_stopped_launcher_leaves_nothing_of_what_it_started(tmp_path):
+    """DeepSpeed's runner starts its per-node launcher, which starts the ranks; SIGTERM kills the runner alone.
+    The agent signals the launcher's whole process group (as mpirun's daemons did): nothing is left."""
+    left = tmp_path / "grandchild.pid"
+    line = f"sleep 60 & echo $! > {left}; wait"   # the shell dies of SIGTERM; its sleep would outlive it
+    agent = subprocess.Popen(launcher_agent(tmp_path, "deepspeed", line), stdin=subprocess.PIPE,
+                             env=dict(AGENT_ENV, HOME=str(tmp_path)))
+    pid = pid_written(left)
+    agent.stdin.close()
+    assert agent.wait(timeout=30) == 128 + signal.SIGTERM
+    gone_or_zombie(pid)
 
 
 def test_a_launcher_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     """torchrun in its exit barrier takes no SIGTERM until the barrier's own 300 s are up: the agent kills the
     launcher's group after its grace (inside fan.py's), so no launcher outlives its job on the leader."""
     from clustertool.nodeprogs import jobagent
-
-    shutil.copy(jobagent.__file__, tmp_path / "jobagent.py")
-    left = tmp_path / "child.pid"
-    line = f"trap '' TERM; sleep 120 & echo $! > {left}; wait"   # deaf to SIGTERM, as its child is
-    plan = {"launcher": "torchrun", "out": str(tmp_path / "out"), "width": 1, "world_size": 1,
-            "program": {"mode": "python", "target": "t.py"}, "nodes": [{"nprocs": 1, "first_rank": 0,
-                                                                        "argv": ["sh", "-c", line]}]}
-    (tmp_path / "agent.json").write_text(json.dumps(plan))
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CLUSTERTOOL_AGENT_NODE": "0"}
-    agent = subprocess.Popen(["python3", "-I", "-S", str(tmp_path / "jobagent.py")], stdin=subprocess.PIPE, env=env)
-    wait_for(left)
-    time.sleep(0.2)
-    pid = int(left.read_text())
-    agent.stdin.close()
-    assert agent.wait(timeout=30) == 128 + signal.SIGTERM   # not the sleep's 120 s
     from clustertool.nodeprogs.fan import GRACE_S
 
+    left = tmp_path / "child.pid"
+    line = f"trap '' TERM; sleep 120 & echo $! > {left}; wait"   # deaf to SIGTERM, as its child is
+    agent = subprocess.Popen(launcher_agent(tmp_path, "torchrun", line), stdin=subprocess.PIPE,
+                             env=dict(AGENT_ENV, HOME=str(tmp_path)))
+    pid = pid_written(left)
+    agent.stdin.close()
+    assert agent.wait(timeout=30) == 128 + signal.SIGTERM   # not the sleep's 120 s
     assert jobagent.STOP_GRACE_S < GRACE_S   # fan.py SIGKILLs the leader's agent then
-    deadline = time.monotonic() + 10
-    while os.path.exists(f"/proc/{pid}") and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
-        assert time.monotonic() < deadline, "the launcher's child outlived the job"
-        time.sleep(0.05)
+    gone_or_zombie(pid)
 
 
 @pytest.mark.parametrize("code", [0, 1])
 def test_what_the_launcher_writes_after_its_ranks_ended_well_is_one_line_when_it_ends_well(tmp_path, code):
     """torchrun's exit barrier fails with c10d errors where node 0's launcher ended first (PyTorch's race): after
     every rank on the node ended well, and the launcher too, the job's log gets one line, the lines a file."""
-    from clustertool.nodeprogs import jobagent
-
-    shutil.copy(jobagent.__file__, tmp_path / "jobagent.py")
     exits = tmp_path / "exits"
     line = (f"echo 'starting' >&2; mkdir -p {exits}; for r in 2 3; do "
             f"echo '{{\"code\": 0}}' > {exits}/$(uname -n).$r; done; "
             f"echo '[c10d] Error waiting on exit barrier' >&2; exit {code}")
-    plan = {"launcher": "torchrun", "out": str(tmp_path / "out"), "width": 1, "world_size": 4,
-            "program": {"mode": "python", "target": "t.py"}, "nodes": [{"nprocs": 2, "first_rank": 2,
-                                                                        "argv": ["sh", "-c", line]}]}
-    (tmp_path / "agent.json").write_text(json.dumps(plan))
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_PROCID": "0"}   # no stdin to watch
-    agent = subprocess.run(["python3", "-I", "-S", str(tmp_path / "jobagent.py")], env=env, capture_output=True,
-                           text=True, timeout=60)
+    agent = subprocess.run(launcher_agent(tmp_path, "torchrun", line, nprocs=2, first_rank=2), env=env,
+                           capture_output=True, text=True, timeout=60)
     assert agent.returncode == code
     assert "starting" in agent.stderr   # before the ranks ended: as it came
     kept = tmp_path / f"teardown.{os.uname().nodename}"
