@@ -179,6 +179,7 @@ def test_a_failing_job_keeps_its_exit_code_and_one_failing_rank_ends_the_step(sl
     info = finished(slurm, sbatch(slurm, wrap=one, nodes=2, output="/root/one-%j.out"))
     output = read_on(slurm, info.batch_host, info.stdout)
     assert info.state == "FAILED" and "task 1: Exited with exit code 7" in output, output
-    # KillOnBadExit: srun stopped the healthy rank (SIGTERM: its shell reports 143, or srun "Terminated")
-    assert "Terminating StepId" in output and re.search(r"task 0: (Terminated|Exited with exit code 143)$",
+    # KillOnBadExit: srun stopped the healthy rank at once, not after its 300 s (SIGTERM: its shell reports 143, or
+    # srun "Terminated"; on a loaded machine a task not yet past its start is SIGKILLed: "Killed")
+    assert "Terminating StepId" in output and re.search(r"task 0: (Terminated|Killed|Exited with exit code 143)$",
                                                         output, re.M), output
