@@ -83,10 +83,11 @@ def buffer_name():
         import importlib.util
 
         spec = importlib.util.find_spec("torch")
-        path = os.path.join(os.path.dirname(spec.origin), "distributed", "distributed_c10d.py")
-        with open(path, "rb") as fh:
+        if spec is None or not spec.origin:
+            return
+        with open(os.path.join(os.path.dirname(spec.origin), "distributed", "distributed_c10d.py"), "rb") as fh:
             renamed = NEW_SIZE.encode() in fh.read()
-    except (ImportError, AttributeError, TypeError, ValueError, OSError):
+    except (ImportError, ValueError, OSError):
         return
     if renamed:
         os.environ[NEW_SIZE] = os.environ.pop(OLD_SIZE)
