@@ -157,6 +157,8 @@ def follow_lines(session: ClusterSession, job: JobRecord, on_line: LineSink, *, 
     cluster = session.record
     transport = session.transport
     selected = _job_nodes(cluster, job, node)
+    if job.slurm and job.restarts and node is None:  # a requeue may run it on other nodes: follow every one
+        selected = list(cluster.nodes)
     leader = cluster.node(job.leader)
     members = [n for n in selected if n.name != job.leader]
     stop = f"{job_dir(job)}/follow-{secrets.token_hex(6)}.stop"
