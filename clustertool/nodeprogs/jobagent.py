@@ -39,6 +39,7 @@ NO_PYTHON = {"torchrun": "--no-python", "accelerate": "--no_python"}
 RESTART_ENV = "CLUSTERTOOL_RESTART_COUNT"  # run --restarts: which attempt this is (0: the first)
 RANK_HOST_ENV = "CLUSTERTOOL_RANK_HOST"  # rankhost.py, relative to the home: how a Python rank is run
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # the forwarded signals that stop the job
 # How long children told to stop get before SIGKILL.  Inside fan.py's own grace (4 s) for the leader's agent, which
 # it SIGKILLs then: a launcher left behind would outlive the job (torchrun waiting in its exit barrier takes no
 # SIGTERM until the barrier's 300 s are up).
@@ -137,7 +138,7 @@ class Stopper:
                 child.send_signal(sig)
             except OSError:
                 pass
-        if first and self.kill_after is not None:
+        if first and self.kill_after is not None and sig in STOPPING:  # USR1 ... (a preemption notice) stop nothing
             import threading
 
             timer = threading.Timer(self.kill_after, self.kill_all)
