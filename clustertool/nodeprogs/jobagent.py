@@ -126,21 +126,23 @@ class Stopper:
         self.children = []
         self.told = None
         self.kill_after = kill_after
+        self.timed = False  # the SIGKILL timer started (by the first stopping signal)
         for sig in FORWARDED:
             signal.signal(sig, self.handle)
 
     def handle(self, sig, _frame):
-        first = self.told is None
-        if first:
+        if self.told is None:
             self.told = sig
         for child in self.children:
             try:
                 child.send_signal(sig)
             except OSError:
                 pass
-        if first and self.kill_after is not None and sig in STOPPING:  # USR1 ... (a preemption notice) stop nothing
+        # the first stopping signal starts the timer; USR1 ... (a preemption notice) stops nothing
+        if self.kill_after is not None and sig in STOPPING and not self.timed:
             import threading
 
+            self.timed = True
             timer = threading.Timer(self.kill_after, self.kill_all)
             timer.daemon = True
             timer.start()

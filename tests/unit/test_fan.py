@@ -238,3 +238,20 @@ def test_what_the_launcher_writes_after_its_ranks_ended_well_is_one_line_when_it
         assert kept.read_text() == "[c10d] Error waiting on exit barrier\n"
     else:   # a launcher that failed shows all it wrote
         assert "[c10d] Error waiting on exit barrier" in agent.stderr and not kept.exists()
+
+
+def test_a_preemption_notice_passed_on_to_the_launcher_does_not_end_it(tmp_path):
+    """--on-preempt-signal USR1 reaches the agent, which passes it on; only a stopping signal starts the kill grace."""
+    from clustertool.nodeprogs import jobagent
+
+    left = tmp_path / "child.pid"
+    line = f"trap '' TERM USR1; sleep 120 & echo $! > {left}; wait"
+    agent = subprocess.Popen(launcher_agent(tmp_path, "torchrun", line), stdin=subprocess.PIPE,
+                             env=dict(AGENT_ENV, HOME=str(tmp_path)))
+    pid = pid_written(left)
+    agent.send_signal(signal.SIGUSR1)
+    time.sleep(jobagent.STOP_GRACE_S + 1)
+    assert agent.poll() is None and os.path.exists(f"/proc/{pid}")   # the launcher and its child run on
+    agent.stdin.close()
+    assert agent.wait(timeout=30) in (128 + signal.SIGTERM, 128 + signal.SIGUSR1)
+    gone_or_zombie(pid)
