@@ -51,21 +51,29 @@ def remove(path):
 
 
 def serve(folder, pid):
+    """Answer requests on ``fr/pipe.<pid>`` for as long as the rank lives.  The pipe is open for reading before it
+    has its name (made as ``.new``, opened, then renamed), and held open for writing by this thread too, so a
+    request never finds it without a reader (a writer's open would fail with ENXIO) nor does a read end between
+    requests: every write wakes the loop, requests that come during a dump are answered by the next one."""
     import atexit
 
     pipe = os.path.join(folder, "pipe.%d" % pid)
+    tmp = pipe + ".new"
     try:
-        os.mkfifo(pipe, 0o600)
-    except FileExistsError:
-        pass
+        remove(tmp)
+        os.mkfifo(tmp, 0o600)
+        fd = os.open(tmp, os.O_RDONLY | os.O_NONBLOCK)
+        os.open(tmp, os.O_WRONLY)  # held, never closed: the read below never sees end-of-file
+        os.set_blocking(fd, True)
+        os.replace(tmp, pipe)
     except OSError:
+        remove(tmp)
         return
     atexit.register(remove, pipe)
     while True:
         try:
-            with open(pipe, "rb") as fh:  # blocks until someone opens it to write
-                fh.read()
-            dump(folder, pid)
+            if os.read(fd, 4096):
+                dump(folder, pid)
         except OSError:
             return
 

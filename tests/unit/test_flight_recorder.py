@@ -82,6 +82,17 @@ def test_a_dump_that_is_not_plain_data_is_refused(tmp_path):
                                              "why": "torch.distributed is not initialised in this process"}
 
 
+def held_open(pid):
+    """The paths a process holds open (an fd closed while they are read is left out)."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            pass
+    return out
+
+
 def test_the_hook_in_a_real_rank_answers_its_pipe_and_chains_the_users_sitecustomize(tmp_path):
     fr, mine = tmp_path / "fr", tmp_path / "user"
     (fr / "py").mkdir(parents=True)
@@ -101,11 +112,13 @@ def test_the_hook_in_a_real_rank_answers_its_pipe_and_chains_the_users_sitecusto
         while not (fr / f"pipe.{rank.pid}").exists():
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        assert str(fr / f"pipe.{rank.pid}") in held_open(rank.pid)   # open before it had its name: never ENXIO
         asked, why = flightrec.request(str(fr), [rank.pid, 999999])
         assert why[999999].startswith("no Flight Recorder hook in this rank (node launchers' ranks have it, unless")
         got = flightrec.collect(str(fr), [rank.pid], {rank.pid: 3}, asked, why, 30)
         assert got[rank.pid] == {"status": "none", "why": "torch.distributed is not initialised in this process"}
         assert sorted(p.name for p in fr.glob("pipe.*")) == [f"pipe.{rank.pid}"]
+        assert str(fr / f"pipe.{rank.pid}") in held_open(rank.pid)   # and between requests
     finally:
         rank.kill()
         rank.wait()
