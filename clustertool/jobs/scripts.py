@@ -17,6 +17,7 @@ through ``shlex.quote`` (job ids are checked to be
     restarts.py   the restart loop (run --restarts) attempts.json  its attempts and verdict (leader)
     spot.py     watches spot notices (leader)       replaced  the recovery loop's "go on" (--replace-failed)
     watchrec.py   records the job's samples (leader)  watch/    samples.jsonl: what `report` draws (leader)
+    hung        the hang check's verdict (leader)   hangwatch  what its last look saw, and since when quiet
     fr/         the Flight Recorder's hook (py/) and the ranks' dumps: pipe.<pid>, dump.<pid> (node launchers)
     attempts/<k>/ what attempt k left (lost, hung, failure), set aside before the next one
 """

@@ -147,7 +147,9 @@ class HangWatch:
     def progress(self):
         job = os.path.basename(self.d.rstrip("/"))
         said = on_all(self.nodes, self.leader, ["sh", "-s", job], PROBE.replace("$1", job), 15.0)
-        if any(v is None or "progress " not in v for v in said.values()):
+        silent = sorted(k for k, v in said.items() if v is None or "progress " not in v)
+        if silent:
+            self.note(f"no answer from {', '.join(silent)}")
             return None  # a node did not answer: no verdict this round (a lost node is the other check's)
         counts = [v.split("progress ", 1)[1].split() for v in said.values()]
         # per node: bytes written there (a node's own figure: one that shrinks or grows is output), CPU, ranks
@@ -157,9 +159,20 @@ class HangWatch:
     def moved(self, seen):
         """Output anywhere, or CPU above QUIET_CPU a rank since the last change."""
         if self.last is None or seen[0] != self.last[0]:
+            self.note("output" if self.last else "first look")
             return True
         cpu_s = (seen[1] - self.last[1]) / os.sysconf("SC_CLK_TCK")
-        return cpu_s > QUIET_CPU * max(1, seen[2]) * max(self.poll, time.time() - self.changed)
+        limit_s = QUIET_CPU * max(1, seen[2]) * max(self.poll, time.time() - self.changed)
+        self.note(f"ranks used {cpu_s:.2f}s of CPU (quiet under {limit_s:.2f}s)")
+        return cpu_s > limit_s
+
+    def note(self, why):
+        """What the last look saw, in ``hangwatch`` beside the job's record (read when a hang was not found)."""
+        try:
+            write_json(os.path.join(self.d, "hangwatch"), {"time": time.time(), "since": self.changed,
+                                                           "timeout": self.timeout, "saw": why})
+        except OSError:
+            pass
 
     def check(self):
         """True when the job is to be stopped (hung, and the action is kill)."""
@@ -235,7 +248,12 @@ def running(pid, d):
 
 def watch_hang(watch, pid, d, grace):
     while running(pid, d):
-        if watch.check():
+        try:
+            hung = watch.check()
+        except Exception as exc:  # noqa: BLE001  (one bad look must not end the watch: the next one may be fine)
+            watch.note(f"the look failed: {type(exc).__name__}: {exc}")
+            hung = False
+        if hung:
             stop(pid, grace)
             return
         time.sleep(0.5)

@@ -251,24 +251,29 @@ def start_ready(name: str, env: dict, launcher: str, script: str, *flags: str) -
 def test_a_hang_is_found_and_stacks_show_the_odd_rank_alone(cluster, folder):
     name, env = cluster
     job_id = start_ready(name, env, "torchrun", str(folder / "hang.py"), "--hang-timeout", "20s")
-    stacks = run_cli("stacks", "-c", name, job_id, env=env, timeout=120)
-    assert stacks.returncode == 0, stacks.stdout + stacks.stderr
-    # the Python stacks' groups; the Flight Recorder's own lines follow them (test_flight_recorder_local.py)
-    groups = [line for line in stacks.stdout.strip().splitlines() if not line.startswith("Flight Recorder")]
-    assert len(groups) == 2, stacks.stdout
-    assert groups[0].startswith("ranks 0-6 (node-[1-4]): ") and "all_reduce" in groups[0]
-    assert groups[1].startswith("rank 7 (node-4): stuck_here (hang.py:")
-    deadline = time.monotonic() + 120   # 20 s without output or CPU, then the supervisor records it
-    while True:
-        shown = run_cli("jobs", "-c", name, env=env, timeout=60).stdout
-        if re.search(rf"{job_id}\s+hung\? \(no output, no CPU for \d+s\)", shown):
-            break
-        assert time.monotonic() < deadline, shown + run_cli("logs", "-c", name, job_id, env=env, timeout=60).stdout
-        time.sleep(2)
-    assert re.search(r"rank 7 \(node-4\): stuck_here \(hang\.py:\d+\)", shown), shown   # where, as saved
-    record = job_record(name, env, job_id)
-    assert record["state"] == "running" and record["hung"]["timeout"] == 20
-    assert run_cli("kill", "-c", name, job_id, env=env, timeout=120).returncode == 0
+    try:
+        stacks = run_cli("stacks", "-c", name, job_id, env=env, timeout=120)
+        assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+        # the Python stacks' groups; the Flight Recorder's own lines follow them (test_flight_recorder_local.py)
+        groups = [line for line in stacks.stdout.strip().splitlines() if not line.startswith("Flight Recorder")]
+        assert len(groups) == 2, stacks.stdout
+        assert groups[0].startswith("ranks 0-6 (node-[1-4]): ") and "all_reduce" in groups[0]
+        assert groups[1].startswith("rank 7 (node-4): stuck_here (hang.py:")
+        deadline = time.monotonic() + 120   # 20 s without output or CPU, then the supervisor records it
+        while True:
+            shown = run_cli("jobs", "-c", name, env=env, timeout=60).stdout
+            if re.search(rf"{job_id}\s+hung\? \(no output, no CPU for \d+s\)", shown):
+                break
+            if time.monotonic() > deadline:   # what the hang check saw last, and the job's log
+                saw = run_cli("exec", "-c", name, "-n", "leader", "--no-live", "--",
+                              f"cat ~/.clustertool/jobs/{job_id}/hangwatch", env=env, timeout=60).stdout
+                raise AssertionError(shown + saw + run_cli("logs", "-c", name, job_id, env=env, timeout=60).stdout)
+            time.sleep(2)
+        assert re.search(r"rank 7 \(node-4\): stuck_here \(hang\.py:\d+\)", shown), shown   # where, as saved
+        record = job_record(name, env, job_id)
+        assert record["state"] == "running" and record["hung"]["timeout"] == 20
+    finally:
+        assert run_cli("kill", "-c", name, job_id, env=env, timeout=120).returncode == 0
     assert gone_within(name, job_id, 10) == []
 
 

@@ -65,3 +65,27 @@ def test_output_clears_a_hang_already_found(tmp_path, monkeypatch):
     w = watch(tmp_path, monkeypatch, answers)
     assert "hung?" in (tmp_path / "log").read_text()   # found after 20 s
     assert not (tmp_path / "hung").exists() and not w.reported   # and taken back
+
+
+def test_each_look_is_written_down_and_a_failed_look_does_not_end_the_watch(tmp_path, monkeypatch):
+    """`hangwatch` says what the last look saw (what a test or a user reads when no hang was found); a look that
+    raised (a node's odd answer) is noted there and the watch goes on: the thread once ended silently."""
+    import json
+
+    w = watch(tmp_path, monkeypatch, [(100, 50), (100, 50)])
+    seen = json.loads((tmp_path / "hangwatch").read_text())
+    assert seen["saw"].startswith("ranks used 0.00s of CPU (quiet under ") and seen["timeout"] == 20
+    looks = iter([ValueError("invalid literal for int()")] + [None] * 6)
+
+    def check():
+        bad = next(looks)
+        if bad:
+            raise bad
+        return False
+    monkeypatch.setattr(w, "check", check)
+    rounds = iter(range(7))
+    monkeypatch.setattr(supervise, "running", lambda pid, d: next(rounds, None) is not None)
+    supervise.watch_hang(w, 1, str(tmp_path), 1.0)
+    assert next(looks, "all looked") == "all looked"   # it went on after the failed look
+    assert json.loads((tmp_path / "hangwatch").read_text())["saw"] == ("the look failed: ValueError: invalid "
+                                                                      "literal for int()")
