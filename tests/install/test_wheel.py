@@ -5,6 +5,7 @@ package imports but does not declare passes every other test; here it fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,8 +17,10 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.install
 
-# Prints every command path of the CLI, one a line, as the installed package builds it.
-LIST_COMMANDS = r"""
+# Every command path of the CLI as the installed package builds it, with what its --help printed: one process
+# (a process per command took a minute of the suite; an import the wheel lacks fails here all the same).
+HELP_OF_EVERY_COMMAND = r"""
+import contextlib, io, json
 from clustertool.cli.app import build
 
 def walk(cmd, path):
@@ -27,8 +30,16 @@ def walk(cmd, path):
             if not getattr(sub, "hidden", False):
                 yield from walk(sub, path + [name])
 
-for path in walk(build(), []):
-    print(" ".join(path))
+top, helps = build(), {}
+for path in walk(top, []):
+    shown = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(shown):
+            code = top.main(args=[*path, "--help"], prog_name="clustertool", standalone_mode=False)
+    except Exception as exc:   # an Exit(0) is --help's end in some commands
+        code = getattr(exc, "exit_code", "%s: %s" % (type(exc).__name__, exc))
+    helps[" ".join(path)] = shown.getvalue() if code in (0, None) else "failed: %s" % code
+print(json.dumps(helps))
 """
 
 
@@ -65,14 +76,15 @@ def _env() -> dict[str, str]:
 
 def test_every_command_help_runs_from_the_bare_install(bare_venv, tmp_path):
     exe = bare_venv / "bin" / "clustertool"
-    top = _run([str(exe), "--help"], cwd=tmp_path, env=_env())
+    top = _run([str(exe), "--help"], cwd=tmp_path, env=_env())   # the installed entry point itself
     assert "up" in top.stdout and "exec" in top.stdout
-    paths = _run([str(bare_venv / "bin" / "python"), "-c", LIST_COMMANDS], cwd=tmp_path, env=_env()).stdout.split("\n")
-    paths = [p for p in paths if p.strip()]
-    assert len(paths) > 20, paths
-    for path in paths:
-        out = _run([str(exe), *path.split(), "--help"], cwd=tmp_path, env=_env()).stdout
-        assert "Usage:" in out, f"clustertool {path} --help printed no usage:\n{out}"
+    assert "Usage: clustertool bench allreduce" in _run([str(exe), "bench", "allreduce", "--help"], cwd=tmp_path,
+                                                      env=_env()).stdout
+    helps = json.loads(_run([str(bare_venv / "bin" / "python"), "-c", HELP_OF_EVERY_COMMAND], cwd=tmp_path,
+                            env=_env()).stdout)
+    assert len(helps) > 20 and {"up", "exec", "down", "bench allreduce"} <= set(helps), sorted(helps)
+    for path, out in helps.items():
+        assert f"Usage: clustertool {path}".rstrip() in out, f"clustertool {path} --help printed no usage:\n{out}"
 
 
 def test_the_python_api_imports_from_the_bare_install(bare_venv, tmp_path):
