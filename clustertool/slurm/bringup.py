@@ -185,6 +185,8 @@ def setup(link: Link, key: bytes, *, layout: Layout | None = None, leader_comput
     deadline = time.monotonic() + timeout
     wait_idle(link, settings, timeout)
     check_srun(link, settings, max(10.0, deadline - time.monotonic()))
+    # idle again: the nodes end srun's job in `completing` (its epilog and cleanup), longer on a loaded machine
+    wait_idle(link, settings, max(10.0, deadline - time.monotonic()))
     report(f"slurm: every node idle, srun -N{len(settings.nodes)} true ran")
     return settings
 

@@ -55,6 +55,20 @@ def test_the_key_travels_only_on_stdin_and_the_controller_starts_first(tmp_path)
                     "srun --nodes=3 --kill-on-bad-exit=1 -- true"]
 
 
+def test_setup_returns_only_once_the_nodes_are_idle_again_after_its_srun(tmp_path):
+    """srun's job ends with its nodes `completing` for a while (longer on a loaded machine): a job sent at once
+    found them not idle.  setup asks sinfo again after the srun, until every node is idle."""
+    link, fake = cluster(tmp_path)
+    ran = []
+    completing = IDLE.replace("|idle|", "|completing|")
+    fake.on("srun", Reply(effect=lambda call: ran.append(call)))
+    fake.on(lambda call: "sinfo" in call.command and bool(ran), Reply(stdout=completing), times=2)
+    fake.on("sinfo", Reply(stdout=IDLE))
+    bringup.setup(link, KEY, standin_gpus=2)
+    after = [c for c in fake.calls[fake.calls.index(ran[0]) + 1:] if "sinfo" in c.command]
+    assert len(after) == 3   # completing, completing, idle
+
+
 def test_nodes_running_different_releases_are_refused_before_anything_starts(tmp_path):
     link, fake = cluster(tmp_path, versions=("22.05.8", "23.11.4", "23.11.4"))
     releases = r"different Slurm releases \(22\.05\.8 on node-1, 23\.11\.4 on node-\[2-3\]\)"
