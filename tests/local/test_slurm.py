@@ -173,7 +173,10 @@ def test_a_drained_node_gets_no_work_until_it_is_resumed(slurm):
 
 
 def test_a_failing_job_keeps_its_exit_code_and_one_failing_rank_ends_the_step(slurm):
-    failed = finished(slurm, sbatch(slurm, wrap='srun sh -c "exit 3"', nodes=2, output="/root/f-%j.out"))
+    # both tasks fail with 3: without --kill-on-bad-exit=0 (KillOnBadExit=1 is the cluster's), the first to end
+    # stops the other, which under load may not have ended by itself yet, and srun then says 143
+    failed = finished(slurm, sbatch(slurm, wrap='srun --kill-on-bad-exit=0 sh -c "exit 3"', nodes=2,
+                                    output="/root/f-%j.out"))
     assert (failed.state, failed.exit_code, failed.reason) == ("FAILED", 3, "NonZeroExitCode")
     one = 'srun sh -c "[ \\$SLURM_NODEID = 1 ] && exit 7; sleep 300"'  # rank 0 would sleep past finished()'s wait
     info = finished(slurm, sbatch(slurm, wrap=one, nodes=2, output="/root/one-%j.out"))
