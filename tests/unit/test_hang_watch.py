@@ -4,6 +4,7 @@ and a hung job was never found).  The nodes' answers are given here; tests/local
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -70,8 +71,6 @@ def test_output_clears_a_hang_already_found(tmp_path, monkeypatch):
 def test_each_look_is_written_down_and_a_failed_look_does_not_end_the_watch(tmp_path, monkeypatch):
     """`hangwatch` says what the last look saw (what a test or a user reads when no hang was found); a look that
     raised (a node's odd answer) is noted there and the watch goes on: the thread once ended silently."""
-    import json
-
     w = watch(tmp_path, monkeypatch, [(100, 50), (100, 50)])
     seen = json.loads((tmp_path / "hangwatch").read_text())
     assert seen["saw"].startswith("ranks used 0.00s of CPU (quiet under ") and seen["timeout"] == 20
