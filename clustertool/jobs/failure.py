@@ -94,16 +94,34 @@ def last_attempt(log: str) -> str:
     return log if at < 0 else log[log.rfind("\n", 0, at) + 1:]
 
 
+# A rank SIGKILLed by nobody of ours (the kernel's OOM killer, a person, the program itself) failed of
+# nothing its peers did: their failures end ranks with an exception or an abort, never a SIGKILL. Each
+# node's agent stamps an end when its runner gets the CPU after the wait, which on a starved box can come
+# after a peer has already failed of that death and been stamped; within this window the SIGKILL is first.
+KILLED_FIRST_WINDOW_S = 5.0
+SIGKILL = 9
+
+
+def earliest(candidates: list[dict]) -> dict:
+    """The rank failure that came first: the earliest stamp, or an unprompted SIGKILL stamped at most
+    KILLED_FIRST_WINDOW_S after it (nodeprogs/jobagent.py's first_failure keeps the same rule)."""
+    first_seen = min(candidates, key=lambda f: f.get("time") or 0.0)
+    t0 = first_seen.get("time") or 0.0
+    killed = [f for f in candidates if f.get("signal") == SIGKILL and not f.get("stopped")
+              and (f.get("time") or 0.0) - t0 <= KILLED_FIRST_WINDOW_S]
+    return min(killed, key=lambda f: f.get("time") or 0.0) if killed else first_seen
+
+
 def first(found: list[dict]) -> dict | None:
     """A node that stopped answering (what its peers' ranks then fail of), else the earliest rank that
-    failed by itself."""
+    failed by itself (an unprompted SIGKILL first, see ``earliest``)."""
     lost = [f for f in found if f.get("kind") == "lost"]
     if lost:
         return min(lost, key=lambda f: f.get("time") or 0.0)
     candidates = [f for f in found if f.get("kind") == "hung" or f.get("rank") is not None]
     if not candidates:
         candidates = found
-    return min(candidates, key=lambda f: f.get("time") or 0.0) if candidates else None
+    return earliest(candidates) if candidates else None
 
 
 def text(failure: dict | None) -> str:

@@ -372,6 +372,11 @@ def first_failure(out, width):
     if not found:
         return None
     first = min(found, key=lambda r: r["time"])
+    # a SIGKILL nobody of ours sent is the cause, not a consequence, even stamped up to 5 s after a peer
+    # that failed of it (jobs/failure.py's earliest: the same rule across nodes)
+    killed = [r for r in found if r.get("signal") == 9 and r["time"] - first["time"] <= 5.0]
+    if killed:
+        first = min(killed, key=lambda r: r["time"])
     first["tail"] = tail(rank_files(out, first["rank"], width)[1])
     return first
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -71,6 +72,46 @@ def test_the_earliest_failure_across_nodes_is_the_first_not_the_ones_it_caused()
     chosen = first(found)
     assert (chosen["rank"], chosen["node"]) == (5, "node-3")
     assert text(chosen) == "rank 5 on node-3 exited 3: ValueError: bad batch"
+
+
+def test_a_rank_sigkilled_by_nobody_of_ours_is_first_though_a_peer_failing_of_it_was_stamped_earlier():
+    """On a starved box rank 5's runner may see its SIGKILL after rank 6 (another node) already failed of
+    the closed connection and was stamped: the unprompted SIGKILL is the cause, within 5 s."""
+    gathered = {
+        "node-4": f"failure {b64({'rank': 6, 'code': 1, 'time': 100.0, 'tail': ['Connection reset by peer']})}\n",
+        "node-3": f"failure {b64({'rank': 5, 'code': None, 'signal': 9, 'time': 100.8, 'tail': []})}\n",
+    }
+    chosen = first(parse_gathered(gathered)[0])
+    assert text(chosen) == "rank 5 on node-3 killed by signal 9"
+    # a SIGKILL long after the first failure is not what started it; nor is one of ours (stopped)
+    gathered["node-3"] = f"failure {b64({'rank': 5, 'code': None, 'signal': 9, 'time': 130.0, 'tail': []})}\n"
+    assert first(parse_gathered(gathered)[0])["rank"] == 6
+    gathered["node-3"] = f"failure {b64({'rank': 5, 'signal': 9, 'time': 100.5, 'stopped': True})}\n"
+    assert first(parse_gathered(gathered)[0])["rank"] == 6
+    # and a peer's abort (gloo's teardown) is not preferred: only the earliest stamp counts then
+    gathered["node-3"] = f"failure {b64({'rank': 5, 'code': None, 'signal': 6, 'time': 100.5, 'tail': []})}\n"
+    assert first(parse_gathered(gathered)[0])["rank"] == 6
+
+
+def test_the_agent_names_its_nodes_unprompted_sigkill_first_too(tmp_path):
+    """The same rule on one node: the agent's own first_failure (what it writes as ``failure``)."""
+    shutil.copy(os.path.join(str(nodeprogs.DIR), "jobagent.py"), tmp_path / "jobagent.py")
+    exits = tmp_path / "exits"
+    exits.mkdir()
+    node = os.uname().nodename
+    for rank, code, sig, at in ((4, 1, None, 50.0), (5, None, 9, 50.9), (6, 0, None, 49.0)):
+        (exits / f"{node}.{rank}").write_text(json.dumps({"rank": rank, "node": node, "code": code, "signal": sig,
+                                                          "time": at, "stopped": False}))
+    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import jobagent; "
+             "print(json.dumps(jobagent.first_failure(sys.argv[2], 1)))")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path), str(tmp_path / "out")], capture_output=True,
+                         text=True, check=True).stdout
+    assert (json.loads(out)["rank"], json.loads(out)["signal"]) == (5, 9)
+    (exits / f"{node}.5").write_text(json.dumps({"rank": 5, "node": node, "code": None, "signal": 9, "time": 58.0,
+                                                 "stopped": False}))
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path), str(tmp_path / "out")], capture_output=True,
+                         text=True, check=True).stdout
+    assert json.loads(out)["rank"] == 4
 
 
 def test_a_lost_node_and_a_hang_read_as_such():
