@@ -261,6 +261,12 @@ def test_job_metrics_move_and_the_record_draws_a_report_a_browser_shows(cluster,
     straggler = f'clustertool_rank_straggler{{job_id="{job_id}",rank="{slow_rank}"}} == 1'
     wait_query(cluster, straggler, lambda r: len(r) == 1)
     wait_query(cluster, 'clustertool_node_cordoned{node="node-4"} == 1', lambda r: len(r) == 1)
+    # the job's record reads every 5 s (jobs/recorder.py): the cordon stays until a reading of it was kept
+    samples = home(cluster, "node-1") / ".clustertool" / "jobs" / job_id / "watch" / "samples.jsonl"
+    deadline = time.monotonic() + 90
+    while not any(reading.get("nodes", {}).get("node-4", [0] * 5)[4] for reading in kept_readings(samples)):
+        assert time.monotonic() < deadline, kept_readings(samples)[-3:]
+        time.sleep(0.5)
     assert run_cli("uncordon", "-c", name, "node-4", env=env).returncode == 0
     deadline = time.monotonic() + 180
     while job_state(name, env, job_id) == "running":
@@ -275,6 +281,17 @@ def test_job_metrics_move_and_the_record_draws_a_report_a_browser_shows(cluster,
     assert doc["run"]["utilisation"] == "CPU" and doc["run"]["nodes"] == ["node-1", "node-2", "node-3", "node-4"]
     cordon_at = next(e["t"] for e in doc["run"]["events"] if e["kind"] == "cordon") / doc["run"]["t"][-1]
     look_at_the_page(tmp_path / "run.html", tmp_path, cordon_at)
+
+
+def kept_readings(samples: Path) -> list[dict]:
+    """The readings a job's record holds so far (a line being appended is not one yet)."""
+    out = []
+    for line in samples.read_text().splitlines() if samples.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 def job_state(name: str, env: dict, job_id: str) -> str:
