@@ -10,7 +10,6 @@ import sys
 import traceback
 from typing import Any, Protocol, cast
 
-import click
 import typer
 
 from clustertool import __version__
@@ -20,13 +19,16 @@ from clustertool.core.errors import Declined, ExitStatus, ToolError
 
 
 def _click_modules() -> list:
-    """click itself, and the copy newer typer versions bundle (typer._click) for its commands."""
-    modules = [click]
+    """The clicks whose exceptions a command may raise: the copy newer typer versions bundle (typer._click,
+    its commands), and click itself where typer has no copy or a module of ours imported it (cli/up.py's
+    commands): not imported for a command that does not use it."""
     try:
         from typer import _click as bundled  # typer >= 0.20 ships its own click
     except ImportError:
-        return modules
-    return modules + [bundled]
+        import click
+
+        return [click]
+    return [bundled] + ([sys.modules["click"]] if "click" in sys.modules else [])
 
 
 def _classes(name: str, *extra: type[BaseException]) -> tuple[Any, ...]:
@@ -35,10 +37,22 @@ def _classes(name: str, *extra: type[BaseException]) -> tuple[Any, ...]:
     return tuple(dict.fromkeys([c for c in found if c is not None] + list(extra)))
 
 
-_ABORT = _classes("Abort", *[c for c in (getattr(typer, "Abort", None),) if c])
-_CLICK_ERROR = _classes("ClickException")
-_USAGE_ERROR = _classes("UsageError")
-_EXIT = _classes("Exit", typer.Exit)
+# Asked when an exception is matched (an except clause's expression is evaluated then), not at import
+def _abort() -> tuple[Any, ...]:
+    return _classes("Abort", *[c for c in (getattr(typer, "Abort", None),) if c])
+
+
+def _click_error() -> tuple[Any, ...]:
+    return _classes("ClickException")
+
+
+def _usage_error() -> tuple[Any, ...]:
+    return _classes("UsageError")
+
+
+def _exit() -> tuple[Any, ...]:
+    return _classes("Exit", typer.Exit)
+
 
 app = typer.Typer(
     name="clustertool",
@@ -112,26 +126,70 @@ class CommandGroup(Protocol):
              standalone_mode: bool = True, **extra: Any) -> Any: ...
 
 
-_GROUP: list[CommandGroup] = []
+# The command each module adds (tests/cli/test_mistakes.py checks this table against what register adds):
+# a command line that names one imports that module alone, the rest of the CLI's modules not at all.
+COMMAND_OF = {
+    **dict.fromkeys(["up", "down", "status", "ls", "hostfile", "stop", "start", "repin", "ssh"],
+                    "clustertool.cli.cluster"),
+    "cordon": "clustertool.cli.cordon", "uncordon": "clustertool.cli.cordon",
+    "replace": "clustertool.cli.replace",
+    "repair-mounts": "clustertool.cli.sharedfs",
+    "recover": "clustertool.cli.recover",
+    "exec": "clustertool.cli.exec_",
+    "copy": "clustertool.cli.copy", "sync-s3": "clustertool.cli.copy",
+    "bench": "clustertool.cli.bench",
+    "plugin": "clustertool.cli.plugin",
+    "play": "clustertool.cli.play",
+    "inventory": "clustertool.cli.inventory",
+    **dict.fromkeys(["run", "jobs", "logs", "attach", "kill", "reboot", "clean", "fetch"], "clustertool.cli.jobs"),
+    "stacks": "clustertool.cli.stacks",
+    "doctor": "clustertool.cli.doctor",
+    "autostop": "clustertool.cli.autostop", "cost": "clustertool.cli.autostop",
+    "capacity": "clustertool.cli.capacity",
+    "top": "clustertool.cli.top",
+    "monitoring": "clustertool.cli.monitoring", "metrics": "clustertool.cli.monitoring",
+    "report": "clustertool.cli.report",
+    "stragglers": "clustertool.cli.stragglers",
+}
+
+_GROUP: dict[frozenset[str], CommandGroup] = {}
+_LOADED: dict[str, list[Any]] = {}  # module -> its plain click commands, once register(app) has run
 
 
-def build() -> CommandGroup:
-    """The click group: typer commands plus modules' plain click commands (built once)."""
-    if _GROUP:
-        return _GROUP[0]
-    extra = []
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(name)
-        module.register(app)
-        if hasattr(module, "click_commands"):
-            extra += module.click_commands()
+def _named_command(argv: list[str]) -> str | None:
+    """The command word of a command line (after the root's options), or None."""
+    words = list(argv)
+    while words and words[0].startswith("-"):
+        words = words[2:] if words[0] == "--api-timeout" else words[1:]
+    return words[0] if words else None
+
+
+def build(argv: list[str] | None = None) -> CommandGroup:
+    """The click group: typer commands plus modules' plain click commands.
+
+    Given the command line, only the module of the command it names is imported (COMMAND_OF): a command
+    starts without the other 19 modules. Every module where it names none (``--help``), one not in the
+    table (click then suggests the near ones), or shell completion asks."""
+    modules = list(COMMAND_MODULES)
+    if argv is not None and not any(k.endswith("_COMPLETE") for k in os.environ):
+        named = COMMAND_OF.get(_named_command(argv) or "")
+        if named:
+            modules = [named]
+    for name in modules:
+        if name not in _LOADED:
+            module = importlib.import_module(name)
+            module.register(app)
+            _LOADED[name] = module.click_commands() if hasattr(module, "click_commands") else []
+    key = frozenset(_LOADED)
+    if key in _GROUP:
+        return _GROUP[key]
     group = cast(CommandGroup, typer.main.get_command(app))  # a Typer of several commands gives a group
-    for command in extra:
+    for command in (c for commands in _LOADED.values() for c in commands):
         group.add_command(command)
     usage.name_params(group)
     # `up` first in --help: it is where every session starts
     group.commands = dict(sorted(group.commands.items(), key=lambda kv: kv[0] != "up"))
-    _GROUP.append(group)
+    _GROUP[key] = group
     return group
 
 
@@ -186,7 +244,7 @@ def _click_message(exc: Any) -> str:
 
 def _command_path(argv: list[str] | None) -> str:
     """The command the user typed (``clustertool copy``), for a hint where an error has none."""
-    words, group, path = list(argv or []), build(), ["clustertool"]
+    words, group, path = list(argv or []), build(list(argv or [])), ["clustertool"]
     while words and words[0].startswith("-"):
         words = words[2:] if words[0] == "--api-timeout" else words[1:]
     while words and isinstance(getattr(group, "commands", None), dict) and words[0] in group.commands:
@@ -208,8 +266,9 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
     try:
-        result = build().main(args=argv, prog_name="clustertool", standalone_mode=False)
+        result = build(words).main(args=words, prog_name="clustertool", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
     except interrupts.Terminated as exc:
         if _DEBUG["on"]:
@@ -220,17 +279,17 @@ def _run(argv: list[str] | None) -> int:
     except ToolError as exc:
         if _DEBUG["on"]:
             traceback.print_exc()
-        hint = exc.hint or f"`{_command_path(argv)} --help` says what each option takes"
+        hint = exc.hint or f"`{_command_path(words)} --help` says what each option takes"
         return _fail(exc.message, hint, int(exc.exit_code))
-    except _ABORT:
+    except _abort():
         return _fail("interrupted", None, ExitStatus.INTERRUPTED)
     except KeyboardInterrupt:
         return _fail("interrupted", None, ExitStatus.INTERRUPTED)
-    except _CLICK_ERROR as exc:
-        if isinstance(exc, _USAGE_ERROR):
+    except _click_error() as exc:
+        if isinstance(exc, _usage_error()):
             return _fail(_click_message(exc), _usage_hint(exc), exc.exit_code)
         return _fail(exc.format_message(), "run with --help for usage", exc.exit_code)
-    except _EXIT as exc:
+    except _exit() as exc:
         return exc.exit_code
     except PermissionError as exc:  # a folder of ours this user may not write (CLUSTERTOOL_HOME, a hostfile's)
         if _DEBUG["on"]:
