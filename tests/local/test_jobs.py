@@ -205,8 +205,8 @@ def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(cluster):
         time.sleep(0.3)
     time.sleep(0.5)
     client.send_signal(signal.SIGINT)
-    _, err = client.communicate(timeout=20)
-    assert client.returncode == 130 and "keeps running" in err
+    out, err = client.communicate(timeout=20)
+    assert client.returncode == 130 and "keeps running" in err, (client.returncode, out[-2000:], err[-3000:])
     job = [j for j in jobs(cluster).values() if j["name"] == "detach"][0]
     assert job["state"] == "running" and len(job_processes(cluster, job["id"])) == 3
     assert cli(cluster, "kill", job["id"], "--grace", "1").returncode == 0
