@@ -33,6 +33,9 @@ from clustertool.remote.group import run_on_nodes
 
 RTT_COUNT = 20
 LIFETIME_S = 900  # the nodes' servers end by themselves after this, should the doctor be interrupted
+PORT_LOW, PORT_HIGH = 29000, 32766  # the servers' port pairs (plugin_check's take 20000-28999)
+PORT_TRIES = 3
+PORT_TAKEN = "port"  # in every reason of pairprobe's serve that a port gives (iperf3's, the echo server's)
 ALLREDUCE_TIMEOUT_S = 60
 # Local links without link_rate have no speed of their own: this machine's CPUs set it, and it moves
 # by a third from one second to the next.  There half the median is the line (the old pairwise check's).
@@ -45,7 +48,12 @@ class PairProbe:
     def __init__(self, session: ClusterSession, nodes: list[Node], *, seconds: int = 1, together: bool = True):
         self.session, self.seconds, self.together = session, seconds, together
         self.by_name = {n.name: n for n in nodes}
-        self.port = 41000 + 2 * secrets.randbelow(4000)  # iperf3 here, the echo server one above
+        self._pick_port()
+
+    def _pick_port(self) -> None:
+        # iperf3 here, the echo server one above; below Linux's ephemeral ports (32768 and up by default), which
+        # any outgoing connection on the node may hold (the leader's own ssh and watch connections did, once)
+        self.port = PORT_LOW + 2 * secrets.randbelow((PORT_HIGH - PORT_LOW) // 2)
         self.pidfile = f"/tmp/ct-doctor-probe-{self.port}.pid"
 
     def _program(self, node: Node, **args: object) -> bytes:
@@ -53,11 +61,19 @@ class PairProbe:
                                           "pidfile": self.pidfile, "lifetime": LIFETIME_S, **args})
 
     def start(self) -> dict[str, str]:
-        """Start the servers; what failed, by node (``no-iperf3``: iperf3 is not installed there)."""
-        result = run_on_nodes(self.session, list(self.by_name.values()), python_command(), timeout=30,
-                              stdin_data=lambda n: self._program(n, mode="serve"))
-        return {r.node: (r.stdout.strip().removeprefix("error: ") or r.reason) for r in result.results
-                if not r.ok or r.stdout.strip() != "ready"}
+        """Start the servers; what failed, by node (``no-iperf3``: iperf3 is not installed there). A port some
+        node's other processes hold is given up for another, up to PORT_TRIES ports."""
+        failed: dict[str, str] = {}
+        for _ in range(PORT_TRIES):
+            result = run_on_nodes(self.session, list(self.by_name.values()), python_command(), timeout=30,
+                                  stdin_data=lambda n: self._program(n, mode="serve"))
+            failed = {r.node: (r.stdout.strip().removeprefix("error: ") or r.reason) for r in result.results
+                      if not r.ok or r.stdout.strip() != "ready"}
+            if not failed or not all(PORT_TAKEN in why for why in failed.values()):
+                return failed
+            self.stop()
+            self._pick_port()
+        return failed
 
     def stop(self) -> None:
         run_on_nodes(self.session, list(self.by_name.values()), python_command(), timeout=20,
@@ -184,9 +200,9 @@ def network_check(session: ClusterSession, nodes: list[Node], *, threshold: floa
                                                    "skipped", fix="apt-get install iperf3 (or dnf install iperf3)")
                                            for n in missing])
         if failed:
+            fix = f"is /tmp writable, and one port pair of {PORT_LOW}-{PORT_HIGH} free?"
             return CheckResult("network", [Finding("network", n, "error", f"could not start the measuring servers: "
-                                                   f"{why}", fix="is /tmp writable and a port above 41000 free?")
-                                           for n, why in sorted(failed.items())])
+                                                   f"{why}", fix=fix) for n, why in sorted(failed.items())])
         expected = expected_bits(session)
 
         def on_round(r: int, got: list[Measurement]) -> None:

@@ -84,9 +84,11 @@ def start(args, server):
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while not listening(args["port"]):
-        if iperf.poll() is not None or time.monotonic() > deadline:
+        if iperf.poll() is not None:
+            return None, f"iperf3 -s exited at once on port {args['port']} (the port in use?)"
+        if time.monotonic() > deadline:
             iperf.kill()
-            return None, f"iperf3 -s did not listen on port {args['port']}"
+            return None, f"iperf3 -s did not listen on port {args['port']} within 10 s"
         time.sleep(0.05)
     return iperf, ""
 

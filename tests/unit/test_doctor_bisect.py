@@ -317,3 +317,48 @@ def test_a_pairs_round_trip_is_its_fastest_sample_not_the_median_a_starved_cpu_r
     assert _rtt('{"rtt_s": 0.0402, "min_s": 0.0401, "samples": 5}', "") == (0.0401, "")
     assert _rtt('{"rtt_s": 0.002}', "") == (0.002, "")  # a probe that sends only the median
     assert _rtt("error: refused", "")[0] is None
+
+
+def test_a_port_an_outgoing_connection_holds_is_named_and_the_probe_takes_another(tmp_path, monkeypatch):
+    """A node's own connection held the random port once (the leader's ssh, in Linux's ephemeral range): iperf3
+    could not listen and `doctor --check links` reported the node. The node program says so, and the probe
+    starts its servers on another port pair, below the ephemeral range."""
+    from types import SimpleNamespace
+
+    from clustertool.doctor import netprobe
+
+    port = _free_port_pair()
+    listener = socket.socket()   # a connection of the node's own whose local end is the port
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    held = socket.socket()
+    held.bind(("127.0.0.1", port))
+    held.connect(listener.getsockname())
+    try:
+        base = {"addr": "127.0.0.1", "port": port, "echo_port": port + 1, "pidfile": str(tmp_path / "pid"),
+                "lifetime": 60, "mode": "serve"}
+        proc = subprocess.run(["sh", "-c", python_command()], input=program_text("pairprobe", base),
+                              capture_output=True, timeout=30)
+        said = proc.stdout.decode().strip()
+        assert proc.returncode == 1 and said == f"error: iperf3 -s exited at once on port {port} (the port in use?)"
+    finally:
+        held.close()
+        listener.close()
+
+    asked: list[tuple[str, int]] = []
+
+    def run_on_nodes(session, nodes, command, timeout, stdin_data):
+        mode = "serve" if b'\\"mode\\": \\"serve\\"' in stdin_data(nodes[0]) else "stop"   # its ARGS line
+        asked.append((mode, probe.port))
+        taken = mode == "serve" and len(asked) == 1
+        results = [SimpleNamespace(node=n.name, ok=not taken, reason="exit 1",
+                                   stdout=f"error: iperf3 -s exited at once on port {probe.port}" if taken else "ready")
+                   for n in nodes]
+        return SimpleNamespace(results=results)
+
+    monkeypatch.setattr(netprobe, "run_on_nodes", run_on_nodes)
+    nodes = [SimpleNamespace(name=f"node-{i}", address=f"10.0.0.{i}") for i in (1, 2)]
+    probe = netprobe.PairProbe(SimpleNamespace(), nodes)
+    assert probe.start() == {}
+    assert [m for m, _ in asked] == ["serve", "stop", "serve"] and asked[0][1] == asked[1][1] != asked[2][1]
+    assert all(netprobe.PORT_LOW <= p < p + 1 <= netprobe.PORT_HIGH < 32768 for _, p in asked)
