@@ -156,11 +156,17 @@ _GROUP: dict[frozenset[str], CommandGroup] = {}
 _LOADED: dict[str, list[Any]] = {}  # module -> its plain click commands, once register(app) has run
 
 
-def _named_command(argv: list[str]) -> str | None:
-    """The command word of a command line (after the root's options), or None."""
+def _past_root_options(argv: list[str]) -> list[str]:
+    """A command line's words from its command on (the root's options, --api-timeout's value too, left out)."""
     words = list(argv)
     while words and words[0].startswith("-"):
         words = words[2:] if words[0] == "--api-timeout" else words[1:]
+    return words
+
+
+def _named_command(argv: list[str]) -> str | None:
+    """The command word of a command line, or None."""
+    words = _past_root_options(argv)
     return words[0] if words else None
 
 
@@ -244,9 +250,7 @@ def _click_message(exc: Any) -> str:
 
 def _command_path(argv: list[str] | None) -> str:
     """The command the user typed (``clustertool copy``), for a hint where an error has none."""
-    words, group, path = list(argv or []), build(list(argv or [])), ["clustertool"]
-    while words and words[0].startswith("-"):
-        words = words[2:] if words[0] == "--api-timeout" else words[1:]
+    words, group, path = _past_root_options(argv or []), build(list(argv or [])), ["clustertool"]
     while words and isinstance(getattr(group, "commands", None), dict) and words[0] in group.commands:
         path.append(words[0])
         group = group.commands[words.pop(0)]
