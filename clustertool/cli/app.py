@@ -67,29 +67,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-# Each module has register(app) adding its commands; keep this list the only wiring.
-COMMAND_MODULES = [
-    "clustertool.cli.cluster",
-    "clustertool.cli.cordon",
-    "clustertool.cli.replace",
-    "clustertool.cli.sharedfs",
-    "clustertool.cli.recover",
-    "clustertool.cli.exec_",
-    "clustertool.cli.copy",
-    "clustertool.cli.bench",
-    "clustertool.cli.plugin",
-    "clustertool.cli.play",
-    "clustertool.cli.inventory",
-    "clustertool.cli.jobs",
-    "clustertool.cli.stacks",
-    "clustertool.cli.doctor",
-    "clustertool.cli.autostop",
-    "clustertool.cli.capacity",
-    "clustertool.cli.top",
-    "clustertool.cli.monitoring",
-    "clustertool.cli.report",
-    "clustertool.cli.stragglers",
-]
 
 _DEBUG = {"on": False}
 
@@ -126,8 +103,8 @@ class CommandGroup(Protocol):
              standalone_mode: bool = True, **extra: Any) -> Any: ...
 
 
-# The command each module adds (tests/cli/test_mistakes.py checks this table against what register adds):
-# a command line that names one imports that module alone, the rest of the CLI's modules not at all.
+# The only wiring: each command and the module whose register(app) adds it (tests/cli/test_lazy_commands.py
+# checks this table against what each module adds). A command line that names one imports that module alone.
 COMMAND_OF = {
     **dict.fromkeys(["up", "down", "status", "ls", "hostfile", "stop", "start", "repin", "ssh"],
                     "clustertool.cli.cluster"),
@@ -151,6 +128,8 @@ COMMAND_OF = {
     "report": "clustertool.cli.report",
     "stragglers": "clustertool.cli.stragglers",
 }
+
+COMMAND_MODULES = list(dict.fromkeys(COMMAND_OF.values()))  # in the order above: --help's order
 
 _GROUP: dict[frozenset[str], CommandGroup] = {}
 _LOADED: dict[str, list[Any]] = {}  # module -> its plain click commands, once register(app) has run
