@@ -261,11 +261,12 @@ def test_job_metrics_move_and_the_record_draws_a_report_a_browser_shows(cluster,
     straggler = f'clustertool_rank_straggler{{job_id="{job_id}",rank="{slow_rank}"}} == 1'
     wait_query(cluster, straggler, lambda r: len(r) == 1)
     wait_query(cluster, 'clustertool_node_cordoned{node="node-4"} == 1', lambda r: len(r) == 1)
-    # the job's record reads every 5 s (jobs/recorder.py): the cordon stays until a reading of it was kept
+    # the job's record reads every 5 s (jobs/recorder.py): the cordon stays until the record, as the report
+    # reads it, holds the cordon
     samples = home(cluster, "node-1") / ".clustertool" / "jobs" / job_id / "watch" / "samples.jsonl"
     deadline = time.monotonic() + 90
-    while not any(reading.get("nodes", {}).get("node-4", [0] * 5)[4] for reading in kept_readings(samples)):
-        assert time.monotonic() < deadline, kept_readings(samples)[-3:]
+    while ("cordon", "node-4") not in recorded_events(samples, job_id):
+        assert time.monotonic() < deadline, recorded_events(samples, job_id)
         time.sleep(0.5)
     assert run_cli("uncordon", "-c", name, "node-4", env=env).returncode == 0
     deadline = time.monotonic() + 180
@@ -283,15 +284,12 @@ def test_job_metrics_move_and_the_record_draws_a_report_a_browser_shows(cluster,
     look_at_the_page(tmp_path / "run.html", tmp_path, cordon_at)
 
 
-def kept_readings(samples: Path) -> list[dict]:
-    """The readings a job's record holds so far (a line being appended is not one yet)."""
-    out = []
-    for line in samples.read_text().splitlines() if samples.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+def recorded_events(samples: Path, job_id: str) -> set[tuple[str, str | None]]:
+    """(kind, node) of every event in a job's record so far, read as `clustertool report` reads it."""
+    from clustertool.watch import runrecord
+
+    text = samples.read_text() if samples.exists() else ""
+    return {(e.kind, e.node) for e in runrecord.load({"watch/samples.jsonl": text}, job_id).events} if text else set()
 
 
 def job_state(name: str, env: dict, job_id: str) -> str:
