@@ -83,7 +83,7 @@ demo: setup
 # House rules (pyproject's [tool.ruff]: line length 120, pyflakes, pycodestyle, import order)
 # and types (pyproject's [tool.mypy]: the package, stricter per module as modules get clean)
 lint: venv
-	$(VENV)/bin/ruff check clustertool tests bench examples
+	$(VENV)/bin/ruff check clustertool tests bench examples native/bench
 	$(VENV)/bin/mypy
 
 # The tests run in TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0: one process). Most of the
@@ -95,7 +95,7 @@ lint: venv
 TEST_WORKERS ?= 4
 test: setup
 	$(MAKE) -C native all
-	$(VENV)/bin/ruff check clustertool tests bench examples
+	$(VENV)/bin/ruff check clustertool tests bench examples native/bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
@@ -113,7 +113,7 @@ test-slow: test-faults
 	$(VENV)/bin/pytest -q -m slow tests/native tests/local/test_slurm_cluster.py
 
 test-fast: venv
-	$(VENV)/bin/ruff check clustertool tests bench examples
+	$(VENV)/bin/ruff check clustertool tests bench examples native/bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -m "unit or cli"
 

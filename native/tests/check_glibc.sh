@@ -1,5 +1,5 @@
 #!/bin/sh
-# The plugin libraries and the reducer must load on glibc 2.17 and later on x86-64
+# The plugin libraries, the reducer and collnet_bench_lite must load on glibc 2.17 and later on x86-64
 # (src/ct_glibc_compat.h): fails when one of them needs a newer GLIBC_ symbol version.
 # glibc before 2.30 also wants each old-version reference to name the file that had the
 # function then (libpthread.so.0, libdl.so.2), not libc.so.6: checked for pthread_create
@@ -14,7 +14,7 @@ if ! command -v objdump >/dev/null 2>&1; then
   echo "SKIP glibc versions: no objdump (binutils)"
   echo "0 passed, 0 failed"; exit 0
 fi
-for f in "$B/libnccl-net-clustertool.so" "$B/libnccl-tuner-clustertool.so" "$B/clustertool-reducer"; do
+for f in "$B/libnccl-net-clustertool.so" "$B/libnccl-tuner-clustertool.so" "$B/clustertool-reducer" "$B/collnet_bench_lite"; do
   if [ ! -f "$f" ]; then
     echo "FAIL $f: missing"; fail=$((fail + 1)); continue
   fi

@@ -36,6 +36,7 @@ done
 run test_abi_versions "$B/test_abi_versions" "$B"
 run test_reducer "$B/test_reducer" "$B"
 run test_pace "$B/test_pace"   # CLUSTERTOOL_LINK_RATE's token buckets
+run collnet_bench_lite sh "$(dirname "$0")/check_lite.sh" "$B"   # no MPI library: bench/mini_mpi.c, bench/minirun.py
 for np in $NPS; do
   run "test_coll_mpi np=$np" env ASAN_OPTIONS=detect_leaks=0 timeout 600 $MPIRUN -x ASAN_OPTIONS -np $np "$B/test_coll_mpi" "$B"
 done
