@@ -55,6 +55,7 @@ _Static_assert(sizeof(ct_msg_t) == 32, "message header layout");
 enum { CT_REQ_PENDING = 0, CT_REQ_DONE = 1, CT_REQ_ERROR = 2 };
 typedef struct ct_req {
   _Atomic int state;
+  _Atomic int waiters;         /* 1: a blocking caller (ct_coll_wait) sleeps on state: wake it when it changes */
   size_t bytes;
   struct ct_coll* c;
   struct ct_req* next_free;
@@ -216,8 +217,10 @@ int ct_coll_allgather(ct_coll_t* c, const void* src, int nparts, ncclNetSGE_v12_
                       size_t wbytes, ct_req_t** req);
 /* Never blocks. 1 done (req released), 0 pending, -1 error (req released). */
 int ct_coll_test(ct_req_t* req, size_t* bytes);
-/* Blocking wait for callers that are not NCCL (spins briefly, then sleeps in short naps). */
+/* Blocking wait for callers that are not NCCL (spins briefly, then sleeps until the progress thread wakes it). */
 int ct_coll_wait(ct_req_t* req, size_t* bytes);
+/* The progress thread, once it stored a request's final state: wakes a caller asleep in ct_coll_wait. */
+void ct_req_wake(ct_req_t* r);
 
 const char* ct_algo_name(int algo);
 /* "sharded"/"ring"/"servers" -> CT_ALGO_*, -1 when unknown. */

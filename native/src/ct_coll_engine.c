@@ -61,7 +61,8 @@ static void op_release(ct_coll_t* c, ct_op_t* op, int state) {
   atomic_fetch_add_explicit(&c->ncompleted, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&c->root->lanes_done, 1, memory_order_relaxed);
   atomic_store_explicit(&op->state, CT_OP_FREE, memory_order_release);   /* the slot may be reused now */
-  atomic_store_explicit(&r->state, state, memory_order_release);
+  atomic_store(&r->state, state);
+  if (atomic_load(&r->waiters)) ct_req_wake(r);   /* a blocking caller asleep on it (ct_coll_wait) */
 }
 
 void ct_op_step(ct_coll_t* c, ct_op_t* op) {

@@ -16,6 +16,7 @@
  *    payload); with `paced` (CLUSTERTOOL_LINK_RATE set by run_tests.sh) the transfer took
  *    at least the bytes over the rate, less the pacer's burst and catch-up allowance. */
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -315,6 +316,52 @@ static void test_paced_counters(int paced) {
   free(out);
 }
 
+/* The blocking entry point (ct_allreduce, as a training step calls it): the caller sleeps until the progress
+ * thread finishes the request instead of waking every few microseconds to look. Paced, one call takes about
+ * half a second; the caller's voluntary context switches count its sleeps: a guard timeout every 50 ms at
+ * most, where polling made thousands. The sums are checked too. */
+static void test_blocking_caller_sleeps(void* lib) {
+  int (*hsize)(void) = (int (*)(void))dlsym(lib, "ct_allreduce_handle_size");
+  void* (*ar_open)(int, int, const char*, void*, size_t) =
+      (void* (*)(int, int, const char*, void*, size_t))dlsym(lib, "ct_allreduce_open");
+  int (*ar_connect)(void*, const void*, size_t) = (int (*)(void*, const void*, size_t))dlsym(lib, "ct_allreduce_connect");
+  int (*ar_run)(void*, const void*, void*, size_t, int, int) =
+      (int (*)(void*, const void*, void*, size_t, int, int))dlsym(lib, "ct_allreduce");
+  void (*ar_close)(void*) = (void (*)(void*))dlsym(lib, "ct_allreduce_close");
+  int ok = hsize && ar_open && ar_connect && ar_run && ar_close;
+  if (!agree(ok)) { if (rank == 0) CHECK(0, "the ct_allreduce entry points are exported"); return; }
+  size_t hs = (size_t)hsize();
+  char* mine = calloc(1, hs);
+  char* all = calloc((size_t)nranks, hs);
+  void* ar = ar_open(rank, nranks, "sharded", mine, hs);
+  ok = ar != NULL;
+  MPI_Allgather(mine, (int)hs, MPI_BYTE, all, (int)hs, MPI_BYTE, MPI_COMM_WORLD);
+  ok = agree(ok && ar_connect(ar, all, (size_t)nranks * hs) == 0);
+  size_t n = 1u << 20;   /* 4 MiB of floats: about 0.4 s at 10^7 bytes/s with 2 ranks */
+  float* in = malloc(n * 4);
+  float* out = malloc(n * 4);
+  for (size_t i = 0; i < n; i++) in[i] = ivalue(rank, 2, i);
+  long switches = -1;
+  double took = 0;
+  if (ok) {
+    struct rusage r0, r1;
+    MPI_Barrier(MPI_COMM_WORLD);
+    getrusage(RUSAGE_THREAD, &r0);
+    double t0 = now_s();
+    ok = ar_run(ar, in, out, n, ncclFloat32, ncclSum) == 0 && check_exact(out, 2, n);
+    took = now_s() - t0;
+    getrusage(RUSAGE_THREAD, &r1);
+    switches = r1.ru_nvcsw - r0.ru_nvcsw;
+  }
+  int few = ok && switches <= 10 + (long)(took / 0.05 * 1.5);
+  few = agree(few);
+  if (rank == 0)
+    CHECK(few, "a blocking ct_allreduce of %.0f MiB paced: right, the caller slept (%ld voluntary switches in %.2f s)",
+          (double)(n * 4) / (1 << 20), switches, took);
+  if (ar) ar_close(ar);
+  free(mine); free(all); free(in); free(out);
+}
+
 static void run_algo(const char* algo) {
   char label[96];
   snprintf(label, sizeof label, "%s np=%d", algo, nranks);
@@ -387,6 +434,7 @@ int main(int argc, char** argv) {
   if (agree(ok)) {
     if (paced) {
       test_paced_counters(1);
+      test_blocking_caller_sleeps(lib);
     } else {
       run_algo("sharded");
       run_algo("ring");
