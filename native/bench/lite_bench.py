@@ -58,6 +58,24 @@ def rows(text: str) -> list[dict]:
     return out
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs so far, from /proc/stat (None where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def busy_since(t0: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time that was busy since t0 (idle and iowait are not)."""
+    t1 = cpu_ticks()
+    if not t0 or not t1 or t1[1] == t0[1]:
+        return None
+    return round((t1[0] - t0[0]) / (t1[1] - t0[1]), 3)
+
+
 def run_bench(build: Path, np_: int, args: list[str], env: dict, timeout: float) -> tuple[list[dict], str]:
     argv = [sys.executable, str(HERE / "minirun.py"), "--timeout", str(max(5, int(timeout))), "-np", str(np_),
             str(build / "collnet_bench_lite"), "-p", str(build / "libnccl-net-clustertool.so"), *args]
@@ -91,8 +109,10 @@ def stream_part(a, env: dict, ends: float, work: Path) -> dict:
                 return res
             st = work / f"stats-{len(res['stats'])}-{rep}.jsonl"
             e = dict(env, CLUSTERTOOL_COLLNET_STATS=str(st))
+            t0 = cpu_ticks()
             got, _ = run_bench(a.build, 4, ["-b", "16M", "-e", "64M", "-f", "4", "-n", "10", "-w", "2",
                                             "-a", "sharded,ring", *extra], e, left)
+            res.setdefault("busy", {}).setdefault(name, []).append(busy_since(t0))
             for x in got:
                 res["busbw"].setdefault(f"{name}|{x['algo']}|{x['bytes']}", []).append(x["busbw"])
             res["stats"].setdefault(name, stats_of(st))
@@ -172,6 +192,10 @@ def report(a, doc: dict) -> str:
                 lines.append(f"| {algo} | {size >> 20}M | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
         q8 = [s["busbw"].get(f"-r 256K -q 8|{al}|{sz}") for al in ("sharded", "ring") for sz in (16 << 20, 64 << 20)]
         q1 = [s["busbw"].get(f"-r 256K -q 1|{al}|{sz}") for al in ("sharded", "ring") for sz in (16 << 20, 64 << 20)]
+        busy = {m: [x for x in v if x is not None] for m, v in s.get("busy", {}).items()}
+        lines += ["", "CPU busy while each form ran (all cores, /proc/stat; near 100 %: CPU-bound, the forms then "
+                  "compare CPU per byte, not overlap): " +
+                  ", ".join(f"{m} {100 * med(v):.0f} %" for m, v in busy.items() if v)]
         lines += ["", "busbw in GB/s. -q 8 over -q 1 (256K): " +
                   ", ".join(f"{med(x) / med(y):.2f}x" for x, y in zip(q8, q1) if x and y), "",
                   "CollNet stats per mode (first run): " +
