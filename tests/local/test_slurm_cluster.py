@@ -91,14 +91,25 @@ def submit(env, name, *words) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def wait_for(what, predicate, timeout=180):
+def wait_for(what, predicate, timeout=180, explain=None):
+    """The predicate's first true value; past the timeout, fails saying what, and what explain() returns."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s" + (f"\n{explain()}" if explain else "")
         time.sleep(1)
+
+
+def slurm_view(env, name, job_id) -> str:
+    """What Slurm and clustertool say of a job and the nodes, and slurmctld's last lines: for a failure's message."""
+    log = "/root/.clustertool/slurm/log/slurmctld.log"
+    words = [f"env SLURM_CONF={CONF} scontrol show job --oneliner 2>&1 | tail -5",
+             f"env SLURM_CONF={CONF} sinfo --Node --long 2>&1", f"tail -40 {log} 2>&1"]
+    parts = [json.dumps(job(env, name, job_id), indent=1)[-3000:]]
+    parts += [ct(env, "exec", "-c", name, "-n", "node-1", "--", w).stdout[-4000:] for w in words]
+    return "\n".join(parts)
 
 
 def wait_idle(env, name, nodes, timeout=120):
@@ -329,7 +340,7 @@ def test_a_nodes_death_requeues_its_job_which_ends_once_the_node_is_back(cluster
     assert requeued["attempts"][0]["cause"] == "node failure"
     assert ct(env, "reboot", "-c", name, "--nodes", "node-3", "--yes", timeout=300).returncode == 0
     done = wait_for("it ends", lambda: (lambda j: j if j["state"] not in ("running", "pending") else None)(
-        job(env, name, job_id)), timeout=240)
+        job(env, name, job_id)), timeout=240, explain=lambda: slurm_view(env, name, job_id))
     assert (done["state"], done["slurm"]["state"], len(done["attempts"])) == ("succeeded", "COMPLETED", 2), done
     assert "back 0" in ct(env, "logs", "-c", name, job_id).stdout
     wait_idle(env, name, ["node-3", "node-4"])
