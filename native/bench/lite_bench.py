@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from minirun import stop  # this folder is the script's: on sys.path
+
 HERE = Path(__file__).resolve().parent
 MODES = [("one request", []), ("-r 256K -q 8", ["-r", "256K", "-q", "8"]),
          ("-r 64K -q 8", ["-r", "64K", "-q", "8"]), ("-r 256K -q 1", ["-r", "256K", "-q", "1"])]
@@ -134,17 +136,6 @@ def start_reducers(build: Path, k: int, env: dict, work: Path) -> tuple[list[sub
             raise RuntimeError("the reducers did not start")
         time.sleep(0.05)
     return procs, ",".join(f.read_text().strip() for f in files)
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def servers_part(a, env: dict, ends: float, work: Path) -> dict:

@@ -37,6 +37,19 @@ def rank_env(rank: int, size: int, folder: str) -> dict[str, str]:
     return dict(os.environ, CT_MINI_MPI_DIR=folder, CT_MINI_MPI_RANK=str(rank), CT_MINI_MPI_SIZE=str(size))
 
 
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each process still running, then SIGKILL to any that has not ended within 5 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
     folder = tempfile.mkdtemp(prefix="minirun-")
@@ -57,15 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"minirun: stopped after {a.timeout:g} s", file=sys.stderr)
                 break
             time.sleep(0.05)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop(procs)
         if not code:
             code = next((p.returncode for p in procs if p.returncode), 0)
         return code if code >= 0 else 128 - code
