@@ -78,7 +78,7 @@ def busy_since(t0: tuple[int, int] | None) -> float | None:
     return round((t1[0] - t0[0]) / (t1[1] - t0[1]), 3)
 
 
-def run_bench(build: Path, np_: int, args: list[str], env: dict, timeout: float) -> tuple[list[dict], str]:
+def run_bench(build: Path, np_: int, args: list[str], env: dict, timeout: float) -> list[dict]:
     argv = [sys.executable, str(HERE / "minirun.py"), "--timeout", str(max(5, int(timeout))), "-np", str(np_),
             str(build / "collnet_bench_lite"), "-p", str(build / "libnccl-net-clustertool.so"), *args]
     r = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -89,7 +89,7 @@ def run_bench(build: Path, np_: int, args: list[str], env: dict, timeout: float)
     bad = [x for x in got if x["wrong"] != 0]
     if not got or bad:
         raise RuntimeError(f"rows with #wrong != 0 (or none): {bad or text[-2000:]}")
-    return got, text
+    return got
 
 
 def stats_of(path: Path) -> dict:
@@ -102,19 +102,19 @@ def stats_of(path: Path) -> dict:
 
 
 def stream_part(a, env: dict, ends: float, work: Path) -> dict:
-    res: dict = {"busbw": {}, "stats": {}}
+    res: dict = {"busbw": {}, "stats": {}, "busy": {}}
     for rep in range(a.repeat):
-        for name, extra in MODES:
+        for m, (name, extra) in enumerate(MODES):
             left = ends - time.monotonic()
             if left < 10:
                 res["stopped"] = f"budget: repeat {rep + 1}, {name}"
                 return res
-            st = work / f"stats-{len(res['stats'])}-{rep}.jsonl"
+            st = work / f"stats-{m}-{rep}.jsonl"
             e = dict(env, CLUSTERTOOL_COLLNET_STATS=str(st))
             t0 = cpu_ticks()
-            got, _ = run_bench(a.build, 4, ["-b", "16M", "-e", "64M", "-f", "4", "-n", "10", "-w", "2",
+            got = run_bench(a.build, 4, ["-b", "16M", "-e", "64M", "-f", "4", "-n", "10", "-w", "2",
                                             "-a", "sharded,ring", *extra], e, left)
-            res.setdefault("busy", {}).setdefault(name, []).append(busy_since(t0))
+            res["busy"].setdefault(name, []).append(busy_since(t0))
             for x in got:
                 res["busbw"].setdefault(f"{name}|{x['algo']}|{x['bytes']}", []).append(x["busbw"])
             res["stats"].setdefault(name, stats_of(st))
@@ -150,7 +150,7 @@ def servers_part(a, env: dict, ends: float, work: Path) -> dict:
                 return res
             procs, addrs = start_reducers(a.build, n, paced, work)
             try:
-                got, _ = run_bench(a.build, n, ["-b", "64M", "-e", "64M", "-n", "3", "-w", "1",
+                got = run_bench(a.build, n, ["-b", "64M", "-e", "64M", "-n", "3", "-w", "1",
                                                 "-a", "servers,sharded,ring", "-r", "256K", "-q", "8"],
                                    dict(paced, CLUSTERTOOL_REDUCERS=addrs), left)
             finally:
@@ -183,7 +183,7 @@ def report(a, doc: dict) -> str:
                 lines.append(f"| {algo} | {size >> 20}M | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
         q8 = [s["busbw"].get(f"-r 256K -q 8|{al}|{sz}") for al in ("sharded", "ring") for sz in (16 << 20, 64 << 20)]
         q1 = [s["busbw"].get(f"-r 256K -q 1|{al}|{sz}") for al in ("sharded", "ring") for sz in (16 << 20, 64 << 20)]
-        busy = {m: [x for x in v if x is not None] for m, v in s.get("busy", {}).items()}
+        busy = {m: [x for x in v if x is not None] for m, v in s["busy"].items()}
         lines += ["", "CPU busy while each form ran (all cores, /proc/stat; near 100 %: CPU-bound, the forms then "
                   "compare CPU per byte, not overlap): " +
                   ", ".join(f"{m} {100 * med(v):.0f} %" for m, v in busy.items() if v)]
