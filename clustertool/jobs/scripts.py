@@ -149,14 +149,16 @@ def install_and_start_script(job_id: str, launch: str, hostfile: str, record_jso
 
 
 def agent_install_script(job_id: str, agent_json: str) -> str:
-    """Any node of a node-launcher job: the job agent (nodeprogs/jobagent.py), its plan, and the Flight Recorder's
-    hook its ranks start with (nodeprogs/frhook.py as fr/py/sitecustomize.py)."""
+    """Any node of a node-launcher job: the job agent (nodeprogs/jobagent.py), its plan, the warm launcher it
+    starts for the next job (nodeprogs/warmlaunch.py), and the Flight Recorder's hook its ranks start with
+    (nodeprogs/frhook.py as fr/py/sitecustomize.py)."""
     d = job_dir_sh(job_id)
     return "\n".join([
         "set -e",
         f"d={d}",
         'mkdir -p "$d/ranks" "$d/exits" "$d/fr/py"',
         _write_file('"$d/jobagent.py"', (nodeprogs.DIR / "jobagent.py").read_text(), "755"),
+        _write_file('"$d/warmlaunch.py"', (nodeprogs.DIR / "warmlaunch.py").read_text()),
         _write_file('"$d/agent.json"', agent_json),
         _write_file('"$d/fr/py/sitecustomize.py"', (nodeprogs.DIR / "frhook.py").read_text()),
         "",

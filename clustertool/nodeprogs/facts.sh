@@ -39,6 +39,8 @@ marked=$(grep -l -a -z "^$JOB_ENV=" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -
 ps -e -o pid=,comm= | awk -v re="^($STRAY_RE)\$" -v marked=" $marked" \
     '$2 ~ re || index(marked, " " $1 " ") {print $1, $2}' | while read -r pid comm; do
   [ "$pid" = "$$" ] && continue
+  # a warm node launcher (nodeprogs/warmlaunch.py) waiting for the next job is no stray
+  grep -q -a -z '^CLUSTERTOOL_WARM_KEY=' "/proc/$pid/environ" 2>/dev/null && continue
   echo "proc $pid $comm $(jobof "$pid") $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-120)"
 done
 true

@@ -245,7 +245,7 @@ class Group:
     dies of SIGTERM leaves nothing behind."""
 
     def __init__(self, proc):
-        self.proc, self.pid = proc, proc.pid
+        self.proc, self.pid, self.stderr = proc, proc.pid, proc.stderr
 
     def send_signal(self, sig):
         try:
@@ -278,6 +278,150 @@ class Group:
         while time.monotonic() < deadline and self.alive():
             time.sleep(0.05)
         self.kill()
+
+
+WARM_ENV = "CLUSTERTOOL_WARM"  # 0: every node launcher starts cold, as typed by hand
+# What a launcher's imports may read of the environment: a warm launcher serves only the jobs whose values of
+# these are its own (the key has them)
+IMPORT_PREFIXES = ("TORCH", "PYTORCH", "NCCL", "CUDA", "NVIDIA", "OMP_", "MKL_", "KMP_", "LD_", "PYTHON", "LC_",
+                   "HF_", "TRANSFORMERS_", "ACCELERATE_", "DS_", "DEEPSPEED", "GLOO", "TP_", "TRITON")
+IMPORT_KEYS = ("LOGLEVEL", "LANG", "LANGUAGE", "TZ", "HOME", "USER", "PATH")
+WARM_PADS = (16384, 4096)  # room kept in the warm launcher's environment and command line for a launcher's
+
+
+def warm_plan(word, env):
+    """Where this node's warm launcher for ``word`` is (nodeprogs/warmlaunch.py), or None where none is used:
+    turned off (CLUSTERTOOL_WARM=0), not started by the leader's fan-out (Slurm's srun, mpirun), or a launcher
+    that is not a console script run by a plain python."""
+    if env.get(WARM_ENV) == "0" or NODE_ENV not in os.environ or "SLURM_JOB_ID" in env:
+        return None
+    server = os.path.join(job_dir(), "warmlaunch.py")
+    import shutil
+
+    script = shutil.which(word, path=env.get("PATH")) or word
+    if os.path.basename(script).startswith("python") or not os.path.isfile(server):
+        return None
+    python = launcher_python(script, env)
+    if not python:
+        return None
+    import hashlib
+
+    seen = sorted((k, v) for k, v in env.items() if k in IMPORT_KEYS or k.startswith(IMPORT_PREFIXES))
+    digest = hashlib.sha256(json.dumps([python, os.path.abspath(script), seen]).encode())
+    with open(server, "rb") as fh:
+        digest.update(fh.read())
+    key = digest.hexdigest()[:16]
+    folder = os.path.join(os.path.expanduser("~"), ".clustertool", "warm")
+    return {"script": os.path.abspath(script), "python": python, "key": key, "env": dict(seen), "server": server,
+            "folder": folder, "path": os.path.join(folder, key + ".sock")}
+
+
+class Warm(Group):
+    """A launcher the warm launcher forked: signals to its group, its end read from the warm launcher."""
+
+    def __init__(self, sock, pid, stderr):
+        self.sock, self.pid, self.stderr, self.returncode, self.buf = sock, pid, stderr, None, b""
+
+    def _answer(self, block):
+        while b"\n" not in self.buf:
+            self.sock.setblocking(block)
+            try:
+                data = self.sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                if not block:
+                    return None
+                continue
+            if not data:  # the warm launcher is gone: its launchers had SIGTERM (their PR_SET_PDEATHSIG)
+                self.returncode = -signal.SIGTERM
+                return self.returncode
+            self.buf += data
+        line, _, self.buf = self.buf.partition(b"\n")
+        try:
+            self.returncode = int(json.loads(line)["status"])
+        except (ValueError, KeyError, TypeError):
+            self.returncode = -signal.SIGTERM
+        return self.returncode
+
+    def wait(self):
+        while self.returncode is None:
+            self._answer(True)
+        return self.returncode
+
+    def poll(self):
+        if self.returncode is None:
+            self._answer(False)
+        return self.returncode
+
+
+def warm_start(warm, argv, env):
+    """The launcher, forked by this node's warm launcher (a Warm), or None (none there yet, or it says to start
+    cold: its files changed)."""
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    read_end, write_end = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        if len(warm["path"]) < 100:
+            sock.connect(warm["path"])
+        else:  # too long for a socket's address: through the folder's descriptor
+            folder = os.open(warm["folder"], os.O_PATH)
+            try:
+                sock.connect(f"/proc/self/fd/{folder}/{os.path.basename(warm['path'])}")
+            finally:
+                os.close(folder)
+        request = json.dumps({"argv": [warm["script"], *argv[1:]], "env": env, "cwd": os.getcwd()}).encode() + b"\n"
+        import array
+
+        sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null, 1, write_end]))])
+        buf = b""
+        while b"\n" not in buf:
+            data = sock.recv(4096)
+            if not data:
+                raise ValueError("closed")
+            buf += data
+        line, _, rest = buf.partition(b"\n")
+        pid = json.loads(line).get("pid")
+        if not isinstance(pid, int):
+            raise ValueError("cold")
+    except (OSError, ValueError):
+        sock.close()
+        os.close(read_end)
+        return None
+    finally:
+        os.close(null)
+        os.close(write_end)
+    child = Warm(sock, pid, os.fdopen(read_end, "rb"))
+    child.buf = rest
+    return child
+
+
+def start_warm(warm):
+    """This node's warm launcher for the next job, started now (detached, at the lowest CPU priority while it
+    imports; nothing if one is starting)."""
+    try:
+        import fcntl
+        import subprocess
+
+        os.makedirs(warm["folder"], mode=0o700, exist_ok=True)
+        lock = os.open(warm["path"] + ".lock", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # one is starting (or there)
+        finally:
+            os.close(lock)
+        env = dict(warm["env"], CLUSTERTOOL_WARM_KEY=warm["key"], CLUSTERTOOL_WARM_PAD="." * WARM_PADS[0])
+        log = os.open(os.path.join(warm["folder"], warm["key"] + ".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                      0o600)
+        try:
+            subprocess.Popen([warm["python"], warm["server"], warm["key"], warm["script"], warm["path"],
+                              "." * WARM_PADS[1]], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                             cwd=warm["folder"], start_new_session=True)
+        finally:
+            os.close(log)
+    except OSError:
+        pass
 
 
 def spawn(argv, stdout, stderr, env):
@@ -510,18 +654,23 @@ def run_launcher(plan, share, env):
         argv = argv[:at] + [NO_PYTHON[plan["launcher"]]] + argv[at:]
         program["python"] = python
     env[PROGRAM_ENV] = json.dumps(program)
-    import subprocess
+    warm = warm_plan(argv[0], env)
+    child = warm_start(warm, argv, env) if warm else None
+    if child is None:
+        import subprocess
 
-    try:
-        child = Group(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                                       preexec_fn=own_group))
-    except OSError as exc:
-        sys.stderr.write(f"clustertool: cannot start {argv[0]} on {host()}: {exc}\n")
-        return 127
+        try:
+            child = Group(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                                           preexec_fn=own_group))
+        except OSError as exc:
+            sys.stderr.write(f"clustertool: cannot start {argv[0]} on {host()}: {exc}\n")
+            return 127
+        if warm:  # the next job's start on this node skips the launcher's imports
+            start_warm(warm)
     stopper.children.append(child)
     if stopper.told is not None:  # told while it started
         child.send_signal(stopper.told)
-    err = Teardown(child.proc.stderr, range(share["first_rank"], share["first_rank"] + share["nprocs"]),
+    err = Teardown(child.stderr, range(share["first_rank"], share["first_rank"] + share["nprocs"]),
                    os.path.basename(argv[0]))
     status = wait(child)
     if status != 0 and stopper.told is None:

@@ -210,6 +210,53 @@ def test_kill_leaves_nothing_on_any_node(cluster, folder, launcher):
     assert job_record(name, env, job_id)["state"] == "killed"
 
 
+def warm_sockets(name: str, env: dict) -> dict[str, list[str]]:
+    """node -> the warm launchers' sockets in that local node's home."""
+    base = Path(env["CLUSTERTOOL_HOME"]) / "clusters" / name / "local"
+    return {f"node-{i}": sorted(p.name for p in (base / f"node-{i}" / "home" / ".clustertool" / "warm").glob("*.sock"))
+            for i in range(1, NODES + 1)}
+
+
+def launcher_parents(name: str, job_id: str) -> dict[str, tuple[str, bool]]:
+    """node -> (the torchrun process's /proc command line, whether its parent is a warm launcher)."""
+    found = {}
+    for line in job_processes(name, job_id):
+        ns, pid, _comm = line.split()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        if "torchrun" not in cmdline.split(" ", 2)[1]:   # the launcher: python .../torchrun ...
+            continue
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        penv = Path(f"/proc/{parent}/environ").read_bytes().split(b"\0")
+        found[f"node-{ns.rsplit('-', 1)[1]}"] = (cmdline, any(e.startswith(b"CLUSTERTOOL_WARM_KEY=") for e in penv))
+    return found
+
+
+def test_a_later_torchrun_start_is_forked_from_each_nodes_warm_launcher(cluster, folder):
+    """After a node's first torchrun start, the agent keeps a warm torchrun there (nodeprogs/warmlaunch.py); the
+    next job's torchrun is its fork and is, to every tool that looks, that job's torchrun: `kill` finds it by the
+    job's marker in its environment and leaves nothing; -x CLUSTERTOOL_WARM=0 starts it cold."""
+    name, env = cluster
+    cold = start_ready(name, env, "torchrun", str(folder / "wait.py"), "-x", "CLUSTERTOOL_WARM=0")
+    assert not any(warm for _, warm in launcher_parents(name, cold).values())
+    assert run_cli("kill", "-c", name, cold, env=env, timeout=120).returncode == 0
+    first = start_ready(name, env, "torchrun", str(folder / "wait.py"))  # its agents make the warm launchers
+    assert run_cli("kill", "-c", name, first, env=env, timeout=120).returncode == 0
+    deadline = time.monotonic() + 600   # each imports torch at SCHED_IDLE: only while the box has CPU to spare
+    while not all(warm_sockets(name, env).values()):
+        assert time.monotonic() < deadline, f"no warm launcher on some node: {warm_sockets(name, env)}"
+        time.sleep(0.5)
+    made = warm_sockets(name, env)
+    job_id = start_ready(name, env, "torchrun", str(folder / "wait.py"))
+    parents = launcher_parents(name, job_id)
+    assert sorted(parents) == [f"node-{i}" for i in range(1, NODES + 1)], parents
+    assert all(warm and "--nnodes 4" in cmdline for cmdline, warm in parents.values()), parents
+    killed = run_cli("kill", "-c", name, job_id, env=env, timeout=120)
+    assert killed.returncode == 0, killed.stderr
+    assert gone_within(name, job_id, 5) == []
+    assert job_record(name, env, job_id)["state"] == "killed"
+    assert warm_sockets(name, env) == made   # the warm launchers stay for the next job
+
+
 @pytest.mark.parametrize("launcher,how", [("mpirun", "exit"), ("torchrun", "exit"), ("process", "exit"),
                                           ("process", "kill"), ("torchrun", "kill"), ("deepspeed", "kill")])
 def test_one_rank_failing_stops_the_job_everywhere_and_jobs_names_it(cluster, folder, launcher, how):
