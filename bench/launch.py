@@ -10,6 +10,10 @@ little) with:
   clustertool run --launcher process       one process per slot, started by clustertool's agent
   clustertool run -- accelerate launch ... one `accelerate launch` per node
   clustertool run -- deepspeed ...         one DeepSpeed runner per node (its --no_ssh form)
+  clustertool run -x CLUSTERTOOL_WARM=0 -- torchrun ...
+                                           torchrun cold: every node's torchrun imports torch itself, as on a
+                                           cluster's first torchrun job (after it, each node keeps a warm
+                                           launcher that the next start forks: nodeprogs/warmlaunch.py)
 
 and what a user types by hand, each through pdsh -w <every node> (this machine's ssh config, its
 ControlMaster connections to the nodes kept from `up`), the node rank from the host name:
@@ -22,9 +26,11 @@ ControlMaster connections to the nodes kept from `up`), the node rank from the h
   pdsh deepspeed     deepspeed --hostfile <file> --no_ssh --num_nodes N --node_rank K --master_addr
                      <leader> --master_port <port> --num_gpus 2 first.py
 
-The start time is the moment the command starts; a run's figure is the last rank's timestamp minus
-it (the nodes share this machine's clock).  Ratios are to the by-hand row of the same launcher
-(mpirun and process: to pdsh torchrun), medians of the rounds.
+One round nobody times goes first (every contender once: the page cache, and the warm launchers made and
+waited for, as on a cluster that has run each launcher once).  The start time is the moment the command
+starts; a run's figure is the last rank's timestamp minus it (the nodes share this machine's clock).
+Ratios are to the by-hand row of the same launcher (mpirun, process and torchrun cold: to pdsh torchrun),
+medians of the rounds.
 
 Fail fast (--fail, at 32 nodes and more): a job where rank 1 exits 1 at once and every other rank
 sleeps: the time from that rank's exit to the last process of the job gone from every node (read from
@@ -92,14 +98,18 @@ def node_python() -> list[str]:
     return workloads.node_python()
 
 
-LAUNCHERS = ("mpirun", "torchrun", "process", "accelerate", "deepspeed")
+LAUNCHERS = ("mpirun", "torchrun", "process", "accelerate", "deepspeed", "torchrun cold")
 BY_HAND = {"torchrun": "pdsh torchrun", "accelerate": "pdsh accelerate", "deepspeed": "pdsh deepspeed",
-           "mpirun": "pdsh torchrun", "process": "pdsh torchrun"}
+           "mpirun": "pdsh torchrun", "process": "pdsh torchrun", "torchrun cold": "pdsh torchrun"}
+# The node launchers whose next start on a node is forked from a warm launcher (nodeprogs/warmlaunch.py)
+WARM = ("torchrun", "accelerate", "deepspeed")
 
 
 def command(launcher: str, script: str) -> list[str]:
     """What follows `clustertool run`: torchrun, accelerate and deepspeed as users write them (detected),
-    the others by flag."""
+    the others by flag.  ``torchrun cold``: torchrun with no warm launcher (a cluster's first torchrun job)."""
+    if launcher == "torchrun cold":
+        return ["-x", "CLUSTERTOOL_WARM=0", "--", node_bin("torchrun"), script]
     if launcher == "torchrun":
         return ["--", node_bin("torchrun"), script]
     if launcher == "accelerate":
@@ -152,6 +162,19 @@ def pdsh_start(kind, name, home, env, nodes, leader_addr, script, nranks, port, 
     return max(seen.values()) - t0
 
 
+def wait_warm(home: str, name: str, nodes: int, count: int, timeout: float = 600.0) -> float:
+    """Wait until every node has ``count`` warm launchers ready (their sockets, in the local nodes' homes);
+    the seconds it took."""
+    t0 = time.monotonic()
+    folders = [Path(home) / "clusters" / name / "local" / f"node-{i}" / "home" / ".clustertool" / "warm"
+               for i in range(1, nodes + 1)]
+    while time.monotonic() - t0 < timeout:
+        if all(len(list(f.glob("*.sock"))) >= count for f in folders):
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    raise SystemExit(f"the warm launchers were not ready on every node within {timeout:.0f} s")
+
+
 def job_pids(name: str, job_id: str) -> int:
     marker = f"CLUSTERTOOL_JOB={job_id}".encode()
     count = 0
@@ -197,6 +220,14 @@ def bench_size(nodes: int, rounds: int, home: str, env: dict, launchers: list[st
         hands = list(dict.fromkeys(BY_HAND[k] for k in launchers))
         times: dict[str, list[float]] = {k: [] for k in [*launchers, *hands]}
         port = 29400
+        # one round nobody times: every contender's files in the page cache, and each node launcher's warm
+        # launcher ready, as on a cluster that has run that launcher once (the `torchrun cold` row is the first)
+        for launcher in launchers:
+            ct_start(name, env, launcher, script, nranks)
+        for kind in hands:
+            port += 1
+            pdsh_start(kind, name, home, env, nodes, leader, script, nranks, port, str(hostfile))
+        warm_s = wait_warm(home, name, nodes, len([k for k in launchers if k in WARM]))
         for _ in range(rounds):
             for launcher in launchers:
                 times[launcher].append(ct_start(name, env, launcher, script, nranks))
@@ -208,7 +239,7 @@ def bench_size(nodes: int, rounds: int, home: str, env: dict, launchers: list[st
         if nodes >= 32:
             for launcher in fail:
                 fails[launcher] = fail_fast(name, env, launcher, script)
-        return {"start": times, "fail_fast": fails, "load": os.getloadavg()}
+        return {"start": times, "fail_fast": fails, "load": os.getloadavg(), "warm_ready_s": warm_s}
     finally:
         sh(CT + ["down", "-c", name, "--yes"], env, check=False)
         shutil.rmtree(folder, ignore_errors=True)
@@ -288,6 +319,8 @@ def report(results: dict, rounds: int) -> None:
                 print(f"{key:22} {value:9.2f}")
                 continue
             print(f"{key:22} {value:9.2f} {hand:>16} {value / med[hand]:10.2f}")
+        if "warm_ready_s" in res:
+            print(f"(warm launchers ready on every node {res['warm_ready_s']:.1f} s after the untimed round)")
         for key, value in res["fail_fast"].items():
             print(f"fail fast ({key}): a rank exits -> the job's last process gone: {value:.2f} s")
     print("\ntargets: every launcher <= 1.0x its by-hand start; fail fast at 32 nodes <= 5 s")
