@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark: from `clustertool run` to every rank's first line, and how fast a failed job is gone.
 
-Brings up local clusters (real sshd nodes in namespaces) of 8 and 32 nodes x 2 slots, then, in
-alternating rounds, starts a tiny rank program (it prints its RANK and the time, then sleeps a
-little) with:
+Brings up local clusters (real sshd nodes in namespaces) of 8 and 32 nodes x 2 slots, then, one
+launcher at a time, in rounds alternating with that launcher's by-hand form, starts a tiny rank program
+(it prints its RANK and the time, then sleeps a little) with:
 
   clustertool run                          the default launcher (mpirun)
   clustertool run -- torchrun ...          one torchrun per node, started by the leader's fan-out
@@ -26,11 +26,12 @@ ControlMaster connections to the nodes kept from `up`), the node rank from the h
   pdsh deepspeed     deepspeed --hostfile <file> --no_ssh --num_nodes N --node_rank K --master_addr
                      <leader> --master_port <port> --num_gpus 2 first.py
 
-One round nobody times goes first (every contender once: the page cache, and the warm launchers made and
-waited for, as on a cluster that has run each launcher once).  The start time is the moment the command
-starts; a run's figure is the last rank's timestamp minus it (the nodes share this machine's clock).
-Ratios are to the by-hand row of the same launcher (mpirun, process and torchrun cold: to pdsh torchrun),
-medians of the rounds.
+Each launcher's untimed round goes first (it and its by-hand form once: the page cache, and the warm
+launchers made and waited for, as on a cluster that has run that launcher once; they are ended before the
+next launcher's turn: three kinds on 32 local nodes would not fit this machine's memory).  The start time
+is the moment the command starts; a run's figure is the last rank's timestamp minus it (the nodes share
+this machine's clock).  Ratios are to the by-hand form timed beside the launcher (mpirun, process and
+torchrun cold: pdsh torchrun), medians of the rounds.
 
 Fail fast (--fail, at 32 nodes and more): a job where rank 1 exits 1 at once and every other rank
 sleeps: the time from that rank's exit to the last process of the job gone from every node (read from
@@ -145,7 +146,10 @@ def ct_start(name, env, launcher, script, nranks) -> float:
     proc = sh(argv, env, check=False, timeout=900)
     seen = firsts(proc.stdout)
     if proc.returncode != 0 or len(seen) != nranks:
-        raise SystemExit(f"{launcher}: {proc.returncode}, {len(seen)} of {nranks} ranks: {proc.stderr[-800:]}")
+        found = re.search(r"job (j[0-9a-f-]+) started", proc.stderr)
+        log = sh(CT + ["logs", "-c", name, found.group(1)], env, check=False).stdout[-3000:] if found else ""
+        raise SystemExit(f"{launcher}: {proc.returncode}, {len(seen)} of {nranks} ranks: {proc.stderr[-800:]}\n"
+                         f"the job's log ends:\n{log}")
     return max(seen.values()) - t0
 
 
@@ -173,6 +177,28 @@ def wait_warm(home: str, name: str, nodes: int, count: int, timeout: float = 600
             return time.monotonic() - t0
         time.sleep(0.5)
     raise SystemExit(f"the warm launchers were not ready on every node within {timeout:.0f} s")
+
+
+def drop_warm(home: str, name: str, nodes: int, timeout: float = 60.0) -> None:
+    """Every node's warm launchers ended (their sockets removed: each ends within 5 s)."""
+    for i in range(1, nodes + 1):
+        for sock in (Path(home) / "clusters" / name / "local" / f"node-{i}" / "home" / ".clustertool" / "warm"
+                     ).glob("*.sock"):
+            sock.unlink()
+    deadline = time.monotonic() + timeout
+    while warm_pids() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def warm_pids() -> list[str]:
+    found = []
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            if b"\0CLUSTERTOOL_WARM_KEY=" in b"\0" + Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
 
 
 def job_pids(name: str, job_id: str) -> int:
@@ -217,29 +243,33 @@ def bench_size(nodes: int, rounds: int, home: str, env: dict, launchers: list[st
         hostfile = folder / "ds_hostfile"  # the by-hand DeepSpeed's: every node, leader first
         hostfile.write_text("".join(f"{n['address']} slots={SLOTS}\n" for n in status["nodes"]))
         nranks = nodes * SLOTS
-        hands = list(dict.fromkeys(BY_HAND[k] for k in launchers))
-        times: dict[str, list[float]] = {k: [] for k in [*launchers, *hands]}
+        times: dict[str, list[float]] = {}
+        hand_times: dict[str, list[float]] = {}
+        warm_s: dict[str, float] = {}
+        fails = {}
         port = 29400
-        # one round nobody times: every contender's files in the page cache, and each node launcher's warm
-        # launcher ready, as on a cluster that has run that launcher once (the `torchrun cold` row is the first)
+        # one launcher at a time, each beside its by-hand form (every node's warm launchers of all three kinds at
+        # once would be 3 x 170 MB a node: past this machine's memory at 32 local nodes)
         for launcher in launchers:
+            kind = BY_HAND[launcher]
+            # one round nobody times: the files in the page cache, and the node launcher's warm launchers made
+            # and ready, as on a cluster that has run that launcher once (the `torchrun cold` row is the first)
             ct_start(name, env, launcher, script, nranks)
-        for kind in hands:
             port += 1
             pdsh_start(kind, name, home, env, nodes, leader, script, nranks, port, str(hostfile))
-        warm_s = wait_warm(home, name, nodes, len([k for k in launchers if k in WARM]))
-        for _ in range(rounds):
-            for launcher in launchers:
+            if launcher in WARM:
+                warm_s[launcher] = wait_warm(home, name, nodes, 1)
+            times[launcher], hand_times[launcher] = [], []
+            for _ in range(rounds):
                 times[launcher].append(ct_start(name, env, launcher, script, nranks))
-            for kind in hands:
                 port += 1
-                times[kind].append(pdsh_start(kind, name, home, env, nodes, leader, script, nranks, port,
-                                              str(hostfile)))
-        fails = {}
-        if nodes >= 32:
-            for launcher in fail:
+                hand_times[launcher].append(pdsh_start(kind, name, home, env, nodes, leader, script, nranks, port,
+                                                       str(hostfile)))
+            if nodes >= 32 and launcher in fail:
                 fails[launcher] = fail_fast(name, env, launcher, script)
-        return {"start": times, "fail_fast": fails, "load": os.getloadavg(), "warm_ready_s": warm_s}
+            drop_warm(home, name, nodes)
+        return {"start": times, "by_hand": hand_times, "fail_fast": fails, "load": os.getloadavg(),
+                "warm_ready_s": warm_s}
     finally:
         sh(CT + ["down", "-c", name, "--yes"], env, check=False)
         shutil.rmtree(folder, ignore_errors=True)
@@ -309,18 +339,14 @@ def slurm_report(results: dict, queue: dict | None, rounds: int) -> None:
 
 def report(results: dict, rounds: int) -> None:
     for nodes, res in results.items():
-        med = {k: statistics.median(v) for k, v in res["start"].items()}
         print(f"\n{nodes} local nodes x {SLOTS} slots, {rounds} alternating rounds, run -> every rank's first line "
               f"(load at the end: {' '.join(f'{x:.1f}' for x in res.get('load', ()))}):")
-        print(f"{'contender':22} {'median s':>9} {'by hand':>16} {'x by hand':>10}")
-        for key, value in med.items():
-            hand = BY_HAND.get(key)
-            if hand is None or hand not in med:
-                print(f"{key:22} {value:9.2f}")
-                continue
-            print(f"{key:22} {value:9.2f} {hand:>16} {value / med[hand]:10.2f}")
-        if "warm_ready_s" in res:
-            print(f"(warm launchers ready on every node {res['warm_ready_s']:.1f} s after the untimed round)")
+        print(f"{'contender':16} {'median s':>9} {'by hand':>16} {'its median s':>13} {'x by hand':>10}")
+        for key, values in res["start"].items():
+            mine, hand = statistics.median(values), statistics.median(res["by_hand"][key])
+            print(f"{key:16} {mine:9.2f} {BY_HAND[key]:>16} {hand:13.2f} {mine / hand:10.2f}")
+        for key, value in res.get("warm_ready_s", {}).items():
+            print(f"({key}: warm launchers ready on every node {value:.1f} s after its untimed round)")
         for key, value in res["fail_fast"].items():
             print(f"fail fast ({key}): a rank exits -> the job's last process gone: {value:.2f} s")
     print("\ntargets: every launcher <= 1.0x its by-hand start; fail fast at 32 nodes <= 5 s")

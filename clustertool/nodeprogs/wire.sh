@@ -29,6 +29,8 @@ if [ "$MODE" = unwire ]; then
     rm -f "$ssh_dir/ak.ct.tmp"
   fi
   if [ -f "$ssh_dir/config" ]; then edit_config /dev/null; fi
+  # the warm node launchers (nodeprogs/warmlaunch.py) end within seconds of their sockets' removal
+  rm -f "$HOME/.clustertool/warm/"*.sock
   exit 0
 fi
 

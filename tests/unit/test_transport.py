@@ -137,7 +137,11 @@ def test_unwire_removes_only_what_wiring_added(tmp_path):
     (ssh / "authorized_keys").write_text("ssh-ed25519 AAAAtheirs me\n")
     (ssh / "config").write_text("Host mine\n  User me\n")
     _on_node(keys.wire_script(_cluster(), PRIVATE, PUBLIC, None), tmp_path)
+    warm = tmp_path / ".clustertool" / "warm"   # a warm node launcher's socket: it ends once that is gone
+    warm.mkdir(parents=True)
+    (warm / "0123456789abcdef.sock").write_text("")
     _on_node(keys.unwire_script(_cluster(), PUBLIC), tmp_path)
     assert sorted(p.name for p in ssh.iterdir()) == ["authorized_keys", "config"]
+    assert list(warm.iterdir()) == []
     assert (ssh / "authorized_keys").read_text() == "ssh-ed25519 AAAAtheirs me\n"
     assert (ssh / "config").read_text() == "Host mine\n  User me\n"
