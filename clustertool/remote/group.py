@@ -70,8 +70,11 @@ def run_on_nodes(
         for node in nodes:
             line = command(node) if callable(command) else command
             data = stdin_data(node) if callable(stdin_data) else stdin_data
+            # the clock starts before the spawn: the command may be running on the node (its own timeout(1)
+            # counting, see remote/execute.py) before this thread runs again, on a loaded machine
+            started = time.monotonic()
             proc = link.spawn(node, line, data, extra=ssh_extra)
-            run = _Running(node, proc, time.monotonic(), [], [])
+            run = _Running(node, proc, started, [], [])
             runs.append(run)
             pumps = []
             for stream, sink, kind in ((proc.stdout, run.out, "stdout"), (proc.stderr, run.err, "stderr")):
