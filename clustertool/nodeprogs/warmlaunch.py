@@ -95,6 +95,22 @@ def set_name(name):
         pass
 
 
+def nice_limit():
+    try:
+        import resource
+
+        return resource.getrlimit(resource.RLIMIT_NICE)[0]
+    except (ImportError, AttributeError, OSError, ValueError):
+        return 0
+
+
+def idle_allowed(euid, rlimit_nice):
+    """Whether SCHED_IDLE may be left again for SCHED_OTHER at nice 0 (sched(7)): root, or an RLIMIT_NICE of 20
+    or more (unlimited: -1).  Where not, the imports run at the normal priority: a warm launcher that cannot come
+    back would hand SCHED_IDLE to every launcher it forks."""
+    return euid == 0 or rlimit_nice < 0 or rlimit_nice >= 20
+
+
 def die_with_parent(sig):
     try:
         import ctypes
@@ -120,7 +136,7 @@ class Server:
         """Import the script's modules at the lowest priority, then come back to the normal one (the launchers
         forked later must not inherit SCHED_IDLE); where that way back is not allowed, import at the normal one."""
         idle = False
-        if hasattr(os, "SCHED_IDLE"):
+        if hasattr(os, "SCHED_IDLE") and idle_allowed(os.geteuid(), nice_limit()):
             try:
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
                 idle = True

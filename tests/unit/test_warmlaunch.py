@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertool.nodeprogs import jobagent
+from clustertool.nodeprogs import jobagent, warmlaunch
 
 PACKAGE = '''
 import json, os, sys, time
@@ -147,3 +147,9 @@ def test_what_the_imports_read_of_the_environment_keys_the_warm_launcher(setup):
     assert jobagent.warm_plan(str(script), dict(env, CLUSTERTOOL_WARM="0")) is None
     assert jobagent.warm_plan(str(script), dict(env, SLURM_JOB_ID="4")) is None
     assert jobagent.warm_plan(sys.executable, env) is None   # `python -m ...`: nothing to keep warm
+
+
+def test_the_lowest_priority_only_where_the_way_back_is_allowed():
+    assert warmlaunch.idle_allowed(0, 0)             # root
+    assert not warmlaunch.idle_allowed(1000, 0)      # a user with the usual RLIMIT_NICE: imports at nice 0
+    assert warmlaunch.idle_allowed(1000, 20) and warmlaunch.idle_allowed(1000, -1)
