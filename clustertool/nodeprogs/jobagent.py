@@ -287,6 +287,8 @@ IMPORT_PREFIXES = ("TORCH", "PYTORCH", "NCCL", "CUDA", "NVIDIA", "OMP_", "MKL_",
                    "HF_", "TRANSFORMERS_", "ACCELERATE_", "DS_", "DEEPSPEED", "GLOO", "TP_", "TRITON")
 IMPORT_KEYS = ("LOGLEVEL", "LANG", "LANGUAGE", "TZ", "HOME", "USER", "PATH")
 WARM_PADS = (16384, 4096)  # room kept in the warm launcher's environment and command line for a launcher's
+WARM_KEY_ENV = "CLUSTERTOOL_WARM_KEY"  # marks a warm launcher (doctor's strays check leaves it alone)
+WARM_PAD_ENV = "CLUSTERTOOL_WARM_PAD"  # its value is the room in /proc/PID/environ
 
 
 def warm_plan(word, env):
@@ -411,7 +413,7 @@ def start_warm(warm):
             return  # one is starting (or there)
         finally:
             os.close(lock)
-        env = dict(warm["env"], CLUSTERTOOL_WARM_KEY=warm["key"], CLUSTERTOOL_WARM_PAD="." * WARM_PADS[0])
+        env = dict(warm["env"], **{WARM_KEY_ENV: warm["key"], WARM_PAD_ENV: "." * WARM_PADS[0]})
         log = os.open(os.path.join(warm["folder"], warm["key"] + ".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                       0o600)
         try:

@@ -40,8 +40,6 @@ import socket
 import sys
 import time
 
-PAD_ENV = "CLUSTERTOOL_WARM_PAD"  # its value reserves room for a launcher's environment in /proc/PID/environ
-KEY_ENV = "CLUSTERTOOL_WARM_KEY"  # marks this process (doctor leaves it alone)
 IDLE_S = float(os.environ.get("CLUSTERTOOL_WARM_IDLE_S") or 3600)
 GRACE_S = 3.0
 MAX_SCRIPT = 4096  # a console script is a few lines; anything bigger is not one
@@ -121,8 +119,8 @@ def die_with_parent(sig):
 
 
 class Server:
-    def __init__(self, key, script, path, lock):
-        self.key, self.script, self.path, self.lock = key, os.path.abspath(script), path, lock
+    def __init__(self, script, path, lock):
+        self.script, self.path, self.lock = os.path.abspath(script), path, lock
         self.modules = imports_of(self.script)
         self.stamps = {}
         self.areas = (0, 0, 0, 0)  # /proc/self/stat's arg_start, arg_end, env_start, env_end once warm
@@ -368,7 +366,7 @@ def receive(conn):
 
 
 def main():
-    key, script, path = sys.argv[1:4]
+    script, path = sys.argv[2:4]  # argv[1], the key, names this process in ps
     if not hasattr(os, "pidfd_open"):  # Python < 3.9: no warm launcher (the agent starts each launcher itself)
         return 0
     import fcntl
@@ -378,7 +376,7 @@ def main():
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # one is there already (or starting)
-    server = Server(key, script, path, lock)
+    server = Server(script, path, lock)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if not server.modules or not server.warm():
         return 0
