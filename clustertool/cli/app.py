@@ -99,6 +99,8 @@ class CommandGroup(Protocol):
 
     def add_command(self, cmd: Any, name: str | None = None) -> None: ...
 
+    def invoke(self, ctx: Any) -> Any: ...
+
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any: ...
 
@@ -172,10 +174,26 @@ def build(argv: list[str] | None = None) -> CommandGroup:
     for command in (c for commands in _LOADED.values() for c in commands):
         group.add_command(command)
     usage.name_params(group)
+    _interrupts_pass_typer(group)
     # `up` first in --help: it is where every session starts
     group.commands = dict(sorted(group.commands.items(), key=lambda kv: kv[0] != "up"))
     _GROUP[key] = group
     return group
+
+
+def _interrupts_pass_typer(group: CommandGroup) -> None:
+    """A command's Ctrl-C reaches run() as interrupts.Interrupted: typer >= 0.28 turns a KeyboardInterrupt into
+    a silent exit 130 (no "interrupted" line, and no "job keeps running" from `run --follow`'s own handler when
+    the Ctrl-C came a moment before it)."""
+    invoke = group.invoke
+
+    def passing(ctx: Any) -> Any:
+        try:
+            return invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise interrupts.Interrupted() from exc
+
+    group.invoke = passing  # type: ignore[method-assign]
 
 
 def _fail(message: str, hint: str | None, code: int, prefix: str = "error: ") -> int:
@@ -266,7 +284,7 @@ def _run(argv: list[str] | None) -> int:
         return _fail(exc.message, hint, int(exc.exit_code))
     except _abort():
         return _fail("interrupted", None, ExitStatus.INTERRUPTED)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, interrupts.Interrupted):
         return _fail("interrupted", None, ExitStatus.INTERRUPTED)
     except _click_error() as exc:
         if isinstance(exc, _usage_error()):

@@ -44,10 +44,10 @@ def _warn(text: str) -> None:
 
 def _follow(name: str, job: JobRecord) -> int:
     """`run --follow`: the job's lines until it ends (its recovery loop beside, with --replace-failed); its code."""
-    from clustertool.jobs.follow import follow, why_failed
+    try:  # from the job's start on, a Ctrl-C detaches (importing or loading included: a loaded machine is slow)
+        from clustertool.jobs.follow import follow, why_failed
 
-    session = open_session(name)  # the recovery loop's progress on stderr (with --json too)
-    try:
+        session = open_session(name)  # the recovery loop's progress on stderr (with --json too)
         code = follow(session, job, _echo_line, warn=_warn, recover=True)
     except KeyboardInterrupt:
         sys.stderr.write(f"detached; job {job.id} keeps running (`clustertool logs -f {job.id}`, "

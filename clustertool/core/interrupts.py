@@ -27,6 +27,11 @@ from typing import Callable, Iterator, TypedDict
 HANDLED = (signal.SIGTERM, signal.SIGHUP)
 
 
+class Interrupted(BaseException):
+    """Ctrl-C, on its way out of a command (cli/app.py turns a command's KeyboardInterrupt into this): typer
+    0.28 catches a KeyboardInterrupt itself and exits 130 without a word, where the user is owed a line."""
+
+
 class Terminated(BaseException):
     """The process got SIGTERM or SIGHUP; exit status 128 + signal number.
 

@@ -82,3 +82,19 @@ def test_no_terminal_to_ask_on_is_refused_naming_yes(known, args, said, unasked)
     assert first.startswith("error: refusing to") and "without --yes" in first, first
     assert hint.startswith(f"hint: `{unasked}` does it without asking"), hint
     assert state.exists("known")
+
+
+@pytest.mark.parametrize("argv", [["status", "-c", "known"], ["jobs", "-c", "known"], ["exec", "-c", "known", "--",
+                                                                                   "hostname"]],
+                         ids=["status", "jobs", "exec"])
+def test_ctrl_c_inside_any_command_says_interrupted(known, monkeypatch, capsys, argv):
+    """typer 0.28 turns a command's KeyboardInterrupt into a silent exit 130; the user still gets the line."""
+    from clustertool.cli import app
+    from clustertool.cluster.session import ClusterSession
+
+    def pressed(*_args, **_kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ClusterSession, "load", pressed)
+    assert app.run(argv) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["error: interrupted"]

@@ -200,17 +200,23 @@ def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(cluster):
     name, env = cluster
     client = subprocess.Popen(CLI + ["run", "-c", name, "--follow", "--name", "detach", "--", "sleep", "1000"],
                               env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while not [j for j in jobs(cluster).values() if j["name"] == "detach"] and time.monotonic() < deadline:
-        time.sleep(0.3)
-    time.sleep(0.5)
-    client.send_signal(signal.SIGINT)
-    out, err = client.communicate(timeout=20)
-    assert client.returncode == 130 and "keeps running" in err, (client.returncode, out[-2000:], err[-3000:])
-    job = [j for j in jobs(cluster).values() if j["name"] == "detach"][0]
-    assert job["state"] == "running" and len(job_processes(cluster, job["id"])) == 3
-    assert cli(cluster, "kill", job["id"], "--grace", "1").returncode == 0
-    assert job_processes(cluster, job["id"]) == {}
+    said = []
+    try:
+        while not (said and " started on " in said[-1]):  # from this line on, Ctrl-C must detach
+            said.append(client.stderr.readline())
+            assert said[-1], "".join(said)  # ended without starting the job
+        client.send_signal(signal.SIGINT)
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 130 and "keeps running" in err, (client.returncode, out[-2000:], err[-3000:])
+        job = [j for j in jobs(cluster).values() if j["name"] == "detach"][0]
+        assert job["state"] == "running" and len(job_processes(cluster, job["id"])) == 3
+        assert cli(cluster, "kill", job["id"], "--grace", "1").returncode == 0
+        assert job_processes(cluster, job["id"]) == {}
+    finally:  # the next tests need these nodes free, whatever went wrong here
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+        cli(cluster, "kill", "--grace", "1")
 
 
 def test_dry_run_prints_the_exact_command_and_plugin_adds_its_environment(cluster):
