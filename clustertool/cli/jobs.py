@@ -21,7 +21,9 @@ from clustertool.cli.common import (
 )
 
 if TYPE_CHECKING:  # a fast --help: the core loads in the command
+    from clustertool.cluster.session import ClusterSession
     from clustertool.core.model import JobRecord
+    from clustertool.jobs.launch import Launch
 
 
 class RunCommand(BareValueCommand):
@@ -44,15 +46,10 @@ def _warn(text: str) -> None:
 
 def _follow(name: str, job: JobRecord) -> int:
     """`run --follow`: the job's lines until it ends (its recovery loop beside, with --replace-failed); its code."""
-    try:  # from the job's start on, a Ctrl-C detaches (importing or loading included: a loaded machine is slow)
-        from clustertool.jobs.follow import follow, why_failed
+    from clustertool.jobs.follow import follow, why_failed
 
-        session = open_session(name)  # the recovery loop's progress on stderr (with --json too)
-        code = follow(session, job, _echo_line, warn=_warn, recover=True)
-    except KeyboardInterrupt:
-        sys.stderr.write(f"detached; job {job.id} keeps running (`clustertool logs -f {job.id}`, "
-                         f"`clustertool kill {job.id}`)\n")
-        return 130
+    session = open_session(name)  # the recovery loop's progress on stderr (with --json too)
+    code = follow(session, job, _echo_line, warn=_warn, recover=True)  # Ctrl-C: run() says it keeps running
     _report(session, job)  # before the verdict: a failed job's last line says why
     if code != 0:
         why = why_failed(session, job.id)
@@ -170,7 +167,7 @@ def run(
     `kill ID` stops it everywhere. `--sync [DIR]` sends your local code first (only what changed).
     `--restarts N` starts a failed job again from the leader; `jobs` lists each attempt and its cause.
     """
-    from clustertool.cli import progress, render
+    from clustertool.cli import progress
     from clustertool.core.durations import parse_duration
     from clustertool.jobs import launch
     from clustertool.jobs.jobrequests import RunRequest, parse_exit_codes
@@ -186,8 +183,25 @@ def run(
         fusion_mb=fusion_mb, cycle_ms=cycle_ms, timeline=timeline, autotune=autotune, after=after,
         record=not no_record, checkpoint_dir=checkpoint_dir)
     session = open_session(cluster, json_output)
-    with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # bars: --sync's copy
-        started = launch.run(session, request, dry_run=dry_run, on_progress=bars.update)
+    started = None
+    try:  # a Ctrl-C once the job has started (following it, or at any instant before) leaves it running, and says so
+        with progress.NodeProgress([], enabled=not json_output and sync is not None) as bars:  # --sync's copy
+            started = launch.run(session, request, dry_run=dry_run, on_progress=bars.update)
+        _after_start(session, started, json_output=json_output, follow=follow, dry_run=dry_run, sync=sync)
+    except KeyboardInterrupt:
+        if started is None or dry_run:
+            raise  # the job was not started (or it was a dry run): interrupted
+        job_id = started.job.id
+        sys.stderr.write(f"detached; job {job_id} keeps running (`clustertool logs -f {job_id}`, "
+                         f"`clustertool kill {job_id}`)\n")
+        raise typer.Exit(130) from None
+
+
+def _after_start(session: ClusterSession, started: Launch, *, json_output: bool, follow: bool, dry_run: bool,
+                 sync: Optional[str]) -> None:
+    """`run`'s answer once launch.run returned: the dry run's command, or the started job (followed with -f)."""
+    from clustertool.cli import progress, render
+
     if dry_run:
         if json_output:
             render.print_json(started.to_dict())

@@ -66,3 +66,35 @@ def test_commands_on_an_unknown_cluster_say_so(ct_env):
 
 def test_unknown_doctor_check_is_refused(recorded):
     one_line(run_cli("doctor", "--check", "nonsense", env=recorded), "unknown check 'nonsense'")
+
+
+@pytest.mark.parametrize("where", ["loading the follow", "following"])
+def test_ctrl_c_once_the_job_started_leaves_it_running_and_says_so(recorded, monkeypatch, capsys, where):
+    """`run --follow`: from the job's start on, Ctrl-C detaches, whenever it lands (CI saw one land between the
+    "started" line and the follow's own handler: a silent exit 130, and the job left running unannounced)."""
+    from clustertool.cli import app, common
+    from clustertool.core.model import JobRecord
+    from clustertool.jobs import follow, launch
+
+    job = JobRecord(id="j1128-abc123", cluster="rec", command=["sleep", "9"], nodes=["node-1"], np=1,
+                    leader="node-1", detached="tmux")
+    monkeypatch.setattr(launch, "run", lambda *_a, **_kw: launch.Launch(job=job, argv=["mpirun"]))
+    sessions = []
+    real_open = common.open_session
+
+    def open_session(*args, **kw):
+        sessions.append(args)
+        if where == "loading the follow" and len(sessions) == 2:
+            raise KeyboardInterrupt
+        return real_open(*args, **kw)
+
+    def pressed(*_a, **_kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(common, "open_session", open_session)
+    monkeypatch.setattr("clustertool.cli.jobs.open_session", open_session)
+    monkeypatch.setattr(follow, "follow", pressed)
+    assert app.run(["run", "-c", "rec", "--follow", "--", "sleep", "9"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("job j1128-abc123 started on node-1")
+    assert err[-1].startswith("detached; job j1128-abc123 keeps running"), err
