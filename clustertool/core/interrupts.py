@@ -18,9 +18,9 @@ finalizer) is sent again a moment later instead of being raised there and lost.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Callable, Iterator, TypedDict
 
@@ -79,15 +79,36 @@ def _swallowed(frame: FrameType | None) -> bool:
     return False
 
 
+_AGAIN: dict[str, int | None] = {"signum": None}  # a signal to send again until a handler raises it
+
+
 def _again_soon(signum: int) -> None:
-    """The signal once more in a moment, from a thread: raised now it would be lost."""
-    timer = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum))
-    timer.daemon = True
-    timer.start()
+    """The signal again and again, every REDELIVER_S, to the main thread, until a handler raises it (raised now,
+    inside code that drops exceptions, it would be lost).  Once is not enough: a delivery that lands as the main
+    thread is about to sleep in a system call (time.sleep, a wait) runs its handler only when that call ends."""
+    if _AGAIN["signum"] is not None:
+        return  # the sender is already going
+    _AGAIN["signum"] = signum
+    main = threading.main_thread().ident
+    assert main is not None  # the main thread has started: it is running this
+
+    def send() -> None:
+        while True:
+            time.sleep(REDELIVER_S)
+            if _AGAIN["signum"] != signum:
+                return
+            signal.pthread_kill(main, signum)
+
+    threading.Thread(target=send, name="signal-again", daemon=True).start()
+
+
+def _raised() -> None:
+    _AGAIN["signum"] = None  # the signal is out: its sender stops
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
     if _STATE["fired"] or _STATE["pending"] is not None:
+        _raised()  # (a repeat of the one raised)
         return  # the cleanup the first signal started keeps running
     if _STATE["deferring"]:
         _STATE["pending"] = signum
@@ -96,6 +117,7 @@ def _handler(signum: int, frame: FrameType | None) -> None:
         _again_soon(signum)
         return
     _STATE["fired"] = True
+    _raised()
     raise Terminated(signum)
 
 
@@ -105,6 +127,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     if _swallowed(frame):
         _again_soon(signum)
         return
+    _raised()
     raise KeyboardInterrupt
 
 
@@ -120,6 +143,7 @@ def install() -> Callable[[], None]:
         old[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
 
     def restore() -> None:
+        _raised()  # no signal sent again past the command, to handlers that are not ours
         for sig, handler in old.items():
             signal.signal(sig, handler)
         _STATE.update({"deferring": 0, "pending": None, "fired": False})
