@@ -256,6 +256,7 @@ def test_attach_joins_the_jobs_tmux_session_until_it_ends(cluster, tmp_path):
     started = cli(cluster, "run", "--np", "1", "--no-tag-output", "--",
                   "sh", "-c", "sleep 2; echo seen-through-attach; sleep 1")
     job_id = started.stdout.strip()
+    assert started.returncode == 0 and job_id, started.stderr  # (no id: attach would join another job)
     typescript = tmp_path / "typescript"
     attach = " ".join(CLI + ["attach", "-c", name, job_id])
     proc = subprocess.run(["script", "-qec", attach, str(typescript)], env=dict(env, TERM="xterm"), cwd=REPO,
