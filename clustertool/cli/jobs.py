@@ -21,7 +21,6 @@ from clustertool.cli.common import (
 )
 
 if TYPE_CHECKING:  # a fast --help: the core loads in the command
-    from clustertool.cluster.session import ClusterSession
     from clustertool.core.model import JobRecord
     from clustertool.jobs.launch import Launch
 
@@ -197,9 +196,9 @@ def run(
         raise typer.Exit(130) from None
 
 
-def _after_start(session: ClusterSession, started: Launch, *, json_output: bool, follow: bool, dry_run: bool,
+def _after_start(session: Any, started: Launch, *, json_output: bool, follow: bool, dry_run: bool,
                  sync: Optional[str]) -> None:
-    """`run`'s answer once launch.run returned: the dry run's command, or the started job (followed with -f)."""
+    """`run`'s answer once launch.run returned (in the open session): the dry run's command, or the started job."""
     from clustertool.cli import progress, render
 
     if dry_run:
