@@ -60,9 +60,10 @@ class _State(TypedDict):
     deferring: int          # depth of nested deferred() blocks
     pending: int | None     # a signal that arrived while deferring
     fired: bool             # a signal was raised (later ones are ignored)
+    again: int | None       # a signal sent again to the main thread until a handler raises it (_again_soon)
 
 
-_STATE: _State = {"deferring": 0, "pending": None, "fired": False}
+_STATE: _State = {"deferring": 0, "pending": None, "fired": False, "again": None}
 
 
 # Python code where an exception is printed ("Exception ignored in ...") and lost: the hooks os.fork runs
@@ -79,23 +80,20 @@ def _swallowed(frame: FrameType | None) -> bool:
     return False
 
 
-_AGAIN: dict[str, int | None] = {"signum": None}  # a signal to send again until a handler raises it
-
-
 def _again_soon(signum: int) -> None:
     """The signal again and again, every REDELIVER_S, to the main thread, until a handler raises it (raised now,
     inside code that drops exceptions, it would be lost).  Once is not enough: a delivery that lands as the main
     thread is about to sleep in a system call (time.sleep, a wait) runs its handler only when that call ends."""
-    if _AGAIN["signum"] is not None:
+    if _STATE["again"] is not None:
         return  # the sender is already going
-    _AGAIN["signum"] = signum
+    _STATE["again"] = signum
     main = threading.main_thread().ident
     assert main is not None  # the main thread has started: it is running this
 
     def send() -> None:
         while True:
             time.sleep(REDELIVER_S)
-            if _AGAIN["signum"] != signum:
+            if _STATE["again"] != signum:
                 return
             signal.pthread_kill(main, signum)
 
@@ -103,7 +101,7 @@ def _again_soon(signum: int) -> None:
 
 
 def _raised() -> None:
-    _AGAIN["signum"] = None  # the signal is out: its sender stops
+    _STATE["again"] = None  # the signal is out: its sender stops
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
@@ -136,7 +134,7 @@ def install() -> Callable[[], None]:
     a function restoring the old handlers."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    _STATE.update({"deferring": 0, "pending": None, "fired": False})
+    _STATE.update({"deferring": 0, "pending": None, "fired": False, "again": None})
     # a signal the caller chose to ignore (`nohup` ignores SIGHUP) stays ignored
     old = {sig: signal.signal(sig, _handler) for sig in HANDLED if signal.getsignal(sig) is not signal.SIG_IGN}
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -146,7 +144,7 @@ def install() -> Callable[[], None]:
         _raised()  # no signal sent again past the command, to handlers that are not ours
         for sig, handler in old.items():
             signal.signal(sig, handler)
-        _STATE.update({"deferring": 0, "pending": None, "fired": False})
+        _STATE.update({"deferring": 0, "pending": None, "fired": False, "again": None})
     return restore
 
 
