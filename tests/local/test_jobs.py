@@ -15,6 +15,7 @@ import pytest
 from clustertool.providers.local import net, sysops
 from tests.conftest import CLI, REPO, run_cli
 from tests.local.conftest import module_cluster
+from tests.local.nodehost import wait_for
 
 pytestmark = pytest.mark.local
 
@@ -200,7 +201,7 @@ def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(cluster):
     name, env = cluster
     client = subprocess.Popen(CLI + ["run", "-c", name, "--follow", "--name", "detach", "--", "sleep", "1000"],
                               env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    said = []
+    said, killed = [], False
     try:
         while not (said and " started on " in said[-1]):  # from this line on, Ctrl-C must detach
             said.append(client.stderr.readline())
@@ -209,14 +210,18 @@ def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(cluster):
         out, err = client.communicate(timeout=60)
         assert client.returncode == 130 and "keeps running" in err, (client.returncode, out[-2000:], err[-3000:])
         job = [j for j in jobs(cluster).values() if j["name"] == "detach"][0]
-        assert job["state"] == "running" and len(job_processes(cluster, job["id"])) == 3
-        assert cli(cluster, "kill", job["id"], "--grace", "1").returncode == 0
+        assert job["state"] == "running"
+        # detached: the ranks reach (and stay on) all three nodes; mpirun may still be starting the other two
+        wait_for(lambda: len(job_processes(cluster, job["id"])) == 3, "the job's ranks on all three nodes")
+        killed = cli(cluster, "kill", job["id"], "--grace", "1").returncode == 0
+        assert killed
         assert job_processes(cluster, job["id"]) == {}
     finally:  # the next tests need these nodes free, whatever went wrong here
         if client.poll() is None:
             client.kill()
             client.communicate()
-        cli(cluster, "kill", "--grace", "1")
+        if not killed:
+            cli(cluster, "kill", "--grace", "1")
 
 
 def test_dry_run_prints_the_exact_command_and_plugin_adds_its_environment(cluster):
